@@ -1,0 +1,178 @@
+"""The kernel graph: a networkx DiGraph of scope, memory, compute and synchronisation nodes.
+
+Edges are of two kinds: ``contains`` (scope -> child) and ``depends`` (a must run before b; always
+between siblings). Sibling order is not stored as a list: the scheduler derives it from the
+depends edges. Every node carries ``op``, its attributes (see :mod:`cbrules.ops`) and ``origin``,
+a record of who created it (the builder call site, or a rule and step) and from which node it was
+cloned, so that debug queries can trace any node back to the kernel the user built.
+"""
+from __future__ import annotations
+
+import copy as _copy
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Mapping, Optional
+
+import networkx as nx
+
+from .ops import OPS, SCOPES, conflicts, effects
+
+CONTAINS, DEPENDS = "contains", "depends"
+BUILTINS = ("threadIdx.x", "threadIdx.y", "threadIdx.z", "blockIdx.x", "blockIdx.y", "blockIdx.z",
+            "blockDim.x", "blockDim.y", "blockDim.z", "gridDim.x", "gridDim.y", "gridDim.z")
+
+
+@dataclass(frozen=True)
+class Param:
+    """A kernel parameter: a global ``tensor``, a TMA ``tmap`` over a tensor, or an int ``symbol``.
+
+    Shapes and boxes are outermost-first (numpy order); ``shape`` holds terms over symbols.
+    ``written`` marks tensors the kernel stores to (the launcher copies those back).
+    """
+
+    name: str
+    kind: str  # tensor | tmap | symbol
+    dtype: str = "int32"
+    shape: tuple = ()
+    tensor: Optional[str] = None
+    box: tuple = ()
+    written: bool = False
+
+
+class KernelGraph:
+    """A kernel as a graph; the root node is the ``kernel`` scope."""
+
+    def __init__(self, name: str, params: tuple = (), block: tuple = (1, 1, 1), grid: tuple = (1, 1, 1),
+                 symbols: tuple = ()):
+        self.g = nx.DiGraph()
+        self._next_id = 0
+        self.root = self.add("kernel", None, origin={"by": "build"}, name=name, params=params,
+                             block=block, grid=grid, symbols=symbols)
+
+    # ---------------------------------------------------------------------------- building
+    def add(self, op: str, parent: Optional[int], origin: Optional[Mapping[str, Any]] = None,
+            **attrs: Any) -> int:
+        """Create a node under ``parent`` and return its id (ids increase in creation order)."""
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r}")
+        spec = OPS[op]
+        full = {**spec.defaults, **attrs}
+        nid = self._next_id
+        self._next_id += 1
+        self.g.add_node(nid, op=op, origin=dict(origin or {}), **full)
+        if parent is not None:
+            self.g.add_edge(parent, nid, kind=CONTAINS)
+        return nid
+
+    def add_depends(self, a: int, b: int) -> None:
+        """Order ``a`` before ``b`` (siblings)."""
+        self.g.add_edge(a, b, kind=DEPENDS)
+
+    def remove_depends(self, a: int, b: int) -> None:
+        self.g.remove_edge(a, b)
+
+    def order_after_conflicts(self, n: int) -> None:
+        """Add depends edges from every earlier-created sibling whose effects conflict with ``n``'s.
+
+        The builder calls this when a node (or a whole scope) is complete, so program order on
+        registers, buffers and barriers becomes explicit edges.
+        """
+        parent = self.parent(n)
+        if parent is None:
+            return
+        mine = self.effects(n)
+        for s in self.children(parent):
+            if s < n and conflicts(self.effects(s), mine):
+                self.add_depends(s, n)
+
+    # ---------------------------------------------------------------------------- queries
+    def __getitem__(self, n: int) -> dict:
+        return self.g.nodes[n]
+
+    def __contains__(self, n: int) -> bool:
+        return n in self.g
+
+    def __len__(self) -> int:
+        return self.g.number_of_nodes()
+
+    def op(self, n: int) -> str:
+        return self.g.nodes[n]["op"]
+
+    def attrs(self, n: int) -> dict:
+        """The node's attributes without ``op`` and ``origin``."""
+        return {k: v for k, v in self.g.nodes[n].items() if k not in ("op", "origin")}
+
+    def nodes(self, op: Optional[str] = None) -> list[int]:
+        return sorted(n for n, d in self.g.nodes(data=True) if op is None or d["op"] == op)
+
+    def parent(self, n: int) -> Optional[int]:
+        ps = [p for p in self.g.predecessors(n) if self.g.edges[p, n]["kind"] == CONTAINS]
+        return ps[0] if ps else None
+
+    def children(self, n: int) -> list[int]:
+        return sorted(c for c in self.g.successors(n) if self.g.edges[n, c]["kind"] == CONTAINS)
+
+    def depends_edges(self) -> list[tuple[int, int]]:
+        return sorted((a, b) for a, b, k in self.g.edges(data="kind") if k == DEPENDS)
+
+    def ancestors(self, n: int) -> Iterator[int]:
+        """Enclosing scopes, innermost first."""
+        p = self.parent(n)
+        while p is not None:
+            yield p
+            p = self.parent(p)
+
+    def descendants(self, n: int) -> list[int]:
+        out, stack = [], list(self.children(n))
+        while stack:
+            c = stack.pop()
+            out.append(c)
+            stack.extend(self.children(c))
+        return sorted(out)
+
+    def is_scope(self, n: int) -> bool:
+        return self.op(n) in SCOPES
+
+    def effects(self, n: int) -> tuple[set[str], set[str]]:
+        """Reads and writes of a node, including everything inside it when it is a scope."""
+        reads, writes = effects(self.op(n), self.g.nodes[n])
+        for d in (self.descendants(n) if self.is_scope(n) else ()):
+            r, w = effects(self.op(d), self.g.nodes[d])
+            reads |= r
+            writes |= w
+        return reads, writes
+
+    def kernel(self) -> dict:
+        return self.g.nodes[self.root]
+
+    def params(self) -> dict[str, Param]:
+        """Kernel parameters by name."""
+        return {p.name: p for p in self.kernel()["params"]}
+
+    def buffers(self) -> dict[str, int]:
+        """Allocated buffer name -> alloc node."""
+        return {self.g.nodes[n]["buf"]: n for n in self.nodes("alloc")}
+
+    def describe(self, n: int) -> str:
+        """Short human name of a node for error messages: ``#12 tma_load(dst=tile)``."""
+        d = self.g.nodes[n]
+        keys = [k for k in ("var", "buf", "dst", "src", "barrier", "name") if k in d]
+        inner = ", ".join(f"{k}={d[k]}" for k in keys[:2])
+        where = d.get("origin", {}).get("where")
+        return f"#{n} {d['op']}({inner})" + (f" [{where}]" if where else "")
+
+    # ---------------------------------------------------------------------------- whole graph
+    def copy(self) -> "KernelGraph":
+        """An independent deep copy (rules rewrite copies so failures leave the input untouched)."""
+        return _copy.deepcopy(self)
+
+    def verify(self) -> None:
+        """Check the graph's invariants; raise :class:`cbrules.verify.GraphError` naming the node."""
+        from .verify import verify
+        verify(self)
+
+    def walk(self, n: Optional[int] = None) -> Iterable[int]:
+        """Every node of a subtree, parents before children, in id order."""
+        n = self.root if n is None else n
+        yield n
+        for c in self.children(n):
+            yield from self.walk(c)

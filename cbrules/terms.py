@@ -1,0 +1,267 @@
+"""Index and predicate terms: small immutable expression trees.
+
+A term is a constant, a name (loop variable, tensor extent, register value, a CUDA builtin such as
+``threadIdx.x``), a unary/binary operation, or a call (``elect_one()``, ``min(a, b)``, ``exp(x)``).
+Terms parse from C-like text (``"(i + 2) % 3"``), print as C, and compare structurally, so graph
+rules and the egglog bridge can treat them as values. Division and modulo follow C: they truncate.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Optional, Union
+
+BINARY_OPS = ("||", "&&", "==", "!=", "<", "<=", ">", ">=", "+", "-", "*", "/", "%")
+UNARY_OPS = ("-", "!")
+# C precedence, loosest first: every level is left-associative.
+_LEVELS = (("||",), ("&&",), ("==", "!="), ("<", "<=", ">", ">="), ("+", "-"), ("*", "/", "%"))
+_PREC = {op: i for i, level in enumerate(_LEVELS) for op in level}
+
+
+@dataclass(frozen=True)
+class Term:
+    """One node of an expression tree; ``op`` is 'const', 'name', 'call', or an operator symbol."""
+
+    op: str
+    args: tuple["Term", ...] = ()
+    value: Union[int, float, bool, str, None] = None
+
+    # -- construction helpers so that builder code reads like the kernel ----------------------
+    def _bin(self, op: str, other: "TermLike", swap: bool = False) -> "Term":
+        a, b = self, as_term(other)
+        return Term(op, (b, a) if swap else (a, b))
+
+    def __add__(self, o): return self._bin("+", o)
+    def __radd__(self, o): return self._bin("+", o, True)
+    def __sub__(self, o): return self._bin("-", o)
+    def __rsub__(self, o): return self._bin("-", o, True)
+    def __mul__(self, o): return self._bin("*", o)
+    def __rmul__(self, o): return self._bin("*", o, True)
+    def __floordiv__(self, o): return self._bin("/", o)
+    def __rfloordiv__(self, o): return self._bin("/", o, True)
+    def __mod__(self, o): return self._bin("%", o)
+    def __rmod__(self, o): return self._bin("%", o, True)
+    def __neg__(self): return Term("-", (self,))
+    def lt(self, o): return self._bin("<", o)
+    def le(self, o): return self._bin("<=", o)
+    def gt(self, o): return self._bin(">", o)
+    def ge(self, o): return self._bin(">=", o)
+    def eq(self, o): return self._bin("==", o)
+    def ne(self, o): return self._bin("!=", o)
+    def and_(self, o): return self._bin("&&", o)
+    def or_(self, o): return self._bin("||", o)
+
+    def __str__(self) -> str:
+        return to_c(self)
+
+    def __repr__(self) -> str:
+        return f"Term({to_c(self)!r})"
+
+    def names(self) -> Iterator[str]:
+        """Every name the term mentions (loop variables, symbols, registers, builtins)."""
+        if self.op == "name":
+            yield str(self.value)
+        for a in self.args:
+            yield from a.names()
+
+
+TermLike = Union[Term, int, float, bool, str]
+
+
+def const(v: Union[int, float, bool]) -> Term:
+    """A literal."""
+    return Term("const", (), v)
+
+
+def name(n: str) -> Term:
+    """A reference to a loop variable, symbol, register value or CUDA builtin."""
+    return Term("name", (), n)
+
+
+def call(fn: str, *args: TermLike) -> Term:
+    """A function application such as ``elect_one()`` or ``min(a, b)``."""
+    return Term("call", tuple(as_term(a) for a in args), fn)
+
+
+def as_term(x: TermLike) -> Term:
+    """Coerce Python numbers, text (parsed) and terms into a term."""
+    if isinstance(x, Term):
+        return x
+    if isinstance(x, bool):
+        return const(x)
+    if isinstance(x, (int, float)):
+        return const(x)
+    if isinstance(x, str):
+        return parse(x)
+    raise TypeError(f"cannot make a term from {x!r} ({type(x).__name__})")
+
+
+ELECT_ONE = call("elect_one")
+
+
+# ---------------------------------------------------------------------------------- parsing
+
+_TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:[eE][-+]?\d+)?f?|\d+)|([A-Za-z_][\w.]*)|(\|\||&&|==|!=|<=|>=|[-+*/%<>!(),]))")
+
+
+class TermSyntaxError(ValueError):
+    """Text that is not a term; the message points at the column."""
+
+
+def _tokens(text: str) -> list[tuple[str, str, int]]:
+    out, pos = [], 0
+    while pos < len(text):
+        if text[pos:].strip() == "":
+            break
+        m = _TOKEN.match(text, pos)
+        if not m:
+            raise TermSyntaxError(f"unexpected character {text[pos:].lstrip()[0]!r} in term {text!r} "
+                                  f"at column {pos + 1}")
+        kind = "num" if m.group(1) else "id" if m.group(2) else "op"
+        out.append((kind, m.group(m.lastindex), m.start(m.lastindex)))
+        pos = m.end()
+    return out
+
+
+def parse(text: str) -> Term:
+    """Parse C-like text (``"(i + 2) % 3"``, ``"threadIdx.x < 32 && elect_one()"``) into a term."""
+    toks = _tokens(text)
+    pos = 0
+
+    def peek() -> str | None:
+        return toks[pos][1] if pos < len(toks) else None
+
+    def expect(tok: str) -> None:
+        nonlocal pos
+        if peek() != tok:
+            where = toks[pos][2] + 1 if pos < len(toks) else len(text) + 1
+            raise TermSyntaxError(f"expected {tok!r} in term {text!r} at column {where}")
+        pos += 1
+
+    def primary() -> Term:
+        nonlocal pos
+        if pos >= len(toks):
+            raise TermSyntaxError(f"term {text!r} ends too early")
+        kind, tok, col = toks[pos]
+        pos += 1
+        if kind == "num":
+            return const(float(tok.rstrip("f")) if ("." in tok) else int(tok))
+        if kind == "id":
+            if tok in ("true", "false"):
+                return const(tok == "true")
+            if peek() == "(":
+                pos += 1
+                args = []
+                if peek() != ")":
+                    args.append(binary(0))
+                    while peek() == ",":
+                        pos += 1
+                        args.append(binary(0))
+                expect(")")
+                return Term("call", tuple(args), tok)
+            return name(tok)
+        if tok == "(":
+            t = binary(0)
+            expect(")")
+            return t
+        if tok in UNARY_OPS:
+            inner = primary()
+            if tok == "-" and inner.op == "const" and not isinstance(inner.value, bool):
+                return const(-inner.value)
+            return Term(tok, (inner,))
+        raise TermSyntaxError(f"unexpected {tok!r} in term {text!r} at column {col + 1}")
+
+    def binary(level: int) -> Term:
+        nonlocal pos
+        if level == len(_LEVELS):
+            return primary()
+        lhs = binary(level + 1)
+        while peek() in _LEVELS[level] and pos < len(toks) and toks[pos][0] == "op":
+            op = toks[pos][1]
+            pos += 1
+            lhs = Term(op, (lhs, binary(level + 1)))
+        return lhs
+
+    t = binary(0)
+    if pos != len(toks):
+        raise TermSyntaxError(f"unexpected {toks[pos][1]!r} in term {text!r} at column {toks[pos][2] + 1}")
+    return t
+
+
+# ---------------------------------------------------------------------------------- printing
+
+def to_c(t: Term, calls: Optional[Mapping[str, str]] = None, names: Optional[Mapping[str, str]] = None) -> str:
+    """C text of a term with the fewest parentheses that keep its meaning.
+
+    ``calls`` and ``names`` rename functions and names on the way out (codegen maps ``elect_one``
+    onto its helper and ``threadIdx.x`` onto a signed int).
+    """
+    calls = calls or {}
+    names = names or {}
+
+    def go(t: Term, parent_prec: int, right: bool) -> str:
+        if t.op == "const":
+            v = t.value
+            if isinstance(v, bool):
+                return "true" if v else "false"
+            if isinstance(v, float):
+                return repr(v) + "f"
+            return str(v) if v >= 0 or parent_prec < 0 else f"({v})"
+        if t.op == "name":
+            return names.get(str(t.value), str(t.value))
+        if t.op == "call":
+            fn = calls.get(str(t.value), str(t.value))
+            return f"{fn}({', '.join(go(a, -1, False) for a in t.args)})"
+        if len(t.args) == 1:
+            return f"{t.op}{go(t.args[0], len(_LEVELS), False)}"
+        prec = _PREC[t.op]
+        s = f"{go(t.args[0], prec, False)} {t.op} {go(t.args[1], prec, True)}"
+        # left-associative: a right operand of equal precedence needs parentheses
+        return f"({s})" if prec < parent_prec or (right and prec == parent_prec) else s
+
+    return go(t, -1, False)
+
+
+# ---------------------------------------------------------------------------------- evaluation
+
+def _trunc_div(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+_EVAL = {
+    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+    "/": lambda a, b: _trunc_div(a, b) if isinstance(a, int) and isinstance(b, int) else a / b,
+    "%": lambda a, b: a - b * _trunc_div(a, b) if isinstance(a, int) else a % b,
+    "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
+    "&&": lambda a, b: bool(a) and bool(b), "||": lambda a, b: bool(a) or bool(b),
+}
+_CALLS = {"min": min, "max": max, "ceil_div": lambda a, b: -(-a // b)}
+
+
+def evaluate(t: Term, env: Mapping[str, object]) -> object:
+    """Value of a term under ``env`` with C semantics for ``/`` and ``%`` on integers."""
+    if t.op == "const":
+        return t.value
+    if t.op == "name":
+        if t.value not in env:
+            raise KeyError(f"term {to_c(t)!r}: no value for {t.value!r}")
+        return env[t.value]
+    args = [evaluate(a, env) for a in t.args]
+    if t.op == "call":
+        if t.value not in _CALLS:
+            raise KeyError(f"cannot evaluate call {t.value!r} on the host")
+        return _CALLS[t.value](*args)
+    if len(args) == 1:
+        return -args[0] if t.op == "-" else not args[0]
+    return _EVAL[t.op](*args)
+
+
+def substitute(t: Term, mapping: Mapping[str, Term]) -> Term:
+    """Replace names by terms (e.g. a loop variable ``i`` by ``i + 2``)."""
+    if t.op == "name":
+        return mapping.get(str(t.value), t)
+    if not t.args:
+        return t
+    return Term(t.op, tuple(substitute(a, mapping) for a in t.args), t.value)

@@ -1,0 +1,156 @@
+"""Invariants of a kernel graph. Each failure names the node and the broken invariant."""
+from __future__ import annotations
+
+from .graph import BUILTINS, CONTAINS, DEPENDS, KernelGraph
+from .ops import DTYPES, LOOP_KINDS, OPS, SCOPES, SPACES, term_values
+from .schedule import ScheduleError, linear_order, sibling_order
+
+BARRIER_OPS = ("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
+               "mbarrier_inval")
+
+
+class GraphError(Exception):
+    """A broken graph invariant; ``node`` is the offending node id (or None)."""
+
+    def __init__(self, invariant: str, message: str, node: int | None = None):
+        super().__init__(f"[{invariant}] {message}")
+        self.invariant = invariant
+        self.node = node
+
+
+def verify(kg: KernelGraph) -> None:
+    """Raise :class:`GraphError` for the first broken invariant, else return None."""
+    _tree(kg)
+    _attributes(kg)
+    _depends(kg)
+    order = linear_order(kg)
+    _names(kg)
+    _barriers(kg, order)
+    _block_shape(kg)
+
+
+def _tree(kg: KernelGraph) -> None:
+    kernels = kg.nodes("kernel")
+    if kernels != [kg.root]:
+        extra = [n for n in kernels if n != kg.root]
+        raise GraphError("single-root", f"{kg.describe(extra[0])} is a second kernel node; a graph "
+                         "has exactly one root", extra[0] if extra else None)
+    for n in kg.g.nodes:
+        parents = [p for p in kg.g.predecessors(n) if kg.g.edges[p, n]["kind"] == CONTAINS]
+        if n == kg.root:
+            if parents:
+                raise GraphError("single-root", f"the kernel node is contained by {kg.describe(parents[0])}", n)
+            continue
+        if len(parents) != 1:
+            what = "no enclosing scope" if not parents else \
+                "several enclosing scopes: " + ", ".join(kg.describe(p) for p in parents)
+            raise GraphError("scope-tree", f"{kg.describe(n)} has {what}; every node needs exactly one", n)
+        if kg.op(parents[0]) not in SCOPES:
+            raise GraphError("scope-tree", f"{kg.describe(n)} is contained by {kg.describe(parents[0])}, "
+                             "which is not a scope (kernel/for/if)", n)
+    reachable = set(kg.walk())
+    lost = sorted(set(kg.g.nodes) - reachable)
+    if lost:
+        raise GraphError("scope-tree", f"{kg.describe(lost[0])} is not reachable from the kernel "
+                         "(its scopes form a cycle)", lost[0])
+
+
+def _attributes(kg: KernelGraph) -> None:
+    for n in kg.g.nodes:
+        d = kg[n]
+        spec = OPS.get(d["op"])
+        if spec is None:
+            raise GraphError("known-op", f"node #{n} has unknown op {d['op']!r}", n)
+        missing = [k for k in spec.required if k not in d]
+        if missing:
+            raise GraphError("attributes", f"{kg.describe(n)} lacks attribute(s) {', '.join(missing)}", n)
+        if d["op"] == "for" and d["kind"] not in LOOP_KINDS:
+            raise GraphError("attributes", f"{kg.describe(n)} has loop kind {d['kind']!r}; "
+                             f"expected one of {', '.join(LOOP_KINDS)}", n)
+        if d["op"] == "alloc" and (d["space"] not in SPACES or d["dtype"] not in DTYPES):
+            raise GraphError("attributes", f"{kg.describe(n)}: space {d['space']!r} / dtype {d['dtype']!r} "
+                             "not supported", n)
+
+
+def _depends(kg: KernelGraph) -> None:
+    for a, b in kg.depends_edges():
+        if kg.parent(a) != kg.parent(b):
+            raise GraphError("depends-siblings", f"depends edge {kg.describe(a)} -> {kg.describe(b)} joins "
+                             "nodes of different scopes; order their enclosing siblings instead", b)
+    for scope in kg.walk():
+        if kg.is_scope(scope):
+            try:
+                sibling_order(kg, scope)
+            except ScheduleError as e:
+                raise GraphError("depends-acyclic", str(e), scope) from None
+
+
+def _names(kg: KernelGraph) -> None:
+    """Every buffer and register read has a definition (or comes from the host)."""
+    params = kg.params()
+    buffers = kg.buffers()
+    written_bufs = {kg[n]["dst"] for n in kg.nodes() if kg.op(n) in ("tma_load", "store")}
+    registers = {kg[n]["dst"] for n in kg.nodes() if OPS[kg.op(n)].category == "compute" or kg.op(n) == "load"}
+    for n in kg.nodes():
+        d, op = kg[n], kg.op(n)
+        for key in ("src", "dst", "barrier"):
+            if key in d and (op in ("load", "store", "tma_load", "tma_store") or key == "barrier"):
+                buf = d[key]
+                is_reg = key == "dst" and op == "load"
+                if not is_reg and buf not in buffers and not (buf in params and params[buf].kind == "tensor"):
+                    raise GraphError("buffer-defined", f"{kg.describe(n)} uses buffer {buf!r}, which is "
+                                     "neither allocated nor a tensor parameter", n)
+        if op in ("load", "tma_store"):
+            src = d["src"]
+            if src in buffers and src not in written_bufs:
+                raise GraphError("buffer-written", f"{kg.describe(n)} reads buffer {src!r}, which no node "
+                                 "writes", n)
+        if op == "tma_load" and (d["tmap"] not in params or params[d["tmap"]].kind != "tmap"):
+            raise GraphError("buffer-defined", f"{kg.describe(n)} names tensor map {d['tmap']!r}, which is "
+                             "not a tmap parameter of the kernel", n)
+        loop_vars = {kg[a]["var"] for a in kg.ancestors(n) if kg.op(a) == "for"}
+        if op == "for":
+            loop_vars.discard(d["var"])
+        known = loop_vars | set(params) | set(BUILTINS) | registers
+        for t in term_values(op, d):
+            for name in t.names():
+                if name not in known:
+                    raise GraphError("name-defined", f"{kg.describe(n)} uses {name!r} in {t}, which is not a "
+                                     "loop variable in scope, a symbol, a builtin or a register", n)
+
+
+def _barriers(kg: KernelGraph, order: list[int]) -> None:
+    """Each barrier array is initialised before any other use and invalidated after the last."""
+    uses: dict[str, list[int]] = {}
+    for n in order:
+        if kg.op(n) in BARRIER_OPS:
+            uses.setdefault(kg[n]["barrier"], []).append(n)
+    buffers = kg.buffers()
+    for bar, ns in uses.items():
+        if bar in buffers and kg[buffers[bar]]["dtype"] != "mbarrier":
+            raise GraphError("barrier-type", f"{kg.describe(ns[0])} uses {bar!r}, which is allocated as "
+                             f"{kg[buffers[bar]]['dtype']}, not mbarrier", ns[0])
+        if kg.op(ns[0]) != "mbarrier_init":
+            raise GraphError("barrier-init", f"{kg.describe(ns[0])} uses barrier {bar!r} before any "
+                             "mbarrier_init", ns[0])
+        if kg.op(ns[-1]) != "mbarrier_inval":
+            raise GraphError("barrier-inval", f"barrier {bar!r} is not invalidated after its last use "
+                             f"{kg.describe(ns[-1])}", ns[-1])
+
+
+def _block_shape(kg: KernelGraph) -> None:
+    bx, by, bz = kg.kernel()["block"]
+    for n in kg.nodes():
+        d = kg[n]
+        if any(t.op == "call" and t.value == "elect_one" for t in _subterms(term_values(d["op"], d))) and bx < 32:
+            raise GraphError("elect-one-warp", f"{kg.describe(n)} uses elect_one() but blockDim.x = {bx} "
+                             "< 32; the elect-one predicate needs one full warp", n)
+        if d["op"] == "reduce" and d["kind"] == "block" and (bx * by * bz) % 32:
+            raise GraphError("block-reduce-warps", f"{kg.describe(n)}: a block reduction needs a block of "
+                             f"whole warps, got {bx * by * bz} threads", n)
+
+
+def _subterms(ts):
+    for t in ts:
+        yield t
+        yield from _subterms(t.args)

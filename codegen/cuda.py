@@ -1,0 +1,220 @@
+"""Linear program -> self-contained CUDA C++ for sm_90a.
+
+Input is the scheduler's :class:`cbrules.schedule.Step` tree; nothing here looks at the graph.
+Shared buffers are carved out of one dynamic shared-memory block at aligned offsets; registers are
+declared once at the top of the kernel; PTX comes from ``prelude.cu``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from cbrules.graph import Param
+from cbrules.ops import DTYPE_BYTES, DTYPES
+from cbrules.schedule import Step
+from cbrules.terms import Term, to_c
+
+PRELUDE = (Path(__file__).with_name("prelude.cu")).read_text()
+REDUCE_SCRATCH_BYTES = 32 * 8
+_UNARY_C = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "fabs"}
+_BINARY_C = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+_COMBINE = {"sum": ("CbSum", "0"), "max": ("CbMax", "-__int_as_float(0x7f800000)"),
+            "min": ("CbMin", "__int_as_float(0x7f800000)")}
+# CUDA's builtins are unsigned; index arithmetic is signed int (C's mixed-sign rules would bite)
+_BUILTIN_C = {f"{b}.{a}": f"(int){b}.{a}" for b in ("threadIdx", "blockIdx", "blockDim", "gridDim") for a in "xyz"}
+_CALL_C = {"elect_one": "cb_elect_one", "ceil_div": "cb_ceil_div", "min": "cb_min", "max": "cb_max"}
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """What codegen hands to the compiler and the launcher."""
+
+    name: str
+    text: str
+    params: tuple[Param, ...]
+    block: tuple[int, int, int]
+    grid: tuple[Term, ...]
+    shared_bytes: int
+
+
+def _c_term(t: Term) -> str:
+    """C text of a term, mapping calls onto prelude helpers."""
+    return to_c(t, _CALL_C, _BUILTIN_C)
+
+
+def _fn(name: str, dtype: str) -> str:
+    return name + ("f" if dtype == "float32" else "")
+
+
+class _Emitter:
+    def __init__(self, program: Step, annotate: bool):
+        self.k = program.attrs
+        self.annotate = annotate
+        self.lines: list[str] = []
+        self.registers: dict[str, str] = {}
+        self.shared: list[tuple[str, str, int]] = []  # (name, c type, byte offset)
+        self.reg_arrays: dict[str, Step] = {}
+        self.smem_bytes = 0
+        self.uses_reduce = False
+        self._collect(program)
+
+    # -------------------------------------------------------------- declarations
+    def _carve(self, nbytes: int, align: int) -> int:
+        off = -(-self.smem_bytes // align) * align
+        self.smem_bytes = off + nbytes
+        return off
+
+    def _collect(self, program: Step) -> None:
+        for s in program.walk():
+            a = s.attrs
+            if s.op == "alloc" and a["space"] == "shared":
+                n = DTYPE_BYTES[a["dtype"]]
+                for d in a["shape"]:
+                    n *= d
+                self.shared.append((a["buf"], DTYPES[a["dtype"]], self._carve(n, a.get("align") or 16)))
+            elif s.op == "alloc" and a["space"] == "register":
+                self.reg_arrays[a["buf"]] = s
+            elif "dst" in a and s.op not in ("store", "tma_load", "alloc"):
+                self.registers.setdefault(a["dst"], a.get("dtype", "float32"))
+            if s.op == "reduce" and a["kind"] == "block":
+                self.uses_reduce = True
+        if self.uses_reduce:
+            self.reduce_offset = self._carve(REDUCE_SCRATCH_BYTES, 16)
+
+    def signature(self) -> str:
+        out = []
+        for p in self.k["params"]:
+            if p.kind == "tensor":
+                const = "" if p.written else "const "
+                out.append(f"{const}{DTYPES[p.dtype]}* __restrict__ {p.name}")
+            elif p.kind == "tmap":
+                out.append(f"const __grid_constant__ CUtensorMap {p.name}")
+            else:
+                out.append(f"int {p.name}")
+        return ", ".join(out)
+
+    # -------------------------------------------------------------- statements
+    def emit(self, s: Step, depth: int) -> None:
+        pad = "  " * depth
+        a = s.attrs
+        note = ""
+        if self.annotate and s.origin:
+            o = s.origin
+            note = f"  // {o['rule']} @ {o.get('at', '?')}" if o.get("rule") else f"  // build @ {o.get('where', '?')}"
+        if s.op == "for":
+            self._for(s, pad, note, depth)
+            return
+        if s.op == "if":
+            self.lines.append(f"{pad}if ({_c_term(a['pred'])}) {{{note}")
+            for c in s.body:
+                self.emit(c, depth + 1)
+            self.lines.append(f"{pad}}}")
+            return
+        stmt = self.statement(s)
+        if stmt:
+            self.lines.append(f"{pad}{stmt}{note}")
+
+    def _for(self, s: Step, pad: str, note: str, depth: int) -> None:
+        a = s.attrs
+        v, start, stop, step = a["var"], _c_term(a["start"]), _c_term(a["stop"]), _c_term(a["step"])
+        part = f"  // {a['part']}" if a.get("part") else ""
+        kind = a["kind"]
+        if kind.startswith(("thread-", "block-")):
+            builtin = ("threadIdx." if kind.startswith("thread") else "blockIdx.") + kind[-1]
+            self.lines.append(f"{pad}{{ const int {v} = {start} + {step} * (int){builtin};{part}{note}")
+            self.lines.append(f"{pad}if ({v} < {stop}) {{")
+            close = f"{pad}}} }}"
+        else:
+            if kind in ("unroll", "vectorize"):
+                self.lines.append(f"{pad}#pragma unroll")
+            self.lines.append(f"{pad}for (int {v} = {start}; {v} < {stop}; {v} += {step}) {{{part}{note}")
+            close = f"{pad}}}"
+        for c in s.body:
+            self.emit(c, depth + 1)
+        self.lines.append(close)
+
+    def statement(self, s: Step) -> Optional[str]:
+        a, op = s.attrs, s.op
+        bar = lambda: f"cb_smem_addr(&{a['barrier']}[{_c_term(a['slot'])}])"  # noqa: E731
+        if op == "alloc":
+            if a["space"] == "register":
+                size = 1
+                for d in a["shape"]:
+                    size *= d
+                return f"{DTYPES[a['dtype']]} {a['buf']}[{size}];"
+            return None
+        if op == "load":
+            return f"{a['dst']} = {a['src']}[{_c_term(a['index'])}];"
+        if op == "store":
+            return f"{a['dst']}[{_c_term(a['index'])}] = {_c_term(a['value'])};"
+        if op == "assign":
+            return f"{a['dst']} = {_c_term(a['value'])};"
+        if op in _UNARY_C:
+            return f"{a['dst']} = {_fn(_UNARY_C[op], a['dtype'])}({_c_term(a['args'][0])});"
+        if op == "neg":
+            return f"{a['dst']} = -({_c_term(a['args'][0])});"
+        if op in _BINARY_C:
+            x, y = (_c_term(t) for t in a["args"])
+            return f"{a['dst']} = ({x}) {_BINARY_C[op]} ({y});"
+        if op in ("max", "min"):
+            x, y = (_c_term(t) for t in a["args"])
+            return f"{a['dst']} = cb_{op}({x}, {y});"
+        if op == "fma":
+            x, y, z = (_c_term(t) for t in a["args"])
+            return f"{a['dst']} = {_fn('fma', a['dtype'])}({x}, {y}, {z});"
+        if op == "reduce":
+            functor, identity = _COMBINE[a["combine"]]
+            ctype = DTYPES[a["dtype"]]
+            if a["kind"] == "serial":
+                return f"{a['dst']} = {functor}()({a['dst']}, {_c_term(a['src'])});"
+            return (f"{a['dst']} = cb_block_reduce<{ctype}>({_c_term(a['src'])}, ({ctype}){identity}, "
+                    f"{functor}(), reinterpret_cast<{ctype}*>(cb_smem + {self.reduce_offset}));")
+        if op == "tma_load":
+            coords = ", ".join(_c_term(c) for c in reversed(a["coords"]))
+            return (f"cb_tma_load(cb_smem_addr({a['dst']} + {_c_term(a['offset'])}), &{a['tmap']}, "
+                    f"{bar()}, {coords});")
+        if op == "tma_store":
+            coords = ", ".join(_c_term(c) for c in reversed(a["coords"]))
+            return f"cb_tma_store(&{a['tmap']}, cb_smem_addr({a['src']} + {_c_term(a['offset'])}), {coords});"
+        if op == "mbarrier_init":
+            return f"cb_mbar_init({bar()}, {a['count']});"
+        if op == "mbarrier_arrive":
+            return f"cb_mbar_arrive({bar()});"
+        if op == "mbarrier_arrive_expect_tx":
+            return f"cb_mbar_arrive_expect_tx({bar()}, {a['bytes']});"
+        if op == "mbarrier_wait":
+            return f"cb_mbar_wait({bar()}, {_c_term(a['parity'])});"
+        if op == "mbarrier_inval":
+            return f"cb_mbar_inval({bar()});"
+        if op == "syncthreads":
+            return "__syncthreads();"
+        if op == "fence_proxy_async":
+            return "cb_fence_proxy_async();"
+        if op == "fence_mbarrier_init":
+            return "cb_fence_mbarrier_init();"
+        if op == "bar_sync":
+            return f"cb_bar_sync({a['id']}, {a['count']});"
+        raise ValueError(f"codegen has no form for op {op!r} (node #{s.node})")
+
+    def elect_one(self) -> str:
+        bx, by, bz = self.k["block"]
+        cond = ["threadIdx.x < 32"] + (["threadIdx.y == 0"] if by > 1 else []) + (["threadIdx.z == 0"] if bz > 1 else [])
+        return (f"__device__ __forceinline__ bool cb_elect_one() {{ return {' && '.join(cond)} && cb_elect_sync(); }}")
+
+
+def emit(program: Step, annotate: bool = False) -> KernelSource:
+    """CUDA C++ for a scheduled kernel; ``annotate`` appends the origin of each statement."""
+    e = _Emitter(program, annotate)
+    for c in program.body:
+        e.emit(c, 1)
+    k = program.attrs
+    bx, by, bz = k["block"]
+    decls = [f"  extern __shared__ __align__(1024) unsigned char cb_smem[];"]
+    decls += [f"  {t}* {n} = reinterpret_cast<{t}*>(cb_smem + {off});" for n, t, off in e.shared]
+    decls += [f"  {DTYPES[t]} {r} = 0;" for r, t in e.registers.items()]
+    text = "\n".join([
+        PRELUDE, e.elect_one(), "",
+        f'extern "C" __global__ void __launch_bounds__({bx * by * bz}) {k["name"]}({e.signature()}) {{',
+        *decls, *e.lines, "}", ""])
+    return KernelSource(k["name"], text, tuple(k["params"]), tuple(k["block"]), tuple(k["grid"]), e.smem_bytes)

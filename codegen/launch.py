@@ -1,0 +1,138 @@
+"""Bind user arrays to a compiled kernel's parameters and launch it.
+
+Symbols (tensor extents) are read off the arrays' shapes and checked for consistency; tensor maps
+are encoded from the bound tensors and their boxes; the grid is evaluated from its terms. Numpy
+inputs are copied to the device and written tensors copied back; device arrays (torch, cupy,
+DLPack) are used in place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from cbrules.terms import evaluate
+
+from . import runtime
+from .cuda import KernelSource
+from .errors import CodegenError
+from .nvrtc import Cubin
+
+_NP_DTYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64,
+              "uint32": np.uint32, "uint64": np.uint64}
+
+
+class LaunchError(CodegenError):
+    """Arguments that do not fit the kernel's parameters."""
+
+
+@dataclass
+class BoundLaunch:
+    """A kernel with every parameter bound: ``launch()`` may be called repeatedly (benchmarks)."""
+
+    fn: Any
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    args: list
+    arrays: dict[str, Any]
+    copy_back: dict[str, np.ndarray] = field(default_factory=dict)
+    symbols: dict[str, int] = field(default_factory=dict)
+
+    def launch(self) -> None:
+        if self.grid[0] * self.grid[1] * self.grid[2] == 0:
+            return  # an empty problem launches nothing
+        self.fn.launch(self.grid, self.block, self.args, shared_bytes=self.shared_bytes)
+
+    def finish(self) -> None:
+        """Wait for the kernel and copy written tensors back into the caller's numpy arrays."""
+        runtime.synchronize()
+        for pname, host in self.copy_back.items():
+            host[...] = self.arrays[pname].to_numpy().reshape(host.shape)
+
+
+class CompiledKernel:
+    """A compiled kernel ready to run: ``kernel(x=..., out=...)``."""
+
+    def __init__(self, source: KernelSource, cubin: Cubin, checks: tuple = ()):
+        self.source = source
+        self.cubin = cubin
+        self.checks = checks  # callables(symbols) raising a named error before launch
+        self._module = None
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    def _function(self):
+        if self._module is None:
+            self._module = runtime.Module(self.cubin.cubin)
+        return self._module.function(self.source.name)
+
+    def bind_symbols(self, shapes: Mapping[str, tuple], given: Mapping[str, int]) -> dict[str, int]:
+        """Infer every symbol from the tensors' shapes (or take it from ``given``) and check them."""
+        symbols = dict(given)
+        params = [p for p in self.source.params if p.kind == "tensor"]
+        for p in params:  # first plain names, which bind symbols
+            shape = shapes[p.name]
+            if len(shape) != len(p.shape):
+                raise LaunchError(f"{self.name}: tensor {p.name!r} has rank {len(shape)}, the kernel expects "
+                                  f"{len(p.shape)} ({', '.join(map(str, p.shape))})")
+            for term, actual in zip(p.shape, shape):
+                if term.op == "name" and str(term.value) not in symbols:
+                    symbols[str(term.value)] = int(actual)
+        for p in params:  # then every extent must agree
+            for dim, (term, actual) in enumerate(zip(p.shape, shapes[p.name])):
+                want = evaluate(term, symbols)
+                if want != actual:
+                    raise LaunchError(f"{self.name}: tensor {p.name!r} dimension {dim} is {actual}, but "
+                                      f"{term} = {want} from the other arguments")
+        missing = [p.name for p in self.source.params if p.kind == "symbol" and p.name not in symbols]
+        if missing:
+            raise LaunchError(f"{self.name}: no value for symbol(s) {', '.join(missing)}; pass them as keywords")
+        for check in self.checks:
+            check(symbols)
+        return symbols
+
+    def bind(self, **kwargs: Any) -> BoundLaunch:
+        """Bind arrays and symbols by parameter name; numpy arrays are copied to the device."""
+        tensors = [p for p in self.source.params if p.kind == "tensor"]
+        unknown = set(kwargs) - {p.name for p in self.source.params}
+        if unknown:
+            raise LaunchError(f"{self.name}: unknown argument(s) {', '.join(sorted(unknown))}; parameters are "
+                              f"{', '.join(p.name for p in self.source.params if p.kind != 'tmap')}")
+        arrays, copy_back = {}, {}
+        for p in tensors:
+            if p.name not in kwargs:
+                raise LaunchError(f"{self.name}: missing tensor argument {p.name!r}")
+            value = kwargs[p.name]
+            want = np.dtype(_NP_DTYPES[p.dtype])
+            if isinstance(value, np.ndarray):
+                if value.dtype != want:
+                    raise LaunchError(f"{self.name}: tensor {p.name!r} is {value.dtype}, the kernel expects {want}")
+                if p.written:
+                    copy_back[p.name] = value
+            arrays[p.name] = runtime.as_device_array(value)
+            if arrays[p.name].dtype != want:
+                raise LaunchError(f"{self.name}: tensor {p.name!r} is {arrays[p.name].dtype}, expected {want}")
+        given = {p.name: int(kwargs[p.name]) for p in self.source.params if p.kind == "symbol" and p.name in kwargs}
+        symbols = self.bind_symbols({n: a.shape for n, a in arrays.items()}, given)
+        args = []
+        for p in self.source.params:
+            if p.kind == "tensor":
+                args.append(("ptr", arrays[p.name].ptr))
+            elif p.kind == "tmap":
+                args.append(("tmap", runtime.encode_tensor_map(p.name, arrays[p.tensor], p.box)))
+            else:
+                args.append(("i32", symbols[p.name]))
+        grid = tuple(int(evaluate(g, symbols)) for g in self.source.grid)
+        return BoundLaunch(self._function(), grid, self.source.block, self.source.shared_bytes, args,
+                           arrays, copy_back, symbols)
+
+    def __call__(self, **kwargs: Any) -> Optional[dict]:
+        """Launch once and wait; written numpy arrays are updated in place."""
+        bound = self.bind(**kwargs)
+        bound.launch()
+        bound.finish()
+        return bound.symbols

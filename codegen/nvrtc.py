@@ -1,0 +1,223 @@
+"""Compile self-contained CUDA C++ to cubin with NVRTC, with an on-disk cache."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import struct
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from cuda.bindings import nvrtc
+
+from .errors import CodegenError, CompileError
+
+# Cache file layout: MAGIC | u32 little-endian metadata length | JSON metadata | cubin.
+# Bump the trailing digit whenever the layout or the metadata schema changes.
+_MAGIC = b"CBNVRTC1"
+_HEADER = struct.Struct("<8sI")
+_META_MAX = 1 << 24  # a log of more than 16 MiB means the length field is garbage
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Per-kernel resource usage reported by ``ptxas -v``."""
+
+    registers: int
+    shared_bytes: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+
+
+@dataclass(frozen=True)
+class Cubin:
+    """A compiled kernel image and what NVRTC/ptxas said about it."""
+
+    name: str
+    cubin: bytes
+    log: str
+    resources: Resources
+    options: tuple[str, ...]
+    cached: bool
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc_version() -> tuple[int, int]:
+    """The (major, minor) version of the loaded NVRTC library."""
+    err, major, minor = nvrtc.nvrtcVersion()
+    _check(err, "nvrtcVersion")
+    return int(major), int(minor)
+
+
+def _check(err, call: str) -> None:
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        _, text = nvrtc.nvrtcGetErrorString(err)
+        raise CodegenError(f"{call} failed: {text.decode() if isinstance(text, bytes) else text}")
+
+
+def parse_resources(log: str, entry: str) -> Resources:
+    """Extract the ptxas ``-v`` figures of kernel ``entry`` from an NVRTC log.
+
+    Raises CodegenError when ``entry`` is not among the compiled entry functions
+    (typically a missing ``extern "C"`` or a typo in the name).
+    """
+    # The log is split into one chunk per "Compiling entry function 'NAME'" header;
+    # callees' "Function properties" blocks can live inside a chunk, so the stack and
+    # spill line is taken from the block that names the entry itself.
+    chunks = re.split(r"^ptxas info\s*: Compiling entry function '([^']+)'.*$", log, flags=re.M)
+    bodies = dict(zip(chunks[1::2], chunks[2::2]))
+    if entry not in bodies:
+        raise CodegenError(
+            f"kernel entry '{entry}' not found in ptxas output (entries: {sorted(bodies)}); "
+            "is it declared extern \"C\" __global__?"
+        )
+    body = bodies[entry]
+
+    def grab(pattern: str, text: str) -> int:
+        m = re.search(pattern, text)
+        return int(m.group(1)) if m else 0
+
+    props = re.search(
+        rf"Function properties for {re.escape(entry)}\s*\n(.*)$", body, flags=re.M
+    )
+    props_line = props.group(1) if props else ""
+    used = re.search(r"Used \d+ registers.*$", body, flags=re.M)
+    used_line = used.group(0) if used else ""
+    return Resources(
+        registers=grab(r"Used (\d+) registers", used_line),
+        shared_bytes=grab(r"(\d+) bytes smem", used_line),
+        spill_stores=grab(r"(\d+) bytes spill stores", props_line),
+        spill_loads=grab(r"(\d+) bytes spill loads", props_line),
+        stack_bytes=grab(r"(\d+) bytes stack frame", props_line),
+    )
+
+
+def _nvrtc_compile(source: str, filename: str, options: Sequence[str]) -> tuple[bytes, str]:
+    """Run NVRTC; return (cubin, log) or raise CompileError with the log."""
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], [])
+    _check(err, "nvrtcCreateProgram")
+    try:
+        opts = [o.encode() for o in options]
+        (compile_err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        _check(err, "nvrtcGetProgramLogSize")
+        buf = bytearray(size)
+        _check(nvrtc.nvrtcGetProgramLog(prog, buf)[0], "nvrtcGetProgramLog")
+        log = bytes(buf).rstrip(b"\0").decode(errors="replace")
+        if compile_err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(log, source, filename)
+        err, size = nvrtc.nvrtcGetCUBINSize(prog)
+        _check(err, "nvrtcGetCUBINSize")
+        cubin = bytearray(size)
+        _check(nvrtc.nvrtcGetCUBIN(prog, cubin)[0], "nvrtcGetCUBIN")
+        return bytes(cubin), log
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def default_cache_dir() -> Path:
+    """``$CBRULES_CACHE_DIR`` if set, else ``~/.cache/cbrules/nvrtc``."""
+    env = os.environ.get("CBRULES_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "cbrules" / "nvrtc"
+
+
+class _CorruptEntry(Exception):
+    pass
+
+
+def _read_entry(path: Path, key: str) -> tuple[bytes, str]:
+    """Load (cubin, log) from a cache file, raising _CorruptEntry on any damage."""
+    data = path.read_bytes()
+    if len(data) < _HEADER.size:
+        raise _CorruptEntry("truncated header")
+    magic, meta_len = _HEADER.unpack_from(data)
+    if magic != _MAGIC:
+        raise _CorruptEntry("bad magic")
+    if meta_len > _META_MAX or _HEADER.size + meta_len > len(data):
+        raise _CorruptEntry("truncated metadata")
+    try:
+        meta = json.loads(data[_HEADER.size : _HEADER.size + meta_len].decode())
+        payload = data[_HEADER.size + meta_len :]
+        ok = (
+            meta["key"] == key
+            and meta["cubin_len"] == len(payload)
+            and meta["cubin_sha256"] == hashlib.sha256(payload).hexdigest()
+        )
+        log = meta["log"]
+    except (ValueError, KeyError, TypeError) as e:  # UnicodeDecodeError is a ValueError
+        raise _CorruptEntry(f"bad metadata: {e}") from None
+    if not ok or not isinstance(log, str):
+        raise _CorruptEntry("checksum or length mismatch")
+    return payload, log
+
+
+def _write_entry(path: Path, key: str, cubin: bytes, log: str) -> None:
+    """Store (cubin, log) atomically: readers see either nothing or a whole file."""
+    meta = json.dumps(
+        {"key": key, "cubin_len": len(cubin), "cubin_sha256": hashlib.sha256(cubin).hexdigest(),
+         "log": log, "nvrtc_version": list(nvrtc_version())}
+    ).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_HEADER.pack(_MAGIC, len(meta)) + meta + cubin)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def compile_cuda(
+    source: str,
+    entry: str,
+    *,
+    arch: str = "sm_90a",
+    options: Sequence[str] = (),
+    cache_dir: str | os.PathLike | None = None,
+    use_cache: bool = True,
+) -> Cubin:
+    """Compile ``source`` for ``arch`` and return the cubin of kernel ``entry``.
+
+    ``entry`` must be an ``extern "C"`` kernel; the file name NVRTC sees is
+    ``f"{entry}.cu"``. Extra ``options`` follow the defaults
+    (``--gpu-architecture``, ``-std=c++17``, ``-Xptxas=-v``). Results are
+    cached on disk (see :func:`default_cache_dir`) keyed by source, arch,
+    options and NVRTC version. Raises CompileError on compilation failure.
+    """
+    opts = (f"--gpu-architecture={arch}", "-std=c++17", "-Xptxas=-v", *options)
+    filename = f"{entry}.cu"
+    # The entry (and so the file name) is not part of the key: the stored log covers
+    # every entry of the source, so resources for any of them are parsed on a hit.
+    key = hashlib.sha256(
+        json.dumps([source, arch, list(opts), list(nvrtc_version())]).encode()
+    ).hexdigest()
+    path = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = path / f"{key}.cubin"
+
+    if use_cache and path.exists():
+        try:
+            cubin, log = _read_entry(path, key)
+            return Cubin(entry, cubin, log, parse_resources(log, entry), opts, cached=True)
+        except _CorruptEntry as e:
+            warnings.warn(f"corrupt NVRTC cache entry {path} ({e}); deleting and recompiling",
+                          stacklevel=2)
+            path.unlink(missing_ok=True)
+        except OSError as e:  # unreadable: recompile, the write below may still work
+            warnings.warn(f"cannot read NVRTC cache entry {path}: {e}", stacklevel=2)
+
+    cubin, log = _nvrtc_compile(source, filename, opts)
+    resources = parse_resources(log, entry)
+    if use_cache:
+        try:
+            _write_entry(path, key, cubin, log)
+        except OSError as e:  # a read-only or full cache must not break compilation
+            warnings.warn(f"cannot write NVRTC cache entry {path}: {e}", stacklevel=2)
+    return Cubin(entry, cubin, log, resources, opts, cached=False)

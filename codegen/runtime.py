@@ -1,0 +1,507 @@
+"""Thin CUDA driver-API runtime: context, device arrays, TMA tensor maps, modules, launches."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from cuda.bindings import driver as cu
+
+from .errors import CodegenError, CudaError, NoGpuError, TmaLimitError
+
+_DA = cu.CUdevice_attribute
+_FA = cu.CUfunction_attribute
+_lock = threading.Lock()
+_primary: dict[str, Any] = {}  # "dev", "ctx" once created
+_tls = threading.local()  # the current context is per thread in the driver
+
+
+def _check(result: Any, call: str) -> Any:
+    """Raise CudaError naming ``call`` unless it succeeded; return its outputs."""
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise CudaError(call, err)
+    return None if not rest else rest[0] if len(rest) == 1 else tuple(rest)
+
+
+def _driver_device() -> Any:
+    """cuInit and return device 0, turning 'no driver' / 'no device' into NoGpuError."""
+    try:
+        (err,) = cu.cuInit(0)
+    except Exception as e:  # cuda.pathfinder raises when libcuda.so cannot be found
+        raise NoGpuError(f"CUDA driver library (libcuda) could not be loaded: {e}") from e
+    if err == cu.CUresult.CUDA_ERROR_NO_DEVICE:
+        raise NoGpuError("the CUDA driver loaded but found no CUDA device")
+    _check((err,), "cuInit")
+    if _check(cu.cuDeviceGetCount(), "cuDeviceGetCount") < 1:
+        raise NoGpuError("the CUDA driver loaded but found no CUDA device")
+    return _check(cu.cuDeviceGet(0), "cuDeviceGet")
+
+
+def _dev_attr(attr: Any, dev: Any = None) -> int:
+    dev = _primary["dev"] if dev is None else dev
+    return int(_check(cu.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute"))
+
+
+def gpu_available() -> bool:
+    """True iff the driver loads, a device exists and device 0 is Hopper (cc 9.x). Never raises."""
+    try:
+        return _dev_attr(_DA.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _driver_device()) == 9
+    except Exception:  # missing libcuda, driver errors, broken installs: all mean "no"
+        return False
+
+
+def device_info() -> dict:
+    """Name, compute capability, SM count, opt-in shared memory per block and L2 size of device 0."""
+    dev = _driver_device()
+    name = _check(cu.cuDeviceGetName(256, dev), "cuDeviceGetName")
+    return {
+        "name": name.split(b"\0")[0].decode(),
+        "cc": (_dev_attr(_DA.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+               _dev_attr(_DA.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)),
+        "sm_count": _dev_attr(_DA.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+        "max_shared_per_block_optin": _dev_attr(
+            _DA.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
+        "l2_bytes": _dev_attr(_DA.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, dev),
+    }
+
+
+def _context() -> Any:
+    """Make device 0's primary context current on this thread, retaining it on first use."""
+    if getattr(_tls, "ctx", None) is None:
+        with _lock:
+            if "ctx" not in _primary:
+                dev = _driver_device()
+                _primary["ctx"] = _check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+                _primary["dev"] = dev
+        _check(cu.cuCtxSetCurrent(_primary["ctx"]), "cuCtxSetCurrent")
+        _tls.ctx = _primary["ctx"]
+    return _tls.ctx
+
+
+def synchronize() -> None:
+    """Wait for all work in the context; asynchronous kernel faults surface here as CudaError."""
+    _context()
+    _check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+
+
+def _c_strides(shape: tuple, itemsize: int) -> tuple:
+    strides, acc = [], itemsize
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+class DeviceArray:
+    """Device memory with numpy-style ``shape``, ``dtype`` and byte ``strides``.
+
+    Owned arrays (``empty``/``from_numpy``) are freed by ``free()`` or on garbage
+    collection; borrowed ones keep a reference to their source in ``owner``.
+    """
+
+    def __init__(self, ptr: int, shape: Sequence[int], dtype: Any,
+                 strides: Sequence[int] | None = None, *, owned: bool = False, owner: Any = None):
+        self.owned = owned
+        self.ptr = int(ptr)
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = np.dtype(dtype)
+        c = _c_strides(self.shape, self.dtype.itemsize)
+        self.strides = c if strides is None else tuple(int(s) for s in strides)
+        self.owner = owner
+
+    size = property(lambda self: math.prod(self.shape))
+    nbytes = property(lambda self: self.size * self.dtype.itemsize)
+
+    @property
+    def is_contiguous(self) -> bool:
+        """C-contiguous, ignoring the strides of length-1 axes as numpy does."""
+        c = _c_strides(self.shape, self.dtype.itemsize)
+        return all(n <= 1 or s == cs for n, s, cs in zip(self.shape, self.strides, c))
+
+    @classmethod
+    def empty(cls, shape: Sequence[int], dtype: Any) -> "DeviceArray":
+        """Allocate an uninitialised owned array."""
+        _context()
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        ptr = _check(cu.cuMemAlloc(max(nbytes, 1)), "cuMemAlloc")  # 0 bytes is an error
+        return cls(int(ptr), shape, dtype, owned=True)
+
+    @classmethod
+    def from_numpy(cls, a: np.ndarray) -> "DeviceArray":
+        """Copy a host array (made C-contiguous first) into a new owned array."""
+        a = np.ascontiguousarray(a)
+        out = cls.empty(a.shape, a.dtype)
+        out.copy_from(a)
+        return out
+
+    def _require_contiguous(self, what: str) -> None:
+        if not self.is_contiguous:
+            raise CodegenError(f"{what} needs a C-contiguous DeviceArray, strides are {self.strides}")
+
+    def copy_from(self, a: np.ndarray) -> None:
+        """Copy a host array with the same number of elements (cast to this dtype) in."""
+        self._require_contiguous("copy_from")
+        a = np.ascontiguousarray(a, dtype=self.dtype)
+        if a.size != self.size:
+            raise ValueError(f"copy_from: host array has {a.size} elements, device {self.size}")
+        if self.nbytes:
+            _context()
+            _check(cu.cuMemcpyHtoD(self.ptr, a.ctypes.data, self.nbytes), "cuMemcpyHtoD")
+
+    def to_numpy(self) -> np.ndarray:
+        """Copy to a new C-contiguous host array (strided views are gathered on the host)."""
+        out = np.empty(self.shape, self.dtype)
+        if self.size == 0:
+            return out
+        _context()
+        if self.is_contiguous:
+            _check(cu.cuMemcpyDtoH(out.ctypes.data, self.ptr, self.nbytes), "cuMemcpyDtoH")
+            return out
+        if min(self.strides) < 0:
+            raise CodegenError("to_numpy does not support negative strides")
+        span = sum((n - 1) * s for n, s in zip(self.shape, self.strides)) + self.dtype.itemsize
+        raw = np.empty(span, np.uint8)
+        _check(cu.cuMemcpyDtoH(raw.ctypes.data, self.ptr, span), "cuMemcpyDtoH")
+        out[...] = np.ndarray(self.shape, self.dtype, buffer=raw, strides=self.strides)
+        return out
+
+    def fill_bytes(self, byte_value: int) -> None:
+        """Set every byte to ``byte_value`` (cuMemsetD8), e.g. to poison outputs."""
+        self._require_contiguous("fill_bytes")
+        if self.nbytes:
+            _context()
+            _check(cu.cuMemsetD8(self.ptr, byte_value & 0xFF, self.nbytes), "cuMemsetD8")
+
+    def free(self) -> None:
+        """Release owned memory now; a no-op for borrowed or already freed arrays."""
+        if getattr(self, "owned", False) and self.ptr:
+            ptr, self.ptr = self.ptr, 0
+            _check(cu.cuMemFree(ptr), "cuMemFree")
+
+    def __del__(self) -> None:
+        try:
+            self.free()
+        except Exception:  # interpreter shutdown or a dead context: nothing sensible to do
+            pass
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False),
+                "strides": None if self.is_contiguous else self.strides, "version": 3}
+
+    def __repr__(self) -> str:
+        kind = "owned" if self.owned else "borrowed"
+        return f"DeviceArray(ptr={self.ptr:#x}, shape={self.shape}, dtype={self.dtype}, {kind})"
+
+
+class _DLTensor(ctypes.Structure):
+    # Leading member of DLManagedTensor (DLPack < 1.0 "dltensor" capsules).
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
+                ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16),
+                ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+# A private prototype, so that argtypes set elsewhere on ctypes.pythonapi don't matter.
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+_DL_CUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged
+
+
+def _dl_dtype(code: int, bits: int, lanes: int) -> np.dtype:
+    if lanes == 1 and code == 4 and bits == 16:
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError("bfloat16 DLPack tensors need the ml_dtypes package") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    kind = {0: "i", 1: "u", 2: "f", 5: "c", 6: "b"}.get(code)
+    if lanes != 1 or kind is None:
+        raise TypeError(f"unsupported DLPack dtype code={code} bits={bits} lanes={lanes}")
+    return np.dtype(f"{kind}{bits // 8}")
+
+
+def _parse_dlpack(capsule: Any) -> tuple[int, tuple, tuple, np.dtype, tuple[int, int]]:
+    """Read (ptr, shape, byte strides, dtype, (device type, id)) from a DLPack capsule.
+
+    The capsule is only read, never renamed to "used_dltensor": the caller keeps it
+    alive and its destructor later hands the tensor back to the producer.
+    """
+    t = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+    dtype = _dl_dtype(t.code, t.bits, t.lanes)
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    strides = (None if not t.strides else
+               tuple(t.strides[i] * dtype.itemsize for i in range(t.ndim)))
+    if strides is None:
+        strides = _c_strides(shape, dtype.itemsize)
+    ptr = (t.data or 0) + t.byte_offset
+    return ptr, shape, strides, dtype, (t.device_type, t.device_id)
+
+
+def as_device_array(obj: Any) -> DeviceArray:
+    """Wrap ``obj`` as a DeviceArray.
+
+    DeviceArray: returned as is. ``__cuda_array_interface__`` or CUDA ``__dlpack__``
+    objects: borrowed without a copy (the result references ``obj``). numpy arrays:
+    copied into a new owned DeviceArray.
+    """
+    if isinstance(obj, DeviceArray):
+        return obj
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        if cai.get("mask") is not None:
+            raise TypeError("masked __cuda_array_interface__ arrays are not supported")
+        # A "stream" entry is ignored: work here goes to the legacy default stream,
+        # which already orders itself after other blocking streams.
+        return DeviceArray(cai["data"][0] or 0, cai["shape"], np.dtype(cai["typestr"]),
+                           cai.get("strides"), owner=obj)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        dev_type, dev_id = obj.__dlpack_device__()
+        if int(dev_type) in _DL_CUDA:
+            capsule = obj.__dlpack__()  # stream=None: the producer assumes the legacy stream
+            ptr, shape, strides, dtype, (_, dev_id) = _parse_dlpack(capsule)
+            if dev_id != 0:
+                raise CodegenError(f"DLPack tensor lives on CUDA device {dev_id}; only 0 is used")
+            return DeviceArray(ptr, shape, dtype, strides, owner=(obj, capsule))
+    if isinstance(obj, np.ndarray):
+        return DeviceArray.from_numpy(obj)
+    raise TypeError(f"cannot make a DeviceArray from {type(obj).__name__}")
+
+
+
+# numpy dtype -> CUtensorMapDataType suffix; the enum has no signed 8/16-bit types.
+_TMA_DTYPES = {np.dtype(t): n for t, n in [
+    (np.uint8, "UINT8"), (np.uint16, "UINT16"), (np.uint32, "UINT32"), (np.int32, "INT32"),
+    (np.uint64, "UINT64"), (np.int64, "INT64"), (np.float16, "FLOAT16"),
+    (np.float32, "FLOAT32"), (np.float64, "FLOAT64")]}
+_L2 = {"none": "NONE", "64B": "L2_64B", "128B": "L2_128B", "256B": "L2_256B"}
+
+
+def check_tensor_map(name: str, shape: Sequence[int], strides_bytes: Sequence[int],
+                     itemsize: int, ptr: int, box: Sequence[int],
+                     elem_strides: Sequence[int] | None = None) -> None:
+    """Check the cuTensorMapEncodeTiled limits (no interleave), raising TmaLimitError.
+
+    Everything is given numpy-style, outermost axis first; strides are in bytes.
+    """
+    rank = len(shape)
+    if not 1 <= rank <= 5:
+        raise TmaLimitError(name, "rank", rank, "TMA supports ranks 1 to 5",
+                            "reshape the tensor (merge or split axes) to 1..5 axes")
+    for what, seq in (("box rank", box), ("stride count", strides_bytes),
+                      ("element-stride count", elem_strides or box)):
+        if len(seq) != rank:
+            raise TmaLimitError(name, what, len(seq), f"it must equal the tensor rank {rank}",
+                                "give one value per axis")
+    if ptr % 16:
+        raise TmaLimitError(name, "global address", hex(ptr), "it must be 16-byte aligned",
+                            "start the view at a 16-byte aligned element offset")
+    for axis, n in enumerate(shape):
+        if not 1 <= n <= 2**32:
+            raise TmaLimitError(name, "extent", n, "extents must be in 1..2**32",
+                                "drop empty tensors or split huge axes", axis)
+    for axis, b in enumerate(box):
+        if not 1 <= b <= 256:
+            raise TmaLimitError(name, "box extent", b, "box extents must be in 1..256",
+                                "use a smaller tile or several TMA copies along this axis", axis)
+    for axis, e in enumerate(elem_strides or ()):
+        if not 1 <= e <= 8:
+            raise TmaLimitError(name, "element stride", e, "element strides must be in 1..8",
+                                "use a smaller traversal stride", axis)
+    inner = rank - 1
+    if strides_bytes[inner] != itemsize:
+        raise TmaLimitError(name, "innermost stride", f"{strides_bytes[inner]} bytes",
+                            f"it must equal the element size ({itemsize} bytes)",
+                            "make the innermost axis contiguous (np.ascontiguousarray)", inner)
+    if box[inner] * itemsize % 16:
+        step = 16 // math.gcd(16, itemsize)
+        raise TmaLimitError(name, "inner box extent", f"{box[inner]} elements "
+                            f"({box[inner] * itemsize} bytes)", "it must span a multiple of 16 bytes",
+                            f"make the innermost box extent a multiple of {step} elements", inner)
+    for axis in range(inner):
+        s = strides_bytes[axis]
+        if s <= 0 or s % 16 or s >= 2**40:
+            raise TmaLimitError(name, "stride", f"{s} bytes",
+                                "strides must be positive multiples of 16 bytes below 2**40",
+                                "pad the inner rows to a multiple of 16 bytes", axis)
+
+
+def encode_tensor_map(name: str, array: DeviceArray, box: Sequence[int], *,
+                      elem_strides: Sequence[int] | None = None,
+                      l2_promotion: str = "128B") -> bytes:
+    """Encode a tiled CUtensorMap for ``array`` and return its 128 raw bytes.
+
+    ``box`` (and ``elem_strides``) are outermost-first like ``array.shape``. No
+    interleave, no swizzle, zero fill out of bounds. The map stores the raw address:
+    keep ``array``'s memory alive while the map is used.
+    """
+    if isinstance(array, np.ndarray):
+        raise TypeError("encode_tensor_map needs device memory, not a numpy array")
+    array = as_device_array(array)
+    kind = "BFLOAT16" if array.dtype.name == "bfloat16" else _TMA_DTYPES.get(array.dtype)
+    if kind is None:
+        raise TmaLimitError(name, "dtype", array.dtype, "TMA has no such element type",
+                            f"use one of {sorted(str(d) for d in _TMA_DTYPES)} or bfloat16")
+    if l2_promotion not in _L2:
+        raise ValueError(f"l2_promotion must be one of {list(_L2)}, got {l2_promotion!r}")
+    box = [int(b) for b in box]
+    es = [int(e) for e in elem_strides] if elem_strides is not None else [1] * len(box)
+    check_tensor_map(name, array.shape, array.strides, array.dtype.itemsize, array.ptr, box, es)
+    _context()
+    # The driver lists axes innermost first and omits the innermost stride.
+    u64, u32 = cu.cuuint64_t, cu.cuuint32_t  # plain ints are rejected by the bindings
+    tmap = _check(cu.cuTensorMapEncodeTiled(
+        getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kind}"), len(box), array.ptr,
+        [u64(n) for n in reversed(array.shape)], [u64(s) for s in reversed(array.strides[:-1])],
+        [u32(b) for b in reversed(box)], [u32(e) for e in reversed(es)],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+        getattr(cu.CUtensorMapL2promotion, f"CU_TENSOR_MAP_L2_PROMOTION_{_L2[l2_promotion]}"),
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
+    # CUtensorMap.opaque is a list of 16 cuuint64_t words.
+    return struct.pack("<16Q", *(int(w) for w in tmap.opaque))
+
+
+_SCALARS = {"ptr": np.uint64, "i32": np.int32, "i64": np.int64, "u32": np.uint32,
+            "u64": np.uint64, "f32": np.float32, "f64": np.float64}
+
+
+def _pack_arg(kind: str, value: Any) -> np.ndarray:
+    """Host storage for one kernel argument; its address goes into kernelParams."""
+    if kind == "tmap":
+        raw = bytes(value)
+        if len(raw) != 128:
+            raise ValueError(f"a tensor map argument has 128 bytes, got {len(raw)}")
+        buf = np.zeros(192, np.uint8)  # room to place 128 bytes on a 64-byte boundary
+        off = -buf.ctypes.data % 64
+        view = buf[off:off + 128]  # the view keeps buf alive through .base
+        view[:] = np.frombuffer(raw, np.uint8)
+        return view
+    if kind not in _SCALARS:
+        raise ValueError(f"unknown kernel argument kind {kind!r}; use one of {list(_SCALARS)} or 'tmap'")
+    if kind == "ptr":
+        value = getattr(value, "ptr", value) or 0  # DeviceArray or raw address
+    return np.array([value], dtype=_SCALARS[kind])
+
+
+def _stream(stream: Any) -> Any:
+    if stream is None:
+        return 0
+    return getattr(stream, "cuda_stream", stream)  # torch.cuda.Stream exposes the handle so
+
+
+def _dim3(d: Sequence[int]) -> list[int]:
+    d = [int(x) for x in d]
+    if not 1 <= len(d) <= 3:
+        raise ValueError(f"grid/block needs 1..3 dimensions, got {d}")
+    return d + [1] * (3 - len(d))
+
+
+class Function:
+    """A kernel of a loaded Module."""
+
+    def __init__(self, module: "Module", handle: Any, name: str):
+        self.module, self.handle, self.name = module, handle, name  # module: keeps code loaded
+        self._static: int | None = None  # static shared bytes, read on first launch
+        self._dynamic_ok = 0  # largest dynamic shared size already allowed
+
+    def _attr(self, attr: Any) -> int:
+        return int(_check(cu.cuFuncGetAttribute(attr, self.handle), "cuFuncGetAttribute"))
+
+    def attributes(self) -> dict:
+        """Registers, static shared, local (spill/stack) bytes and max threads per block."""
+        return {"num_regs": self._attr(_FA.CU_FUNC_ATTRIBUTE_NUM_REGS),
+                "shared_size_bytes": self._attr(_FA.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
+                "max_threads_per_block": self._attr(_FA.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
+                "local_size_bytes": self._attr(_FA.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)}
+
+    def _reserve_shared(self, shared_bytes: int) -> None:
+        if self._static is None:  # without opt-in, static + dynamic must fit in 48 KiB
+            self._static = self._attr(_FA.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+            self._dynamic_ok = 48 * 1024 - self._static
+        if shared_bytes <= self._dynamic_ok:
+            return
+        optin = _dev_attr(_DA.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        if shared_bytes + self._static > optin:
+            raise CodegenError(
+                f"kernel '{self.name}' requests {shared_bytes} bytes of dynamic shared memory "
+                f"(+{self._static} static) but the device allows at most {optin} bytes per block")
+        _check(cu.cuFuncSetAttribute(
+            self.handle, _FA.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes),
+            "cuFuncSetAttribute")
+        self._dynamic_ok = shared_bytes
+
+    def launch(self, grid: Sequence[int], block: Sequence[int], args: Sequence[tuple[str, Any]],
+               shared_bytes: int = 0, stream: Any = None) -> None:
+        """Launch with typed ``args`` like ``("ptr", p)``, ``("tmap", raw128)``, ``("i32", n)``.
+
+        Kinds: ptr, tmap, i32, i64, u32, u64, f32, f64. Runs on the legacy default
+        stream unless ``stream`` is given; errors in the kernel show up at synchronize().
+        """
+        _context()
+        self._reserve_shared(shared_bytes)
+        storages = [_pack_arg(kind, value) for kind, value in args]
+        # kernelParams: an array of pointers to each argument's storage; `storages`
+        # stays referenced until cuLaunchKernel has copied the values.
+        params = np.array([s.ctypes.data for s in storages], dtype=np.uint64)
+        _check(cu.cuLaunchKernel(self.handle, *_dim3(grid), *_dim3(block), shared_bytes,
+                                 _stream(stream), params.ctypes.data, 0), "cuLaunchKernel")
+
+
+class Module:
+    """A cubin loaded into the process-wide context (cuModuleLoadData)."""
+
+    def __init__(self, cubin: Any):
+        image = bytes(getattr(cubin, "cubin", cubin))  # also accepts a codegen.nvrtc.Cubin
+        _context()
+        self.handle = _check(cu.cuModuleLoadData(image), "cuModuleLoadData")
+
+    def function(self, name: str) -> Function:
+        """The kernel ``name`` (an extern "C" entry) of this module."""
+        return Function(self, _check(cu.cuModuleGetFunction(self.handle, name.encode()),
+                                     "cuModuleGetFunction"), name)
+
+    def __del__(self) -> None:
+        handle = getattr(self, "handle", None)
+        if handle is not None:
+            try:
+                cu.cuModuleUnload(handle)
+            except Exception:  # interpreter shutdown: the driver reclaims it anyway
+                pass
+
+
+def time_launch(fn: Callable[[], Any], reps: int, stream: Any = None) -> list[float]:
+    """Call ``fn`` ``reps`` times, returning each call's GPU time in ms (CUDA events)."""
+    if reps <= 0:
+        return []
+    _context()
+    s = _stream(stream)
+    events = [_check(cu.cuEventCreate(0), "cuEventCreate") for _ in range(2 * reps)]
+    try:
+        for i in range(reps):
+            _check(cu.cuEventRecord(events[2 * i], s), "cuEventRecord")
+            fn()
+            _check(cu.cuEventRecord(events[2 * i + 1], s), "cuEventRecord")
+        _check(cu.cuEventSynchronize(events[-1]), "cuEventSynchronize")
+        return [float(_check(cu.cuEventElapsedTime(events[2 * i], events[2 * i + 1]),
+                             "cuEventElapsedTime")) for i in range(reps)]
+    finally:
+        for e in events:
+            cu.cuEventDestroy(e)
+
+
+def memcpy_dtod(dst: DeviceArray, src: DeviceArray, stream: Any = None) -> None:
+    """Asynchronous device-to-device copy of equally sized contiguous arrays."""
+    if dst.nbytes != src.nbytes:
+        raise ValueError(f"memcpy_dtod: {src.nbytes} bytes into {dst.nbytes}")
+    dst._require_contiguous("memcpy_dtod")
+    src._require_contiguous("memcpy_dtod")
+    _context()
+    _check(cu.cuMemcpyDtoDAsync(dst.ptr, src.ptr, dst.nbytes, _stream(stream)),
+           "cuMemcpyDtoDAsync")
