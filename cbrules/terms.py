@@ -37,8 +37,10 @@ class Term:
     def __rsub__(self, o): return self._bin("-", o, True)
     def __mul__(self, o): return self._bin("*", o)
     def __rmul__(self, o): return self._bin("*", o, True)
-    def __floordiv__(self, o): return self._bin("/", o)
-    def __rfloordiv__(self, o): return self._bin("/", o, True)
+    # ``/`` and ``//`` both mean C division (truncating on integers)
+    def __truediv__(self, o): return self._bin("/", o)
+    def __rtruediv__(self, o): return self._bin("/", o, True)
+    __floordiv__, __rfloordiv__ = __truediv__, __rtruediv__
     def __mod__(self, o): return self._bin("%", o)
     def __rmod__(self, o): return self._bin("%", o, True)
     def __neg__(self): return Term("-", (self,))
@@ -115,8 +117,8 @@ def _tokens(text: str) -> list[tuple[str, str, int]]:
             break
         m = _TOKEN.match(text, pos)
         if not m:
-            raise TermSyntaxError(f"unexpected character {text[pos:].lstrip()[0]!r} in term {text!r} "
-                                  f"at column {pos + 1}")
+            col = len(text) - len(text[pos:].lstrip())
+            raise TermSyntaxError(f"unexpected character {text[col]!r} in term {text!r} at column {col + 1}")
         kind = "num" if m.group(1) else "id" if m.group(2) else "op"
         out.append((kind, m.group(m.lastindex), m.start(m.lastindex)))
         pos = m.end()

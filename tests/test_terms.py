@@ -1,0 +1,47 @@
+import pytest
+
+from cbrules.terms import Term, TermSyntaxError, as_term, call, evaluate, name, parse, substitute, to_c
+
+
+@pytest.mark.parametrize("text", ["(i + 2) % 3", "i / 3 % 2", "a - (b - c)", "a - b - c", "-x + 1",
+                                  "threadIdx.x < 32 && elect_one()", "min(a, b + 1) * 4", "!(a == b) || c"])
+def test_parse_print_round_trip(text):
+    t = parse(text)
+    assert to_c(parse(to_c(t))) == to_c(t)
+    assert parse(to_c(t)) == t
+
+
+def test_precedence_and_parentheses():
+    assert to_c(parse("(i + 2) % 3")) == "(i + 2) % 3"
+    assert to_c(parse("i + 2 % 3")) == "i + 2 % 3"
+    assert to_c(parse("a - (b - c)")) == "a - (b - c)"
+    assert parse("a - b - c") == Term("-", (Term("-", (name("a"), name("b"))), name("c")))
+
+
+def test_operators_build_terms():
+    i = name("i")
+    assert (i + 2) % 3 == parse("(i + 2) % 3")
+    assert (2 * i) // 4 == parse("2 * i / 4")
+    assert i.lt(10).and_(i.ge(0)) == parse("i < 10 && i >= 0")
+
+
+def test_c_semantics_of_division():
+    assert evaluate(parse("-7 / 2"), {}) == -3
+    assert evaluate(parse("-7 % 2"), {}) == -1
+    assert evaluate(parse("(i + 4) / 4 % 2"), {"i": 5}) == 0
+    assert evaluate(call("ceil_div", 1000, 256), {}) == 4
+
+
+def test_names_and_substitution():
+    t = parse("(i + P) % S")
+    assert set(t.names()) == {"i", "P", "S"}
+    assert substitute(t, {"i": parse("i + 1")}) == parse("(i + 1 + P) % S")
+
+
+def test_syntax_errors_name_the_column():
+    with pytest.raises(TermSyntaxError, match="column 5"):
+        parse("i + $")
+    with pytest.raises(TermSyntaxError, match="expected"):
+        parse("(i + 1")
+    with pytest.raises(TypeError):
+        as_term([1])
