@@ -20,7 +20,9 @@ DTYPE_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint32": 4, 
 UNARY = ("exp", "log", "sqrt", "rsqrt", "neg", "abs")
 BINARY = ("add", "sub", "mul", "div", "max", "min")
 REDUCE_COMBINE = ("sum", "max", "min")
-SYNC_TOKEN = "sync"  # the pseudo-resource that orders memory operations around barriers
+SYNC_TOKEN = "sync"
+# Attributes any node may carry: rules use them to tag nodes (e.g. a pipeline stage) for later rules.
+COMMON_ATTRIBUTES = ("stage", "tag", "part")  # the pseudo-resource that orders memory operations around barriers
 
 
 @dataclass(frozen=True)
@@ -35,13 +37,13 @@ class OpSpec:
 
     @property
     def attributes(self) -> tuple[str, ...]:
-        return self.required + self.optional
+        return self.required + self.optional + COMMON_ATTRIBUTES
 
 
 _BAR = ("barrier", "slot")
 OPS: dict[str, OpSpec] = {
     "kernel": OpSpec(("name", "params", "block", "grid"), ("symbols",), category="scope"),
-    "for": OpSpec(("var", "start", "stop", "step", "kind"), ("annotations", "part"),
+    "for": OpSpec(("var", "start", "stop", "step", "kind"), ("annotations",),
                   ("start", "stop", "step"), "scope", {"kind": "serial", "step": 1}),
     "if": OpSpec(("pred",), (), ("pred",), "scope"),
     "alloc": OpSpec(("buf", "space", "dtype", "shape"), ("align",), category="memory"),
@@ -104,8 +106,6 @@ def effects(op: str, attrs: Mapping[str, Any]) -> tuple[set[str], set[str]]:
     elif op == "tma_store":
         writes.add(f"mem:{attrs['tmap']}")
         reads |= {f"mem:{attrs['src']}", SYNC_TOKEN}
-    elif op == "alloc":
-        writes.add(f"mem:{attrs['buf']}")
     elif op == "reduce" and attrs.get("kind") == "block":
         writes.add(SYNC_TOKEN)  # a block reduction synchronises the block
     elif spec.category == "sync":

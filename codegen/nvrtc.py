@@ -62,10 +62,19 @@ def _check(err, call: str) -> None:
         raise CodegenError(f"{call} failed: {text.decode() if isinstance(text, bytes) else text}")
 
 
+UNKNOWN_RESOURCES = Resources(-1, -1, -1, -1, -1)
+
+# NVRTC (12.9+) reuses cubins from the driver's on-disk compute cache and then skips
+# ptxas, leaving no `-v` report in the log; "--no-cache" turns that off. It is left
+# out of the key and of Cubin.options, and dropped for NVRTCs that reject it.
+_NO_DRIVER_CACHE = ["--no-cache"]
+
+
 def parse_resources(log: str, entry: str) -> Resources:
     """Extract the ptxas ``-v`` figures of kernel ``entry`` from an NVRTC log.
 
-    Raises CodegenError when ``entry`` is not among the compiled entry functions
+    Returns UNKNOWN_RESOURCES (all -1) when the log has no ptxas report at all;
+    raises CodegenError when ptxas reported other entries but not ``entry``
     (typically a missing ``extern "C"`` or a typo in the name).
     """
     # The log is split into one chunk per "Compiling entry function 'NAME'" header;
@@ -73,6 +82,8 @@ def parse_resources(log: str, entry: str) -> Resources:
     # spill line is taken from the block that names the entry itself.
     chunks = re.split(r"^ptxas info\s*: Compiling entry function '([^']+)'.*$", log, flags=re.M)
     bodies = dict(zip(chunks[1::2], chunks[2::2]))
+    if not bodies:
+        return UNKNOWN_RESOURCES
     if entry not in bodies:
         raise CodegenError(
             f"kernel entry '{entry}' not found in ptxas output (entries: {sorted(bodies)}); "
@@ -84,9 +95,7 @@ def parse_resources(log: str, entry: str) -> Resources:
         m = re.search(pattern, text)
         return int(m.group(1)) if m else 0
 
-    props = re.search(
-        rf"Function properties for {re.escape(entry)}\s*\n(.*)$", body, flags=re.M
-    )
+    props = re.search(rf"Function properties for {re.escape(entry)}\s*\n(.*)$", body, flags=re.M)
     props_line = props.group(1) if props else ""
     used = re.search(r"Used \d+ registers.*$", body, flags=re.M)
     used_line = used.group(0) if used else ""
@@ -99,27 +108,39 @@ def parse_resources(log: str, entry: str) -> Resources:
     )
 
 
-def _nvrtc_compile(source: str, filename: str, options: Sequence[str]) -> tuple[bytes, str]:
-    """Run NVRTC; return (cubin, log) or raise CompileError with the log."""
+def _run_nvrtc(source: str, filename: str, options: Sequence[str]) -> tuple[object, str, bytes]:
+    """One NVRTC run: (result code, log, cubin or b"")."""
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], [])
     _check(err, "nvrtcCreateProgram")
     try:
         opts = [o.encode() for o in options]
-        (compile_err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         err, size = nvrtc.nvrtcGetProgramLogSize(prog)
         _check(err, "nvrtcGetProgramLogSize")
         buf = bytearray(size)
         _check(nvrtc.nvrtcGetProgramLog(prog, buf)[0], "nvrtcGetProgramLog")
         log = bytes(buf).rstrip(b"\0").decode(errors="replace")
-        if compile_err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise CompileError(log, source, filename)
+        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return result, log, b""
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
         _check(err, "nvrtcGetCUBINSize")
         cubin = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(prog, cubin)[0], "nvrtcGetCUBIN")
-        return bytes(cubin), log
+        return result, log, bytes(cubin)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _nvrtc_compile(source: str, filename: str, options: Sequence[str]) -> tuple[bytes, str]:
+    """Compile; return (cubin, log) or raise CompileError with the log."""
+    result, log, cubin = _run_nvrtc(source, filename, [*options, *_NO_DRIVER_CACHE])
+    if (result == nvrtc.nvrtcResult.NVRTC_ERROR_INVALID_OPTION and _NO_DRIVER_CACHE
+            and _NO_DRIVER_CACHE[0] in log):
+        _NO_DRIVER_CACHE.clear()  # an NVRTC older than its driver cache
+        result, log, cubin = _run_nvrtc(source, filename, options)
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise CompileError(log, source, filename)
+    return cubin, log
 
 
 def default_cache_dir() -> Path:
@@ -215,7 +236,10 @@ def compile_cuda(
 
     cubin, log = _nvrtc_compile(source, filename, opts)
     resources = parse_resources(log, entry)
-    if use_cache:
+    if resources == UNKNOWN_RESOURCES:
+        warnings.warn(f"no ptxas -v report for '{entry}' in the NVRTC log; resources unknown",
+                      stacklevel=2)
+    elif use_cache:  # an entry without a ptxas report would stay "unknown" for good
         try:
             _write_entry(path, key, cubin, log)
         except OSError as e:  # a read-only or full cache must not break compilation

@@ -356,9 +356,12 @@ def encode_tensor_map(name: str, array: DeviceArray, box: Sequence[int], *,
     _context()
     # The driver lists axes innermost first and omits the innermost stride.
     u64, u32 = cu.cuuint64_t, cu.cuuint32_t  # plain ints are rejected by the bindings
+    strides = [u64(s) for s in reversed(array.strides[:-1])]
+    if not strides:  # rank 1: an empty list becomes NULL, which the driver refuses
+        strides = [u64(-(-array.nbytes // 16) * 16)]  # never read; a valid value anyway
     tmap = _check(cu.cuTensorMapEncodeTiled(
         getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kind}"), len(box), array.ptr,
-        [u64(n) for n in reversed(array.shape)], [u64(s) for s in reversed(array.strides[:-1])],
+        [u64(n) for n in reversed(array.shape)], strides,
         [u32(b) for b in reversed(box)], [u32(e) for e in reversed(es)],
         cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,

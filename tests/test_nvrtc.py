@@ -5,8 +5,10 @@ import warnings
 
 import pytest
 
+from codegen import nvrtc as nvrtc_module
 from codegen.errors import CodegenError, CompileError
-from codegen.nvrtc import Cubin, Resources, compile_cuda, nvrtc_version, parse_resources
+from codegen.nvrtc import (UNKNOWN_RESOURCES, Cubin, Resources, compile_cuda, nvrtc_version,
+                           parse_resources)
 
 TINY = r"""
 extern "C" __global__ void tiny(float* out, int n) {
@@ -127,6 +129,11 @@ def _flip(data: bytes, i: int) -> bytes:
     return data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
 
 
+def _garble_metadata(data: bytes) -> bytes:
+    meta_len = int.from_bytes(data[8:12], "little")
+    return data[:12] + b"\xff" * meta_len + data[12 + meta_len:]
+
+
 CORRUPTIONS = {
     "empty": lambda d: b"",
     "truncated_header": lambda d: d[:5],
@@ -137,7 +144,7 @@ CORRUPTIONS = {
     "flip_json": lambda d: _flip(d, 14),
     "flip_payload": lambda d: _flip(d, len(d) - 1),
     "garbage": lambda d: os.urandom(len(d)),
-    "bad_json": lambda d: d[:12] + b"\xff" * (int.from_bytes(d[8:12], "little")) + d[12 + int.from_bytes(d[8:12], "little"):],
+    "bad_json": lambda d: _garble_metadata(d),
     "appended": lambda d: d + b"extra",
 }
 
@@ -156,3 +163,15 @@ def test_corrupt_cache_is_rebuilt(tmp_path, how):
         again = compile_cuda(TINY, "tiny", cache_dir=tmp_path)
     assert again.cached and again.cubin == good.cubin
     assert [p.name for p in tmp_path.iterdir()] == [entry.name]  # no temp files left
+
+
+def test_no_ptxas_report_means_unknown():
+    assert parse_resources("", "k") == UNKNOWN_RESOURCES
+    assert parse_resources("\0", "k").registers == -1
+
+
+def test_unknown_no_cache_option_is_dropped(tmp_path, monkeypatch):
+    # Stands in for an NVRTC that predates "--no-cache": the option is retried without.
+    monkeypatch.setattr(nvrtc_module, "_NO_DRIVER_CACHE", ["--not-an-nvrtc-option"])
+    c = compile_cuda(TINY, "tiny", cache_dir=tmp_path)
+    assert c.resources.registers > 0 and nvrtc_module._NO_DRIVER_CACHE == []

@@ -1,0 +1,264 @@
+"""Rewrite actions: the small, generic vocabulary of a graph rule's ``:rewrite``.
+
+| action | effect |
+|---|---|
+| ``(insert-before ?n T...)`` / ``(insert-after ?n T...)`` | new nodes from templates right before/after ?n |
+| ``(insert-at-entry ?s T...)`` / ``(insert-at-exit ?s T...)`` | new nodes first/last in scope ?s |
+| ``(erase ?n)`` | remove ?n and its subtree, keeping the order of what ran around it |
+| ``(set ?n :key V ...)`` | set attributes (term attributes take terms) |
+| ``(replace ?n T)`` | a new node where ?n was; ?n is erased |
+| ``(wrap ?n T)`` | a new scope from template T where ?n was, with ?n moved inside it |
+| ``(move ?n :into ?s [:at entry|exit])`` | re-parent ?n |
+| ``(clone ?L [:as ?M] [:set (:k V ...)] [:keep P] [:substitute (P NAME TERM)])`` | copy scope ?L right before it, keeping the leaves matching P, substituting NAME by TERM in the kept nodes matching P |
+| ``(add-edge ?a ?b)`` / ``(remove-edge ?a ?b)`` | depends edges between siblings |
+| ``(let ?x V)`` | bind a value for later actions |
+| ``(fail "message {?x}")`` | refuse the kernel with a named error |
+
+A template is ``(OP :key V ... [:as ?x] CHILD-TEMPLATE ...)``; children only for ``for``/``if``.
+Placement derives depends edges from effects (RAW/WAR/WAW on registers, buffers and the sync
+token) against the scope's current schedule, plus an explicit edge to the anchor.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+from .graph import KernelGraph
+from .match import Matcher, split_keys
+from .ops import OPS, conflicts
+from .schedule import sibling_order
+from .sexpr import Atom, RuleError, SList
+from .terms import Term, as_term, substitute
+from .values import Env, NodeRef, evaluate
+
+# action -> (min positional, max positional, allowed keywords, index of the first template argument or None)
+ACTIONS: dict[str, tuple[int, Optional[int], tuple[str, ...], Optional[int]]] = {
+    "insert-before": (2, None, (), 1), "insert-after": (2, None, (), 1),
+    "insert-at-entry": (2, None, (), 1), "insert-at-exit": (2, None, (), 1),
+    "erase": (1, 1, (), None), "set": (1, 1, None, None), "replace": (2, 2, (), 1), "wrap": (2, 2, (), 1),
+    "move": (1, 1, ("into", "at"), None), "clone": (1, 1, ("as", "set", "keep", "substitute"), None),
+    "add-edge": (2, 2, (), None), "remove-edge": (2, 2, (), None), "let": (2, 2, (), None),
+    "fail": (1, None, (), None),
+}
+
+
+class RuleFailure(Exception):
+    """A rule's ``(fail ...)``: the kernel asks for something the rules refuse."""
+
+
+class Rewriter:
+    """Applies one rule application's actions to a graph (the engine hands it a copy)."""
+
+    def __init__(self, kg: KernelGraph, bindings: dict, origin: dict):
+        self.kg = kg
+        self.b = dict(bindings)
+        self.origin = origin
+        self.created: list[int] = []
+        self.erased: list[int] = []
+        self.changed: list[int] = []
+
+    def env(self) -> Env:
+        return Env(self.b, lambda n: self.kg[n])
+
+    def value(self, e) -> Any:
+        return evaluate(e, self.env())
+
+    def node(self, e) -> int:
+        v = self.value(e)
+        if not isinstance(v, NodeRef) or v.id not in self.kg:
+            raise RuleError(e.pos, f"{e} is not a node of the graph (got {v!r})")
+        return v.id
+
+    # ------------------------------------------------------------------ driver
+    def run(self, actions: tuple) -> None:
+        for a in actions:
+            head = a.head()
+            getattr(self, "_" + head.replace("-", "_"))(a, *a.items[1:])
+
+    # ------------------------------------------------------------------ placement
+    def place(self, n: int, scope: int, where: str, anchor: Optional[int] = None) -> None:
+        """Put new node ``n`` into ``scope`` at entry/exit/before/after ``anchor``, ordering it by effects."""
+        seq = [c for c in sibling_order(self.kg, scope) if c != n] if scope in self.kg else []
+        if n not in self.kg.children(scope):
+            self.kg.g.add_edge(scope, n, kind="contains")
+        at = {"entry": 0, "exit": len(seq)}.get(where)
+        if at is None:
+            at = seq.index(anchor) + (1 if where == "after" else 0)
+        mine = self.kg.effects(n)
+        for i, s in enumerate(seq):
+            if s == anchor or conflicts(self.kg.effects(s), mine):
+                self.kg.add_depends(s, n) if i < at else self.kg.add_depends(n, s)
+
+    def instantiate(self, t: SList, parent: Optional[int]) -> int:
+        """Create the nodes of a template under ``parent`` (not yet ordered among its siblings)."""
+        op = t.head()
+        pos, keys = split_keys(t.items, 1)
+        spec = OPS[op]
+        attrs = {}
+        for k, v in keys.items():
+            if k == "as":
+                continue
+            val = self.value(v)
+            if k in spec.terms:
+                val = tuple(as_term(x) for x in val) if isinstance(val, tuple) else as_term(val)
+            attrs[k] = val
+        n = self.kg.add(op, parent, origin=self.origin, **attrs)
+        self.created.append(n)
+        if "as" in keys:
+            self.b[keys["as"].value] = NodeRef(n)
+        for child in pos:  # body of a scope, in program order
+            c = self.instantiate(child, n)
+            self.kg.order_after_conflicts(c)
+        return n
+
+    def _insert(self, where: str, target, templates) -> None:
+        ref = self.node(target)
+        scope = ref if where in ("entry", "exit") else self.kg.parent(ref)
+        anchor = None if where in ("entry", "exit") else ref
+        if where in ("entry", "after"):
+            templates = reversed(templates)  # each new node goes right at the anchor: keep written order
+        for t in templates:
+            n = self.instantiate(t, None)
+            self.place(n, scope, where, anchor)
+
+    def _insert_before(self, a, target, *ts): self._insert("before", target, ts)
+    def _insert_after(self, a, target, *ts): self._insert("after", target, ts)
+    def _insert_at_entry(self, a, target, *ts): self._insert("entry", target, ts)
+    def _insert_at_exit(self, a, target, *ts): self._insert("exit", target, ts)
+
+    # ------------------------------------------------------------------ removal and change
+    def detach(self, n: int) -> None:
+        """Take ``n`` out of its scope, joining its predecessors to its successors."""
+        preds = [p for p in self.kg.g.predecessors(n) if self.kg.g.edges[p, n]["kind"] == "depends"]
+        succs = [s for s in self.kg.g.successors(n) if self.kg.g.edges[n, s]["kind"] == "depends"]
+        for p in preds:
+            self.kg.g.remove_edge(p, n)
+            for s in succs:
+                self.kg.add_depends(p, s)
+        for s in succs:
+            self.kg.g.remove_edge(n, s)
+        parent = self.kg.parent(n)
+        if parent is not None:
+            self.kg.g.remove_edge(parent, n)
+
+    def _erase(self, a, target) -> None:
+        n = self.node(target)
+        if n == self.kg.root:
+            raise RuleError(a.pos, "cannot erase the kernel node")
+        gone = [n, *self.kg.descendants(n)]
+        self.detach(n)
+        self.kg.g.remove_nodes_from(gone)
+        self.erased.extend(gone)
+
+    def _set(self, a, target, *kv) -> None:
+        self._set_attrs(self.node(target), kv)
+
+    def _set_attrs(self, n: int, kv) -> None:
+        spec = OPS[self.kg.op(n)]
+        _, keys = split_keys(kv, 0)
+        for k, v in keys.items():
+            val = self.value(v)
+            if k in spec.terms:
+                val = tuple(as_term(x) for x in val) if isinstance(val, tuple) else as_term(val)
+            self.kg[n][k] = val
+        if n not in self.created:
+            self.changed.append(n)
+
+    def _replace(self, a, target, t) -> None:
+        self._insert("before", target, (t,))
+        self._erase(a, target)
+
+    def _wrap(self, a, target, t) -> None:
+        n = self.node(target)
+        parent = self.kg.parent(n)
+        s = self.instantiate(t, None)
+        self.place(s, parent, "before", n)
+        self.detach(n)
+        self.place(n, s, "exit")
+        self.changed.append(n)
+
+    def _move(self, a, target, *kv) -> None:
+        n = self.node(target)
+        _, keys = split_keys(kv, 0)
+        scope = self.node(keys["into"])
+        where = str(self.value(keys["at"])) if "at" in keys else "exit"
+        self.detach(n)
+        self.place(n, scope, where)
+        self.changed.append(n)
+
+    # ------------------------------------------------------------------ cloning
+    def _clone(self, a, target, *kv) -> None:
+        src = self.node(target)
+        _, keys = split_keys(kv, 0)
+        matcher = Matcher(self.kg)
+        leaves = {n for n in self.kg.descendants(src) if not self.kg.is_scope(n)}
+        kept = leaves if "keep" not in keys else matcher.select(keys["keep"], self.b, src) & leaves
+        mapping: dict[str, Term] = {}
+        shifted: set[int] = set()
+        if "substitute" in keys:
+            if len(keys["substitute"]) != 3:
+                raise RuleError(keys["substitute"].pos, ":substitute takes (FILTER NAME TERM)")
+            pat, var, term = keys["substitute"].items
+            mapping = {str(self.value(var)): as_term(self.value(term))}
+            shifted = matcher.select(pat, self.b, src) & kept
+        parent = self.kg.parent(src)
+        new = self._copy(src, kept, mapping, shifted, root=True)
+        self.place(new, parent, "before", src)
+        if "set" in keys:
+            self._set_attrs(new, keys["set"].items)
+        if "as" in keys:
+            self.b[keys["as"].value] = NodeRef(new)
+
+    def _copy(self, n: int, kept: set, mapping: dict, shifted: set, root: bool = False) -> Optional[int]:
+        """Copy ``n``'s subtree: kept leaves, and the scopes holding some (the root always)."""
+        kg = self.kg
+        inside = [d for d in kg.descendants(n) if d in kept] if kg.is_scope(n) else []
+        if not root and (n not in kept if not kg.is_scope(n) else not inside):
+            return None
+        attrs = kg.attrs(n)
+        # a leaf in the substituted set, or an inner scope holding only such leaves, sees the new value
+        if n in shifted or (not root and inside and all(d in shifted for d in inside)):
+            for k in OPS[kg.op(n)].terms:
+                v = attrs.get(k)
+                if isinstance(v, Term):
+                    attrs[k] = substitute(v, mapping)
+                elif isinstance(v, tuple):
+                    attrs[k] = tuple(substitute(x, mapping) if isinstance(x, Term) else x for x in v)
+        new = kg.add(kg.op(n), None, origin={**self.origin, "from": n}, **attrs)
+        self.created.append(new)
+        if not kg.is_scope(n):
+            return new
+        seq = []
+        for c in sibling_order(kg, n):
+            cc = self._copy(c, kept, mapping, shifted)
+            if cc is not None:
+                kg.g.add_edge(new, cc, kind="contains")
+                seq.append(cc)
+        # the copies keep the original's order wherever their effects conflict
+        for i, x in enumerate(seq):
+            ex = kg.effects(x)
+            for y in seq[i + 1:]:
+                if conflicts(ex, kg.effects(y)):
+                    kg.add_depends(x, y)
+        return new
+
+    # ------------------------------------------------------------------ edges, bindings, failure
+    def _add_edge(self, a, x, y) -> None:
+        self.kg.add_depends(self.node(x), self.node(y))
+
+    def _remove_edge(self, a, x, y) -> None:
+        u, v = self.node(x), self.node(y)
+        if self.kg.g.has_edge(u, v):
+            self.kg.remove_depends(u, v)
+
+    def _let(self, a, var, expr) -> None:
+        self.b[var.value] = self.value(expr)
+
+    def _fail(self, a, msg, *args) -> None:
+        text = re.sub(r"\{(\?[\w-]+)\}", lambda m: _show(self.b.get(m.group(1), m.group(1)), self.kg),
+                      str(self.value(msg)))
+        raise RuleFailure(text)
+
+
+def _show(v: Any, kg: KernelGraph) -> str:
+    return kg.describe(v.id) if isinstance(v, NodeRef) and v.id in kg else str(v)

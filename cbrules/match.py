@@ -1,0 +1,277 @@
+"""Matcher: find every binding of a graph rule's ``:match`` and ``:where`` in a kernel graph.
+
+A ``:match`` is a list of elements tried left to right with backtracking:
+
+* node patterns ``(OP ?n :key VALUE-PATTERN ... :in ?scope | :child-of ?scope)``, ``OP`` an op
+  name or ``_``; candidates are tried in node-id order, so matching is deterministic;
+* relations from :data:`RELATIONS` (``inside``, ``first-reader``, ``no``, ``count`` ...).
+
+Value patterns: ``?x`` (bind, or compare when bound), ``_``, a literal, ``(one-of a b)``,
+``(not P)``, ``(absent)``, and ``(:key P ...)`` for dictionary attributes such as annotations.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+from .graph import KernelGraph
+from .ops import effects
+from .schedule import sibling_order
+from .sexpr import Atom, Expr, RuleError, SList
+from .terms import Term, as_term
+from .values import Env, NodeRef, evaluate
+
+MISSING = object()
+STRUCTURAL_KEYS = ("in", "child-of")
+# relation name -> (positional argument count, required keywords, optional keywords)
+RELATIONS: dict[str, tuple[int, tuple[str, ...], tuple[str, ...]]] = {
+    "inside": (2, (), ()),          # (inside ?n ?scope): ?n is a descendant of ?scope
+    "child": (2, (), ()),           # (child ?n ?scope): ?n is directly in ?scope's body
+    "reads": (2, (), ()),           # (reads ?n ?buf): node ?n (or its subtree) reads buffer ?buf
+    "writes": (2, (), ()),          # (writes ?n ?buf)
+    "first-reader": (1, ("of", "in"), ()),  # the child of ?scope that reads ?buf first
+    "last-reader": (1, ("of", "in"), ()),   # ... and last, in schedule order
+    "no": (1, ("in",), ()),         # (no PATTERN :in ?scope): no node in ?scope matches PATTERN
+    "count": (2, ("in",), ()),      # (count ?k PATTERN :in ?scope): ?k = number of matches
+    "sum": (3, ("in",), ()),        # (sum ?k ATTR PATTERN :in ?scope): ?k = sum of ATTR over matches
+}
+
+
+def split_keys(items, start: int) -> tuple[list, dict]:
+    """Positional items and ``:key value`` pairs of a list, from index ``start``."""
+    pos, keys, i = [], {}, start
+    while i < len(items):
+        x = items[i]
+        if isinstance(x, Atom) and x.kind == "kw":
+            if i + 1 >= len(items):
+                raise RuleError(x.pos, f"keyword :{x.value} has no value")
+            keys[x.value] = items[i + 1]
+            i += 2
+        else:
+            pos.append(x)
+            i += 1
+    return pos, keys
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, (Term, int)) and isinstance(b, (Term, int)) and not isinstance(a, bool) \
+            and not isinstance(b, bool):
+        return as_term(a) == as_term(b)
+    return a == b
+
+
+def match_value(p: Expr, value: Any, b: dict) -> Optional[dict]:
+    """Match one attribute value against a value pattern; returns extended bindings or None."""
+    if isinstance(p, Atom):
+        if p.kind == "var":
+            if p.value in b:
+                return b if value is not MISSING and _equal(b[p.value], value) else None
+            return None if value is MISSING else {**b, p.value: value}
+        if p.kind == "sym" and p.value == "_":
+            return b if value is not MISSING else None
+        lit = {"true": True, "false": False}.get(p.value, p.value) if p.kind == "sym" else p.value
+        return b if value is not MISSING and _equal(lit, value) else None
+    head = p.head()
+    if head == "one-of":
+        for alt in p.items[1:]:
+            r = match_value(alt, value, b)
+            if r is not None:
+                return r
+        return None
+    if head == "not":
+        return b if match_value(p.items[1], value, b) is None else None
+    if head == "absent":
+        return b if value is MISSING or value is None else None
+    # (:key P ...) -- a dictionary attribute
+    if not isinstance(value, dict):
+        return None
+    _, keys = split_keys(p.items, 0)
+    for k, sub in keys.items():
+        b = match_value(sub, value.get(k, MISSING), b)
+        if b is None:
+            return None
+    return b
+
+
+class Matcher:
+    """Matches rules against one graph; remembers the deepest failure for "why not" queries."""
+
+    def __init__(self, kg: KernelGraph):
+        self.kg = kg
+        self._orders: dict[int, list[int]] = {}
+        self.deepest: tuple[int, str, Any] = (-1, "", None)
+
+    def order(self, scope: int) -> list[int]:
+        if scope not in self._orders:
+            self._orders[scope] = sibling_order(self.kg, scope)
+        return self._orders[scope]
+
+    def env(self, b: dict) -> Env:
+        return Env(b, lambda n: self.kg[n])
+
+    def _fail(self, index: int, why: str, where: Any) -> None:
+        if index > self.deepest[0]:
+            self.deepest = (index, why, where)
+
+    # ------------------------------------------------------------------ rules
+    def matches(self, elements: tuple, guards: tuple, b: Optional[dict] = None) -> Iterator[dict]:
+        """Every binding of the pattern elements that also satisfies every guard."""
+        for bound in self._elements(elements, 0, dict(b or {})):
+            ok = True
+            for gi, g in enumerate(guards):
+                if not evaluate(g, self.env(bound)):
+                    self._fail(len(elements) + gi, "guard is false", g)
+                    ok = False
+                    break
+            if ok:
+                yield bound
+
+    def _elements(self, els: tuple, i: int, b: dict) -> Iterator[dict]:
+        if i == len(els):
+            yield b
+            return
+        found = False
+        for b2 in self.element(els[i], b):
+            found = True
+            yield from self._elements(els, i + 1, b2)
+        if not found:
+            self._fail(i, "no node matches" if els[i].head() not in RELATIONS else "relation does not hold", els[i])
+
+    def element(self, e: SList, b: dict) -> Iterator[dict]:
+        head = e.head()
+        if head in RELATIONS:
+            yield from getattr(self, "_rel_" + head.replace("-", "_"))(e, b)
+        else:
+            yield from self.node_pattern(e, b)
+
+    # ------------------------------------------------------------------ node patterns
+    def _scope_of(self, x: Expr, b: dict) -> int:
+        v = evaluate(x, self.env(b))
+        if not isinstance(v, NodeRef):
+            raise RuleError(x.pos, f"{x} must be bound to a node, got {v!r}")
+        return v.id
+
+    def candidates(self, e: SList, b: dict, within: Optional[int] = None) -> list[int]:
+        op = e.head()
+        pos, keys = split_keys(e.items, 1)
+        if pos and isinstance(pos[0], Atom) and pos[0].kind == "var" and pos[0].value in b:
+            ref = b[pos[0].value]
+            pool = [ref.id] if isinstance(ref, NodeRef) and ref.id in self.kg else []
+        elif within is not None:
+            pool = self.kg.descendants(within)
+        elif "child-of" in keys:
+            pool = self.kg.children(self._scope_of(keys["child-of"], b))
+        elif "in" in keys:
+            pool = self.kg.descendants(self._scope_of(keys["in"], b))
+        else:
+            pool = self.kg.nodes()
+        return [n for n in pool if op == "_" or self.kg.op(n) == op]
+
+    def node_pattern(self, e: SList, b: dict, within: Optional[int] = None) -> Iterator[dict]:
+        """Bindings for every node matching pattern ``e`` (inside ``within`` when given)."""
+        for _, b2 in self.node_matches(e, b, within):
+            yield b2
+
+    def node_matches(self, e: SList, b: dict, within: Optional[int] = None) -> Iterator[tuple[int, dict]]:
+        """(node, bindings) for every node matching pattern ``e``."""
+        pos, keys = split_keys(e.items, 1)
+        var = pos[0].value if pos and isinstance(pos[0], Atom) and pos[0].kind == "var" else None
+        for n in self.candidates(e, b, within):
+            b2: Optional[dict] = b if var is None else {**b, var: NodeRef(n)}
+            attrs = self.kg[n]
+            for k, p in keys.items():
+                if k == "in":
+                    ok = self._scope_of(p, b2) in self.kg.ancestors(n)
+                    b2 = b2 if ok else None
+                elif k == "child-of":
+                    b2 = b2 if self.kg.parent(n) == self._scope_of(p, b2) else None
+                else:
+                    b2 = match_value(p, attrs.get(k, MISSING), b2)
+                if b2 is None:
+                    break
+            if b2 is not None:
+                yield n, b2
+
+    def select(self, pattern: SList, b: dict, scope: int) -> set[int]:
+        """Nodes inside ``scope`` matching a filter: a node pattern, ``(not F)`` or ``(any-of F ...)``."""
+        head = pattern.head()
+        if head == "not":
+            return set(self.kg.descendants(scope)) - self.select(pattern.items[1], b, scope)
+        if head == "any-of":
+            return set().union(*(self.select(p, b, scope) for p in pattern.items[1:]))
+        return {n for n, _ in self.node_matches(pattern, b, within=scope)}
+
+    # ------------------------------------------------------------------ relations
+    def _bind_node(self, x: Expr, n: int, b: dict) -> Optional[dict]:
+        if x.value in b:
+            return b if b[x.value] == NodeRef(n) else None
+        return {**b, x.value: NodeRef(n)}
+
+    def _rel_inside(self, e, b, direct=False):
+        scope = self._scope_of(e.items[2], b)
+        pool = self.kg.children(scope) if direct else self.kg.descendants(scope)
+        for n in pool:
+            r = self._bind_node(e.items[1], n, b)
+            if r is not None:
+                yield r
+
+    def _rel_child(self, e, b):
+        yield from self._rel_inside(e, b, direct=True)
+
+    def _touches(self, n: int, buf: str, write: bool) -> bool:
+        reads, writes = self.kg.effects(n)
+        return f"mem:{buf}" in (writes if write else reads)
+
+    def _rel_reads(self, e, b, write=False):
+        buf = evaluate(e.items[2], self.env(b))
+        x = e.items[1]
+        pool = [b[x.value].id] if x.value in b else self.kg.nodes()
+        for n in pool:
+            r = self._bind_node(x, n, b) if self._touches(n, buf, write) else None
+            if r is not None:
+                yield r
+
+    def _rel_writes(self, e, b):
+        yield from self._rel_reads(e, b, write=True)
+
+    def _reader(self, e, b, last: bool):
+        _, keys = split_keys(e.items, 2)
+        buf = evaluate(keys["of"], self.env(b))
+        scope = self._scope_of(keys["in"], b)
+        readers = [c for c in self.order(scope) if self._touches(c, buf, False)]
+        if readers:
+            r = self._bind_node(e.items[1], readers[-1 if last else 0], b)
+            if r is not None:
+                yield r
+
+    def _rel_first_reader(self, e, b):
+        yield from self._reader(e, b, last=False)
+
+    def _rel_last_reader(self, e, b):
+        yield from self._reader(e, b, last=True)
+
+    def _inner(self, e: SList, pattern_at: int, b: dict) -> list[dict]:
+        _, keys = split_keys(e.items, pattern_at + 1)
+        scope = self._scope_of(keys["in"], b)
+        return list(self.node_pattern(e.items[pattern_at], b, within=scope))
+
+    def _rel_no(self, e, b):
+        if not self._inner(e, 1, b):
+            yield b
+
+    def _rel_count(self, e, b):
+        r = match_value(e.items[1], len(self._inner(e, 2, b)), b)
+        if r is not None:
+            yield r
+
+    def _rel_sum(self, e, b):
+        attr = e.items[2].value
+        total = 0
+        for m in self._inner(e, 3, b):
+            pos, _ = split_keys(e.items[3].items, 1)
+            node = m[pos[0].value].id if pos and pos[0].kind == "var" else None
+            if node is None:
+                raise RuleError(e.pos, "(sum ...) needs its pattern to bind the node, e.g. (tma_load ?ld)")
+            total += self.kg[node].get(attr, 0)
+        r = match_value(e.items[1], total, b)
+        if r is not None:
+            yield r

@@ -1,0 +1,401 @@
+"""Reading and checking rule files (``*.rules``).
+
+A rule file is a list of top-level forms:
+
+* egglog forms (``datatype``, ``function``, ``ruleset``, ``rewrite``, ``rule`` ...) pass to egglog unchanged;
+* ``(phases A B ...)`` declares phases in order; ``(phase NAME :after A)`` / ``:before A`` adds one;
+* ``(disable RULE ...)`` switches shipped rules off (from a user folder);
+* ``(graph-rule NAME :doc S :phase P :after (R ...) :match (...) :where (...) :rewrite (...))``.
+
+Every problem is reported as ``file:line:col: message`` with a "did you mean" where it helps.
+Nothing here executes Python from the files.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+from .actions import ACTIONS
+from .egg import EggForm
+from .match import RELATIONS, STRUCTURAL_KEYS, split_keys
+from .ops import OPS, SCOPES
+from .sexpr import Atom, Expr, Pos, RuleError, SList, read, source_text
+from .values import FUNCTIONS, NODE_FUNCTIONS
+
+SHIPPED = Path(__file__).resolve().parent.parent / "rules"
+ENV_VAR = "CBRULES_RULES"
+EGGLOG_HEADS = ("datatype", "datatype*", "sort", "function", "constructor", "relation", "ruleset",
+                "rewrite", "birewrite", "rule", "let", "set", "union", "run", "run-schedule", "check",
+                "include", "push", "pop", "extract", "delete", "subsume", "fail", "input", "output")
+RULE_KEYS = ("doc", "phase", "after", "match", "where", "rewrite")
+VALUE_PATTERN_HEADS = ("one-of", "not", "absent")
+FILTER_HEADS = ("not", "any-of")
+
+
+@dataclass(frozen=True)
+class GraphRule:
+    """One graph rule as read from its file."""
+
+    name: str
+    phase: str
+    match: tuple
+    where: tuple
+    rewrite: tuple
+    pos: Pos
+    doc: str = ""
+    after: tuple = ()
+
+    @property
+    def at(self) -> str:
+        return f"{self.pos.file}:{self.pos.line}"
+
+
+@dataclass
+class RuleSet:
+    """Everything loaded from the rule folders: graph rules by phase, egglog forms, phase order."""
+
+    rules: list[GraphRule] = field(default_factory=list)
+    phases: list[str] = field(default_factory=list)
+    egg_forms: list[EggForm] = field(default_factory=list)
+    disabled: dict[str, Pos] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+
+    def active(self) -> list[GraphRule]:
+        return [r for r in self.rules if r.name not in self.disabled]
+
+    def by_name(self) -> dict[str, GraphRule]:
+        return {r.name: r for r in self.rules}
+
+    def in_phase(self, phase: str) -> list[GraphRule]:
+        """Active rules of a phase: ``:after`` respected, otherwise file order."""
+        rules = [r for r in self.active() if r.phase == phase]
+        done: list[GraphRule] = []
+        names = {r.name for r in rules}
+        while len(done) < len(rules):
+            ready = [r for r in rules if r not in done and all(a not in names or a in {d.name for d in done}
+                                                                for a in r.after)]
+            if not ready:
+                stuck = [r for r in rules if r not in done]
+                raise RuleError(stuck[0].pos, "the :after lists of " + ", ".join(r.name for r in stuck)
+                                + " form a cycle")
+            done.append(ready[0])
+        return done
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def rule_dirs(extra: Sequence[str | os.PathLike] = ()) -> list[Path]:
+    """The shipped folder, then folders from ``$CBRULES_RULES`` (path-separated), then ``extra``."""
+    dirs = [SHIPPED]
+    dirs += [Path(p) for p in os.environ.get(ENV_VAR, "").split(os.pathsep) if p]
+    dirs += [Path(p) for p in extra]
+    return dirs
+
+
+def load(dirs: Optional[Sequence[str | os.PathLike]] = None, *, check_egglog: bool = False) -> RuleSet:
+    """Read and check every ``*.rules`` file under ``dirs`` (default: :func:`rule_dirs`)."""
+    rs = RuleSet()
+    for d in (rule_dirs() if dirs is None else [Path(x) for x in dirs]):
+        if not d.exists():
+            raise RuleError(Pos(str(d), 0, 0), "rule folder does not exist")
+        files = [d] if d.is_file() else sorted(d.rglob("*.rules"))
+        for f in files:
+            _read_file(rs, f)
+    _check_names(rs)
+    if check_egglog:
+        from .egg import load_check
+        load_check(rs.egg_forms)
+    return rs
+
+
+def _read_file(rs: RuleSet, path: Path) -> None:
+    text = path.read_text()
+    rs.files.append(str(path))
+    for form in read(text, str(path)):
+        if not isinstance(form, SList) or not form.head():
+            raise RuleError(form.pos, f"a top-level form must be a list starting with a name, got {form}")
+        head = form.head()
+        if head in EGGLOG_HEADS:
+            rs.egg_forms.append(EggForm(source_text(text, form), str(path), form.pos.line, form.pos.col))
+        elif head == "graph-rule":
+            rs.rules.append(_graph_rule(form))
+        elif head == "phases":
+            for a in form.items[1:]:
+                _phase_name(a)
+                if a.value not in rs.phases:
+                    rs.phases.append(a.value)
+        elif head == "phase":
+            _add_phase(rs, form)
+        elif head == "disable":
+            for a in form.items[1:]:
+                rs.disabled[_phase_name(a)] = a.pos
+        else:
+            raise RuleError(form.pos, f"unknown top-level form {head!r}" + did_you_mean(
+                head, EGGLOG_HEADS + ("graph-rule", "phases", "phase", "disable")))
+
+
+def _phase_name(a: Expr) -> str:
+    if not isinstance(a, Atom) or a.kind != "sym":
+        raise RuleError(a.pos, f"expected a name, got {a}")
+    return a.value
+
+
+def _add_phase(rs: RuleSet, form: SList) -> None:
+    pos, keys = split_keys(form.items, 1)
+    if len(pos) != 1:
+        raise RuleError(form.pos, "(phase NAME :after P) or (phase NAME :before P)")
+    name = _phase_name(pos[0])
+    if name in rs.phases:
+        return
+    for k, v in keys.items():
+        if k not in ("after", "before"):
+            raise RuleError(v.pos, f"unknown key :{k} in phase" + did_you_mean(k, ("after", "before")))
+        if v.value not in rs.phases:
+            raise RuleError(v.pos, f"unknown phase {v.value!r}" + did_you_mean(v.value, rs.phases))
+        i = rs.phases.index(v.value)
+        rs.phases.insert(i + 1 if k == "after" else i, name)
+        return
+    rs.phases.append(name)
+
+
+def _graph_rule(form: SList) -> GraphRule:
+    if len(form) < 2 or not isinstance(form[1], Atom) or form[1].kind != "sym":
+        raise RuleError(form.pos, "graph-rule needs a name: (graph-rule NAME :phase P :match (...) :rewrite (...))")
+    name = form[1].value
+    keys: dict[str, Expr] = {}
+    items = form.items[2:]
+    for i in range(0, len(items), 2):
+        k = items[i]
+        if not isinstance(k, Atom) or k.kind != "kw":
+            raise RuleError(k.pos, f"rule {name}: expected a :key, got {k}")
+        if k.value not in RULE_KEYS:
+            raise RuleError(k.pos, f"rule {name}: unknown key :{k.value}" + did_you_mean(k.value, RULE_KEYS))
+        if k.value in keys:
+            raise RuleError(k.pos, f"rule {name}: key :{k.value} given twice")
+        if i + 1 >= len(items):
+            raise RuleError(k.pos, f"rule {name}: key :{k.value} has no value")
+        keys[k.value] = items[i + 1]
+    for required in ("phase", "match", "rewrite"):
+        if required not in keys:
+            raise RuleError(form.pos, f"rule {name}: missing :{required}")
+    for k in ("match", "where", "rewrite", "after"):
+        if k in keys and not isinstance(keys[k], SList):
+            raise RuleError(keys[k].pos, f"rule {name}: :{k} takes a list")
+    rule = GraphRule(name, _phase_name(keys["phase"]), tuple(keys["match"]), tuple(keys.get("where", ())),
+                     tuple(keys["rewrite"]), form.pos, str(keys["doc"].value) if "doc" in keys else "",
+                     tuple(keys.get("after", ())))
+    _check_rule(rule)
+    return rule
+
+
+# ---------------------------------------------------------------------------- static checks
+def _check_rule(r: GraphRule) -> None:
+    bound: set[str] = set()
+    for el in r.match:
+        _check_match_element(el, bound)
+    for g in r.where:
+        _check_value(g, bound)
+    for a in r.rewrite:
+        _check_action(a, bound)
+
+
+def _expect_list(e: Expr, what: str) -> SList:
+    if not isinstance(e, SList) or not len(e):
+        raise RuleError(e.pos, f"expected {what}, got {e}")
+    return e
+
+
+def _check_node_pattern(e: Expr, bound: set[str], binds: bool = True) -> None:
+    e = _expect_list(e, "a node pattern (OP ?var :attr pattern ...)")
+    op = e.head()
+    if op in FILTER_HEADS:
+        for sub in e.items[1:]:
+            _check_node_pattern(sub, bound, binds)
+        return
+    if op != "_" and op not in OPS:
+        raise RuleError(e.pos, f"unknown op {op!r}" + did_you_mean(str(op), list(OPS) + list(RELATIONS)))
+    pos, keys = split_keys(e.items, 1)
+    for p in pos:
+        if not (isinstance(p, Atom) and p.kind == "var"):
+            raise RuleError(p.pos, f"in a node pattern, positional items must be ?variables, got {p}")
+        if binds:
+            bound.add(p.value)
+    allowed = set(STRUCTURAL_KEYS) | (set(OPS[op].attributes) if op != "_" else
+                                      {a for s in OPS.values() for a in s.attributes})
+    for k, v in keys.items():
+        if k not in allowed:
+            raise RuleError(v.pos, f"op {op!r} has no attribute :{k}" + did_you_mean(k, sorted(allowed)))
+        if k in STRUCTURAL_KEYS:
+            _check_value(v, bound)
+        else:
+            _check_value_pattern(v, bound, binds)
+
+
+def _check_value_pattern(p: Expr, bound: set[str], binds: bool) -> None:
+    if isinstance(p, Atom):
+        if p.kind == "var" and binds:
+            bound.add(p.value)
+        return
+    head = p.head()
+    if head in VALUE_PATTERN_HEADS:
+        for sub in p.items[1:]:
+            _check_value_pattern(sub, bound, binds)
+        return
+    if p.items and isinstance(p.items[0], Atom) and p.items[0].kind == "kw":
+        _, keys = split_keys(p.items, 0)
+        for v in keys.values():
+            _check_value_pattern(v, bound, binds)
+        return
+    raise RuleError(p.pos, f"unknown value pattern {p}; use ?x, _, a literal, (one-of ...), (not ...), "
+                    "(absent) or (:key pattern ...)")
+
+
+def _check_match_element(e: Expr, bound: set[str]) -> None:
+    e = _expect_list(e, "a node pattern or relation")
+    head = e.head()
+    if head not in RELATIONS:
+        _check_node_pattern(e, bound)
+        return
+    npos, required, optional = RELATIONS[head]
+    pos, keys = split_keys(e.items, 1)
+    if len(pos) != npos:
+        raise RuleError(e.pos, f"relation {head} takes {npos} positional argument(s), got {len(pos)}")
+    for k in required:
+        if k not in keys:
+            raise RuleError(e.pos, f"relation {head} needs :{k}")
+    for k, v in keys.items():
+        if k not in required + optional:
+            raise RuleError(v.pos, f"relation {head} has no key :{k}" + did_you_mean(k, required + optional))
+        _check_value(v, bound)
+    if head in ("no", "count", "sum"):
+        pat_at = {"no": 0, "count": 1, "sum": 2}[head]
+        _check_node_pattern(pos[pat_at], set(bound), binds=True)
+        if head != "no":
+            _check_value_pattern(pos[0], bound, True)
+        return
+    if head in ("reads", "writes"):
+        _check_value(pos[1], bound)
+    elif head in ("inside", "child"):
+        _check_value(pos[1], bound)
+    for p in pos[:1]:
+        if isinstance(p, Atom) and p.kind == "var":
+            bound.add(p.value)
+
+
+def _check_value(e: Expr, bound: set[str]) -> None:
+    if isinstance(e, Atom):
+        if e.kind == "var" and e.value not in bound:
+            raise RuleError(e.pos, f"unbound variable {e.value}" + did_you_mean(e.value, bound))
+        return
+    if not len(e):
+        return
+    head = e.head()
+    if head is None:
+        raise RuleError(e.pos, f"expected (FUNCTION args...), got {e}")
+    if head in NODE_FUNCTIONS:
+        _check_value(e.items[1], bound)
+        return
+    if head not in FUNCTIONS:
+        raise RuleError(e.pos, f"unknown function {head!r}" + did_you_mean(head, list(FUNCTIONS) + list(NODE_FUNCTIONS)))
+    lo, hi, _ = FUNCTIONS[head]
+    n = len(e) - 1
+    if n < lo or (hi is not None and n > hi):
+        want = f"{lo}" if lo == hi else f"{lo}..{hi if hi is not None else 'n'}"
+        raise RuleError(e.pos, f"({head} ...) takes {want} argument(s), got {n}")
+    for a in e.items[1:]:
+        _check_value(a, bound)
+
+
+def _check_template(t: Expr, bound: set[str]) -> None:
+    t = _expect_list(t, "a node template (OP :attr value ...)")
+    op = t.head()
+    if op not in OPS or op == "kernel":
+        raise RuleError(t.pos, f"unknown op {op!r} in template" + did_you_mean(str(op), [o for o in OPS if o != "kernel"]))
+    pos, keys = split_keys(t.items, 1)
+    spec = OPS[op]
+    for k, v in keys.items():
+        if k == "as":
+            if not (isinstance(v, Atom) and v.kind == "var"):
+                raise RuleError(v.pos, ":as takes a ?variable")
+            continue
+        if k not in spec.attributes:
+            raise RuleError(v.pos, f"op {op!r} has no attribute :{k}" + did_you_mean(k, spec.attributes))
+        _check_value(v, bound)
+    missing = [k for k in spec.required if k not in keys and k not in spec.defaults]
+    if missing:
+        raise RuleError(t.pos, f"template {op} lacks :{', :'.join(missing)}")
+    if pos and op not in SCOPES:
+        raise RuleError(pos[0].pos, f"op {op!r} is not a scope and cannot hold child templates")
+    for child in pos:
+        _check_template(child, bound)
+    if "as" in keys:
+        bound.add(keys["as"].value)
+
+
+def _check_action(a: Expr, bound: set[str]) -> None:
+    a = _expect_list(a, "an action")
+    head = a.head()
+    if head not in ACTIONS:
+        raise RuleError(a.pos, f"unknown action {head!r}" + did_you_mean(str(head), ACTIONS))
+    lo, hi, allowed, first_template = ACTIONS[head]
+    pos, keys = split_keys(a.items, 1)
+    if len(pos) < lo or (hi is not None and len(pos) > hi):
+        want = f"{lo}" if lo == hi else f"at least {lo}"
+        raise RuleError(a.pos, f"action {head} takes {want} argument(s), got {len(pos)}")
+    if head == "let":
+        if not (isinstance(pos[0], Atom) and pos[0].kind == "var"):
+            raise RuleError(pos[0].pos, "(let ?var VALUE)")
+        _check_value(pos[1], bound)
+        bound.add(pos[0].value)
+        return
+    if allowed is not None:
+        for k, v in keys.items():
+            if k not in allowed:
+                raise RuleError(v.pos, f"action {head} has no key :{k}" + did_you_mean(k, allowed))
+    for i, p in enumerate(pos):
+        if first_template is not None and i >= first_template:
+            _check_template(p, bound)
+        else:
+            _check_value(p, bound)
+    for k, v in keys.items():
+        if k == "as":
+            bound.add(v.value)
+        elif k in ("keep",):
+            _check_node_pattern(v, set(bound), binds=True)
+        elif k == "substitute":
+            sub = _expect_list(v, "(FILTER NAME TERM)")
+            if len(sub) != 3:
+                raise RuleError(v.pos, ":substitute takes (FILTER NAME TERM)")
+            _check_node_pattern(sub[0], set(bound), binds=True)
+            _check_value(sub[1], bound)
+            _check_value(sub[2], bound)
+        elif k == "set" and head in ("clone",):
+            _, sets = split_keys(_expect_list(v, "(:key value ...)").items, 0)
+            for sv in sets.values():
+                _check_value(sv, bound)
+        else:
+            _check_value(v, bound)
+
+
+def _check_names(rs: RuleSet) -> None:
+    seen: dict[str, GraphRule] = {}
+    for r in rs.rules:
+        if r.name in seen:
+            raise RuleError(r.pos, f"duplicate rule name {r.name!r} (first defined at {seen[r.name].pos})")
+        seen[r.name] = r
+    for r in rs.rules:
+        if r.phase not in rs.phases:
+            raise RuleError(r.pos, f"rule {r.name}: unknown phase {r.phase!r}" + did_you_mean(r.phase, rs.phases)
+                            + "; declare it with (phases ...) or (phase NAME :after P)")
+        for a in r.after:
+            if not isinstance(a, Atom) or a.value not in seen:
+                raise RuleError(a.pos, f"rule {r.name}: :after names unknown rule {a}" + did_you_mean(str(a), seen))
+    for name, pos in rs.disabled.items():
+        if name not in seen:
+            raise RuleError(pos, f"disable: unknown rule {name!r}" + did_you_mean(name, seen))

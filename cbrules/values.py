@@ -1,0 +1,172 @@
+"""The value language of rule files: guards (``:where``), ``let`` and attribute values.
+
+An expression is a literal, a pattern variable, or ``(FN args...)`` with FN from :data:`FUNCTIONS`.
+Arithmetic on ints folds to ints (C semantics for ``/`` and ``%``); as soon as a term is involved it
+builds a term, so ``(% (+ ?i ?P) ?S)`` is an index term the egglog rules later simplify.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from .ops import DTYPE_BYTES
+from .sexpr import Atom, Expr, RuleError, SList
+from .terms import Term, as_term, call, const, evaluate as eval_term, name
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """A pattern variable bound to a graph node (distinct from ints)."""
+
+    id: int
+
+    def __str__(self) -> str:
+        return f"#{self.id}"
+
+
+def _is_term(*xs) -> bool:
+    return any(isinstance(x, Term) for x in xs)
+
+
+def _const_value(x):
+    """An int for ints and constant terms, else None."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, int):
+        return x
+    if isinstance(x, Term):
+        try:
+            v = eval_term(x, {})
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+        except (KeyError, ZeroDivisionError):
+            return None
+    return None
+
+
+def _arith(op: str) -> Callable:
+    def fn(*xs):
+        if _is_term(*xs):
+            t = as_term(xs[0])
+            for x in xs[1:]:
+                t = Term(op, (t, as_term(x)))
+            return t
+        acc = xs[0]
+        for x in xs[1:]:
+            acc = eval_term(Term(op, (const(acc), const(x))), {})
+        return acc
+    return fn
+
+
+def _compare(op: str) -> Callable:
+    def fn(a, b):
+        if _is_term(a, b):
+            ca, cb = _const_value(a), _const_value(b)
+            if ca is None or cb is None:
+                if op in ("=", "!="):
+                    return (as_term(a) == as_term(b)) == (op == "=")
+                raise ValueError(f"cannot compare {a} {op} {b}: not known at lowering time")
+            a, b = ca, cb
+        return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b, "=": a == b, "!=": a != b}[op]
+    return fn
+
+
+def _product(xs) -> Any:
+    return _arith("*")(*xs) if xs else 1
+
+
+def _min_max(fn_name: str) -> Callable:
+    def fn(*xs):
+        if _is_term(*xs):
+            vals = [_const_value(x) for x in xs]
+            if None in vals:
+                return call(fn_name, *xs)
+            xs = vals
+        return min(xs) if fn_name == "min" else max(xs)
+    return fn
+
+
+# name -> (min arity, max arity or None, implementation); ``and``/``or``/``if`` are lazy (in _apply)
+FUNCTIONS: dict[str, tuple[int, int | None, Callable | None]] = {
+    "+": (1, None, _arith("+")), "-": (1, None, _arith("-")), "*": (1, None, _arith("*")),
+    "/": (2, 2, _arith("/")), "%": (2, 2, _arith("%")),
+    "min": (1, None, _min_max("min")), "max": (1, None, _min_max("max")),
+    "<": (2, 2, _compare("<")), "<=": (2, 2, _compare("<=")), ">": (2, 2, _compare(">")),
+    ">=": (2, 2, _compare(">=")), "=": (2, 2, _compare("=")), "!=": (2, 2, _compare("!=")),
+    "and": (0, None, None), "or": (0, None, None), "not": (1, 1, lambda x: not x), "if": (3, 3, None),
+    "str": (0, None, lambda *xs: "".join(str(x) for x in xs)),
+    "tuple": (0, None, lambda *xs: tuple(xs)),
+    "prepend": (2, 2, lambda x, t: (x, *t)), "append": (2, 2, lambda t, x: (*t, x)),
+    "concat": (0, None, lambda *ts: tuple(x for t in ts for x in t)),
+    "product": (1, 1, _product), "len": (1, 1, len), "nth": (2, 2, lambda t, i: t[i]),
+    "get": (2, 3, lambda d, k, *default: (d or {}).get(k, *default) if default else (d or {}).get(k)),
+    "bytes-of": (1, 1, lambda dtype: DTYPE_BYTES[dtype]),
+    "known": (1, 1, lambda x: _const_value(x) is not None),
+    "int": (1, 1, lambda x: _const_value(x)),
+    "term": (1, 1, lambda x: as_term(x)),
+    "var": (1, 1, lambda s: name(str(s))),
+    "call": (1, None, lambda fn, *args: call(str(fn), *args)),
+    "lt": (2, 2, lambda a, b: Term("<", (as_term(a), as_term(b)))),
+    "all": (0, None, lambda *xs: _conj(xs)),
+    "is-none": (1, 1, lambda x: x is None),
+}
+
+
+def _conj(xs) -> Term:
+    ts = [as_term(x) for x in xs]
+    if not ts:
+        return const(True)
+    t = ts[0]
+    for x in ts[1:]:
+        t = Term("&&", (t, x))
+    return t
+
+
+# attribute access on bound nodes lives with the graph; the engine supplies it as ``attr``
+NODE_FUNCTIONS = ("attr", "has")
+
+
+class Env:
+    """Bindings of pattern variables plus access to node attributes for ``attr``/``has``."""
+
+    def __init__(self, bindings: Mapping[str, Any], node_attrs: Callable[[int], Mapping[str, Any]]):
+        self.bindings = dict(bindings)
+        self.node_attrs = node_attrs
+
+
+def evaluate(e: Expr, env: Env) -> Any:
+    """Value of a rule-file expression under ``env``; errors carry the expression's position."""
+    if isinstance(e, Atom):
+        if e.kind == "var":
+            if e.value not in env.bindings:
+                raise RuleError(e.pos, f"unbound variable {e.value}")
+            return env.bindings[e.value]
+        if e.kind == "sym":
+            return {"true": True, "false": False, "nil": None}.get(e.value, e.value)
+        return e.value
+    if not len(e):
+        return ()
+    head = e.head()
+    args = e.items[1:]
+    try:
+        if head in ("and", "or"):
+            for a in args:
+                v = evaluate(a, env)
+                if bool(v) != (head == "and"):
+                    return v
+            return head == "and"
+        if head == "if":
+            return evaluate(args[1] if evaluate(args[0], env) else args[2], env)
+        if head in NODE_FUNCTIONS:
+            node = evaluate(args[0], env)
+            if not isinstance(node, NodeRef):
+                raise RuleError(e.pos, f"({head} ...) needs a node, got {node!r}")
+            key = args[1].value if isinstance(args[1], Atom) else evaluate(args[1], env)
+            attrs = env.node_attrs(node.id)
+            return (key in attrs and attrs[key] is not None) if head == "has" else attrs.get(key)
+        if head not in FUNCTIONS:
+            raise RuleError(e.pos, f"unknown function {head!r}")
+        return FUNCTIONS[head][2](*(evaluate(a, env) for a in args))
+    except RuleError:
+        raise
+    except Exception as x:  # a wrong value reaching a function: say where and with what
+        raise RuleError(e.pos, f"({head} ...) failed: {x}") from None
