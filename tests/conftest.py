@@ -14,8 +14,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    """Keep NVRTC's on-disk cache out of the user's home during tests (shared across the session)."""
-    if "CBRULES_CACHE_DIR" not in os.environ:
-        monkeypatch.setenv("CBRULES_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "nvrtc-cache"))
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Keep NVRTC's on-disk cache out of the user's home during tests (shared across the session;
+    session scope so that module-scoped compile fixtures see it too)."""
+    old = os.environ.get("CBRULES_CACHE_DIR")
+    if old is None:
+        os.environ["CBRULES_CACHE_DIR"] = str(tmp_path_factory.getbasetemp() / "nvrtc-cache")
+    yield
+    if old is None:
+        os.environ.pop("CBRULES_CACHE_DIR", None)
