@@ -27,7 +27,7 @@ from .graph import KernelGraph
 from .match import Matcher, split_keys
 from .ops import OPS, conflicts
 from .schedule import sibling_order
-from .sexpr import Atom, RuleError, SList
+from .sexpr import RuleError, SList
 from .terms import Term, as_term, substitute
 from .values import Env, NodeRef, evaluate
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any, Iterator, Optional
 
 from .graph import KernelGraph
-from .ops import effects
 from .schedule import sibling_order
 from .sexpr import Atom, Expr, RuleError, SList
 from .terms import Term, as_term

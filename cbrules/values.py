@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from .ops import DTYPE_BYTES
-from .sexpr import Atom, Expr, RuleError, SList
+from .sexpr import Atom, Expr, RuleError
 from .terms import Term, as_term, call, const, evaluate as eval_term, name
 
 

@@ -1,7 +1,7 @@
 """Invariants of a kernel graph. Each failure names the node and the broken invariant."""
 from __future__ import annotations
 
-from .graph import BUILTINS, CONTAINS, DEPENDS, KernelGraph
+from .graph import BUILTINS, CONTAINS, KernelGraph
 from .ops import DTYPES, LOOP_KINDS, OPS, SCOPES, SPACES, term_values
 from .schedule import ScheduleError, linear_order, sibling_order
 

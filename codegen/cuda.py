@@ -210,7 +210,7 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
         e.emit(c, 1)
     k = program.attrs
     bx, by, bz = k["block"]
-    decls = [f"  extern __shared__ __align__(1024) unsigned char cb_smem[];"]
+    decls = ["  extern __shared__ __align__(1024) unsigned char cb_smem[];"]
     decls += [f"  {t}* {n} = reinterpret_cast<{t}*>(cb_smem + {off});" for n, t, off in e.shared]
     decls += [f"  {DTYPES[t]} {r} = 0;" for r, t in e.registers.items()]
     text = "\n".join([

@@ -14,7 +14,7 @@ import numpy as np
 
 from cbrules.terms import evaluate
 
-from . import runtime
+from . import runtime, tma
 from .cuda import KernelSource
 from .errors import CodegenError
 from .nvrtc import Cubin
@@ -123,7 +123,7 @@ class CompiledKernel:
             if p.kind == "tensor":
                 args.append(("ptr", arrays[p.name].ptr))
             elif p.kind == "tmap":
-                args.append(("tmap", runtime.encode_tensor_map(p.name, arrays[p.tensor], p.box)))
+                args.append(("tmap", tma.encode_tensor_map(p.name, arrays[p.tensor], p.box)))
             else:
                 args.append(("i32", symbols[p.name]))
         grid = tuple(int(evaluate(g, symbols)) for g in self.source.grid)

@@ -6,7 +6,8 @@ from cuda.bindings import driver as cu
 
 from codegen import runtime as rt
 from codegen.errors import CudaError, NoGpuError, TmaLimitError
-from codegen.runtime import DeviceArray, as_device_array, check_tensor_map, encode_tensor_map
+from codegen.runtime import DeviceArray, as_device_array
+from codegen.tma import check_tensor_map, encode_tensor_map
 
 GOOD = dict(shape=(64, 128), strides_bytes=(512, 4), itemsize=4, ptr=0x10000, box=(32, 64))
 

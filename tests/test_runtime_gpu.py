@@ -6,7 +6,8 @@ import pytest
 from codegen import runtime as rt
 from codegen.errors import CodegenError, CudaError
 from codegen.nvrtc import compile_cuda
-from codegen.runtime import DeviceArray, Module, as_device_array, encode_tensor_map
+from codegen.runtime import DeviceArray, Module, as_device_array
+from codegen.tma import encode_tensor_map
 
 pytestmark = pytest.mark.gpu
 

@@ -1,0 +1,107 @@
+"""TMA tensor maps: the cuTensorMapEncodeTiled limits (checked first, with named errors) and encoding."""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Sequence
+
+import numpy as np
+from cuda.bindings import driver as cu
+
+from .errors import TmaLimitError
+from .runtime import DeviceArray, _check, _context, as_device_array
+
+_TMA_DTYPES = {np.dtype(t): n for t, n in [
+    (np.uint8, "UINT8"), (np.uint16, "UINT16"), (np.uint32, "UINT32"), (np.int32, "INT32"),
+    (np.uint64, "UINT64"), (np.int64, "INT64"), (np.float16, "FLOAT16"),
+    (np.float32, "FLOAT32"), (np.float64, "FLOAT64")]}
+_L2 = {"none": "NONE", "64B": "L2_64B", "128B": "L2_128B", "256B": "L2_256B"}
+
+
+def check_tensor_map(name: str, shape: Sequence[int], strides_bytes: Sequence[int],
+                     itemsize: int, ptr: int, box: Sequence[int],
+                     elem_strides: Sequence[int] | None = None) -> None:
+    """Check the cuTensorMapEncodeTiled limits (no interleave), raising TmaLimitError.
+
+    Everything is given numpy-style, outermost axis first; strides are in bytes.
+    """
+    rank = len(shape)
+    if not 1 <= rank <= 5:
+        raise TmaLimitError(name, "rank", rank, "TMA supports ranks 1 to 5",
+                            "reshape the tensor (merge or split axes) to 1..5 axes")
+    for what, seq in (("box rank", box), ("stride count", strides_bytes),
+                      ("element-stride count", elem_strides or box)):
+        if len(seq) != rank:
+            raise TmaLimitError(name, what, len(seq), f"it must equal the tensor rank {rank}",
+                                "give one value per axis")
+    if ptr % 16:
+        raise TmaLimitError(name, "global address", hex(ptr), "it must be 16-byte aligned",
+                            "start the view at a 16-byte aligned element offset")
+    for axis, n in enumerate(shape):
+        if not 1 <= n <= 2**32:
+            raise TmaLimitError(name, "extent", n, "extents must be in 1..2**32",
+                                "drop empty tensors or split huge axes", axis)
+    for axis, b in enumerate(box):
+        if not 1 <= b <= 256:
+            raise TmaLimitError(name, "box extent", b, "box extents must be in 1..256",
+                                "use a smaller tile or several TMA copies along this axis", axis)
+    for axis, e in enumerate(elem_strides or ()):
+        if not 1 <= e <= 8:
+            raise TmaLimitError(name, "element stride", e, "element strides must be in 1..8",
+                                "use a smaller traversal stride", axis)
+    inner = rank - 1
+    if strides_bytes[inner] != itemsize:
+        raise TmaLimitError(name, "innermost stride", f"{strides_bytes[inner]} bytes",
+                            f"it must equal the element size ({itemsize} bytes)",
+                            "make the innermost axis contiguous (np.ascontiguousarray)", inner)
+    if box[inner] * itemsize % 16:
+        step = 16 // math.gcd(16, itemsize)
+        raise TmaLimitError(name, "inner box extent", f"{box[inner]} elements "
+                            f"({box[inner] * itemsize} bytes)", "it must span a multiple of 16 bytes",
+                            f"make the innermost box extent a multiple of {step} elements", inner)
+    for axis in range(inner):
+        s = strides_bytes[axis]
+        if s <= 0 or s % 16 or s >= 2**40:
+            raise TmaLimitError(name, "stride", f"{s} bytes",
+                                "strides must be positive multiples of 16 bytes below 2**40",
+                                "pad the inner rows to a multiple of 16 bytes", axis)
+
+
+def encode_tensor_map(name: str, array: DeviceArray, box: Sequence[int], *,
+                      elem_strides: Sequence[int] | None = None,
+                      l2_promotion: str = "128B") -> bytes:
+    """Encode a tiled CUtensorMap for ``array`` and return its 128 raw bytes.
+
+    ``box`` (and ``elem_strides``) are outermost-first like ``array.shape``. No
+    interleave, no swizzle, zero fill out of bounds. The map stores the raw address:
+    keep ``array``'s memory alive while the map is used.
+    """
+    if isinstance(array, np.ndarray):
+        raise TypeError("encode_tensor_map needs device memory, not a numpy array")
+    array = as_device_array(array)
+    kind = "BFLOAT16" if array.dtype.name == "bfloat16" else _TMA_DTYPES.get(array.dtype)
+    if kind is None:
+        raise TmaLimitError(name, "dtype", array.dtype, "TMA has no such element type",
+                            f"use one of {sorted(str(d) for d in _TMA_DTYPES)} or bfloat16")
+    if l2_promotion not in _L2:
+        raise ValueError(f"l2_promotion must be one of {list(_L2)}, got {l2_promotion!r}")
+    box = [int(b) for b in box]
+    es = [int(e) for e in elem_strides] if elem_strides is not None else [1] * len(box)
+    check_tensor_map(name, array.shape, array.strides, array.dtype.itemsize, array.ptr, box, es)
+    _context()
+    # The driver lists axes innermost first and omits the innermost stride.
+    u64, u32 = cu.cuuint64_t, cu.cuuint32_t  # plain ints are rejected by the bindings
+    strides = [u64(s) for s in reversed(array.strides[:-1])]
+    if not strides:  # rank 1: an empty list becomes NULL, which the driver refuses
+        strides = [u64(-(-array.nbytes // 16) * 16)]  # never read; a valid value anyway
+    tmap = _check(cu.cuTensorMapEncodeTiled(
+        getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kind}"), len(box), array.ptr,
+        [u64(n) for n in reversed(array.shape)], strides,
+        [u32(b) for b in reversed(box)], [u32(e) for e in reversed(es)],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+        getattr(cu.CUtensorMapL2promotion, f"CU_TENSOR_MAP_L2_PROMOTION_{_L2[l2_promotion]}"),
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
+    # CUtensorMap.opaque is a list of 16 cuuint64_t words.
+    return struct.pack("<16Q", *(int(w) for w in tmap.opaque))
