@@ -1,41 +1,60 @@
-"""The pipeline in one place: build -> lower -> schedule -> codegen -> compile -> launch."""
+"""The pipeline in one place: build -> lower (rules) -> schedule -> codegen -> compile -> launch."""
 from __future__ import annotations
 
+import os
 from typing import Optional, Sequence, Union
 
+from . import engine, rulefile
 from .builder import Kernel
 from .graph import KernelGraph
 from .schedule import Step, schedule
 
 KernelLike = Union[Kernel, KernelGraph]
+RulesLike = Union[None, rulefile.RuleSet, Sequence[Union[str, os.PathLike]]]
 
 
 def _graph(kernel: KernelLike) -> KernelGraph:
     return kernel.graph if isinstance(kernel, Kernel) else kernel
 
 
-def lower(kernel: KernelLike) -> KernelGraph:
-    """The lowered kernel graph (a verified copy; the input is never modified)."""
-    kg = _graph(kernel).copy()
-    kg.verify()
-    return kg
+def load_rules(rules: RulesLike = None) -> rulefile.RuleSet:
+    """A rule set: given as is, or loaded from the shipped folder, ``$CBRULES_RULES`` and the
+    extra folders in ``rules``."""
+    if isinstance(rules, rulefile.RuleSet):
+        return rules
+    return rulefile.load(rulefile.rule_dirs(rules or ()))
 
 
-def program(kernel: KernelLike) -> Step:
+def debug_default() -> bool:
+    """Debug mode is on when ``CBRULES_DEBUG`` is set to anything but 0/empty."""
+    return os.environ.get("CBRULES_DEBUG", "") not in ("", "0")
+
+
+def lower(kernel: KernelLike, *, rules: RulesLike = None, debug: Optional[bool] = None,
+          stop_after: Optional[int] = None) -> KernelGraph:
+    """The lowered kernel graph (the input is never modified). With ``debug`` (or
+    ``CBRULES_DEBUG=1``) the returned graph's ``trace`` holds every rule application."""
+    debug = debug_default() if debug is None else debug
+    result = engine.lower(_graph(kernel), load_rules(rules), debug=debug, stop_after=stop_after)
+    result.graph.trace = result.trace
+    return result.graph
+
+
+def program(kernel: KernelLike, **lower_options) -> Step:
     """The lowered kernel as a linear program."""
-    return schedule(lower(kernel))
+    return schedule(lower(kernel, **lower_options))
 
 
-def generate(kernel: KernelLike, annotate: bool = False):
+def generate(kernel: KernelLike, annotate: bool = False, **lower_options):
     """CUDA source of the lowered kernel (a :class:`codegen.cuda.KernelSource`)."""
     from codegen.cuda import emit
-    return emit(program(kernel), annotate=annotate)
+    return emit(program(kernel, **lower_options), annotate=annotate)
 
 
 def compile(kernel: KernelLike, *, annotate: bool = False, options: Sequence[str] = (),
-            cache_dir: Optional[str] = None):
+            cache_dir: Optional[str] = None, **lower_options):
     """Lower, generate and NVRTC-compile; returns a launchable :class:`codegen.launch.CompiledKernel`."""
     from codegen.launch import CompiledKernel
     from codegen.nvrtc import compile_cuda
-    src = generate(kernel, annotate=annotate)
+    src = generate(kernel, annotate=annotate, **lower_options)
     return CompiledKernel(src, compile_cuda(src.text, src.name, options=options, cache_dir=cache_dir))

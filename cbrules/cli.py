@@ -10,9 +10,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from . import api
+from . import api, rulefile, trace
 from .kernels import KERNELS, KernelSpec, get
-from .schedule import print_program
+from .schedule import print_program, schedule
 
 
 class CliError(Exception):
@@ -37,8 +37,12 @@ def load_kernel(ref: str) -> KernelSpec:
         raise CliError(str(e)) from None
 
 
-def _compile(spec: KernelSpec, annotate: bool = False):
-    ck = api.compile(spec.build(), annotate=annotate)
+def _lower_options(a) -> dict:
+    return {"rules": getattr(a, "rules", None) or None, "debug": True if getattr(a, "debug", False) else None}
+
+
+def _compile(spec: KernelSpec, annotate: bool = False, **lower_options):
+    ck = api.compile(spec.build(), annotate=annotate, **lower_options)
     r = ck.cubin.resources
     return ck, (f"{ck.name}: {r.registers} registers, {ck.source.shared_bytes} B dynamic shared memory, "
                 f"{r.shared_bytes} B static, {r.spill_stores}/{r.spill_loads} B spill stores/loads, "
@@ -80,13 +84,68 @@ def cmd_kernels(a) -> int:
 
 def cmd_lower(a) -> int:
     spec = load_kernel(a.kernel)
-    print(print_program(api.program(spec.build())))
+    kg = api.lower(spec.build(), **_lower_options(a))
+    print(print_program(schedule(kg)))
+    if kg.trace is not None:
+        print("\n".join(trace.describe(r) for r in kg.trace.records))
     return 0
+
+
+def cmd_rules(a) -> int:
+    dirs = a.dirs or None
+    rs = rulefile.load(rulefile.rule_dirs(a.rules or ()) if dirs is None else dirs,
+                       check_egglog=a.action == "check")
+    if a.action == "check":
+        print(f"ok: {len(rs.rules)} graph rules in phases {', '.join(rs.phases) or '(none)'}, "
+              f"{len(rs.egg_forms)} egglog forms, {len(rs.files)} files")
+        return 0
+    for r in rs.rules:
+        off = " (disabled)" if r.name in rs.disabled else ""
+        print(f"{r.name:32s} {r.phase:12s} {r.at}{off}  {r.doc}")
+    return 0
+
+
+def cmd_trace(a) -> int:
+    spec = load_kernel(a.kernel)
+    kg = api.lower(spec.build(), rules=a.rules or None, debug=True, stop_after=a.stop_after)
+    t = kg.trace
+    q = a.query
+    if q == "counts":
+        for name, n, secs in trace.counts(t):
+            print(f"{name:32s} {n:5d} {secs * 1e3:9.2f} ms")
+    elif q == "log":
+        for r in trace.select(t, a.rule, a.phase, a.node):
+            print(trace.describe(r))
+    elif q == "history":
+        _need(a, "node")
+        print("\n".join(trace.history(t, a.node)))
+    elif q == "why-not":
+        _need(a, "rule", "node")
+        print(trace.why_not(t, a.rule, a.node, a.step))
+    elif q == "graph":
+        print(trace.program_at(t, a.step if a.step is not None else max(t.graphs, default=0)))
+    elif q == "dot":
+        _need(a, "step")
+        dot = trace.to_dot(t, a.step)
+        if a.output:
+            Path(a.output).write_text(dot)
+        else:
+            print(dot)
+    elif q == "cuda":
+        from codegen.cuda import emit
+        print(emit(schedule(kg), annotate=True).text)
+    return 0
+
+
+def _need(a, *names: str) -> None:
+    missing = [n for n in names if getattr(a, n) is None]
+    if missing:
+        raise CliError(f"trace {a.query} needs " + " and ".join(f"--{n}" for n in missing))
 
 
 def cmd_compile(a) -> int:
     spec = load_kernel(a.kernel)
-    ck, summary = _compile(spec, annotate=a.annotate)
+    ck, summary = _compile(spec, annotate=a.annotate, **_lower_options(a))
     if a.output:
         Path(a.output).write_text(ck.source.text)
     elif not a.quiet:
@@ -98,7 +157,7 @@ def cmd_compile(a) -> int:
 def cmd_run(a) -> int:
     from codegen import runtime
     spec = load_kernel(a.kernel)
-    ck, summary = _compile(spec)
+    ck, summary = _compile(spec, **_lower_options(a))
     print(summary)
     if not runtime.gpu_available():
         raise CliError("no compute-capability 9.x GPU here: `cbrules run` needs a Hopper GPU "
@@ -121,6 +180,12 @@ def cmd_demo(a) -> int:
     return 0 if _run(spec, ck, a.size, a.reps) else 1
 
 
+def _rule_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rules", action="append", metavar="DIR", help="add a rule folder (repeatable; also "
+                   f"${rulefile.ENV_VAR})")
+    p.add_argument("--debug", action="store_true", help="record every rule application (also CBRULES_DEBUG=1)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cbrules", description="Declarative rules that turn GPU kernels into "
                                 "TMA circular-buffered Hopper kernels.")
@@ -133,15 +198,38 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("kernels", help="list the built-in kernels").set_defaults(fn=cmd_kernels)
     lo = sub.add_parser("lower", help="print the lowered kernel as a linear program")
     lo.add_argument("kernel", help="a built-in kernel name or a Python file defining build()")
+    _rule_options(lo)
     lo.set_defaults(fn=cmd_lower)
+    ru = sub.add_parser("rules", help="check or list the rule files")
+    ru.add_argument("action", choices=["check", "list"], help="check: read and check only; list: every rule")
+    ru.add_argument("dirs", nargs="*", help="rule folders or files (default: shipped + $CBRULES_RULES + --rules)")
+    ru.add_argument("--rules", action="append", metavar="DIR", help="add a rule folder (repeatable)")
+    ru.set_defaults(fn=cmd_rules)
+    tr = sub.add_parser("trace", help="lower in debug mode and query which rule did what")
+    tr.add_argument("kernel", help="a built-in kernel name or a Python file defining build()")
+    tr.add_argument("query", choices=["counts", "log", "history", "why-not", "graph", "dot", "cuda"],
+                    help="counts: applications and time per rule; log: applications (filter with --rule GLOB, "
+                    "--phase, --node); history: how --node came to be; why-not: why --rule did not fire on "
+                    "--node; graph: the program after --step; dot: before/after picture of --step; cuda: "
+                    "CUDA annotated with the rule behind each statement")
+    tr.add_argument("--rule", help="rule name (glob for log)")
+    tr.add_argument("--phase", help="only this phase (log)")
+    tr.add_argument("--node", type=int, help="node id")
+    tr.add_argument("--step", type=int, help="step number")
+    tr.add_argument("--stop-after", type=int, help="stop lowering after this step")
+    tr.add_argument("-o", "--output", help="write the DOT here (dot)")
+    tr.add_argument("--rules", action="append", metavar="DIR", help="add a rule folder (repeatable)")
+    tr.set_defaults(fn=cmd_trace)
     c = sub.add_parser("compile", help="print the CUDA source and NVRTC-compile it for sm_90a")
     c.add_argument("kernel", help="a built-in kernel name or a Python file defining build()")
+    _rule_options(c)
     c.add_argument("--annotate", action="store_true", help="mark each statement with what produced it")
     c.add_argument("-o", "--output", help="write the CUDA source to this file instead of stdout")
     c.add_argument("--quiet", action="store_true", help="print only the resource summary")
     c.set_defaults(fn=cmd_compile)
     r = sub.add_parser("run", help="compile, run on the GPU and compare with numpy")
     r.add_argument("kernel", help="a built-in kernel name or a Python file defining build()")
+    _rule_options(r)
     r.add_argument("--size", type=int, help="problem size (default: the kernel's)")
     r.add_argument("--reps", type=int, default=20, help="timed launches (default 20)")
     r.set_defaults(fn=cmd_run)
@@ -158,8 +246,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     except Exception as e:  # named library errors: one line, no traceback
         from codegen.errors import CodegenError
+        from .egg import EggRuleError
+        from .engine import LoweringError
+        from .sexpr import RuleError
         from .verify import GraphError
-        if isinstance(e, (CodegenError, GraphError)):
+        if isinstance(e, (CodegenError, GraphError, RuleError, EggRuleError, LoweringError, KeyError)):
             print(f"cbrules: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
         raise

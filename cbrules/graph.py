@@ -45,6 +45,7 @@ class KernelGraph:
                  symbols: tuple = ()):
         self.g = nx.DiGraph()
         self._next_id = 0
+        self.trace = None  # set by lowering in debug mode
         self.root = self.add("kernel", None, origin={"by": "build"}, name=name, params=params,
                              block=block, grid=grid, symbols=symbols)
 
@@ -163,7 +164,10 @@ class KernelGraph:
     # ---------------------------------------------------------------------------- whole graph
     def copy(self) -> "KernelGraph":
         """An independent deep copy (rules rewrite copies so failures leave the input untouched)."""
-        return _copy.deepcopy(self)
+        new = KernelGraph.__new__(KernelGraph)
+        new.g = _copy.deepcopy(self.g)
+        new._next_id, new.root, new.trace = self._next_id, self.root, None
+        return new
 
     def verify(self) -> None:
         """Check the graph's invariants; raise :class:`cbrules.verify.GraphError` naming the node."""

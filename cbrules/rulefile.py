@@ -155,7 +155,7 @@ def _add_phase(rs: RuleSet, form: SList) -> None:
         return
     for k, v in keys.items():
         if k not in ("after", "before"):
-            raise RuleError(v.pos, f"unknown key :{k} in phase" + did_you_mean(k, ("after", "before")))
+            raise RuleError(_key_pos(form, k), f"unknown key :{k} in phase" + did_you_mean(k, ("after", "before")))
         if v.value not in rs.phases:
             raise RuleError(v.pos, f"unknown phase {v.value!r}" + did_you_mean(v.value, rs.phases))
         i = rs.phases.index(v.value)
@@ -230,11 +230,19 @@ def _check_node_pattern(e: Expr, bound: set[str], binds: bool = True) -> None:
                                       {a for s in OPS.values() for a in s.attributes})
     for k, v in keys.items():
         if k not in allowed:
-            raise RuleError(v.pos, f"op {op!r} has no attribute :{k}" + did_you_mean(k, sorted(allowed)))
+            raise RuleError(_key_pos(e, k), f"op {op!r} has no attribute :{k}" + did_you_mean(k, sorted(allowed)))
         if k in STRUCTURAL_KEYS:
             _check_value(v, bound)
         else:
             _check_value_pattern(v, bound, binds)
+
+
+def _key_pos(form: SList, key: str) -> Pos:
+    """Where ``:key`` is written in ``form`` (errors about a key point at the key, not its value)."""
+    for x in form.items:
+        if isinstance(x, Atom) and x.kind == "kw" and x.value == key:
+            return x.pos
+    return form.pos
 
 
 def _check_value_pattern(p: Expr, bound: set[str], binds: bool) -> None:
@@ -271,7 +279,7 @@ def _check_match_element(e: Expr, bound: set[str]) -> None:
             raise RuleError(e.pos, f"relation {head} needs :{k}")
     for k, v in keys.items():
         if k not in required + optional:
-            raise RuleError(v.pos, f"relation {head} has no key :{k}" + did_you_mean(k, required + optional))
+            raise RuleError(_key_pos(e, k), f"relation {head} has no key :{k}" + did_you_mean(k, required + optional))
         _check_value(v, bound)
     if head in ("no", "count", "sum"):
         pat_at = {"no": 0, "count": 1, "sum": 2}[head]
@@ -325,7 +333,7 @@ def _check_template(t: Expr, bound: set[str]) -> None:
                 raise RuleError(v.pos, ":as takes a ?variable")
             continue
         if k not in spec.attributes:
-            raise RuleError(v.pos, f"op {op!r} has no attribute :{k}" + did_you_mean(k, spec.attributes))
+            raise RuleError(_key_pos(t, k), f"op {op!r} has no attribute :{k}" + did_you_mean(k, spec.attributes))
         _check_value(v, bound)
     missing = [k for k in spec.required if k not in keys and k not in spec.defaults]
     if missing:
@@ -357,7 +365,7 @@ def _check_action(a: Expr, bound: set[str]) -> None:
     if allowed is not None:
         for k, v in keys.items():
             if k not in allowed:
-                raise RuleError(v.pos, f"action {head} has no key :{k}" + did_you_mean(k, allowed))
+                raise RuleError(_key_pos(a, k), f"action {head} has no key :{k}" + did_you_mean(k, allowed))
     for i, p in enumerate(pos):
         if first_template is not None and i >= first_template:
             _check_template(p, bound)

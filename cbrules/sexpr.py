@@ -40,7 +40,9 @@ class Atom:
     pos: Pos
 
     def __str__(self) -> str:
-        return f'"{self.value}"' if self.kind == "str" else str(self.value)
+        if self.kind == "str":
+            return f'"{self.value}"'
+        return f":{self.value}" if self.kind == "kw" else str(self.value)
 
 
 @dataclass(frozen=True)
@@ -141,8 +143,9 @@ def read(text: str, file: str = "<string>") -> list[Expr]:
             col += j - i
             i = j
     if stack:
-        start, _ = stack[-1]
-        raise RuleError(start, "unclosed '(' opened here (missing ')' before the end of the file)")
+        outer, inner = stack[0][0], stack[-1][0]
+        more = "" if outer == inner else f"; the innermost unclosed '(' is at line {inner.line}, column {inner.col}"
+        raise RuleError(outer, f"unclosed '(' opened here (missing ')' before the end of the file){more}")
     return out
 
 

@@ -56,6 +56,9 @@ class Term:
     def __str__(self) -> str:
         return to_c(self)
 
+    def __deepcopy__(self, memo) -> "Term":
+        return self  # immutable: graph copies share terms
+
     def __repr__(self) -> str:
         return f"Term({to_c(self)!r})"
 

@@ -1,0 +1,128 @@
+"""Reader and checker errors, each with its exact line:col."""
+import re
+
+import pytest
+
+from cbrules import rulefile
+from cbrules.egg import EggRuleError
+from cbrules.sexpr import RuleError, read
+from rulekit import load_only, write_rules
+
+GOOD = """
+(phases tag)
+(graph-rule r1
+  :doc "fine"
+  :phase tag
+  :match ((for ?L) (syncthreads ?s :child-of ?L))
+  :rewrite ((insert-before ?s (fence_proxy_async))))
+"""
+
+
+def error_at(tmp_path, text, line, col, *needles, exc=RuleError):
+    path = write_rules(tmp_path / "r", text)
+    with pytest.raises(exc) as e:
+        rulefile.load([tmp_path / "r"], check_egglog=True)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}:{line}:{col}:"), msg
+    for n in needles:
+        assert n in msg, msg
+    return msg
+
+
+def test_good_file_loads(tmp_path):
+    write_rules(tmp_path / "r", GOOD)
+    rs = load_only(tmp_path / "r")
+    assert [r.name for r in rs.rules] == ["r1"] and rs.phases == ["tag"]
+    assert rs.rules[0].at.endswith("test.rules:2")
+
+
+def test_unclosed_bracket_points_where_it_opened(tmp_path):
+    error_at(tmp_path, "(phases tag)\n(graph-rule r1\n  :phase tag\n  :match ((for ?L)\n", 2, 1, "unclosed '('",
+             "innermost unclosed '(' is at line 4, column 10")
+
+
+def test_stray_close_paren(tmp_path):
+    error_at(tmp_path, "(phases tag))\n", 1, 13, "unexpected ')'")
+
+
+def test_unterminated_string(tmp_path):
+    error_at(tmp_path, '(phases tag)\n(graph-rule r :doc "oops\n', 2, 20, "unterminated string")
+
+
+def test_unknown_op_with_did_you_mean(tmp_path):
+    error_at(tmp_path, GOOD.replace("(syncthreads ?s", "(syncthread ?s"), 5, 20, "unknown op 'syncthread'",
+             "did you mean 'syncthreads'")
+
+
+def test_unknown_attribute(tmp_path):
+    error_at(tmp_path, GOOD.replace("(for ?L)", "(for ?L :vra i)"), 5, 19, "no attribute :vra", "did you mean 'var'")
+
+
+def test_unknown_rule_key(tmp_path):
+    error_at(tmp_path, GOOD.replace(":doc", ":dco"), 3, 3, "unknown key :dco", "did you mean 'doc'")
+
+
+def test_unbound_variable(tmp_path):
+    error_at(tmp_path, GOOD.replace("(insert-before ?s", "(insert-before ?t"), 6, 28, "unbound variable ?t")
+
+
+def test_unknown_after(tmp_path):
+    error_at(tmp_path, GOOD.replace(':doc "fine"', ':doc "fine" :after (r0)'), 3, 23, "unknown rule r0")
+
+
+def test_duplicate_rule_name(tmp_path):
+    error_at(tmp_path, GOOD + GOOD.replace("(phases tag)", ""), 9, 1, "duplicate rule name 'r1'", "test.rules:2:1")
+
+
+def test_unknown_action(tmp_path):
+    error_at(tmp_path, GOOD.replace("(insert-before ?s", "(insert-befor ?s"), 6, 13, "unknown action 'insert-befor'",
+             "did you mean 'insert-before'")
+
+
+def test_wrong_arity(tmp_path):
+    error_at(tmp_path, GOOD.replace("(insert-before ?s (fence_proxy_async))", "(erase ?s ?L)"), 6, 13,
+             "action erase takes 1 argument(s), got 2")
+    error_at(tmp_path, GOOD.replace(":match ((for ?L)", ":where ((> 1)) :match ((for ?L)"), 5, 11,
+             "(> ...) takes 2 argument(s), got 1")
+
+
+def test_unknown_phase(tmp_path):
+    error_at(tmp_path, GOOD.replace(":phase tag", ":phase tga"), 2, 1, "unknown phase 'tga'", "did you mean 'tag'")
+
+
+def test_template_missing_attribute(tmp_path):
+    error_at(tmp_path, GOOD.replace("(fence_proxy_async)", "(mbarrier_wait :barrier \"b\")"), 6, 31,
+             "template mbarrier_wait lacks :slot, :parity")
+
+
+def test_unknown_top_level_form(tmp_path):
+    error_at(tmp_path, "(graph-rul x)\n", 1, 1, "unknown top-level form 'graph-rul'", "did you mean 'graph-rule'")
+
+
+def test_disable_unknown_rule(tmp_path):
+    error_at(tmp_path, GOOD + "(disable r2)\n", 7, 10, "disable: unknown rule 'r2'")
+
+
+def test_egglog_error_maps_to_the_users_line(tmp_path):
+    text = "(phases tag)\n\n   (datatype Q (Leaf i64))\n   (rewrite (Leaf x y) (Leaf x))\n"
+    error_at(tmp_path, text, 4, 13, "Arity mismatch", exc=EggRuleError)  # egglog's own span, in the user's file
+
+
+def test_reader_keeps_positions():
+    (form,) = read('(a :k ?v "s" 12\n  (b 1.5))', "f.rules")
+    assert form.pos.line == 1 and form[4].value == 12 and form[5].pos.line == 2 and form[5].pos.col == 3
+    assert [x.kind for x in form.items[:4]] == ["sym", "kw", "var", "str"]
+
+
+def test_rule_loading_never_executes_python():
+    import cbrules.rulefile as rf
+    import cbrules.sexpr as sx
+    import cbrules.values as va
+    for mod in (rf, sx, va):
+        src = open(mod.__file__).read()
+        assert not re.search(r"\b(eval|exec|pickle|compile)\(", src), mod.__name__
+
+
+def test_shipped_rules_check_clean():
+    rs = rulefile.load(check_egglog=True)
+    assert rs.egg_forms
