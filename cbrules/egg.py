@@ -310,12 +310,16 @@ def _run_ruleset(eg: eb.EGraph, rulesets: Sequence[str]) -> eb.RunReport:
     return out[0].report
 
 
+def _size(eg: eb.EGraph) -> int:
+    return sum(n for _, n in eg.run_program(eb.PrintSize(_SPAN, None))[0].sizes)
+
+
 def _run_rules(eg: eb.EGraph, rulesets: Sequence[str], iterations: int, deadline: float,
-               matches: dict[str, int]) -> int:
+               max_nodes: int, matches: dict[str, int]) -> int:
     """Run ``ranges`` to a (capped) fixpoint, then each rewriting ruleset once, until nothing changes.
 
-    The budget is checked between bounded runs: egglog itself cannot be interrupted.
-    Returns the number of rounds run.
+    The budgets (rounds, time, e-graph size) are checked between bounded runs: egglog itself
+    cannot be interrupted. Returns the number of rounds run.
     """
     def note(report: eb.RunReport) -> bool:
         for rule, n in report.num_matches_per_rule.items():
@@ -334,7 +338,7 @@ def _run_rules(eg: eb.EGraph, rulesets: Sequence[str], iterations: int, deadline
             else:
                 ranges_open = True  # hit the cap: there may be more to propagate
         changed = bool(rewriting) and note(_run_ruleset(eg, rewriting))
-        if not (changed or ranges_open):
+        if not (changed or ranges_open) or _size(eg) > max_nodes:
             break
     return rounds
 
@@ -376,8 +380,11 @@ def _extract(eg: eb.EGraph, enc: _Encoder, lets: dict[Term, str], costs: Mapping
 
 
 def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence[EggForm], *,
-             iterations: int = 20, time_limit_s: float = 2.0) -> SimplifyResult:
+             iterations: int = 20, time_limit_s: float = 2.0, max_nodes: int = 200_000) -> SimplifyResult:
     """Simplify ``terms`` with the egglog ``forms`` in one e-graph, using range facts of names.
+
+    Rewriting stops after ``iterations`` rounds, after ``time_limit_s`` seconds (checked between
+    rounds) or once the e-graph holds more than ``max_nodes`` rows, whichever comes first.
 
     Raises :class:`EggRuleError` when a form does not parse or type-check. If egglog fails while
     running (a Rust panic or a failing primitive), the result maps every term to itself, sets
@@ -395,7 +402,8 @@ def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence
         names = {n for t in unique for n in t.names()} | set(ranges)
         eg.run_program(*cmds, *_range_facts(names, ranges))
         deadline = start + time_limit_s
-        result.iterations = _run_rules(eg, info.rulesets, iterations, deadline, result.rule_matches)
+        result.iterations = _run_rules(eg, info.rulesets, iterations, deadline, max_nodes,
+                                       result.rule_matches)
         result.terms = _extract(eg, enc, lets, info.costs)
     except EggRuleError:
         raise

@@ -25,7 +25,7 @@ STRUCTURAL_KEYS = ("in", "child-of")
 RELATIONS: dict[str, tuple[int, tuple[str, ...], tuple[str, ...]]] = {
     "inside": (2, (), ()),          # (inside ?n ?scope): ?n is a descendant of ?scope
     "child": (2, (), ()),           # (child ?n ?scope): ?n is directly in ?scope's body
-    "reads": (2, (), ()),           # (reads ?n ?buf): node ?n (or its subtree) reads buffer ?buf
+    "reads": (2, (), ()),           # (reads ?n ?buf): statement ?n (not a scope) reads buffer ?buf
     "writes": (2, (), ()),          # (writes ?n ?buf)
     "first-reader": (1, ("of", "in"), ()),  # the child of ?scope that reads ?buf first
     "last-reader": (1, ("of", "in"), ()),   # ... and last, in schedule order
@@ -225,7 +225,8 @@ class Matcher:
         x = e.items[1]
         pool = [b[x.value].id] if x.value in b else self.kg.nodes()
         for n in pool:
-            r = self._bind_node(x, n, b) if self._touches(n, buf, write) else None
+            leaf = not self.kg.is_scope(n)
+            r = self._bind_node(x, n, b) if leaf and self._touches(n, buf, write) else None
             if r is not None:
                 yield r
 

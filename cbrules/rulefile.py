@@ -75,7 +75,8 @@ class RuleSet:
         done: list[GraphRule] = []
         names = {r.name for r in rules}
         while len(done) < len(rules):
-            ready = [r for r in rules if r not in done and all(a not in names or a in {d.name for d in done}
+            finished = {d.name for d in done}
+            ready = [r for r in rules if r not in done and all(a.value not in names or a.value in finished
                                                                 for a in r.after)]
             if not ready:
                 stuck = [r for r in rules if r not in done]

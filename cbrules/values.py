@@ -45,6 +45,8 @@ def _const_value(x):
 
 def _arith(op: str) -> Callable:
     def fn(*xs):
+        if _is_term(*xs) and all(_const_value(x) is not None for x in xs):
+            xs = tuple(_const_value(x) for x in xs)  # constants fold now, not in egglog
         if _is_term(*xs):
             t = as_term(xs[0])
             for x in xs[1:]:
