@@ -370,12 +370,12 @@ def _extract(eg: eb.EGraph, enc: _Encoder, lets: dict[Term, str], costs: Mapping
     extractor = eb.Extractor([SORT], eg, model)
     dag, memo, out = eb.TermDag(), {}, {}
     for t, let in lets.items():
-        sort, value = eg.eval_expr(eb.Var(_SPAN, let))
-        _, tid = extractor.extract_best(eg, dag, value, sort)
         try:
-            out[t] = enc.term(dag, tid, memo)
-        except (KeyError, TypeError, IndexError, AttributeError):
-            out[t] = t  # a shape the bridge cannot turn back into a term: keep the original
+            sort, value = eg.eval_expr(eb.Var(_SPAN, let))
+            out[t] = enc.term(dag, extractor.extract_best(eg, dag, value, sort)[1], memo)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            # unextractable (every node subsumed) or a shape with no term: keep the original
+            out[t] = t
     return out
 
 

@@ -1,0 +1,127 @@
+"""Debug-mode trace queries, as a Python API and on the command line."""
+import pytest
+
+from cbrules import api, trace
+from cbrules.cli import main
+from cbrules.kernels.exp1d import exp1d_tma
+from rulekit import write_rules
+
+RULES = """
+(phases mark fence)
+(graph-rule tag-loads
+  :doc "mark the loads of shared tiles"
+  :phase mark
+  :match ((for ?L) (load ?l :src tile :in ?L))
+  :where ((not (has ?l :tag)))
+  :rewrite ((set ?l :tag "tile-read")))
+(graph-rule fence-each-sync
+  :doc "a fence before each block sync inside a loop"
+  :phase fence
+  :match ((for ?L) (syncthreads ?s :child-of ?L))
+  :rewrite ((insert-before ?s (fence_proxy_async :as ?f))))
+(graph-rule never
+  :doc "needs a loop of 100 iterations"
+  :phase fence
+  :match ((for ?L :stop ?n) (syncthreads ?s :child-of ?L))
+  :where ((known ?n) (>= ?n 100))
+  :rewrite ((erase ?s)))
+"""
+
+
+@pytest.fixture()
+def folder(tmp_path):
+    write_rules(tmp_path / "r", RULES)
+    return tmp_path / "r"
+
+
+@pytest.fixture()
+def lowered(folder):
+    return api.lower(exp1d_tma(), rules=[folder], debug=True)
+
+
+def test_records_hold_rule_location_bindings_and_changes(lowered, folder):
+    recs = [r for r in lowered.trace.records if r.rule != "egglog"]
+    assert [r.rule for r in recs] == ["tag-loads", "fence-each-sync"]
+    tag, fence = recs
+    assert tag.at == f"{folder / 'test.rules'}:2" and tag.phase == "mark" and tag.changed
+    assert set(fence.bindings) == {"?L", "?s", "?f"} and len(fence.created) == 1
+    assert fence.seconds > 0
+    egg = [r for r in lowered.trace.records if r.rule == "egglog"]
+    assert egg and any(v > 0 for r in egg for v in r.egg.values())  # egglog's per-rule match counts
+
+
+def test_counts_and_filters(lowered):
+    counts = {name: n for name, n, _ in trace.counts(lowered.trace)}
+    assert counts["tag-loads"] == 1 and counts["fence-each-sync"] == 1 and "never" not in counts
+    assert [r.rule for r in trace.select(lowered.trace, rule="fence-*")] == ["fence-each-sync"]
+    assert all(r.phase == "mark" for r in trace.select(lowered.trace, phase="mark"))
+    (load,) = lowered.nodes("load")
+    assert [r.rule for r in trace.select(lowered.trace, node=load) if r.rule != "egglog"] == ["tag-loads"]
+
+
+def test_history_back_to_the_builder(lowered):
+    (fence,) = lowered.nodes("fence_proxy_async")
+    h = trace.history(lowered.trace, fence)
+    assert "created by fence-each-sync" in h[0] and "test.rules:8" in h[0]
+    (load,) = lowered.nodes("load")
+    h = trace.history(lowered.trace, load)
+    assert "built by the user at" in h[0] and "exp1d.py" in h[0]
+    assert any("changed at step 1 by tag-loads" in line for line in h)
+
+
+def test_why_not_names_the_failing_guard(lowered):
+    sync = [n for n in lowered.nodes("syncthreads") if lowered.op(lowered.parent(n)) == "for"][0]
+    msg = trace.why_not(lowered.trace, "never", sync)
+    assert "guard (known ?n)" in msg and "test.rules:17:11" in msg  # the trip count is symbolic
+    top_sync = [n for n in lowered.nodes("syncthreads") if lowered.parent(n) == lowered.root][0]
+    msg = trace.why_not(lowered.trace, "fence-each-sync", top_sync)
+    assert "pattern element (syncthreads ?s :child-of ?L)" in msg
+    assert "never binds a exp node" in trace.why_not(lowered.trace, "never", lowered.nodes("exp")[0])
+
+
+def test_graph_at_step_and_stop_after(folder, lowered):
+    assert "fence_proxy_async" not in trace.program_at(lowered.trace, 1)
+    assert "fence_proxy_async" in trace.program_at(lowered.trace, max(lowered.trace.graphs))
+    early = api.lower(exp1d_tma(), rules=[folder], debug=True, stop_after=1)
+    assert early.nodes("fence_proxy_async") == [] and early.trace.records[-1].step == 1
+
+
+def test_dot_shows_before_and_after(lowered):
+    step = next(r.step for r in lowered.trace.records if r.rule == "fence-each-sync")
+    dot = trace.to_dot(lowered.trace, step)
+    assert dot.startswith("digraph") and "cluster_before" in dot and "cluster_after" in dot
+    assert "#c8f7c5" in dot  # the created fence is highlighted
+
+
+def test_debug_from_the_environment(folder, monkeypatch):
+    monkeypatch.setenv("CBRULES_DEBUG", "1")
+    assert api.lower(exp1d_tma(), rules=[folder]).trace is not None
+    monkeypatch.setenv("CBRULES_DEBUG", "0")
+    assert api.lower(exp1d_tma(), rules=[folder]).trace is None
+
+
+def test_trace_cli(folder, capsys, tmp_path):
+    r = ["--rules", str(folder)]
+    assert main(["trace", "exp1d_tma", "counts", *r]) == 0
+    assert "fence-each-sync" in capsys.readouterr().out
+    assert main(["trace", "exp1d_tma", "log", "--rule", "tag-*", *r]) == 0
+    out = capsys.readouterr().out
+    assert "tag-loads" in out and "fence-each-sync" not in out
+    assert main(["trace", "exp1d_tma", "cuda", *r]) == 0
+    assert "cb_fence_proxy_async();  // fence-each-sync @ " in capsys.readouterr().out
+    assert main(["trace", "exp1d_tma", "why-not", "--rule", "never", "--node", "15", *r]) == 0
+    assert "never" in capsys.readouterr().out
+    assert main(["trace", "exp1d_tma", "dot", "--step", "2", "-o", str(tmp_path / "s.dot"), *r]) == 0
+    assert (tmp_path / "s.dot").read_text().startswith("digraph")
+    assert main(["trace", "exp1d_tma", "history", *r]) == 2  # --node missing: a clear error
+    assert "needs --node" in capsys.readouterr().err
+
+
+def test_rules_cli(folder, tmp_path, capsys):
+    assert main(["rules", "check", str(folder)]) == 0
+    assert "ok: 3 graph rules" in capsys.readouterr().out
+    assert main(["rules", "list", "--rules", str(folder)]) == 0
+    assert "fence-each-sync" in capsys.readouterr().out
+    bad = write_rules(tmp_path / "bad", "(phases p)\n(graph-rule x :phase p :match ((lod ?l)) :rewrite ((erase ?l)))\n")
+    assert main(["rules", "check", str(tmp_path / "bad")]) == 1
+    assert f"{bad}:2:32: unknown op 'lod'" in capsys.readouterr().err
