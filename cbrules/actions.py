@@ -15,8 +15,10 @@
 | ``(fail "message {?x}")`` | refuse the kernel with a named error |
 
 A template is ``(OP :key V ... [:as ?x] CHILD-TEMPLATE ...)``; children only for ``for``/``if``.
-Placement derives depends edges from effects (RAW/WAR/WAW on registers, buffers and the sync
-token) against the scope's current schedule, plus an explicit edge to the anchor.
+Placement: at entry a new node precedes every sibling, at exit it follows every sibling; before ?n
+it follows ?n's predecessors and precedes ?n, after ?n it follows ?n and precedes ?n's successors.
+Against the other siblings it keeps memory order: conflicting effects (RAW/WAR/WAW on registers,
+buffers and the sync token) order it by its position in the scope's current schedule.
 """
 from __future__ import annotations
 
@@ -77,17 +79,33 @@ class Rewriter:
 
     # ------------------------------------------------------------------ placement
     def place(self, n: int, scope: int, where: str, anchor: Optional[int] = None) -> None:
-        """Put new node ``n`` into ``scope`` at entry/exit/before/after ``anchor``, ordering it by effects."""
-        seq = [c for c in sibling_order(self.kg, scope) if c != n] if scope in self.kg else []
-        if n not in self.kg.children(scope):
-            self.kg.g.add_edge(scope, n, kind="contains")
-        at = {"entry": 0, "exit": len(seq)}.get(where)
-        if at is None:
-            at = seq.index(anchor) + (1 if where == "after" else 0)
-        mine = self.kg.effects(n)
+        """Put new node ``n`` into ``scope`` at entry/exit, or right before/after ``anchor``.
+
+        entry: before every child; exit: after every child; before: after the anchor's
+        predecessors and before the anchor; after: after the anchor and before its successors.
+        Memory order against the other siblings follows from conflicting effects.
+        """
+        kg = self.kg
+        seq = [c for c in sibling_order(kg, scope) if c != n]
+        if n not in kg.children(scope):
+            kg.g.add_edge(scope, n, kind="contains")
+        deps = lambda it: [x for x in it if x != n and kg.g.edges.get((x, anchor), kg.g.edges.get((anchor, x), {})).get("kind") == "depends"]  # noqa: E731
+        if where == "entry":
+            at, before, after = 0, [], seq
+        elif where == "exit":
+            at, before, after = len(seq), seq, []
+        elif where == "before":
+            at, before, after = seq.index(anchor), deps(kg.g.predecessors(anchor)), [anchor]
+        else:
+            at, before, after = seq.index(anchor) + 1, [anchor], deps(kg.g.successors(anchor))
+        for s in before:
+            kg.add_depends(s, n)
+        for s in after:
+            kg.add_depends(n, s)
+        mine = kg.effects(n)
         for i, s in enumerate(seq):
-            if s == anchor or conflicts(self.kg.effects(s), mine):
-                self.kg.add_depends(s, n) if i < at else self.kg.add_depends(n, s)
+            if conflicts(kg.effects(s), mine):
+                kg.add_depends(s, n) if i < at else kg.add_depends(n, s)
 
     def instantiate(self, t: SList, parent: Optional[int]) -> int:
         """Create the nodes of a template under ``parent`` (not yet ordered among its siblings)."""

@@ -14,6 +14,7 @@ Every node records its Python call site in ``origin``; program order becomes dep
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -58,6 +59,33 @@ class TensorMap:
         for b in self.box:
             n *= b
         return n
+
+
+class TmaBoxError(ValueError):
+    """A TMA box outside the hardware limits (REFERENCE §2)."""
+
+
+def check_box(mname: str, box: tuple, dtype: str) -> None:
+    """Box limits known when the kernel is built: rank 1..5, every extent 1..256, inner extent x
+    element size a multiple of 16 bytes."""
+    if not 1 <= len(box) <= 5:
+        raise TmaBoxError(f"tensor map {mname!r}: box rank {len(box)} is outside 1..5")
+    for d, b in enumerate(box):
+        if not 1 <= b <= 256:
+            raise TmaBoxError(f"tensor map {mname!r}: box extent {b} in dimension {d} is outside 1..256; use a "
+                              "box of at most 256 and a wider tile= on tma_load (the rules split it into boxes)")
+    inner = box[-1] * DTYPE_BYTES[dtype]
+    if inner % 16:
+        raise TmaBoxError(f"tensor map {mname!r}: inner box extent {box[-1]} x {DTYPE_BYTES[dtype]} bytes = "
+                          f"{inner} bytes is not a multiple of 16; make it a multiple of "
+                          f"{16 // math.gcd(16, DTYPE_BYTES[dtype])} elements")
+
+
+def circular_buffer(stages: int, prefetch: Optional[int] = None, war: str = "sync") -> dict:
+    """Options of a circular-buffered loop: ``stages`` S, ``prefetch`` P (default S-1, negative counts
+    from S), ``war`` = "sync" (block sync ends each main iteration) or "mbarrier" (empty barriers).
+    The rules check the values and refuse bad ones with a named error."""
+    return {"stages": stages, "prefetch": prefetch, "war": war}
 
 
 def _call_site() -> str:
@@ -105,6 +133,7 @@ class Kernel:
         if len(box) != len(tensor.shape):
             raise ValueError(f"tensor map over {tensor.name!r}: box {tuple(box)} has rank {len(box)}, "
                              f"the tensor has rank {len(tensor.shape)}")
+        check_box(mname or f"{tensor.name}_tmap", tuple(box), tensor.dtype)
         mname = mname or f"{tensor.name}_tmap"
         self._add_param(Param(mname, "tmap", tensor.dtype, tensor.shape, tensor.name, tuple(box)))
         return TensorMap(mname, tensor, tuple(box))
@@ -133,7 +162,9 @@ class Kernel:
     @contextmanager
     def loop(self, var: str, start: TermLike, stop: Optional[TermLike] = None, step: TermLike = 1,
              kind: str = "serial", **annotations) -> Iterator[Term]:
-        """``for var in [start, stop) by step``; ``loop("i", n)`` means ``[0, n)``. Yields the variable."""
+        """``for var in [start, stop) by step``; ``loop("i", n)`` means ``[0, n)``. Yields the variable.
+
+        ``circular_buffer=circular_buffer(stages=3)`` asks the rules to pipeline the TMA loads in it."""
         if stop is None:
             start, stop = 0, start
         if kind not in LOOP_KINDS:
@@ -180,12 +211,23 @@ class Kernel:
         k = self.graph.kernel()
         k["params"] = tuple(replace(p, written=True) if p.name == tname else p for p in k["params"])
 
-    def tma_load(self, tmap: TensorMap, coords: Sequence[TermLike], dst: Buffer, barrier: Buffer,
-                 slot: TermLike = 0, offset: TermLike = 0) -> None:
-        """Bulk-copy one box at ``coords`` (outermost-first, elements) into ``dst + offset``,
-        completing ``box_bytes`` transaction bytes on ``barrier[slot]``."""
-        self._node("tma_load", tmap=tmap.name, coords=tuple(as_term(c) for c in coords), dst=dst.name,
-                   offset=as_term(offset), barrier=barrier.name, slot=as_term(slot), bytes=tmap.box_bytes)
+    def tma_load(self, tmap: TensorMap, coords: Sequence[TermLike], dst: Buffer,
+                 barrier: Optional[Buffer] = None, slot: TermLike = 0, offset: TermLike = 0,
+                 tile: Optional[Sequence[int]] = None, circular_buffer: Optional[dict] = None) -> None:
+        """Bulk-copy the tile at ``coords`` (outermost-first, elements) into ``dst + offset``.
+
+        With ``barrier`` the copy completes ``box_bytes`` transaction bytes on ``barrier[slot]``;
+        without one the rules arrange its completion (circular buffering of the enclosing loop, or
+        ``circular_buffer=circular_buffer(...)`` here). ``tile`` may be wider than the box in the
+        innermost dimension: the rules split it into several boxes.
+        """
+        attrs = dict(tmap=tmap.name, coords=tuple(as_term(c) for c in coords), dst=dst.name,
+                     offset=as_term(offset), bytes=tmap.box_bytes, box=tmap.box, tile=tuple(tile or tmap.box))
+        if barrier is not None:
+            attrs.update(barrier=barrier.name, slot=as_term(slot))
+        if circular_buffer is not None:
+            attrs["circular_buffer"] = dict(circular_buffer)
+        self._node("tma_load", **attrs)
 
     def tma_store(self, tmap: TensorMap, coords: Sequence[TermLike], src: Buffer, offset: TermLike = 0) -> None:
         """Bulk-copy one box from shared ``src + offset`` to global at ``coords`` (waits for completion)."""

@@ -3,7 +3,8 @@
 Within a phase the first rule (in ``:after``/file order) with a match not applied before fires;
 then matching starts again. A match is identified by the rule and the nodes it bound, so a rule
 fires once per set of nodes. Each application rewrites a copy of the graph: a failure leaves the
-graph as it was. ``verify()`` runs after each phase (after each application in debug mode).
+graph as it was. ``verify()`` runs after each phase; in debug mode the structural checks also run
+after each application.
 """
 from __future__ import annotations
 
@@ -27,7 +28,10 @@ DEFAULT_MAX_STEPS = 10_000
 
 
 class LoweringError(Exception):
-    """Lowering stopped: a rule refused the kernel, failed, or rules kept firing past the bound."""
+    """Lowering stopped: a rule refused the kernel, failed, or rules kept firing past the bound.
+    In debug mode ``trace`` holds what happened up to the failure."""
+
+    trace = None
 
 
 @dataclass
@@ -77,6 +81,15 @@ def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: O
     kg = kg.copy()
     kg.verify()
     trace = Trace(kg.copy(), rules={r.name: r for r in rules.rules}) if debug else None
+    try:
+        return _lower(kg, rules, trace, debug, stop_after, max_steps, simplify)
+    except LoweringError as e:
+        e.trace = trace
+        raise
+
+
+def _lower(kg: KernelGraph, rules: RuleSet, trace: Optional[Trace], debug: bool, stop_after: Optional[int],
+           max_steps: int, simplify: bool) -> Lowered:
     fired: set = set()
     step = 0
     for phase in rules.phases:
@@ -104,6 +117,10 @@ def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: O
         if simplify and rules.egg_forms:
             step += 1
             kg = _simplify(kg, rules, step, phase, trace)
+    try:
+        kg.verify(ready=True)
+    except GraphError as e:
+        raise LoweringError(f"the lowered kernel cannot be generated: {e}") from e
     return Lowered(kg, trace, step)
 
 
@@ -129,7 +146,7 @@ def _apply(kg: KernelGraph, rule: GraphRule, b: dict, step: int, phase: str, tra
     try:
         rw.run(rule.rewrite)
         if debug:
-            work.verify()
+            work.verify(structure_only=True)
     except RuleFailure as e:
         raise LoweringError(f"{e} [{where}]") from None
     except (RuleError, GraphError, ScheduleError, KeyError, ValueError, TypeError) as e:

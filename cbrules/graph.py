@@ -15,6 +15,7 @@ from typing import Any, Iterable, Iterator, Mapping, Optional
 import networkx as nx
 
 from .ops import OPS, SCOPES, conflicts, effects
+from .terms import const
 
 CONTAINS, DEPENDS = "contains", "depends"
 BUILTINS = ("threadIdx.x", "threadIdx.y", "threadIdx.z", "blockIdx.x", "blockIdx.y", "blockIdx.z",
@@ -47,7 +48,7 @@ class KernelGraph:
         self._next_id = 0
         self.trace = None  # set by lowering in debug mode
         self.root = self.add("kernel", None, origin={"by": "build"}, name=name, params=params,
-                             block=block, grid=grid, symbols=symbols)
+                             block=block, grid=grid, symbols=symbols, requires=())
 
     # ---------------------------------------------------------------------------- building
     def add(self, op: str, parent: Optional[int], origin: Optional[Mapping[str, Any]] = None,
@@ -57,6 +58,9 @@ class KernelGraph:
             raise ValueError(f"unknown op {op!r}")
         spec = OPS[op]
         full = {**spec.defaults, **attrs}
+        for k in spec.terms:  # plain numbers in term attributes become constant terms
+            if isinstance(full.get(k), (int, float)):
+                full[k] = const(full[k])
         nid = self._next_id
         self._next_id += 1
         self.g.add_node(nid, op=op, origin=dict(origin or {}), **full)
@@ -169,10 +173,11 @@ class KernelGraph:
         new._next_id, new.root, new.trace = self._next_id, self.root, None
         return new
 
-    def verify(self) -> None:
-        """Check the graph's invariants; raise :class:`cbrules.verify.GraphError` naming the node."""
+    def verify(self, ready: bool = False, structure_only: bool = False) -> None:
+        """Check the graph's invariants; raise :class:`cbrules.verify.GraphError` naming the node
+        (levels: see :func:`cbrules.verify.verify`)."""
         from .verify import verify
-        verify(self)
+        verify(self, ready, structure_only)
 
     def walk(self, n: Optional[int] = None) -> Iterable[int]:
         """Every node of a subtree, parents before children, in id order."""

@@ -15,9 +15,10 @@ from typing import Any, Iterator, Optional
 
 from .graph import KernelGraph
 from .schedule import sibling_order
-from .sexpr import Atom, Expr, RuleError, SList
+from .sexpr import Atom, Expr, Pos, RuleError, SList
+from .terms import evaluate as eval_term
 from .terms import Term, as_term
-from .values import Env, NodeRef, evaluate
+from .values import Env, NodeRef, evaluate, holds
 
 MISSING = object()
 STRUCTURAL_KEYS = ("in", "child-of")
@@ -29,9 +30,10 @@ RELATIONS: dict[str, tuple[int, tuple[str, ...], tuple[str, ...]]] = {
     "writes": (2, (), ()),          # (writes ?n ?buf)
     "first-reader": (1, ("of", "in"), ()),  # the child of ?scope that reads ?buf first
     "last-reader": (1, ("of", "in"), ()),   # ... and last, in schedule order
-    "no": (1, ("in",), ()),         # (no PATTERN :in ?scope): no node in ?scope matches PATTERN
+    "no": (1, (), ("in", "around")),  # (no PATTERN :in ?scope | :around ?n): no node inside / around matches
+    "nearest": (2, ("around",), ()),  # (nearest ?x PATTERN :around ?n): ?n or its closest enclosing match
     "count": (2, ("in",), ()),      # (count ?k PATTERN :in ?scope): ?k = number of matches
-    "sum": (3, ("in",), ()),        # (sum ?k ATTR PATTERN :in ?scope): ?k = sum of ATTR over matches
+    "sum": (3, ("in",), ()),        # (sum ?k ATTR PATTERN :in ?scope): ATTR summed over one iteration of ?scope
 }
 
 
@@ -117,7 +119,7 @@ class Matcher:
         for bound in self._elements(elements, 0, dict(b or {})):
             ok = True
             for gi, g in enumerate(guards):
-                if not evaluate(g, self.env(bound)):
+                if not holds(g, self.env(bound)):
                     self._fail(len(elements) + gi, "guard is false", g)
                     ok = False
                     break
@@ -249,29 +251,55 @@ class Matcher:
     def _rel_last_reader(self, e, b):
         yield from self._reader(e, b, last=True)
 
-    def _inner(self, e: SList, pattern_at: int, b: dict) -> list[dict]:
+    def _inner(self, e: SList, pattern_at: int, b: dict) -> list[tuple[int, dict]]:
         _, keys = split_keys(e.items, pattern_at + 1)
+        if "around" in keys:  # the node itself and its enclosing scopes, innermost first
+            n = self._scope_of(keys["around"], b)
+            pool = [n, *self.kg.ancestors(n)]
+            pat = e.items[pattern_at]
+            return [(m, b2) for m in pool for m2, b2 in self.node_matches(pat, b, None) if m2 == m]
         scope = self._scope_of(keys["in"], b)
-        return list(self.node_pattern(e.items[pattern_at], b, within=scope))
+        return list(self.node_matches(e.items[pattern_at], b, within=scope))
 
     def _rel_no(self, e, b):
         if not self._inner(e, 1, b):
             yield b
 
+    def _rel_nearest(self, e, b):
+        found = self._inner(e, 2, b)
+        if found:
+            r = self._bind_node(e.items[1], found[0][0], b)
+            if r is not None:
+                yield r
+
+    def _iterations(self, n: int, scope: int) -> int:
+        """How often ``n`` runs per iteration of ``scope``: the product of the constant trip counts
+        of the loops between them."""
+        count = 1
+        for a in self.kg.ancestors(n):
+            if a == scope:
+                return count
+            if self.kg.op(a) == "for":
+                d = self.kg[a]
+                try:
+                    trips = -(-(eval_term(d["stop"] - d["start"], {})) // eval_term(d["step"], {}))
+                except KeyError:
+                    raise RuleError(Pos("<graph>", 0, 0), f"{self.kg.describe(a)} has a trip count unknown at "
+                                    "lowering time, so per-iteration totals inside it cannot be counted")
+                count *= max(trips, 0)
+        return count
+
     def _rel_count(self, e, b):
-        r = match_value(e.items[1], len(self._inner(e, 2, b)), b)
+        r = match_value(e.items[1], len({n for n, _ in self._inner(e, 2, b)}), b)
         if r is not None:
             yield r
 
     def _rel_sum(self, e, b):
         attr = e.items[2].value
-        total = 0
-        for m in self._inner(e, 3, b):
-            pos, _ = split_keys(e.items[3].items, 1)
-            node = m[pos[0].value].id if pos and pos[0].kind == "var" else None
-            if node is None:
-                raise RuleError(e.pos, "(sum ...) needs its pattern to bind the node, e.g. (tma_load ?ld)")
-            total += self.kg[node].get(attr, 0)
+        _, keys = split_keys(e.items, 4)
+        scope = self._scope_of(keys["in"], b)
+        nodes = sorted({n for n, _ in self._inner(e, 3, b)})
+        total = sum(self.kg[n].get(attr, 0) * self._iterations(n, scope) for n in nodes)
         r = match_value(e.items[1], total, b)
         if r is not None:
             yield r

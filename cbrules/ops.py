@@ -42,13 +42,16 @@ class OpSpec:
 
 _BAR = ("barrier", "slot")
 OPS: dict[str, OpSpec] = {
-    "kernel": OpSpec(("name", "params", "block", "grid"), ("symbols",), category="scope"),
+    # requires: (predicate term over symbols, message) pairs the launcher checks before a launch
+    "kernel": OpSpec(("name", "params", "block", "grid"), ("symbols", "requires"), category="scope"),
     "for": OpSpec(("var", "start", "stop", "step", "kind"), ("annotations",),
                   ("start", "stop", "step"), "scope", {"kind": "serial", "step": 1}),
     "if": OpSpec(("pred",), (), ("pred",), "scope"),
     "alloc": OpSpec(("buf", "space", "dtype", "shape"), ("align",), category="memory"),
-    "tma_load": OpSpec(("tmap", "coords", "dst", "offset", "barrier", "slot", "bytes"), (),
-                       ("coords", "offset", "slot"), "memory"),
+    # a tma_load without a barrier asks the rules to arrange its completion (circular buffering);
+    # box is the hardware box, tile the logical tile it serves (a multiple of the box)
+    "tma_load": OpSpec(("tmap", "coords", "dst", "offset", "bytes", "box"), ("barrier", "slot", "tile",
+                       "circular_buffer"), ("coords", "offset", "slot"), "memory"),
     "tma_store": OpSpec(("tmap", "coords", "src", "offset"), (), ("coords", "offset"), "memory"),
     "load": OpSpec(("dst", "src", "index", "dtype"), (), ("index",), "memory"),
     "store": OpSpec(("dst", "index", "value"), (), ("index", "value"), "memory"),
@@ -102,7 +105,9 @@ def effects(op: str, attrs: Mapping[str, Any]) -> tuple[set[str], set[str]]:
         reads.add(SYNC_TOKEN)
     elif op == "tma_load":
         writes.add(f"mem:{attrs['dst']}")
-        reads |= {f"mem:{attrs['tmap']}", f"mem:{attrs['barrier']}", SYNC_TOKEN}
+        reads |= {f"mem:{attrs['tmap']}", SYNC_TOKEN}
+        if attrs.get("barrier"):
+            reads.add(f"mem:{attrs['barrier']}")
     elif op == "tma_store":
         writes.add(f"mem:{attrs['tmap']}")
         reads |= {f"mem:{attrs['src']}", SYNC_TOKEN}

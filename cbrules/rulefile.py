@@ -282,8 +282,10 @@ def _check_match_element(e: Expr, bound: set[str]) -> None:
         if k not in required + optional:
             raise RuleError(_key_pos(e, k), f"relation {head} has no key :{k}" + did_you_mean(k, required + optional))
         _check_value(v, bound)
-    if head in ("no", "count", "sum"):
-        pat_at = {"no": 0, "count": 1, "sum": 2}[head]
+    if head == "no" and len([k for k in keys if k in ("in", "around")]) != 1:
+        raise RuleError(e.pos, "(no PATTERN :in ?scope) or (no PATTERN :around ?node)")
+    if head in ("no", "count", "sum", "nearest"):
+        pat_at = {"no": 0, "count": 1, "sum": 2, "nearest": 1}[head]
         _check_node_pattern(pos[pat_at], set(bound), binds=True)
         if head != "no":
             _check_value_pattern(pos[0], bound, True)

@@ -59,14 +59,19 @@ def _arith(op: str) -> Callable:
     return fn
 
 
+_C_OPS = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "=": "==", "!=": "!="}
+
+
 def _compare(op: str) -> Callable:
+    """Compare values; terms not known at lowering time give a predicate term instead of a bool
+    (a guard treats such an undecided comparison as false)."""
     def fn(a, b):
         if _is_term(a, b):
             ca, cb = _const_value(a), _const_value(b)
             if ca is None or cb is None:
-                if op in ("=", "!="):
-                    return (as_term(a) == as_term(b)) == (op == "=")
-                raise ValueError(f"cannot compare {a} {op} {b}: not known at lowering time")
+                if op in ("=", "!=") and as_term(a) == as_term(b):
+                    return op == "="
+                return Term(_C_OPS[op], (as_term(a), as_term(b)))
             a, b = ca, cb
         return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b, "=": a == b, "!=": a != b}[op]
     return fn
@@ -100,6 +105,9 @@ FUNCTIONS: dict[str, tuple[int, int | None, Callable | None]] = {
     "prepend": (2, 2, lambda x, t: (x, *t)), "append": (2, 2, lambda t, x: (*t, x)),
     "concat": (0, None, lambda *ts: tuple(x for t in ts for x in t)),
     "product": (1, 1, _product), "len": (1, 1, len), "nth": (2, 2, lambda t, i: t[i]),
+    "dict": (0, None, lambda *kv: dict(zip(kv[::2], kv[1::2]))),
+    "assoc": (3, 3, lambda d, k, v: {**(d or {}), k: v}),
+    "set-nth": (3, 3, lambda t, i, v: tuple(v if j == (i % len(t)) else x for j, x in enumerate(t))),
     "get": (2, 3, lambda d, k, *default: (d or {}).get(k, *default) if default else (d or {}).get(k)),
     "bytes-of": (1, 1, lambda dtype: DTYPE_BYTES[dtype]),
     "known": (1, 1, lambda x: _const_value(x) is not None),
@@ -124,7 +132,7 @@ def _conj(xs) -> Term:
 
 
 # attribute access on bound nodes lives with the graph; the engine supplies it as ``attr``
-NODE_FUNCTIONS = ("attr", "has")
+NODE_FUNCTIONS = ("attr", "has", "id")
 
 
 class Env:
@@ -133,6 +141,12 @@ class Env:
     def __init__(self, bindings: Mapping[str, Any], node_attrs: Callable[[int], Mapping[str, Any]]):
         self.bindings = dict(bindings)
         self.node_attrs = node_attrs
+
+
+def holds(e: Expr, env: Env) -> bool:
+    """A guard: true only for a decided true value (an undecided predicate term is not true)."""
+    v = evaluate(e, env)
+    return v is True or (not isinstance(v, (Term, bool)) and bool(v))
 
 
 def evaluate(e: Expr, env: Env) -> Any:
@@ -162,6 +176,8 @@ def evaluate(e: Expr, env: Env) -> Any:
             node = evaluate(args[0], env)
             if not isinstance(node, NodeRef):
                 raise RuleError(e.pos, f"({head} ...) needs a node, got {node!r}")
+            if head == "id":
+                return node.id
             key = args[1].value if isinstance(args[1], Atom) else evaluate(args[1], env)
             attrs = env.node_attrs(node.id)
             return (key in attrs and attrs[key] is not None) if head == "has" else attrs.get(key)

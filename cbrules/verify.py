@@ -18,15 +18,27 @@ class GraphError(Exception):
         self.node = node
 
 
-def verify(kg: KernelGraph) -> None:
-    """Raise :class:`GraphError` for the first broken invariant, else return None."""
+def verify(kg: KernelGraph, ready: bool = False, structure_only: bool = False) -> None:
+    """Raise :class:`GraphError` for the first broken invariant, else return None.
+
+    ``structure_only`` checks the tree, the attributes and the depends edges (what must hold after
+    every single rule application, while a phase may still be half-way through a protocol);
+    ``ready`` adds what code generation needs: every TMA load has a barrier to complete on.
+    """
     _tree(kg)
     _attributes(kg)
     _depends(kg)
+    if structure_only:
+        return
     order = linear_order(kg)
     _names(kg)
     _barriers(kg, order)
     _block_shape(kg)
+    if ready:
+        for n in kg.nodes("tma_load"):
+            if not kg[n].get("barrier"):
+                raise GraphError("tma-barrier", f"{kg.describe(n)} has no barrier: mark its loop circular-buffered "
+                                 "(or let the shipped rules lower it), or pass barrier= and slot=", n)
 
 
 def _tree(kg: KernelGraph) -> None:
@@ -94,7 +106,7 @@ def _names(kg: KernelGraph) -> None:
     for n in kg.nodes():
         d, op = kg[n], kg.op(n)
         for key in ("src", "dst", "barrier"):
-            if key in d and (op in ("load", "store", "tma_load", "tma_store") or key == "barrier"):
+            if d.get(key) is not None and (op in ("load", "store", "tma_load", "tma_store") or key == "barrier"):
                 buf = d[key]
                 is_reg = key == "dst" and op == "load"
                 if not is_reg and buf not in buffers and not (buf in params and params[buf].kind == "tensor"):

@@ -98,10 +98,10 @@ class _Emitter:
     def emit(self, s: Step, depth: int) -> None:
         pad = "  " * depth
         a = s.attrs
-        note = ""
+        note = f"  // {a['part']}" if a.get("part") and s.op != "for" else ""
         if self.annotate and s.origin:
             o = s.origin
-            note = f"  // {o['rule']} @ {o.get('at', '?')}" if o.get("rule") else f"  // build @ {o.get('where', '?')}"
+            note += f"  // {o['rule']} @ {o.get('at', '?')}" if o.get("rule") else f"  // build @ {o.get('where', '?')}"
         if s.op == "for":
             self._for(s, pad, note, depth)
             return

@@ -1,0 +1,79 @@
+"""1-D pointwise kernels of the seed matrix: ``out = exp(x)`` in tiles of 256 elements.
+
+Each block walks ``tiles_per_block`` consecutive tiles in a serial loop, which the rules
+circular-buffer. The trip count is a constant, so blocks past the end of the tensor load boxes
+that TMA fills with zeros and store nothing (the store is predicated).
+"""
+from __future__ import annotations
+
+from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
+
+TILE = 256
+
+
+def single_dim(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_block: int = 8) -> Kernel:
+    """``out = exp(x)``; the serial loop over tiles is circular-buffered."""
+    k = Kernel("single_dim", block=TILE)
+    n = k.symbol("N")
+    x, out = k.tensor("x", (n,)), k.tensor("out", (n,))
+    x_map = k.tensor_map(x, box=(TILE,))
+    k.grid(ceil_div(ceil_div(n, TILE), tiles_per_block))
+    tile = k.alloc("tile", "shared", "float32", (TILE,))
+    first = blockIdx.x * tiles_per_block
+    with k.loop("i", tiles_per_block, circular_buffer=circular_buffer(stages, prefetch, war)) as i:
+        base = (first + i) * TILE
+        k.tma_load(x_map, (base,), tile)
+        y = k.exp(k.load(tile, threadIdx.x))
+        with k.if_((base + threadIdx.x).lt(n)):
+            k.store(out, base + threadIdx.x, y)
+    return k
+
+
+def single_dim_unroll(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_block: int = 32,
+                      unroll: int = 4) -> Kernel:
+    """The tile loop split by ``unroll``: the outer serial loop is circular-buffered, each stage
+    holds ``unroll`` tiles loaded by an unrolled inner loop of TMA copies."""
+    k = Kernel("single_dim_unroll", block=TILE)
+    n = k.symbol("N")
+    x, out = k.tensor("x", (n,)), k.tensor("out", (n,))
+    x_map = k.tensor_map(x, box=(TILE,))
+    k.grid(ceil_div(ceil_div(n, TILE), tiles_per_block))
+    tile = k.alloc("tile", "shared", "float32", (unroll, TILE))
+    first = blockIdx.x * tiles_per_block
+    with k.loop("i", tiles_per_block // unroll, circular_buffer=circular_buffer(stages, prefetch, war)) as i:
+        with k.loop("u", unroll, kind="unroll") as u:
+            k.tma_load(x_map, ((first + i * unroll + u) * TILE,), tile, offset=u * TILE)
+        with k.loop("w", unroll, kind="unroll") as w:
+            base = (first + i * unroll + w) * TILE
+            y = k.exp(k.load(tile, w * TILE + threadIdx.x))
+            with k.if_((base + threadIdx.x).lt(n)):
+                k.store(out, base + threadIdx.x, y)
+    return k
+
+
+def single_dim_unswitch(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_block: int = 32,
+                        unroll: int = 4) -> Kernel:
+    """Like the unrolled kernel, with the store predicate hoisted out of the inner loop: a stage whose
+    tiles are all in bounds stores without tests, the others test every element."""
+    k = Kernel("single_dim_unswitch", block=TILE)
+    n = k.symbol("N")
+    x, out = k.tensor("x", (n,)), k.tensor("out", (n,))
+    x_map = k.tensor_map(x, box=(TILE,))
+    k.grid(ceil_div(ceil_div(n, TILE), tiles_per_block))
+    tile = k.alloc("tile", "shared", "float32", (unroll, TILE))
+    first = blockIdx.x * tiles_per_block
+    with k.loop("i", tiles_per_block // unroll, circular_buffer=circular_buffer(stages, prefetch, war)) as i:
+        with k.loop("u", unroll, kind="unroll") as u:
+            k.tma_load(x_map, ((first + i * unroll + u) * TILE,), tile, offset=u * TILE)
+        stage_end = (first + i * unroll + unroll) * TILE
+        with k.if_(stage_end.le(n)):  # the unswitched fast path
+            with k.loop("w", unroll, kind="unswitch") as w:
+                base = (first + i * unroll + w) * TILE
+                k.store(out, base + threadIdx.x, k.exp(k.load(tile, w * TILE + threadIdx.x, dst="fast")))
+        with k.if_(stage_end.gt(n)):
+            with k.loop("w2", unroll, kind="unroll") as w:
+                base = (first + i * unroll + w) * TILE
+                y = k.exp(k.load(tile, w * TILE + threadIdx.x, dst="slow"))
+                with k.if_((base + threadIdx.x).lt(n)):
+                    k.store(out, base + threadIdx.x, y)
+    return k
