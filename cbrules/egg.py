@@ -30,7 +30,7 @@ _I64 = (-(2 ** 63), 2 ** 63 - 1)
 _LET_PREFIX = "$cbrules_t"  # `$`: egglog warns about globals without it; prefix avoids user names
 _SPAN = eb.PanicSpan()
 _SCALE = 1000  # extraction cost units per declared :cost unit
-_RANGE_PASSES = 32  # range propagation converges in ~term depth passes; the cap guards cycles
+_PASSES = 16  # runs of one ruleset per round; ranges converge in ~term-depth passes
 
 # Hard facts about CUDA builtins; the caller's tighter bounds merge in (lo: max, hi: min).
 BUILTIN_RANGES: dict[str, "Range"] = {}
@@ -304,10 +304,9 @@ class _Encoder:
 
 # ------------------------------------------------------------------------------------ simplify
 
-def _run_ruleset(eg: eb.EGraph, rulesets: Sequence[str]) -> eb.RunReport:
-    runs = [eb.Run(_SPAN, eb.RunConfig(rs)) for rs in rulesets]
-    out = eg.run_program(eb.RunSchedule(eb.Sequence(_SPAN, runs)))
-    return out[0].report
+def _run_ruleset(eg: eb.EGraph, ruleset: str) -> eb.RunReport:
+    run = eb.RunSchedule(eb.Run(_SPAN, eb.RunConfig(ruleset)))
+    return eg.run_program(run)[0].report
 
 
 def _size(eg: eb.EGraph) -> int:
@@ -316,29 +315,28 @@ def _size(eg: eb.EGraph) -> int:
 
 def _run_rules(eg: eb.EGraph, rulesets: Sequence[str], iterations: int, deadline: float,
                max_nodes: int, matches: dict[str, int]) -> int:
-    """Run ``ranges`` to a (capped) fixpoint, then each rewriting ruleset once, until nothing changes.
+    """Run rounds until one changes nothing; return how many ran.
 
-    The budgets (rounds, time, e-graph size) are checked between bounded runs: egglog itself
-    cannot be interrupted. Returns the number of rounds run.
+    A round runs every ruleset in declaration order (``ranges`` first), each to a fixpoint
+    capped at ``_PASSES`` runs, so later rulesets see the earlier ones' normal forms. The
+    budgets (rounds, time, e-graph size) are checked between runs: egglog cannot be interrupted.
     """
-    def note(report: eb.RunReport) -> bool:
-        for rule, n in report.num_matches_per_rule.items():
-            matches[rule] = matches.get(rule, 0) + n
-        return report.updated
-
-    rewriting = [rs for rs in rulesets if rs != RANGES_RULESET]
+    order = sorted(rulesets, key=lambda rs: rs != RANGES_RULESET)  # stable: keeps file order
     rounds = 0
-    while rounds < iterations and time.perf_counter() < deadline:
+    while rounds < iterations:
         rounds += 1
-        ranges_open = False
-        if RANGES_RULESET in rulesets:
-            for _ in range(_RANGE_PASSES):
-                if not note(_run_ruleset(eg, [RANGES_RULESET])):
+        changed = False
+        for ruleset in order:
+            for _ in range(_PASSES):
+                if time.perf_counter() > deadline or _size(eg) > max_nodes:
+                    return rounds
+                report = _run_ruleset(eg, ruleset)
+                for rule, n in report.num_matches_per_rule.items():
+                    matches[rule] = matches.get(rule, 0) + n
+                if not report.updated:
                     break
-            else:
-                ranges_open = True  # hit the cap: there may be more to propagate
-        changed = bool(rewriting) and note(_run_ruleset(eg, rewriting))
-        if not (changed or ranges_open) or _size(eg) > max_nodes:
+                changed = True
+        if not changed:
             break
     return rounds
 

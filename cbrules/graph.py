@@ -110,11 +110,13 @@ class KernelGraph:
         return sorted(n for n, d in self.g.nodes(data=True) if op is None or d["op"] == op)
 
     def parent(self, n: int) -> Optional[int]:
-        ps = [p for p in self.g.predecessors(n) if self.g.edges[p, n]["kind"] == CONTAINS]
-        return ps[0] if ps else None
+        for p, d in self.g.pred[n].items():
+            if d["kind"] == CONTAINS:
+                return p
+        return None
 
     def children(self, n: int) -> list[int]:
-        return sorted(c for c in self.g.successors(n) if self.g.edges[n, c]["kind"] == CONTAINS)
+        return sorted(c for c, d in self.g.succ[n].items() if d["kind"] == CONTAINS)
 
     def depends_edges(self) -> list[tuple[int, int]]:
         return sorted((a, b) for a, b, k in self.g.edges(data="kind") if k == DEPENDS)

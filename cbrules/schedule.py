@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import networkx as nx
 
-from .graph import KernelGraph
+from .graph import CONTAINS, DEPENDS, KernelGraph
 
 
 class ScheduleError(Exception):
@@ -35,30 +35,44 @@ class Step:
             yield from s.walk()
 
 
-def _sibling_pair(kg: KernelGraph, a: int, b: int) -> Optional[tuple[int, int]]:
-    """The ancestors of a and b (inclusive) that are siblings, or None if one contains the other."""
-    chain_a = [a, *kg.ancestors(a)]
-    chain_b = [b, *kg.ancestors(b)]
-    pos_b = {n: i for i, n in enumerate(chain_b)}
-    for i, n in enumerate(chain_a):
-        if n in pos_b:
-            j = pos_b[n]
-            if i == 0 or j == 0:
-                return None
-            return chain_a[i - 1], chain_b[j - 1]
-    return None
+def sibling_edges(kg: KernelGraph) -> dict[int, list[tuple[int, int, tuple[int, int]]]]:
+    """Depends edges grouped by the scope whose children they order: scope -> [(a', b', (a, b))].
+
+    An edge between nodes of different scopes is lifted to the sibling ancestors that hold them;
+    an edge between a scope and its own descendant orders nothing and is dropped.
+    """
+    parent = {c: p for p, c, k in kg.g.edges(data="kind") if k == CONTAINS}
+
+    def chain(n: int) -> list[int]:
+        out = [n]
+        while out[-1] in parent:
+            out.append(parent[out[-1]])
+        return out
+
+    grouped: dict[int, list] = {}
+    for a, b, k in kg.g.edges(data="kind"):
+        if k != DEPENDS:
+            continue
+        if parent.get(a) is not None and parent.get(a) == parent.get(b):
+            grouped.setdefault(parent[a], []).append((a, b, (a, b)))
+            continue
+        ca, cb = chain(a), chain(b)
+        pos_b = {n: i for i, n in enumerate(cb)}
+        for i, n in enumerate(ca):
+            if n in pos_b:
+                j = pos_b[n]
+                if i and j:
+                    grouped.setdefault(n, []).append((ca[i - 1], cb[j - 1], (a, b)))
+                break
+    return grouped
 
 
-def sibling_order(kg: KernelGraph, scope: int) -> list[int]:
+def sibling_order(kg: KernelGraph, scope: int, edges: Optional[dict] = None) -> list[int]:
     """The children of ``scope`` in a deterministic order that respects every depends edge."""
-    kids = kg.children(scope)
+    edges = sibling_edges(kg) if edges is None else edges
     dag = nx.DiGraph()
-    dag.add_nodes_from(kids)
-    kid_set = set(kids)
-    for a, b in kg.depends_edges():
-        pair = _sibling_pair(kg, a, b)
-        if pair and pair[0] in kid_set and pair[0] != pair[1]:
-            dag.add_edge(*pair, via=(a, b))
+    dag.add_nodes_from(kg.children(scope))
+    dag.add_edges_from((a, b) for a, b, _ in edges.get(scope, ()) if a != b)
     try:
         return list(nx.lexicographical_topological_sort(dag))
     except nx.NetworkXUnfeasible:
@@ -68,10 +82,11 @@ def sibling_order(kg: KernelGraph, scope: int) -> list[int]:
                             "remove one of these edges (a rule or builder call ordered them both ways)")
 
 
-def schedule(kg: KernelGraph, scope: Optional[int] = None) -> Step:
+def schedule(kg: KernelGraph, scope: Optional[int] = None, edges: Optional[dict] = None) -> Step:
     """Linearise the graph (or the subtree at ``scope``) into a :class:`Step` tree."""
+    edges = sibling_edges(kg) if edges is None else edges
     n = kg.root if scope is None else scope
-    body = tuple(schedule(kg, c) for c in sibling_order(kg, n)) if kg.is_scope(n) else ()
+    body = tuple(schedule(kg, c, edges) for c in sibling_order(kg, n, edges)) if kg.is_scope(n) else ()
     d = kg[n]
     return Step(n, d["op"], kg.attrs(n), dict(d.get("origin", {})), body)
 

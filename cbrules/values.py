@@ -6,6 +6,7 @@ builds a term, so ``(% (+ ?i ?P) ?S)`` is an index term the egglog rules later s
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -60,6 +61,8 @@ def _arith(op: str) -> Callable:
 
 
 _C_OPS = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "=": "==", "!=": "!="}
+_PY_COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "=": operator.eq,
+               "!=": operator.ne}
 
 
 def _compare(op: str) -> Callable:
@@ -73,7 +76,7 @@ def _compare(op: str) -> Callable:
                     return op == "="
                 return Term(_C_OPS[op], (as_term(a), as_term(b)))
             a, b = ca, cb
-        return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b, "=": a == b, "!=": a != b}[op]
+        return _PY_COMPARE[op](a, b)
     return fn
 
 

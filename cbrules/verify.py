@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .graph import BUILTINS, CONTAINS, KernelGraph
 from .ops import DTYPES, LOOP_KINDS, OPS, SCOPES, SPACES, term_values
-from .schedule import ScheduleError, linear_order, sibling_order
+from .schedule import ScheduleError, linear_order, sibling_edges, sibling_order
 
 BARRIER_OPS = ("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
                "mbarrier_inval")
@@ -89,10 +89,11 @@ def _depends(kg: KernelGraph) -> None:
         if kg.parent(a) != kg.parent(b):
             raise GraphError("depends-siblings", f"depends edge {kg.describe(a)} -> {kg.describe(b)} joins "
                              "nodes of different scopes; order their enclosing siblings instead", b)
+    edges = sibling_edges(kg)
     for scope in kg.walk():
         if kg.is_scope(scope):
             try:
-                sibling_order(kg, scope)
+                sibling_order(kg, scope, edges)
             except ScheduleError as e:
                 raise GraphError("depends-acyclic", str(e), scope) from None
 

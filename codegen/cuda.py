@@ -126,7 +126,7 @@ class _Emitter:
             self.lines.append(f"{pad}if ({v} < {stop}) {{")
             close = f"{pad}}} }}"
         else:
-            if kind in ("unroll", "vectorize"):
+            if kind in ("unroll", "unswitch", "vectorize"):
                 self.lines.append(f"{pad}#pragma unroll")
             self.lines.append(f"{pad}for (int {v} = {start}; {v} < {stop}; {v} += {step}) {{{part}{note}")
             close = f"{pad}}}"
