@@ -117,6 +117,8 @@ def _lower(kg: KernelGraph, rules: RuleSet, trace: Optional[Trace], debug: bool,
         if simplify and rules.egg_forms:
             step += 1
             kg = _simplify(kg, rules, step, phase, trace)
+            if stop_after is not None and step >= stop_after:
+                return Lowered(kg, trace, step)
     try:
         kg.verify(ready=True)
     except GraphError as e:
