@@ -15,8 +15,11 @@ from cbrules.ops import DTYPE_BYTES, DTYPES
 from cbrules.schedule import Step
 from cbrules.terms import Term, to_c
 
+from .errors import CodegenError
+
 PRELUDE = (Path(__file__).with_name("prelude.cu")).read_text()
 REDUCE_SCRATCH_BYTES = 32 * 8
+MAX_SHARED_BYTES = 227 * 1024  # per block on H100/H200 with the opt-in attribute
 _UNARY_C = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "fabs"}
 _BINARY_C = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _COMBINE = {"sum": ("CbSum", "0"), "max": ("CbMax", "-__int_as_float(0x7f800000)"),
@@ -36,6 +39,7 @@ class KernelSource:
     block: tuple[int, int, int]
     grid: tuple[Term, ...]
     shared_bytes: int
+    requires: tuple = ()  # (predicate over symbols, message) pairs to check before each launch
 
 
 def _c_term(t: Term) -> str:
@@ -217,4 +221,8 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
         PRELUDE, e.elect_one(), "",
         f'extern "C" __global__ void __launch_bounds__({bx * by * bz}) {k["name"]}({e.signature()}) {{',
         *decls, *e.lines, "}", ""])
-    return KernelSource(k["name"], text, tuple(k["params"]), tuple(k["block"]), tuple(k["grid"]), e.smem_bytes)
+    if e.smem_bytes > MAX_SHARED_BYTES:
+        raise CodegenError(f"kernel {k['name']}: {e.smem_bytes} bytes of shared memory, more than the "
+                           f"{MAX_SHARED_BYTES} a block may have on sm_90; use smaller tiles or fewer stages")
+    return KernelSource(k["name"], text, tuple(k["params"]), tuple(k["block"]), tuple(k["grid"]), e.smem_bytes,
+                        tuple(k.get("requires", ())))

@@ -55,10 +55,9 @@ class BoundLaunch:
 class CompiledKernel:
     """A compiled kernel ready to run: ``kernel(x=..., out=...)``."""
 
-    def __init__(self, source: KernelSource, cubin: Cubin, checks: tuple = ()):
+    def __init__(self, source: KernelSource, cubin: Cubin):
         self.source = source
         self.cubin = cubin
-        self.checks = checks  # callables(symbols) raising a named error before launch
         self._module = None
 
     @property
@@ -91,8 +90,10 @@ class CompiledKernel:
         missing = [p.name for p in self.source.params if p.kind == "symbol" and p.name not in symbols]
         if missing:
             raise LaunchError(f"{self.name}: no value for symbol(s) {', '.join(missing)}; pass them as keywords")
-        for check in self.checks:
-            check(symbols)
+        for pred, message in self.source.requires:
+            if not evaluate(pred, symbols):
+                shown = ", ".join(f"{k}={v}" for k, v in sorted(symbols.items()))
+                raise LaunchError(f"{self.name}: {message} [{pred} is false for {shown}]")
         return symbols
 
     def bind(self, **kwargs: Any) -> BoundLaunch:

@@ -1,44 +1,138 @@
-"""Built-in kernels, each with a way to make inputs and a numpy reference.
+"""Built-in kernels (the seed's test matrix, and the hand-built TMA demo), each with inputs of a
+given shape, a numpy reference, tolerances and the trip count of its circular-buffered loop.
 
 ``get(name)`` looks one up; an unknown name is an error that lists the known ones.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import numpy as np
 
 from ..builder import Kernel
+from . import matmul as _mm
+from . import pointwise1d as _p1
+from . import reductions as _red
+from . import tiled2d as _t2
 from .exp1d import exp1d_tma
+
+SHAPES_1D = ((128,), (1024,), (2048,), (500 * 1024,))
+SHAPES_2D = tuple((m, n) for m in (128, 500, 1024) for n in (128, 1024, 2048))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """A named kernel: how to build it, make inputs of a given size, and compute the answer."""
+    """A named kernel: how to build it, inputs for a shape, the numpy answer, and its matrix."""
 
     name: str
     doc: str
-    build: Callable[[], Kernel]
-    inputs: Callable[[int, np.random.Generator], dict]
-    reference: Callable[[dict], dict]
+    factory: Callable[..., Kernel]
+    inputs: Optional[Callable[[tuple, np.random.Generator], dict]]
+    reference: Optional[Callable[[dict], dict]]
     outputs: tuple[str, ...]
-    default_size: int
-    rtol: float = 1e-5
-    atol: float = 1e-6
+    default_shape: tuple
+    shapes: tuple = ()
+    trips: Callable[[tuple], int] = lambda shape: 1 << 30  # iterations of the circular-buffered loop
+    tolerance: Callable[[tuple], tuple[float, float]] = lambda shape: (1e-5, 1e-6)  # (rtol, atol)
+    build_params: Callable[[tuple], dict] = field(default=lambda shape: {})
+    pipelined: bool = True
+
+    def build(self, shape: Optional[tuple] = None, **options) -> Kernel:
+        """The kernel for ``shape`` (only kernels specialised at build time look at it) with
+        circular-buffer ``options`` (stages, prefetch, war) where the kernel takes them."""
+        params = self.build_params(tuple(shape or self.default_shape))
+        opts = {k: v for k, v in options.items() if v is not None} if self.pipelined else {}
+        return self.factory(**opts, **params)
 
 
-def _exp_inputs(n: int, rng: np.random.Generator) -> dict:
-    return {"x": rng.standard_normal(n, dtype=np.float32), "out": np.full(n, np.nan, np.float32)}
+def _normal(rng, *shape):
+    return rng.standard_normal(shape, dtype=np.float32)
 
 
-KERNELS: dict[str, KernelSpec] = {
-    s.name: s for s in [
-        KernelSpec("exp1d_tma", "out = exp(x), 1-D, one TMA tile of 256 per iteration under one mbarrier "
-                   "(hand-built, no rules)", exp1d_tma, _exp_inputs,
-                   lambda a: {"out": np.exp(a["x"])}, ("out",), 1 << 20),
-    ]
-}
+def _nan(*shape):
+    return np.full(shape, np.nan, np.float32)
+
+
+def _unary_1d(shape, rng):
+    (n,) = shape
+    return {"x": _normal(rng, n), "out": _nan(n)}
+
+
+def _unary_2d(shape, rng):
+    return {"x": _normal(rng, *shape), "out": _nan(*shape)}
+
+
+def _binary_2d(shape, rng):
+    return {"x": _normal(rng, *shape), "y": _normal(rng, *shape), "out": _nan(*shape)}
+
+
+def _inner(shape, rng):
+    return {"x": _normal(rng, *shape), "out": _nan(shape[0])}
+
+
+def _outer(shape, rng):
+    return {"x": _normal(rng, *shape), "out": _nan(shape[1])}
+
+
+def _mm_inputs(shape, rng):
+    m, n = shape  # K = N
+    return {"a": _normal(rng, m, n), "b": _normal(rng, n, n), "c": _nan(m, n)}
+
+
+def _normalize(x):
+    x64 = x.astype(np.float64)
+    mean = x64.mean(axis=1, keepdims=True)
+    return ((x64 - mean) / np.sqrt(((x64 - mean) ** 2).mean(axis=1, keepdims=True))).astype(np.float32)
+
+
+def _sum_tol(n):
+    return 1e-4, 3e-6 * n  # float32 accumulation of n normal values
+
+
+_SPECS = [
+    KernelSpec("exp1d_tma", "out = exp(x), 1-D, one TMA tile per iteration under one mbarrier (hand-built, "
+               "no pipelining)", lambda: exp1d_tma(), _unary_1d, lambda a: {"out": np.exp(a["x"])}, ("out",),
+               (1 << 20,), SHAPES_1D + ((1 << 24,),), pipelined=False),
+    KernelSpec("single_dim", "out = exp(x), 1-D, tile 256, 256 threads; the serial loop over tiles is "
+               "circular-buffered", _p1.single_dim, _unary_1d, lambda a: {"out": np.exp(a["x"])}, ("out",),
+               (1 << 20,), SHAPES_1D, trips=lambda s: 8),
+    KernelSpec("single_dim_unroll", "single_dim with the tile loop split by 4, inner part unrolled (4 TMA "
+               "boxes per stage)", _p1.single_dim_unroll, _unary_1d, lambda a: {"out": np.exp(a["x"])},
+               ("out",), (1 << 20,), SHAPES_1D, trips=lambda s: 8),
+    KernelSpec("single_dim_unswitch", "single_dim_unroll with the store predicate hoisted out of the inner "
+               "loop", _p1.single_dim_unswitch, _unary_1d, lambda a: {"out": np.exp(a["x"])}, ("out",),
+               (1 << 20,), SHAPES_1D, trips=lambda s: 8),
+    KernelSpec("multi_dim", "out = exp(x), 2-D [M,N], box 4x256, blocks over M; the loop over N-tiles is "
+               "circular-buffered", _t2.multi_dim, _unary_2d, lambda a: {"out": np.exp(a["x"])}, ("out",),
+               (1024, 2048), SHAPES_2D, trips=lambda s: _cdiv(s[1], 256)),
+    KernelSpec("pointwise", "out = x + y, both [M,N] loaded by TMA (two buffers, one barrier per stage)",
+               _t2.pointwise, _binary_2d, lambda a: {"out": a["x"] + a["y"]}, ("out",), (1024, 2048), SHAPES_2D,
+               trips=lambda s: _cdiv(s[1], 256)),
+    KernelSpec("inner_reduction", "out = sum(x, axis=1); the loop over N-tiles is circular-buffered",
+               _red.inner_reduction, _inner, lambda a: {"out": a["x"].astype(np.float64).sum(axis=1)},
+               ("out",), (1024, 2048), SHAPES_2D, trips=lambda s: _cdiv(s[1], 256),
+               tolerance=lambda s: _sum_tol(s[1])),
+    KernelSpec("outer_reduction", "out = sum(x, axis=0); the serial loop over M (8 rows a tile) is "
+               "circular-buffered", _red.outer_reduction, _outer,
+               lambda a: {"out": a["x"].astype(np.float64).sum(axis=0)}, ("out",), (1024, 2048), SHAPES_2D,
+               trips=lambda s: _cdiv(s[0], 8), tolerance=lambda s: _sum_tol(s[0])),
+    KernelSpec("persistent", "out = (x - mean) / sqrt(var) per row, row kept in registers, two TMA boxes "
+               "per stage; the loop over N-tiles is circular-buffered", _red.persistent, _unary_2d,
+               lambda a: {"out": _normalize(a["x"])}, ("out",), (1024, 2048),
+               tuple(s for s in SHAPES_2D if s[1] % 256 == 0), trips=lambda s: s[1] // 256,
+               tolerance=lambda s: (1e-4, 1e-4), build_params=lambda s: {"row": s[1]}),
+    KernelSpec("matmul", "c = a @ b, a [M,K], b [K,N] (K = N), 64x64 tiles, both operands TMA-loaded; "
+               "the K loop is circular-buffered", _mm.matmul, _mm_inputs,
+               lambda a: {"c": a["a"].astype(np.float64) @ a["b"].astype(np.float64)}, ("c",), (1024, 1024),
+               SHAPES_2D, trips=lambda s: _cdiv(s[1], 16), tolerance=lambda s: (1e-4, 2e-5 * s[1])),
+]
+KERNELS: dict[str, KernelSpec] = {s.name: s for s in _SPECS}
+SEED_MATRIX = tuple(n for n in KERNELS if KERNELS[n].pipelined)
 
 
 class UnknownKernelError(KeyError):
@@ -53,3 +147,8 @@ def get(name: str) -> KernelSpec:
     if name not in KERNELS:
         raise UnknownKernelError(f"unknown kernel {name!r}; known kernels: {', '.join(sorted(KERNELS))}")
     return KERNELS[name]
+
+
+def prefetch_values(stages: int) -> list[int]:
+    """Every valid prefetch for ``stages``: 0 .. S-1."""
+    return list(range(stages))

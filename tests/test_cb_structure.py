@@ -1,0 +1,91 @@
+"""The lowered structure of every seed kernel x S x P x WAR mode, and its NVRTC compile (no GPU)."""
+import pytest
+
+from cbrules import api
+from cbrules.terms import evaluate
+from cbmatrix import CASES, case_id, spec
+
+# bytes that each arrive_expect_tx of one stage announces, per kernel (tile bytes of each buffer)
+EXPECT_TX = {"single_dim": [1024], "single_dim_unroll": [4096], "single_dim_unswitch": [4096],
+             "multi_dim": [4096], "pointwise": [4096, 4096], "inner_reduction": [1024],
+             "outer_reduction": [8192], "persistent": [1024], "matmul": [4096, 4096]}
+BOXES_PER_STAGE = {"single_dim_unroll": 4, "single_dim_unswitch": 4, "persistent": 2}
+
+
+def loops_by_part(kg):
+    return {kg[n]["part"]: n for n in kg.nodes("for") if kg[n].get("part") in ("prologue", "main", "epilogue")}
+
+
+def ops_in(kg, scope, op):
+    return [n for n in kg.descendants(scope) if kg.op(n) == op]
+
+
+def values(term, var, rng):
+    return [evaluate(term, {var: i, "threadIdx.x": 0, "blockIdx.x": 0, "blockIdx.y": 0}) for i in rng]
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_lowered_structure_and_compile(case):
+    name, S, P, war = case
+    sp = spec(name)
+    shape = sp.default_shape
+    kernel = sp.build(shape, stages=S, prefetch=P, war=war)
+    original = [n for n in kernel.graph.nodes("for") if "circular_buffer" in kernel.graph[n]["annotations"]]
+    (orig,) = original
+    trip = kernel.graph[orig]["stop"]
+    kg = api.lower(kernel)
+    parts = loops_by_part(kg)
+    assert set(parts) == ({"main"} if P == 0 else {"prologue", "main", "epilogue"})
+    main = parts["main"]
+    var = kg[main]["var"]
+    assert evaluate(kg[main]["start"], {}) == 0
+    n_sym = {"N": 4096, "M": 4096, "K": 4096}
+    n = evaluate(trip, n_sym)
+    assert evaluate(kg[main]["stop"], n_sym) == n - P
+    if P:
+        assert (evaluate(kg[parts["prologue"]]["start"], {}), evaluate(kg[parts["prologue"]]["stop"], {})) == (0, P)
+        assert evaluate(kg[parts["epilogue"]]["start"], n_sym) == n - P
+        assert evaluate(kg[parts["epilogue"]]["stop"], n_sym) == n
+        assert not ops_in(kg, parts["epilogue"], "tma_load")  # the epilogue loads nothing
+        assert set(kg[x]["op"] for x in kg.descendants(parts["prologue"])) <= {
+            "if", "for", "tma_load", "mbarrier_arrive_expect_tx", "mbarrier_wait"}
+
+    # barriers: full[S] (+ empty[S]); init counts; every barrier invalidated
+    bars = {kg[a]["buf"]: kg[a] for a in kg.nodes("alloc") if kg[a]["dtype"] == "mbarrier"}
+    assert len(bars) == (2 if war == "mbarrier" else 1)
+    assert all(b["shape"] == (S,) for b in bars.values())
+    arrives = ops_in(kg, main, "mbarrier_arrive_expect_tx")
+    assert sorted(kg[a]["bytes"] for a in arrives) == sorted(EXPECT_TX[name])
+    inits = {kg[i]["barrier"]: kg[i]["count"] for i in kg.nodes("mbarrier_init")}
+    full = kg[arrives[0]]["barrier"]
+    assert inits[full] == len(EXPECT_TX[name])
+    if war == "mbarrier":
+        (empty,) = set(bars) - {full}
+        assert inits[empty] == 256
+        assert {kg[x]["barrier"] for x in kg.nodes("mbarrier_inval")} == {full, empty}
+    else:
+        assert {kg[x]["barrier"] for x in kg.nodes("mbarrier_inval")} == {full}
+        assert any(kg[x].get("stage") == "war" for x in ops_in(kg, main, "syncthreads"))
+    loads = ops_in(kg, main, "tma_load")
+    assert len(loads) == len(EXPECT_TX[name]) and all(kg[x]["bytes"] * BOXES_PER_STAGE.get(name, 1)
+                                                       in EXPECT_TX[name] for x in loads)
+
+    # slot and parity terms, checked by value over the main loop's iterations
+    span = range(0, max(n - P, 1))
+    for ld in loads + arrives:
+        assert values(kg[ld]["slot"], var, span) == [(i + P) % S for i in span]
+    waits = [w for w in ops_in(kg, main, "mbarrier_wait") if kg[w]["barrier"] == full]
+    assert len(waits) == len(EXPECT_TX[name])  # one before the first read of each buffer
+    for w in waits:
+        assert values(kg[w]["slot"], var, span) == [i % S for i in span]
+        assert values(kg[w]["parity"], var, span) == [(i // S) % 2 for i in span]
+    if P:
+        tail = range(n - P, n)
+        for w in ops_in(kg, parts["epilogue"], "mbarrier_wait"):
+            assert values(kg[w]["slot"], var, tail) == [i % S for i in tail]
+            assert values(kg[w]["parity"], var, tail) == [(i // S) % 2 for i in tail]
+        for ld in ops_in(kg, parts["prologue"], "tma_load"):
+            assert values(kg[ld]["slot"], var, range(P)) == list(range(P))
+
+    ck = api.compile(kernel)
+    assert ck.cubin.cubin[:4] == b"\x7fELF" and ck.cubin.resources.spill_stores == 0
