@@ -107,6 +107,10 @@ def why_not(trace: Trace, rule: str, node: int, step: Optional[int] = None) -> s
     r = trace.rules[rule]
     g = final_graph(trace) if step is None else graph_at(trace, step)
     if node not in g:
+        gone = next((x for x in trace.records if node in x.erased and (step is None or x.step <= step)), None)
+        if gone is not None:
+            return (f"#{node} was erased at step {gone.step} by {gone.rule} @ {gone.at}; ask about the graph "
+                    f"before that with step {gone.step - 1}")
         return f"#{node} does not exist in the graph{'' if step is None else f' after step {step}'}"
     op = g.op(node)
     for i, el in enumerate(r.match):

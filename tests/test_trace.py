@@ -126,3 +126,14 @@ def test_rules_cli(folder, tmp_path, capsys):
     bad = write_rules(tmp_path / "bad", "(phases p)\n(graph-rule x :phase p :match ((lod ?l)) :rewrite ((erase ?l)))\n")
     assert main(["rules", "check", str(tmp_path / "bad")]) == 1
     assert f"{bad}:2:32: unknown op 'lod'" in capsys.readouterr().err
+
+
+def test_why_not_on_the_seed_rules():
+    from cbrules.kernels import get
+    kg = api.lower(get("single_dim").build(stages=2, prefetch=0), debug=True)
+    loop = [n for n in kg.trace.initial.nodes("for")][0]
+    gone = trace.why_not(kg.trace, "cb-prologue", loop)
+    assert "was erased at step" in gone and "cb-drop-original" in gone
+    step = int(gone.split("step ")[-1])
+    msg = trace.why_not(kg.trace, "cb-prologue", loop, step)
+    assert "guard (> ?P 0)" in msg and "circular_buffer.rules:" in msg
