@@ -139,67 +139,11 @@ class _Emitter:
         self.lines.append(close)
 
     def statement(self, s: Step) -> Optional[str]:
-        a, op = s.attrs, s.op
-        bar = lambda: f"cb_smem_addr(&{a['barrier']}[{_c_term(a['slot'])}])"  # noqa: E731
-        if op == "alloc":
-            if a["space"] == "register":
-                size = 1
-                for d in a["shape"]:
-                    size *= d
-                return f"{DTYPES[a['dtype']]} {a['buf']}[{size}];"
-            return None
-        if op == "load":
-            return f"{a['dst']} = {a['src']}[{_c_term(a['index'])}];"
-        if op == "store":
-            return f"{a['dst']}[{_c_term(a['index'])}] = {_c_term(a['value'])};"
-        if op == "assign":
-            return f"{a['dst']} = {_c_term(a['value'])};"
-        if op in _UNARY_C:
-            return f"{a['dst']} = {_fn(_UNARY_C[op], a['dtype'])}({_c_term(a['args'][0])});"
-        if op == "neg":
-            return f"{a['dst']} = -({_c_term(a['args'][0])});"
-        if op in _BINARY_C:
-            x, y = (_c_term(t) for t in a["args"])
-            return f"{a['dst']} = ({x}) {_BINARY_C[op]} ({y});"
-        if op in ("max", "min"):
-            x, y = (_c_term(t) for t in a["args"])
-            return f"{a['dst']} = cb_{op}({x}, {y});"
-        if op == "fma":
-            x, y, z = (_c_term(t) for t in a["args"])
-            return f"{a['dst']} = {_fn('fma', a['dtype'])}({x}, {y}, {z});"
-        if op == "reduce":
-            functor, identity = _COMBINE[a["combine"]]
-            ctype = DTYPES[a["dtype"]]
-            if a["kind"] == "serial":
-                return f"{a['dst']} = {functor}()({a['dst']}, {_c_term(a['src'])});"
-            return (f"{a['dst']} = cb_block_reduce<{ctype}>({_c_term(a['src'])}, ({ctype}){identity}, "
-                    f"{functor}(), reinterpret_cast<{ctype}*>(cb_smem + {self.reduce_offset}));")
-        if op == "tma_load":
-            coords = ", ".join(_c_term(c) for c in reversed(a["coords"]))
-            return (f"cb_tma_load(cb_smem_addr({a['dst']} + {_c_term(a['offset'])}), &{a['tmap']}, "
-                    f"{bar()}, {coords});")
-        if op == "tma_store":
-            coords = ", ".join(_c_term(c) for c in reversed(a["coords"]))
-            return f"cb_tma_store(&{a['tmap']}, cb_smem_addr({a['src']} + {_c_term(a['offset'])}), {coords});"
-        if op == "mbarrier_init":
-            return f"cb_mbar_init({bar()}, {a['count']});"
-        if op == "mbarrier_arrive":
-            return f"cb_mbar_arrive({bar()});"
-        if op == "mbarrier_arrive_expect_tx":
-            return f"cb_mbar_arrive_expect_tx({bar()}, {a['bytes']});"
-        if op == "mbarrier_wait":
-            return f"cb_mbar_wait({bar()}, {_c_term(a['parity'])});"
-        if op == "mbarrier_inval":
-            return f"cb_mbar_inval({bar()});"
-        if op == "syncthreads":
-            return "__syncthreads();"
-        if op == "fence_proxy_async":
-            return "cb_fence_proxy_async();"
-        if op == "fence_mbarrier_init":
-            return "cb_fence_mbarrier_init();"
-        if op == "bar_sync":
-            return f"cb_bar_sync({a['id']}, {a['count']});"
-        raise ValueError(f"codegen has no form for op {op!r} (node #{s.node})")
+        """The C statement of a non-scope step (None for declarations hoisted to the top)."""
+        form = _STATEMENTS.get(s.op) or (_unary if s.op in _UNARY_C else _binary if s.op in _BINARY_C else None)
+        if form is None:
+            raise ValueError(f"codegen has no form for op {s.op!r} (node #{s.node})")
+        return form(s.op, s.attrs, self)
 
     def elect_one(self) -> str:
         bx, by, bz = self.k["block"]
@@ -226,3 +170,69 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
                            f"{MAX_SHARED_BYTES} a block may have on sm_90; use smaller tiles or fewer stages")
     return KernelSource(k["name"], text, tuple(k["params"]), tuple(k["block"]), tuple(k["grid"]), e.smem_bytes,
                         tuple(k.get("requires", ())))
+
+
+# ------------------------------------------------------------------------------ statement table
+def _args(a) -> list[str]:
+    return [_c_term(t) for t in a["args"]]
+
+
+def _bar(a) -> str:
+    return f"cb_smem_addr(&{a['barrier']}[{_c_term(a['slot'])}])"
+
+
+def _coords(a) -> str:
+    return ", ".join(_c_term(c) for c in reversed(a["coords"]))  # TMA wants innermost first
+
+
+def _unary(o, a, e) -> str:
+    return f"{a['dst']} = {_fn(_UNARY_C[o], a['dtype'])}({_args(a)[0]});"
+
+
+def _binary(o, a, e) -> str:
+    x, y = _args(a)
+    return f"{a['dst']} = ({x}) {_BINARY_C[o]} ({y});"
+
+
+def _register_array(a) -> Optional[str]:
+    if a["space"] != "register":
+        return None  # shared buffers are carved out of dynamic shared memory at the top
+    size = 1
+    for d in a["shape"]:
+        size *= d
+    return f"{DTYPES[a['dtype']]} {a['buf']}[{size}];"
+
+
+def _reduce(o, a, e) -> str:
+    functor, identity = _COMBINE[a["combine"]]
+    ctype = DTYPES[a["dtype"]]
+    if a["kind"] == "serial":
+        return f"{a['dst']} = {functor}()({a['dst']}, {_c_term(a['src'])});"
+    return (f"{a['dst']} = cb_block_reduce<{ctype}>({_c_term(a['src'])}, ({ctype}){identity}, "
+            f"{functor}(), reinterpret_cast<{ctype}*>(cb_smem + {e.reduce_offset}));")
+
+
+_STATEMENTS = {
+    "alloc": lambda o, a, e: _register_array(a),
+    "load": lambda o, a, e: f"{a['dst']} = {a['src']}[{_c_term(a['index'])}];",
+    "store": lambda o, a, e: f"{a['dst']}[{_c_term(a['index'])}] = {_c_term(a['value'])};",
+    "assign": lambda o, a, e: f"{a['dst']} = {_c_term(a['value'])};",
+    "neg": lambda o, a, e: f"{a['dst']} = -({_args(a)[0]});",
+    "max": lambda o, a, e: f"{a['dst']} = cb_max({', '.join(_args(a))});",
+    "min": lambda o, a, e: f"{a['dst']} = cb_min({', '.join(_args(a))});",
+    "fma": lambda o, a, e: f"{a['dst']} = {_fn('fma', a['dtype'])}({', '.join(_args(a))});",
+    "reduce": _reduce,
+    "tma_load": lambda o, a, e: (f"cb_tma_load(cb_smem_addr({a['dst']} + {_c_term(a['offset'])}), &{a['tmap']}, "
+                              f"{_bar(a)}, {_coords(a)});"),
+    "tma_store": lambda o, a, e: (f"cb_tma_store(&{a['tmap']}, cb_smem_addr({a['src']} + {_c_term(a['offset'])}), "
+                               f"{_coords(a)});"),
+    "mbarrier_init": lambda o, a, e: f"cb_mbar_init({_bar(a)}, {a['count']});",
+    "mbarrier_arrive": lambda o, a, e: f"cb_mbar_arrive({_bar(a)});",
+    "mbarrier_arrive_expect_tx": lambda o, a, e: f"cb_mbar_arrive_expect_tx({_bar(a)}, {a['bytes']});",
+    "mbarrier_wait": lambda o, a, e: f"cb_mbar_wait({_bar(a)}, {_c_term(a['parity'])});",
+    "mbarrier_inval": lambda o, a, e: f"cb_mbar_inval({_bar(a)});",
+    "syncthreads": lambda o, a, e: "__syncthreads();",
+    "fence_proxy_async": lambda o, a, e: "cb_fence_proxy_async();",
+    "fence_mbarrier_init": lambda o, a, e: "cb_fence_mbarrier_init();",
+    "bar_sync": lambda o, a, e: f"cb_bar_sync({a['id']}, {a['count']});",
+}

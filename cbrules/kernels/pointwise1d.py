@@ -29,20 +29,31 @@ def single_dim(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_bloc
     return k
 
 
-def single_dim_unroll(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_block: int = 32,
-                      unroll: int = 4) -> Kernel:
-    """The tile loop split by ``unroll``: the outer serial loop is circular-buffered, each stage
-    holds ``unroll`` tiles loaded by an unrolled inner loop of TMA copies."""
-    k = Kernel("single_dim_unroll", block=TILE)
+def _staged(name: str, tiles_per_block: int, unroll: int):
+    """The common part of the unrolled kernels: a stage of ``unroll`` tiles, loaded by an unrolled
+    inner loop of TMA copies; yields the kernel, N, the output, the tile buffer, the first tile
+    and the stage index."""
+    k = Kernel(name, block=TILE)
     n = k.symbol("N")
     x, out = k.tensor("x", (n,)), k.tensor("out", (n,))
     x_map = k.tensor_map(x, box=(TILE,))
     k.grid(ceil_div(ceil_div(n, TILE), tiles_per_block))
     tile = k.alloc("tile", "shared", "float32", (unroll, TILE))
-    first = blockIdx.x * tiles_per_block
+    return k, n, out, x_map, tile, blockIdx.x * tiles_per_block
+
+
+def _load_stage(k: Kernel, x_map, tile, first, i, unroll: int) -> None:
+    with k.loop("u", unroll, kind="unroll") as u:
+        k.tma_load(x_map, ((first + i * unroll + u) * TILE,), tile, offset=u * TILE)
+
+
+def single_dim_unroll(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_block: int = 32,
+                      unroll: int = 4) -> Kernel:
+    """The tile loop split by ``unroll``: the outer serial loop is circular-buffered, each stage
+    holds ``unroll`` tiles loaded by an unrolled inner loop of TMA copies."""
+    k, n, out, x_map, tile, first = _staged("single_dim_unroll", tiles_per_block, unroll)
     with k.loop("i", tiles_per_block // unroll, circular_buffer=circular_buffer(stages, prefetch, war)) as i:
-        with k.loop("u", unroll, kind="unroll") as u:
-            k.tma_load(x_map, ((first + i * unroll + u) * TILE,), tile, offset=u * TILE)
+        _load_stage(k, x_map, tile, first, i, unroll)
         with k.loop("w", unroll, kind="unroll") as w:
             base = (first + i * unroll + w) * TILE
             y = k.exp(k.load(tile, w * TILE + threadIdx.x))
@@ -55,16 +66,9 @@ def single_dim_unswitch(stages: int = 3, prefetch=None, war: str = "sync", tiles
                         unroll: int = 4) -> Kernel:
     """Like the unrolled kernel, with the store predicate hoisted out of the inner loop: a stage whose
     tiles are all in bounds stores without tests, the others test every element."""
-    k = Kernel("single_dim_unswitch", block=TILE)
-    n = k.symbol("N")
-    x, out = k.tensor("x", (n,)), k.tensor("out", (n,))
-    x_map = k.tensor_map(x, box=(TILE,))
-    k.grid(ceil_div(ceil_div(n, TILE), tiles_per_block))
-    tile = k.alloc("tile", "shared", "float32", (unroll, TILE))
-    first = blockIdx.x * tiles_per_block
+    k, n, out, x_map, tile, first = _staged("single_dim_unswitch", tiles_per_block, unroll)
     with k.loop("i", tiles_per_block // unroll, circular_buffer=circular_buffer(stages, prefetch, war)) as i:
-        with k.loop("u", unroll, kind="unroll") as u:
-            k.tma_load(x_map, ((first + i * unroll + u) * TILE,), tile, offset=u * TILE)
+        _load_stage(k, x_map, tile, first, i, unroll)
         stage_end = (first + i * unroll + unroll) * TILE
         with k.if_(stage_end.le(n)):  # the unswitched fast path
             with k.loop("w", unroll, kind="unswitch") as w:
