@@ -30,9 +30,8 @@ def single_dim(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_bloc
 
 
 def _staged(name: str, tiles_per_block: int, unroll: int):
-    """The common part of the unrolled kernels: a stage of ``unroll`` tiles, loaded by an unrolled
-    inner loop of TMA copies; yields the kernel, N, the output, the tile buffer, the first tile
-    and the stage index."""
+    """The common part of the unrolled kernels (a stage holds ``unroll`` tiles): the kernel, N, the
+    output, the tensor map, the tile buffer and the block's first tile."""
     k = Kernel(name, block=TILE)
     n = k.symbol("N")
     x, out = k.tensor("x", (n,)), k.tensor("out", (n,))
