@@ -242,7 +242,10 @@ class Rewriter:
                     attrs[k] = substitute(v, mapping)
                 elif isinstance(v, tuple):
                     attrs[k] = tuple(substitute(x, mapping) if isinstance(x, Term) else x for x in v)
-        new = kg.add(kg.op(n), None, origin={**self.origin, "from": n}, **attrs)
+        first = kg[n]["origin"]
+        source = first.get("source") or (f"{first['rule']} @ {first['at']}" if first.get("rule")
+                                         else f"build @ {first.get('where', '?')}")
+        new = kg.add(kg.op(n), None, origin={**self.origin, "from": n, "source": source}, **attrs)
         self.created.append(new)
         if not kg.is_scope(n):
             return new

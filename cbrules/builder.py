@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -92,7 +93,10 @@ def _call_site() -> str:
     f = sys._getframe(1)
     while f is not None and f.f_globals.get("__name__", "") in ("cbrules.builder", "contextlib"):
         f = f.f_back
-    return f"{f.f_code.co_filename}:{f.f_lineno}" if f else "?"
+    if f is None:
+        return "?"
+    rel = os.path.relpath(f.f_code.co_filename)
+    return f"{f.f_code.co_filename if rel.startswith('..') else rel}:{f.f_lineno}"
 
 
 def _dims(x) -> tuple[int, int, int]:

@@ -50,7 +50,9 @@ class GraphRule:
 
     @property
     def at(self) -> str:
-        return f"{self.pos.file}:{self.pos.line}"
+        """``file:line`` of the rule, relative to the working directory when it lies below it."""
+        rel = os.path.relpath(self.pos.file)
+        return f"{self.pos.file if rel.startswith('..') else rel}:{self.pos.line}"
 
 
 @dataclass

@@ -106,6 +106,8 @@ class _Emitter:
         if self.annotate and s.origin:
             o = s.origin
             note += f"  // {o['rule']} @ {o.get('at', '?')}" if o.get("rule") else f"  // build @ {o.get('where', '?')}"
+            if o.get("source"):
+                note += f" (from {o['source']})"
         if s.op == "for":
             self._for(s, pad, note, depth)
             return
