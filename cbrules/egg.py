@@ -2,12 +2,12 @@
 
 :func:`simplify` builds one e-graph per call: it loads the egglog forms of the rule files (each
 form on its own, so egglog's errors point at the user's file, line and column), adds every term
-under a unique ``let`` name, asserts the range facts of names, runs the rulesets under an
-iteration and wall-clock budget, and extracts every term's cheapest form with one reused
-extractor. Loading rule files never executes Python: forms are egglog text.
+under a unique ``let`` name, asserts the range facts of names, runs the rulesets under round,
+time and size budgets, and extracts every term's cheapest form with one reused extractor.
+Rule files are egglog text: loading them never executes Python.
 
-The datatype, range functions and rulesets the bridge relies on live in ``rules/index.rules``
-(``Idx``, ``lo``/``hi``, ruleset ``ranges``); every other declared ruleset is run after them.
+``rules/index.rules`` declares what the bridge relies on: the ``Idx`` datatype, the ``lo``/``hi``
+range functions and the ``ranges`` ruleset. Every declared ruleset runs, ``ranges`` first.
 """
 from __future__ import annotations
 
@@ -24,16 +24,12 @@ from egglog import bindings as eb
 from .terms import Term, call, const, name
 
 SHIPPED_RULES = Path(__file__).resolve().parent.parent / "rules" / "index.rules"
-SORT = "Idx"
-RANGES_RULESET = "ranges"
+SORT, RANGES_RULESET = "Idx", "ranges"
 _I64 = (-(2 ** 63), 2 ** 63 - 1)
 _LET_PREFIX = "$cbrules_t"  # `$`: egglog warns about globals without it; prefix avoids user names
 _SPAN = eb.PanicSpan()
-_SCALE = 1000  # extraction cost units per declared :cost unit
-_PASSES = 16  # runs of one ruleset per round; ranges converge in ~term-depth passes
-
-# Hard facts about CUDA builtins; the caller's tighter bounds merge in (lo: max, hi: min).
-BUILTIN_RANGES: dict[str, "Range"] = {}
+_SCALE = 1000  # extraction cost units per declared :cost unit (literal size breaks ties)
+_PASSES = 16  # runs of one ruleset per round; ranges converge in about term-depth passes
 
 
 @dataclass(frozen=True)
@@ -54,11 +50,11 @@ class Range:
     hi: int | None
 
 
-for _axis in "xyz":
-    BUILTIN_RANGES[f"threadIdx.{_axis}"] = Range(0, 1023)
-    BUILTIN_RANGES[f"blockDim.{_axis}"] = Range(1, 1024)
-    BUILTIN_RANGES[f"blockIdx.{_axis}"] = Range(0, 2 ** 31 - 2)
-    BUILTIN_RANGES[f"gridDim.{_axis}"] = Range(1, 2 ** 31 - 1)
+# Hard facts about CUDA builtins, asserted besides the caller's (egglog keeps the tighter bound).
+BUILTIN_RANGES: dict[str, Range] = {
+    f"{b}.{axis}": r for axis in "xyz" for b, r in (
+        ("threadIdx", Range(0, 1023)), ("blockDim", Range(1, 1024)),
+        ("blockIdx", Range(0, 2 ** 31 - 2)), ("gridDim", Range(1, 2 ** 31 - 1)))}
 
 
 @dataclass
@@ -82,7 +78,11 @@ class EggRuleError(Exception):
 
 
 class _EggPanic(Exception):
-    """egglog panicked (a Rust panic) while loading a form; carries the form's position."""
+    """egglog panicked (a Rust panic) while loading ``form``."""
+
+    def __init__(self, form: EggForm, panic: BaseException):
+        super().__init__(f"{form.file}:{form.line}:{form.col}: egglog panicked: {panic}")
+        self.form, self.panic = form, panic
 
 
 def _fatal(e: BaseException) -> bool:
@@ -91,33 +91,29 @@ def _fatal(e: BaseException) -> bool:
 
 # ------------------------------------------------------------------------------------- loading
 
-# egglog prefixes messages with spans like "In 3:13-19 of f.rules: <snippet>" or "In 3:3-4:14 ...";
-# with the padding below its line:col are the user's real ones (columns count characters).
-_HEADER = re.compile(r"^\s*(?:Panic:\s*)?In (\d+):(\d+)-(?:(\d+):)?(\d+)(?: of [^\n]*?)?: ?(.*)$")
+# egglog heads messages with spans, "In 3:13-19 of f.rules: <snippet>" or "In 3:3-4:14 of ...";
+# thanks to the padding in _load its line:col are the user's (columns count characters).
+_HEADER = re.compile(r"^\s*(?:Panic:\s*)?In (\d+):(\d+)-(?:(\d+):)?\d+(?: of ([^\n]*?))?: ?(.*)$")
 
 
 def _rule_error(form: EggForm, context: str) -> EggRuleError:
     last_line = form.line + form.text.count("\n")
     last_col = len(form.text.rsplit("\n", 1)[-1]) + (form.col - 1 if last_line == form.line else 0)
-
-    def inside(line: int, col: int) -> bool:
-        return (form.line, form.col) <= (line, col) <= (last_line, last_col)
-
-    where, details, rest = None, [], ""
-    lines = context.split("\n")
-    i = 0
+    where, details, rest, lines, i = None, [], "", context.split("\n"), 0
     while i < len(lines):
         m = _HEADER.match(lines[i])
-        if m:
-            l1, c1 = int(m[1]), int(m[2])
-            if where is None and inside(l1, c1):
-                where = (l1, c1)
-            rest = m[5]
-            i += 1 + (int(m[3]) - l1 if m[3] else 0)  # skip the rest of a multi-line snippet
+        if not m:
+            details += [lines[i].strip()] if lines[i].strip() else []
+            i += 1
             continue
-        if lines[i].strip():
-            details.append(lines[i].strip())
-        i += 1
+        at = (int(m[1]), int(m[2]))
+        # a shadowing error also names the earlier definition: keep the span inside this form
+        # (egglog names the file by its base name only)
+        mine = m[4] in (None, os.path.basename(form.file))
+        if where is None and mine and (form.line, form.col) <= at <= (last_line, last_col):
+            where = at
+        rest = m[5]
+        i += 1 + (int(m[3]) - at[0] if m[3] else 0)  # skip the rest of a multi-line snippet
     line, col = where or (form.line, form.col)
     return EggRuleError(form.file, line, col, details[0] if details else rest or context, context)
 
@@ -133,9 +129,20 @@ def _rule_keys(cmd: object) -> list[tuple[str, str]]:
 
 @dataclass
 class _Loaded:
-    costs: dict[str, int] = field(default_factory=dict)
-    rulesets: list[str] = field(default_factory=list)
+    costs: dict[str, int] = field(default_factory=dict)  # constructor -> declared :cost
+    rulesets: list[str] = field(default_factory=list)  # in declaration order; "" = default
     rule_keys: set = field(default_factory=set)
+
+    def note(self, cmd: object) -> None:
+        variants = cmd.variants if isinstance(cmd, eb.Datatype) else []
+        if isinstance(cmd, eb.Datatypes):
+            variants = [v for _, _, sub in cmd.datatypes if isinstance(sub, eb.SubVariants)
+                        for v in sub.variants]
+        self.costs.update({v.name: v.cost for v in variants if v.cost is not None})
+        if isinstance(cmd, eb.Constructor) and cmd.cost is not None:
+            self.costs[cmd.name] = cmd.cost
+        new = [cmd.name] if isinstance(cmd, eb.AddRuleset) else [rs for rs, _ in _rule_keys(cmd) if rs == ""]
+        self.rulesets += [rs for rs in new if rs not in self.rulesets]
 
 
 def _load(eg: eb.EGraph, forms: Sequence[EggForm]) -> _Loaded:
@@ -147,13 +154,11 @@ def _load(eg: eb.EGraph, forms: Sequence[EggForm]) -> _Loaded:
             cmds = eg.parse_program(padded, filename=form.file)
         except eb.EggSmolError as e:
             raise _rule_error(form, e.context) from None
-        for cmd in cmds:
-            for key in _rule_keys(cmd):
-                # egglog panics on a duplicate rule name; say so at the form instead
-                if key in info.rule_keys:
-                    raise EggRuleError(form.file, form.line, form.col,
-                                       f"rule {key[1]!r} is already defined in ruleset {key[0] or '(default)'!r}")
-                info.rule_keys.add(key)
+        for key in (k for cmd in cmds for k in _rule_keys(cmd)):
+            if key in info.rule_keys:  # egglog would panic; say where instead
+                raise EggRuleError(form.file, form.line, form.col,
+                                   f"rule {key[1]!r} is already defined in ruleset {key[0] or '(default)'!r}")
+            info.rule_keys.add(key)
         try:
             eg.run_program(*cmds)
         except eb.EggSmolError as e:
@@ -161,61 +166,33 @@ def _load(eg: eb.EGraph, forms: Sequence[EggForm]) -> _Loaded:
         except BaseException as e:
             if _fatal(e):
                 raise
-            raise _EggPanic(f"{form.file}:{form.line}:{form.col}: egglog panicked: {e}") from e
+            raise _EggPanic(form, e) from e
         for cmd in cmds:
-            _note(cmd, info)
+            info.note(cmd)
     return info
 
 
-def _note(cmd: object, info: _Loaded) -> None:
-    """Remember constructor costs (for extraction) and rulesets (for the schedule)."""
-    variants = []
-    if isinstance(cmd, eb.Datatype):
-        variants = cmd.variants
-    elif isinstance(cmd, eb.Datatypes):
-        variants = [v for _, _, sub in cmd.datatypes if isinstance(sub, eb.SubVariants) for v in sub.variants]
-    elif isinstance(cmd, eb.Constructor) and cmd.cost is not None:
-        info.costs[cmd.name] = cmd.cost
-    elif isinstance(cmd, eb.AddRuleset) and cmd.name not in info.rulesets:
-        info.rulesets.append(cmd.name)
-    for key in _rule_keys(cmd):
-        if key[0] == "" and "" not in info.rulesets:
-            info.rulesets.append("")  # rules without :ruleset run in the default ruleset
-    for v in variants:
-        if v.cost is not None:
-            info.costs[v.name] = v.cost
-
-
 def load_check(forms: Sequence[EggForm]) -> None:
-    """Parse and type-check ``forms`` in a fresh e-graph; raise :class:`EggRuleError` on the first bad one."""
+    """Parse and type-check ``forms`` in a fresh e-graph; raise :class:`EggRuleError` at the first bad one."""
     try:
         _load(eb.EGraph(), forms)
     except _EggPanic as e:
-        file_line_col, _, detail = str(e).partition(": ")
-        file, line, col = file_line_col.rsplit(":", 2)
-        raise EggRuleError(file, int(line), int(col), detail) from None
+        raise EggRuleError(e.form.file, e.form.line, e.form.col, f"egglog panicked: {e.panic}") from None
 
 
 def forms_from_file(path: Union[str, os.PathLike]) -> list[EggForm]:
     """Split an egglog-only rule file into top-level forms (``;`` comments and strings understood)."""
     text = Path(path).read_text(encoding="utf-8")
     forms: list[EggForm] = []
-    depth, start, line, col = 0, (0, 1, 1), 1, 1
-    state = "code"  # code | comment | string | escape
+    depth, start, line, col, state = 0, (0, 1, 1), 1, 1, "code"  # state: code|comment|string|escape
     for i, c in enumerate(text):
-        if state == "comment":
-            state = "code" if c == "\n" else state
-        elif state == "escape":
-            state = "string"
-        elif state == "string":
-            state = "code" if c == '"' else "escape" if c == "\\" else state
-        elif c == ";":
-            state = "comment"
-        elif c == '"':
-            state = "string"
+        if state != "code":
+            state = {"comment": "code" if c == "\n" else "comment", "escape": "string",
+                     "string": "code" if c == '"' else "escape" if c == "\\" else "string"}[state]
+        elif c in ';"':
+            state = "comment" if c == ";" else "string"
         elif c == "(":
-            if depth == 0:
-                start = (i, line, col)
+            start = (i, line, col) if depth == 0 else start
             depth += 1
         elif c == ")":
             if depth == 0:
@@ -237,7 +214,7 @@ _BINARY = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div", "%": "Mod", "<": "Lt"
            ">": "Gt", ">=": "Ge", "==": "Eq", "!=": "Ne", "&&": "And", "||": "Or"}
 _UNARY = {"-": "Neg", "!": "Not"}
 _CALLS = {"min": "Min", "max": "Max", "ceil_div": "CeilDiv"}
-_BACK = {v: k for k, v in _BINARY.items()}
+_BACK = {v: ("op", k) for k, v in {**_BINARY, **_UNARY}.items()} | {v: ("call", k) for k, v in _CALLS.items()}
 
 
 def _app(fn: str, *args: object) -> eb.Call:
@@ -249,65 +226,45 @@ def _lit(v: object) -> eb.Lit:
 
 
 class _Encoder:
-    """Terms to egglog expressions; unsupported parts become ``(Opaque key)`` and come back whole."""
+    """Terms to egglog expressions and back; other parts travel as ``(Opaque key)`` and return whole."""
 
     def __init__(self) -> None:
         self.opaque: dict[str, Term] = {}
         self._keys: dict[Term, str] = {}
 
     def expr(self, t: Term) -> eb.Call:
-        v = t.value
+        v, arity = t.value, len(t.args)
         if t.op == "const" and isinstance(v, bool):
             return _app("Bool", _lit(eb.Bool(v)))
         if t.op == "const" and isinstance(v, int) and _I64[0] <= v <= _I64[1]:
             return _app("Num", _lit(eb.Int(v)))
         if t.op == "name":
             return _app("Name", _lit(eb.String(str(v))))
-        if t.op == "call" and v in _CALLS and len(t.args) == 2:
-            return _app(_CALLS[v], *map(self.expr, t.args))
-        if t.op in _BINARY and len(t.args) == 2:
-            return _app(_BINARY[t.op], *map(self.expr, t.args))
-        if t.op in _UNARY and len(t.args) == 1:
-            return _app(_UNARY[t.op], self.expr(t.args[0]))
-        key = self._keys.get(t)
-        if key is None:
-            key = self._keys[t] = f"#{len(self._keys)} {t}"
+        fn = (_CALLS.get(v) if t.op == "call" and arity == 2 else _BINARY.get(t.op) if arity == 2
+              else _UNARY.get(t.op) if arity == 1 else None)
+        if fn:
+            return _app(fn, *map(self.expr, t.args))
+        if t not in self._keys:
+            self._keys[t] = key = f"#{len(self._keys)} {t}"
             self.opaque[key] = t
-        return _app("Opaque", _lit(eb.String(key)))
+        return _app("Opaque", _lit(eb.String(self._keys[t])))
 
     def term(self, dag: eb.TermDag, tid: int, memo: dict[int, Term]) -> Term:
-        """The term for extracted node ``tid``; raises KeyError/TypeError on unknown shapes."""
-        if tid in memo:
-            return memo[tid]
-        node = dag.get(tid)
-        if not isinstance(node, eb.TermApp):
-            raise TypeError(f"unexpected egglog node {node!r}")
-        fn, args = node.name, node.args
-        if fn in ("Num", "Bool", "Name", "Opaque"):
-            lit = dag.get(args[0])
-            val = lit.value.value
-            out = (const(val) if fn in ("Num", "Bool") else name(val) if fn == "Name"
-                   else self.opaque[val])
-        else:
-            kids = tuple(self.term(dag, a, memo) for a in args)
-            if fn in _BACK and len(kids) == 2:
-                out = Term(_BACK[fn], kids)
-            elif fn in ("Neg", "Not") and len(kids) == 1:
-                out = Term("-" if fn == "Neg" else "!", kids)
-            elif fn in ("Min", "Max", "CeilDiv") and len(kids) == 2:
-                out = call({"Min": "min", "Max": "max", "CeilDiv": "ceil_div"}[fn], *kids)
+        """The term for extracted node ``tid``; KeyError/TypeError/AttributeError on other shapes."""
+        if tid not in memo:
+            node = dag.get(tid)
+            if node.name in ("Num", "Bool", "Name", "Opaque"):
+                v = dag.get(node.args[0]).value.value
+                memo[tid] = (const(v) if node.name in ("Num", "Bool") else name(v) if node.name == "Name"
+                             else self.opaque[v])
             else:
-                raise KeyError(f"no term for egglog constructor {fn!r}")
-        memo[tid] = out
-        return out
+                kind, op = _BACK[node.name]
+                kids = [self.term(dag, a, memo) for a in node.args]
+                memo[tid] = call(op, *kids) if kind == "call" else Term(op, tuple(kids))
+        return memo[tid]
 
 
 # ------------------------------------------------------------------------------------ simplify
-
-def _run_ruleset(eg: eb.EGraph, ruleset: str) -> eb.RunReport:
-    run = eb.RunSchedule(eb.Run(_SPAN, eb.RunConfig(ruleset)))
-    return eg.run_program(run)[0].report
-
 
 def _size(eg: eb.EGraph) -> int:
     return sum(n for _, n in eg.run_program(eb.PrintSize(_SPAN, None))[0].sizes)
@@ -330,7 +287,8 @@ def _run_rules(eg: eb.EGraph, rulesets: Sequence[str], iterations: int, deadline
             for _ in range(_PASSES):
                 if time.perf_counter() > deadline or _size(eg) > max_nodes:
                     return rounds
-                report = _run_ruleset(eg, ruleset)
+                out = eg.run_program(eb.RunSchedule(eb.Run(_SPAN, eb.RunConfig(ruleset))))
+                report = out[0].report
                 for rule, n in report.num_matches_per_rule.items():
                     matches[rule] = matches.get(rule, 0) + n
                 if not report.updated:
@@ -354,12 +312,10 @@ def _range_facts(names: set[str], ranges: Mapping[str, Range]) -> list[eb.Action
 
 def _extract(eg: eb.EGraph, enc: _Encoder, lets: dict[Term, str], costs: Mapping[str, int]) -> dict[Term, Term]:
     """Cheapest form of every let-bound term, with one extractor (costs computed once)."""
-    # Node costs are scaled so that literal size only breaks ties: among equally cheap forms,
-    # prefer small constants (`(k + 1) % 4` over `(k + 9) % 4`) and non-negative ones (`i - 1`).
+    # Among equally cheap forms prefer small constants (`(k + 1) % 4` over `(k + 9) % 4`) and
+    # non-negative ones (`i - 1` over `i + -1`): literal size adds less than one node's cost.
     def base_cost(sort: str, v: eb.Value) -> int:
-        if sort != "i64":
-            return _SCALE
-        n = eg.value_to_i64(v)
+        n = eg.value_to_i64(v) if sort == "i64" else 0
         return _SCALE + abs(n).bit_length() + (8 if n < 0 else 0)
 
     model = eb.CostModel(lambda _fn, head, kids: head + sum(kids),
@@ -372,8 +328,7 @@ def _extract(eg: eb.EGraph, enc: _Encoder, lets: dict[Term, str], costs: Mapping
             sort, value = eg.eval_expr(eb.Var(_SPAN, let))
             out[t] = enc.term(dag, extractor.extract_best(eg, dag, value, sort)[1], memo)
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-            # unextractable (every node subsumed) or a shape with no term: keep the original
-            out[t] = t
+            out[t] = t  # unextractable (all its nodes subsumed) or a shape with no term
     return out
 
 
@@ -381,12 +336,11 @@ def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence
              iterations: int = 20, time_limit_s: float = 2.0, max_nodes: int = 200_000) -> SimplifyResult:
     """Simplify ``terms`` with the egglog ``forms`` in one e-graph, using range facts of names.
 
-    Rewriting stops after ``iterations`` rounds, after ``time_limit_s`` seconds (checked between
-    rounds) or once the e-graph holds more than ``max_nodes`` rows, whichever comes first.
-
+    Rewriting stops after ``iterations`` rounds, ``time_limit_s`` seconds (checked between
+    runs) or once the e-graph holds more than ``max_nodes`` rows, whichever comes first.
     Raises :class:`EggRuleError` when a form does not parse or type-check. If egglog fails while
-    running (a Rust panic or a failing primitive), the result maps every term to itself, sets
-    ``error`` and emits a warning.
+    running (a Rust panic, a failing primitive), every term maps to itself, ``error`` is set
+    and a warning is emitted.
     """
     start = time.perf_counter()
     unique = list(dict.fromkeys(terms))
@@ -396,11 +350,10 @@ def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence
         info = _load(eg, forms)
         enc = _Encoder()
         lets = {t: f"{_LET_PREFIX}{i}" for i, t in enumerate(unique)}
-        cmds = [eb.ActionCommand(eb.Let(_SPAN, lets[t], enc.expr(t))) for t in unique]
         names = {n for t in unique for n in t.names()} | set(ranges)
-        eg.run_program(*cmds, *_range_facts(names, ranges))
-        deadline = start + time_limit_s
-        result.iterations = _run_rules(eg, info.rulesets, iterations, deadline, max_nodes,
+        eg.run_program(*[eb.ActionCommand(eb.Let(_SPAN, lets[t], enc.expr(t))) for t in unique],
+                       *_range_facts(names, ranges))
+        result.iterations = _run_rules(eg, info.rulesets, iterations, start + time_limit_s, max_nodes,
                                        result.rule_matches)
         result.terms = _extract(eg, enc, lets, info.costs)
     except EggRuleError:

@@ -1,16 +1,16 @@
 """The egglog bridge: shipped index algebra, range guards, error positions, panics, speed."""
 import itertools
 import random
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cbrules import egg
-from cbrules.egg import EggForm, EggRuleError, Range, forms_from_file, load_check, simplify
+from cbrules.egg import EggRuleError, Range, forms_from_file, load_check, simplify
 from cbrules.terms import Term, const, evaluate, name, parse
 
+LIMIT = 30000  # evaluation points per term; every point of the ranges when there are fewer
 RANGES = {"i": Range(0, 100), "k": Range(0, 1000)}
 
 
@@ -26,13 +26,13 @@ def _hide_calls(t: Term) -> Term:
     return Term(t.op, tuple(_hide_calls(a) for a in t.args), t.value) if t.args else t
 
 
-def _points(names, ranges, limit=30000, rng=random.Random(0)):
+def _points(names, ranges, limit=LIMIT, rng=random.Random(0)):
     axes = []
     for n in sorted(names):
         if n.startswith("@"):
             axes.append([False, True])
             continue
-        r = ranges.get(n, Range(None, None))
+        r = ranges.get(n) or egg.BUILTIN_RANGES.get(n) or Range(None, None)
         lo = r.lo if r.lo is not None else (r.hi - 60 if r.hi is not None else -30)
         hi = r.hi if r.hi is not None else lo + 60
         axes.append(range(lo, hi + 1))
@@ -176,21 +176,36 @@ def test_keyboard_interrupt_is_not_swallowed(forms, monkeypatch):
         simplify([parse("i")], RANGES, forms)
 
 
-def test_budget_bounds_the_run(forms):
-    res = simplify([parse("((i % 4) + 1) % 4")], RANGES, forms, iterations=1)
-    assert res.iterations == 1
+def test_budgets_bound_the_run(forms):
+    t = parse("((i % 4) + 1) % 4")
+    assert simplify([t], RANGES, forms, iterations=1).iterations == 1
+    for res in (simplify([t], RANGES, forms, time_limit_s=0.0), simplify([t], RANGES, forms, max_nodes=1)):
+        assert res.error is None and res.iterations == 1 and res.terms == {t: t}
 
 
-def test_three_hundred_slot_terms_are_fast(forms):
+def test_builtin_ranges_and_caller_ranges_merge(forms):
+    _, got = run(forms, ["threadIdx.x < 1024", "blockIdx.x >= 0"], {})
+    assert got == [const(True), const(True)]
+    _, got = run(forms, ["threadIdx.x / 128", "threadIdx.x % 2048"], {"threadIdx.x": Range(0, 127)})
+    assert got == [const(0), name("threadIdx.x")]
+
+
+def test_user_rules_in_the_default_ruleset_run(tmp_path, forms):
+    path = tmp_path / "u.rules"
+    path.write_text('(rewrite (Mul x (Num 2)) (Add x x) :name "twice")\n')
+    res = simplify([parse("j * 2")], {}, forms + forms_from_file(path))
+    assert res.rule_matches.get("twice") == 1
+
+
+def test_three_hundred_slot_terms_saturate(forms):
+    """A kernel's worth of slot terms saturates well inside the bounds (timings live in benchmarks/)."""
     rng = random.Random(1)
     texts = []
     for _ in range(300):
         s, a = rng.choice([2, 3, 4, 8]), rng.randrange(0, 20)
         texts.append(rng.choice([f"(i + {a}) % {s}", f"(i / {s}) % 2", f"((i % {s}) + {a}) % {s}"]))
-    start = time.perf_counter()
     res, got = run(forms, texts)
-    assert time.perf_counter() - start < 2.0  # includes the host-side equivalence check
-    assert res.seconds < 0.5, res.seconds
+    assert res.error is None and res.iterations < 20
     assert any(g != parse(t) for g, t in zip(got, texts))
 
 
