@@ -57,7 +57,7 @@ def every_op_kernel():
     xm = k.tensor_map(x, box=(2, 64))
     om = k.tensor_map(out, box=(2, 64))
     s = k.alloc("s", "shared", "float32", (2, 64))
-    r = k.alloc("r", "register", "float32", (4,))
+    k.alloc("r", "register", "float32", (4,))
     b = k.alloc("b", "shared", "mbarrier", (2,))
     with k.elect_one():
         k.mbarrier_init(b, 0, 1)

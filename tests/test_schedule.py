@@ -53,7 +53,7 @@ def test_independent_compute_may_reorder_but_memory_keeps_order():
     a = k.load(x, threadIdx.x)
     k.store(out, threadIdx.x, a)
     k.syncthreads()
-    b = k.load(x, threadIdx.x)
+    k.load(x, threadIdx.x)
     kg = k.graph
     store, sync, load2 = kg.nodes("store")[0], kg.nodes("syncthreads")[0], kg.nodes("load")[1]
     edges = kg.depends_edges()
