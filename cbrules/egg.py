@@ -214,7 +214,9 @@ _BINARY = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div", "%": "Mod", "<": "Lt"
            ">": "Gt", ">=": "Ge", "==": "Eq", "!=": "Ne", "&&": "And", "||": "Or"}
 _UNARY = {"-": "Neg", "!": "Not"}
 _CALLS = {"min": "Min", "max": "Max", "ceil_div": "CeilDiv"}
-_BACK = {v: ("op", k) for k, v in {**_BINARY, **_UNARY}.items()} | {v: ("call", k) for k, v in _CALLS.items()}
+# built from each table on its own: "-" is both Sub and Neg
+_BACK = ({v: ("op", k) for k, v in _BINARY.items()} | {v: ("op", k) for k, v in _UNARY.items()}
+         | {v: ("call", k) for k, v in _CALLS.items()})
 
 
 def _app(fn: str, *args: object) -> eb.Call:

@@ -224,3 +224,9 @@ def test_property_simplification_preserves_values(forms, terms):
     assert res.error is None
     for t in terms:
         assert_equivalent(t, res.terms[t], PROP_RANGES)
+
+
+def test_subtraction_survives_the_round_trip(forms):
+    # "-" is both binary Sub and unary Neg: both must come back from egglog
+    _, got = run(forms, ["63 - j + (i % 4 + 1) % 4 * 64", "-(j) + 1"])
+    assert got[0] == parse("63 - j + (i + 1) % 4 * 64")
