@@ -14,7 +14,6 @@ Every node records its Python call site in ``origin``; program order becomes dep
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import sys
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Iterator, Optional, Sequence
 
 from .graph import KernelGraph, Param
+from .limits import TmaBoxError, check_box  # noqa: F401  (TmaBoxError: public via the builder)
 from .ops import BINARY, DTYPE_BYTES, DTYPES, LOOP_KINDS, UNARY
 from .terms import ELECT_ONE, Term, TermLike, as_term, call, name
 
@@ -60,26 +60,6 @@ class TensorMap:
         for b in self.box:
             n *= b
         return n
-
-
-class TmaBoxError(ValueError):
-    """A TMA box outside the hardware limits (REFERENCE §2)."""
-
-
-def check_box(mname: str, box: tuple, dtype: str) -> None:
-    """Box limits known when the kernel is built: rank 1..5, every extent 1..256, inner extent x
-    element size a multiple of 16 bytes."""
-    if not 1 <= len(box) <= 5:
-        raise TmaBoxError(f"tensor map {mname!r}: box rank {len(box)} is outside 1..5")
-    for d, b in enumerate(box):
-        if not 1 <= b <= 256:
-            raise TmaBoxError(f"tensor map {mname!r}: box extent {b} in dimension {d} is outside 1..256; use a "
-                              "box of at most 256 and a wider tile= on tma_load (the rules split it into boxes)")
-    inner = box[-1] * DTYPE_BYTES[dtype]
-    if inner % 16:
-        raise TmaBoxError(f"tensor map {mname!r}: inner box extent {box[-1]} x {DTYPE_BYTES[dtype]} bytes = "
-                          f"{inner} bytes is not a multiple of 16; make it a multiple of "
-                          f"{16 // math.gcd(16, DTYPE_BYTES[dtype])} elements")
 
 
 def circular_buffer(stages: int, prefetch: Optional[int] = None, war: str = "sync") -> dict:

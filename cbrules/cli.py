@@ -1,4 +1,4 @@
-"""The ``cbrules`` command line: demo, kernels, lower, compile, run."""
+"""The ``cbrules`` command line: demo, kernels, lower, compile, run, check."""
 from __future__ import annotations
 
 import argparse
@@ -198,6 +198,29 @@ def cmd_demo(a) -> int:
     return 0 if _run(spec, ck, (a.size,), a.reps) else 1
 
 
+def cmd_check(a) -> int:
+    from .check import Checker, summary_table, trip_counts
+    spec = load_kernel(a.kernel)
+    if not spec.pipelined or spec.shape_for_trips is None:
+        raise CliError(f"{spec.name}: `cbrules check` needs a built-in circular-buffered kernel with small "
+                       "shapes for the CPU checker (one of: " + ", ".join(
+                           n for n, s in sorted(KERNELS.items()) if s.pipelined and s.shape_for_trips) + ")")
+    if a.shape:
+        raise CliError("check picks a small shape for every trip count itself; drop --shape")
+    stages, war = (a.stages if a.stages is not None else 3), a.war or "sync"
+    prefetch = "default (S-1)" if a.prefetch is None else a.prefetch
+    print(f"{spec.name}: stages={stages} prefetch={prefetch} war={war}; trip counts 1..{4 * stages}, "
+          f"{'a sample of' if a.sample else 'all'} blocks; lowered vs before lowering vs numpy, protocol checked")
+    checker = Checker(blocks="sample" if a.sample else None, **_lower_options(a))
+    results = [checker.check(spec, t, stages, a.prefetch, war) for t in trip_counts(stages)]
+    print(summary_table(results))
+    failed = [r for r in results if not r.ok]
+    refused = sum(r.status == "refused" for r in results)
+    print(f"{len(results)} trip counts: {len(results) - refused - len(failed)} ok, {refused} refused as "
+          f"required (trip count < stages), {len(failed)} failed")
+    return 1 if failed else 0
+
+
 def _kernel_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("kernel", help="a built-in kernel name (see `cbrules kernels`) or a Python file defining build()")
     p.add_argument("--stages", type=int, help="circular-buffer stages S (>= 2)")
@@ -259,6 +282,12 @@ def parser() -> argparse.ArgumentParser:
     _rule_options(r)
     r.add_argument("--reps", type=int, default=20, help="timed launches (default 20)")
     r.set_defaults(fn=cmd_run)
+    ch = sub.add_parser("check", help="lower, then interpret on the CPU for trip counts 1..4*S with the barrier "
+                        "protocol checked, comparing with the kernel before lowering and with numpy")
+    _kernel_options(ch)
+    _rule_options(ch)
+    ch.add_argument("--sample", action="store_true", help="run only the first, middle and last block of each grid")
+    ch.set_defaults(fn=cmd_check)
     return p
 
 
@@ -273,10 +302,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as e:  # named library errors: one line, no traceback
         from codegen.errors import CodegenError
         from .egg import EggRuleError
+        from .bind import LaunchError
         from .engine import LoweringError
+        from .limits import TmaLimitError
         from .sexpr import RuleError
         from .verify import GraphError
-        if isinstance(e, (CodegenError, GraphError, RuleError, EggRuleError, LoweringError, KeyError)):
+        if isinstance(e, (CodegenError, GraphError, RuleError, EggRuleError, LoweringError, LaunchError,
+                          TmaLimitError, KeyError)):
             print(f"cbrules: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
         raise

@@ -42,8 +42,9 @@ class Param:
 class KernelGraph:
     """A kernel as a graph; the root node is the ``kernel`` scope."""
 
-    def __init__(self, name: str, params: tuple = (), block: tuple = (1, 1, 1), grid: tuple = (1, 1, 1),
+    def __init__(self, name: str, params: tuple = (), block: tuple = (1, 1, 1), grid: Optional[tuple] = None,
                  symbols: tuple = ()):
+        grid = tuple(const(g) if isinstance(g, int) else g for g in (grid or (1, 1, 1)))
         self.g = nx.DiGraph()
         self._next_id = 0
         self.trace = None  # set by lowering in debug mode

@@ -242,7 +242,8 @@ _EVAL = {
     ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
     "&&": lambda a, b: bool(a) and bool(b), "||": lambda a, b: bool(a) or bool(b),
 }
-_CALLS = {"min": min, "max": max, "ceil_div": lambda a, b: -(-a // b)}
+# ceil_div as the device computes it: (a + b - 1) / b with C's truncating division
+_CALLS = {"min": min, "max": max, "ceil_div": lambda a, b: _trunc_div(a + b - 1, b)}
 
 
 def evaluate(t: Term, env: Mapping[str, object]) -> object:

@@ -102,23 +102,5 @@ class NoGpuError(CodegenError):
     """No usable GPU: the driver library could not be loaded or no device exists."""
 
 
-class TmaLimitError(CodegenError):
-    """A TMA tensor-map limit is violated.
-
-    ``axis`` counts numpy-style (outermost first) and is None for whole-map
-    properties such as rank, dtype or base address.
-    """
-
-    def __init__(
-        self, tensor_map: str, what: str, value: Any, limit: str, fix: str, axis: int | None = None
-    ):
-        self.tensor_map = tensor_map
-        self.what = what
-        self.value = value
-        self.limit = limit
-        self.fix = fix
-        self.axis = axis
-        where = f" of axis {axis}" if axis is not None else ""
-        super().__init__(
-            f"tensor map '{tensor_map}': {what}{where} is {value}, but {limit}. Fix: {fix}"
-        )
+# A TMA limit is a fact about the hardware shared with the builder and the interpreter.
+from cbrules.limits import TmaLimitError  # noqa: E402,F401

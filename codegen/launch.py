@@ -12,19 +12,15 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
+from cbrules.bind import LaunchError, bind_symbols
 from cbrules.terms import evaluate
 
 from . import runtime, tma
 from .cuda import KernelSource
-from .errors import CodegenError
 from .nvrtc import Cubin
 
 _NP_DTYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64,
               "uint32": np.uint32, "uint64": np.uint64}
-
-
-class LaunchError(CodegenError):
-    """Arguments that do not fit the kernel's parameters."""
 
 
 @dataclass
@@ -70,31 +66,9 @@ class CompiledKernel:
         return self._module.function(self.source.name)
 
     def bind_symbols(self, shapes: Mapping[str, tuple], given: Mapping[str, int]) -> dict[str, int]:
-        """Infer every symbol from the tensors' shapes (or take it from ``given``) and check them."""
-        symbols = dict(given)
-        params = [p for p in self.source.params if p.kind == "tensor"]
-        for p in params:  # first plain names, which bind symbols
-            shape = shapes[p.name]
-            if len(shape) != len(p.shape):
-                raise LaunchError(f"{self.name}: tensor {p.name!r} has rank {len(shape)}, the kernel expects "
-                                  f"{len(p.shape)} ({', '.join(map(str, p.shape))})")
-            for term, actual in zip(p.shape, shape):
-                if term.op == "name" and str(term.value) not in symbols:
-                    symbols[str(term.value)] = int(actual)
-        for p in params:  # then every extent must agree
-            for dim, (term, actual) in enumerate(zip(p.shape, shapes[p.name])):
-                want = evaluate(term, symbols)
-                if want != actual:
-                    raise LaunchError(f"{self.name}: tensor {p.name!r} dimension {dim} is {actual}, but "
-                                      f"{term} = {want} from the other arguments")
-        missing = [p.name for p in self.source.params if p.kind == "symbol" and p.name not in symbols]
-        if missing:
-            raise LaunchError(f"{self.name}: no value for symbol(s) {', '.join(missing)}; pass them as keywords")
-        for pred, message in self.source.requires:
-            if not evaluate(pred, symbols):
-                shown = ", ".join(f"{k}={v}" for k, v in sorted(symbols.items()))
-                raise LaunchError(f"{self.name}: {message} [{pred} is false for {shown}]")
-        return symbols
+        """Infer every symbol from the tensors' shapes (or take it from ``given``) and check them
+        and the kernel's ``requires`` (see :func:`cbrules.bind.bind_symbols`)."""
+        return bind_symbols(self.name, self.source.params, self.source.requires, shapes, given)
 
     def bind(self, **kwargs: Any) -> BoundLaunch:
         """Bind arrays and symbols by parameter name; numpy arrays are copied to the device."""

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import struct
 from typing import Sequence
 
 import numpy as np
 from cuda.bindings import driver as cu
 
-from .errors import TmaLimitError
+from cbrules.limits import TmaLimitError, check_tensor_map
 from .runtime import DeviceArray, _check, _context, as_device_array
 
 _TMA_DTYPES = {np.dtype(t): n for t, n in [
@@ -17,55 +16,6 @@ _TMA_DTYPES = {np.dtype(t): n for t, n in [
     (np.uint64, "UINT64"), (np.int64, "INT64"), (np.float16, "FLOAT16"),
     (np.float32, "FLOAT32"), (np.float64, "FLOAT64")]}
 _L2 = {"none": "NONE", "64B": "L2_64B", "128B": "L2_128B", "256B": "L2_256B"}
-
-
-def check_tensor_map(name: str, shape: Sequence[int], strides_bytes: Sequence[int],
-                     itemsize: int, ptr: int, box: Sequence[int],
-                     elem_strides: Sequence[int] | None = None) -> None:
-    """Check the cuTensorMapEncodeTiled limits (no interleave), raising TmaLimitError.
-
-    Everything is given numpy-style, outermost axis first; strides are in bytes.
-    """
-    rank = len(shape)
-    if not 1 <= rank <= 5:
-        raise TmaLimitError(name, "rank", rank, "TMA supports ranks 1 to 5",
-                            "reshape the tensor (merge or split axes) to 1..5 axes")
-    for what, seq in (("box rank", box), ("stride count", strides_bytes),
-                      ("element-stride count", elem_strides or box)):
-        if len(seq) != rank:
-            raise TmaLimitError(name, what, len(seq), f"it must equal the tensor rank {rank}",
-                                "give one value per axis")
-    if ptr % 16:
-        raise TmaLimitError(name, "global address", hex(ptr), "it must be 16-byte aligned",
-                            "start the view at a 16-byte aligned element offset")
-    for axis, n in enumerate(shape):
-        if not 1 <= n <= 2**32:
-            raise TmaLimitError(name, "extent", n, "extents must be in 1..2**32",
-                                "drop empty tensors or split huge axes", axis)
-    for axis, b in enumerate(box):
-        if not 1 <= b <= 256:
-            raise TmaLimitError(name, "box extent", b, "box extents must be in 1..256",
-                                "use a smaller tile or several TMA copies along this axis", axis)
-    for axis, e in enumerate(elem_strides or ()):
-        if not 1 <= e <= 8:
-            raise TmaLimitError(name, "element stride", e, "element strides must be in 1..8",
-                                "use a smaller traversal stride", axis)
-    inner = rank - 1
-    if strides_bytes[inner] != itemsize:
-        raise TmaLimitError(name, "innermost stride", f"{strides_bytes[inner]} bytes",
-                            f"it must equal the element size ({itemsize} bytes)",
-                            "make the innermost axis contiguous (np.ascontiguousarray)", inner)
-    if box[inner] * itemsize % 16:
-        step = 16 // math.gcd(16, itemsize)
-        raise TmaLimitError(name, "inner box extent", f"{box[inner]} elements "
-                            f"({box[inner] * itemsize} bytes)", "it must span a multiple of 16 bytes",
-                            f"make the innermost box extent a multiple of {step} elements", inner)
-    for axis in range(inner):
-        s = strides_bytes[axis]
-        if s <= 0 or s % 16 or s >= 2**40:
-            raise TmaLimitError(name, "stride", f"{s} bytes",
-                                "strides must be positive multiples of 16 bytes below 2**40",
-                                "pad the inner rows to a multiple of 16 bytes", axis)
 
 
 def encode_tensor_map(name: str, array: DeviceArray, box: Sequence[int], *,

@@ -45,3 +45,9 @@ def test_syntax_errors_name_the_column():
         parse("(i + 1")
     with pytest.raises(TypeError):
         as_term([1])
+
+
+def test_ceil_div_matches_the_device_for_negative_operands():
+    # the device computes (a + b - 1) / b with truncating division
+    assert evaluate(call("ceil_div", -5, 4), {}) == 0
+    assert evaluate(call("ceil_div", 5, 4), {}) == 2

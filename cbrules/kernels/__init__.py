@@ -41,11 +41,18 @@ class KernelSpec:
     tolerance: Callable[[tuple], tuple[float, float]] = lambda shape: (1e-5, 1e-6)  # (rtol, atol)
     build_params: Callable[[tuple], dict] = field(default=lambda shape: {})
     pipelined: bool = True
+    # the CPU checker's problems: a small shape whose circular-buffered loop runs t times, and the
+    # build parameters that set t where the trip count is fixed when the kernel is built
+    shape_for_trips: Optional[Callable[[int], tuple]] = None
+    trips_params: Callable[[int], dict] = field(default=lambda t: {})
 
-    def build(self, shape: Optional[tuple] = None, **options) -> Kernel:
+    def build(self, shape: Optional[tuple] = None, trips: Optional[int] = None, **options) -> Kernel:
         """The kernel for ``shape`` (only kernels specialised at build time look at it) with
-        circular-buffer ``options`` (stages, prefetch, war) where the kernel takes them."""
+        circular-buffer ``options`` (stages, prefetch, war) where the kernel takes them; ``trips``
+        fixes a trip count that is a build parameter (see ``trips_params``)."""
         params = self.build_params(tuple(shape or self.default_shape))
+        if trips is not None:
+            params.update(self.trips_params(trips))
         opts = {k: v for k, v in options.items() if v is not None} if self.pipelined else {}
         return self.factory(**opts, **params)
 
@@ -100,36 +107,43 @@ _SPECS = [
                (1 << 20,), SHAPES_1D + ((1 << 24,),), pipelined=False),
     KernelSpec("single_dim", "out = exp(x), 1-D, tile 256, 256 threads; the serial loop over tiles is "
                "circular-buffered", _p1.single_dim, _unary_1d, lambda a: {"out": np.exp(a["x"])}, ("out",),
-               (1 << 20,), SHAPES_1D, trips=lambda s: 8),
+               (1 << 20,), SHAPES_1D, trips=lambda s: 8,
+               shape_for_trips=lambda t: (256 * t + 100,), trips_params=lambda t: {"tiles_per_block": t}),
     KernelSpec("single_dim_unroll", "single_dim with the tile loop split by 4, inner part unrolled (4 TMA "
                "boxes per stage)", _p1.single_dim_unroll, _unary_1d, lambda a: {"out": np.exp(a["x"])},
-               ("out",), (1 << 20,), SHAPES_1D, trips=lambda s: 8),
+               ("out",), (1 << 20,), SHAPES_1D, trips=lambda s: 8,
+               shape_for_trips=lambda t: (1024 * t + 300,), trips_params=lambda t: {"tiles_per_block": 4 * t}),
     KernelSpec("single_dim_unswitch", "single_dim_unroll with the store predicate hoisted out of the inner "
                "loop", _p1.single_dim_unswitch, _unary_1d, lambda a: {"out": np.exp(a["x"])}, ("out",),
-               (1 << 20,), SHAPES_1D, trips=lambda s: 8),
+               (1 << 20,), SHAPES_1D, trips=lambda s: 8,
+               shape_for_trips=lambda t: (1024 * t + 300,), trips_params=lambda t: {"tiles_per_block": 4 * t}),
     KernelSpec("multi_dim", "out = exp(x), 2-D [M,N], box 4x256, blocks over M; the loop over N-tiles is "
                "circular-buffered", _t2.multi_dim, _unary_2d, lambda a: {"out": np.exp(a["x"])}, ("out",),
-               (1024, 2048), SHAPES_2D, trips=lambda s: _cdiv(s[1], 256)),
+               (1024, 2048), SHAPES_2D, trips=lambda s: _cdiv(s[1], 256),
+               shape_for_trips=lambda t: (6, 256 * t - 128)),
     KernelSpec("pointwise", "out = x + y, both [M,N] loaded by TMA (two buffers, one barrier per stage)",
                _t2.pointwise, _binary_2d, lambda a: {"out": a["x"] + a["y"]}, ("out",), (1024, 2048), SHAPES_2D,
-               trips=lambda s: _cdiv(s[1], 256)),
+               trips=lambda s: _cdiv(s[1], 256), shape_for_trips=lambda t: (6, 256 * t - 128)),
     KernelSpec("inner_reduction", "out = sum(x, axis=1); the loop over N-tiles is circular-buffered",
                _red.inner_reduction, _inner, lambda a: {"out": a["x"].astype(np.float64).sum(axis=1)},
                ("out",), (1024, 2048), SHAPES_2D, trips=lambda s: _cdiv(s[1], 256),
-               tolerance=lambda s: _sum_tol(s[1])),
+               tolerance=lambda s: _sum_tol(s[1]), shape_for_trips=lambda t: (3, 256 * t - 128)),
     KernelSpec("outer_reduction", "out = sum(x, axis=0); the serial loop over M (8 rows a tile) is "
                "circular-buffered", _red.outer_reduction, _outer,
                lambda a: {"out": a["x"].astype(np.float64).sum(axis=0)}, ("out",), (1024, 2048), SHAPES_2D,
-               trips=lambda s: _cdiv(s[0], 8), tolerance=lambda s: _sum_tol(s[0])),
+               trips=lambda s: _cdiv(s[0], 8), tolerance=lambda s: _sum_tol(s[0]),
+               shape_for_trips=lambda t: (8 * t - 3, 260)),
     KernelSpec("persistent", "out = (x - mean) / sqrt(var) per row, row kept in registers, two TMA boxes "
                "per stage; the loop over N-tiles is circular-buffered", _red.persistent, _unary_2d,
                lambda a: {"out": _normalize(a["x"])}, ("out",), (1024, 2048),
                tuple(s for s in SHAPES_2D if s[1] % 256 == 0), trips=lambda s: s[1] // 256,
-               tolerance=lambda s: (1e-4, 1e-4), build_params=lambda s: {"row": s[1]}),
+               tolerance=lambda s: (1e-4, 1e-4), build_params=lambda s: {"row": s[1]},
+               shape_for_trips=lambda t: (2, 256 * t)),
     KernelSpec("matmul", "c = a @ b, a [M,K], b [K,N] (K = N), 64x64 tiles, both operands TMA-loaded; "
                "the K loop is circular-buffered", _mm.matmul, _mm_inputs,
                lambda a: {"c": a["a"].astype(np.float64) @ a["b"].astype(np.float64)}, ("c",), (1024, 1024),
-               SHAPES_2D, trips=lambda s: _cdiv(s[1], 16), tolerance=lambda s: (1e-4, 2e-5 * s[1])),
+               SHAPES_2D, trips=lambda s: _cdiv(s[1], 16), tolerance=lambda s: (1e-4, 2e-5 * s[1]),
+               shape_for_trips=lambda t: (40, 16 * t - 8)),
 ]
 KERNELS: dict[str, KernelSpec] = {s.name: s for s in _SPECS}
 SEED_MATRIX = tuple(n for n in KERNELS if KERNELS[n].pipelined)

@@ -32,6 +32,9 @@ def single_dim(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_bloc
 def _staged(name: str, tiles_per_block: int, unroll: int):
     """The common part of the unrolled kernels (a stage holds ``unroll`` tiles): the kernel, N, the
     output, the tensor map, the tile buffer and the block's first tile."""
+    if tiles_per_block % unroll:
+        raise ValueError(f"{name}: tiles_per_block={tiles_per_block} must be a multiple of unroll={unroll} "
+                         "(a stage holds unroll tiles; a remainder would never be loaded)")
     k = Kernel(name, block=TILE)
     n = k.symbol("N")
     x, out = k.tensor("x", (n,)), k.tensor("out", (n,))

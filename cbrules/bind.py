@@ -1,0 +1,140 @@
+"""Bind numpy arguments to a kernel graph's parameters on the host, as the GPU launcher does.
+
+Symbols are inferred from the tensors' shapes and the kernel's ``requires`` list is checked by
+:func:`bind_symbols`, which the GPU launcher (:mod:`codegen.launch`) uses too, so the interpreter
+refuses exactly the launches the GPU path refuses, with the same messages. Tensor maps are checked
+against the TMA encoding limits (:mod:`cbrules.limits`) as ``cuTensorMapEncodeTiled`` would be.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional, Union
+
+import numpy as np
+
+from .graph import KernelGraph
+from .limits import check_tensor_map
+from .terms import evaluate
+
+NP_DTYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64,
+             "uint32": np.uint32, "uint64": np.uint64}
+BlocksLike = Union[None, str, Iterable[Union[int, tuple]]]
+
+
+@dataclass
+class Bound:
+    """A launch with every parameter bound: symbols, the grid and the global tensors."""
+
+    symbols: dict[str, int]
+    grid: tuple[int, int, int]
+    tensors: dict[str, np.ndarray]  # written tensors are private copies
+    written: tuple[str, ...]
+
+
+class LaunchError(ValueError):
+    """Arguments that do not fit the kernel's parameters, or a launch the kernel's ``requires``
+    forbid (the GPU launcher and the interpreter raise the same)."""
+
+
+def bind_symbols(name: str, params: Iterable, requires: Iterable, shapes: Mapping[str, tuple],
+                 given: Mapping[str, int]) -> dict[str, int]:
+    """Infer every symbol from the tensors' shapes (or take it from ``given``), check that every
+    extent agrees, and check each ``(predicate, message)`` of ``requires``."""
+    params = list(params)
+    symbols = dict(given)
+    tensors = [p for p in params if p.kind == "tensor"]
+    for p in tensors:  # first plain names, which bind symbols
+        shape = shapes[p.name]
+        if len(shape) != len(p.shape):
+            raise LaunchError(f"{name}: tensor {p.name!r} has rank {len(shape)}, the kernel expects "
+                              f"{len(p.shape)} ({', '.join(map(str, p.shape))})")
+        for term, actual in zip(p.shape, shape):
+            if term.op == "name" and str(term.value) not in symbols:
+                symbols[str(term.value)] = int(actual)
+    for p in tensors:  # then every extent must agree
+        for dim, (term, actual) in enumerate(zip(p.shape, shapes[p.name])):
+            want = evaluate(term, symbols)
+            if want != actual:
+                raise LaunchError(f"{name}: tensor {p.name!r} dimension {dim} is {actual}, but "
+                                  f"{term} = {want} from the other arguments")
+    missing = [p.name for p in params if p.kind == "symbol" and p.name not in symbols]
+    if missing:
+        raise LaunchError(f"{name}: no value for symbol(s) {', '.join(missing)}; pass them as keywords")
+    for pred, message in requires:
+        if not evaluate(pred, symbols):
+            shown = ", ".join(f"{k}={v}" for k, v in sorted(symbols.items()))
+            raise LaunchError(f"{name}: {message} [{pred} is false for {shown}]")
+    return symbols
+
+
+def bind(kg: KernelGraph, args: Mapping[str, Any], symbols: Optional[Mapping[str, int]] = None) -> Bound:
+    """Check ``args`` against the kernel's parameters and bind symbols, grid and tensors.
+
+    Raises :class:`LaunchError` (unknown, missing or mistyped arguments, shapes that disagree, a
+    failed ``requires``) or :class:`cbrules.limits.TmaLimitError` (a tensor map TMA cannot encode).
+    """
+    k = kg.kernel()
+    name, params = k["name"], kg.params()
+    given = dict(symbols or {})
+    unknown = set(args) - {p.name for p in params.values() if p.kind != "tmap"}
+    if unknown:
+        raise LaunchError(f"{name}: unknown argument(s) {', '.join(sorted(unknown))}; parameters are "
+                            f"{', '.join(p.name for p in params.values() if p.kind != 'tmap')}")
+    tensors: dict[str, np.ndarray] = {}
+    for p in params.values():
+        if p.kind == "symbol" and p.name in args:
+            given[p.name] = int(args[p.name])
+        if p.kind != "tensor":
+            continue
+        if p.name not in args:
+            raise LaunchError(f"{name}: missing tensor argument {p.name!r}")
+        value = np.asarray(args[p.name])
+        want = np.dtype(NP_DTYPES[p.dtype])
+        if value.dtype != want:
+            raise LaunchError(f"{name}: tensor {p.name!r} is {value.dtype}, the kernel expects {want}")
+        # the kernel writes into a private copy; inputs are read through a read-only view
+        arr = np.array(value, order="C", copy=True) if p.written else np.ascontiguousarray(value)
+        if not p.written:
+            arr = arr.view()
+            arr.flags.writeable = False
+        tensors[p.name] = arr
+    bound_symbols = bind_symbols(name, params.values(), k.get("requires", ()),
+                                 {n: a.shape for n, a in tensors.items()}, given)
+    for p in params.values():
+        if p.kind == "tmap":
+            arr = tensors[p.tensor]
+            check_tensor_map(p.name, arr.shape, arr.strides, arr.itemsize, 0, p.box)
+    grid = tuple(int(evaluate(g, bound_symbols)) for g in k["grid"])
+    written = tuple(p.name for p in params.values() if p.written)
+    return Bound(bound_symbols, grid, tensors, written)  # type: ignore[arg-type]
+
+
+def select_blocks(grid: tuple[int, int, int], blocks: BlocksLike = None) -> list[tuple[int, int, int]]:
+    """The blocks to run: all (``None``), ``"sample"`` (first, middle and last), or the given ones
+    (linear indices, x fastest, or ``(x, y, z)`` tuples)."""
+    gx, gy, gz = grid
+    total = gx * gy * gz
+
+    def unflatten(i: int) -> tuple[int, int, int]:
+        if not 0 <= i < total:
+            raise ValueError(f"block {i} is outside the grid {grid} ({total} blocks)")
+        return (i % gx, (i // gx) % gy, i // (gx * gy))
+
+    if total <= 0:
+        return []
+    if blocks is None:
+        return [unflatten(i) for i in range(total)]
+    if isinstance(blocks, str):
+        if blocks != "sample":
+            raise ValueError(f"blocks={blocks!r}: use None (all), 'sample' or a list of blocks")
+        return [unflatten(i) for i in sorted({0, total // 2, total - 1})]
+    out = []
+    for b in blocks:
+        if isinstance(b, tuple):
+            b = tuple(b) + (0,) * (3 - len(b))
+            if not all(0 <= c < g for c, g in zip(b, grid)):
+                raise ValueError(f"block {b} is outside the grid {grid}")
+            out.append(b)
+        else:
+            out.append(unflatten(int(b)))
+    return out

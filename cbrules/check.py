@@ -1,0 +1,183 @@
+"""Differential checking on the CPU: a lowered kernel against the kernel before lowering and numpy.
+
+For a built-in kernel, stage count S, prefetch P and WAR mode, :meth:`Checker.check` takes a small
+problem whose circular-buffered loop runs ``trips`` times, lowers the kernel, interprets it with
+the protocol checks on, interprets the unlowered kernel on the same inputs and compares both with
+the kernel's numpy reference. A trip count below S must be refused with the named error: by the
+``cb-reject-short-loop`` rule when the trip count is known at lowering time, by the launcher's
+``requires`` check when it is known only at launch.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from . import api
+from .bind import BlocksLike, LaunchError
+from .engine import LoweringError
+from .interp import Program, prepare, run
+from .kernels import KernelSpec
+from .limits import TmaLimitError
+from .protocol import InterpError
+
+SHORT_LOOP_RULE = "cb-reject-short-loop"
+SHORT_LOOP_LAUNCH = "must be >= stages"
+
+
+@dataclass
+class CaseResult:
+    """The outcome of one (kernel, options, trip count) case."""
+
+    kernel: str
+    stages: int
+    prefetch: Optional[int]
+    war: str
+    trips: int
+    shape: tuple
+    status: str  # "ok", "refused" (the expected named error) or "FAIL"
+    detail: str = ""
+    err_numpy: Optional[float] = None
+    err_unlowered: Optional[float] = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "FAIL"
+
+
+def _max_err(a: np.ndarray, b: np.ndarray) -> float:
+    both = ~(np.isnan(a) & np.isnan(b))
+    if not both.any():
+        return 0.0
+    d = np.abs(a[both].astype(np.float64) - b[both].astype(np.float64))
+    return float(np.nan_to_num(d, nan=np.inf).max())
+
+
+class Checker:
+    """Runs cases, caching lowered graphs, inputs and unlowered results between them."""
+
+    def __init__(self, blocks: BlocksLike = None, seed: int = 0, **lower_options):
+        """``lower_options`` go to :func:`cbrules.api.lower` (``rules=[folder]`` adds rule folders)."""
+        self.blocks, self.seed, self.lower_options = blocks, seed, dict(lower_options)
+        # read the rule files once, not at every lowering
+        self.lower_options["rules"] = api.load_rules(self.lower_options.get("rules"))
+        self._lowered: dict = {}
+        self._inputs: dict = {}
+        self._unlowered: dict = {}
+
+    def lower(self, spec: KernelSpec, shape: tuple, trips: int, stages: int, prefetch: Optional[int],
+              war: str) -> Program:
+        """The lowered kernel of the case, ready to run (a :class:`LoweringError` is cached and raised
+        again)."""
+        params = {**spec.build_params(tuple(shape)), **spec.trips_params(trips)}
+        key = (spec.name, stages, prefetch, war, tuple(sorted(params.items())))
+        if key not in self._lowered:
+            try:
+                self._lowered[key] = prepare(api.lower(spec.build(shape, trips=trips, stages=stages,
+                                                                  prefetch=prefetch, war=war), **self.lower_options))
+            except LoweringError as e:
+                self._lowered[key] = e
+        got = self._lowered[key]
+        if isinstance(got, LoweringError):
+            raise got
+        return got
+
+    def inputs(self, spec: KernelSpec, shape: tuple) -> dict:
+        key = (spec.name, tuple(shape))
+        if key not in self._inputs:
+            self._inputs[key] = spec.inputs(tuple(shape), np.random.default_rng(self.seed))
+        return self._inputs[key]
+
+    def unlowered(self, spec: KernelSpec, shape: tuple, trips: int) -> dict:
+        """Outputs of the kernel before lowering (the same for every S, P and WAR mode)."""
+        key = (spec.name, tuple(shape), trips)
+        if key not in self._unlowered:
+            kernel = spec.build(shape, trips=trips, stages=2)
+            self._unlowered[key] = run(kernel, self.inputs(spec, shape), blocks=self.blocks)
+        return self._unlowered[key]
+
+    def check(self, spec: KernelSpec, trips: int, stages: int, prefetch: Optional[int] = None,
+              war: str = "sync", shape: Optional[tuple] = None) -> CaseResult:
+        """Check one case; never raises for a failure of the kernel (see ``status``/``detail``).
+
+        ``shape`` defaults to ``spec.shape_for_trips(trips)``; given, it must make the loop run
+        ``trips`` times (``trips`` also sets the build parameters of ``spec.trips_params``)."""
+        if shape is None and spec.shape_for_trips is None:
+            raise ValueError(f"{spec.name}: no small shapes for the CPU checker (KernelSpec.shape_for_trips)")
+        shape = tuple(shape if shape is not None else spec.shape_for_trips(trips))
+        res = CaseResult(spec.name, stages, prefetch, war, trips, shape, "FAIL")
+        t0 = time.perf_counter()
+        try:
+            self._check(spec, res)
+        finally:
+            res.seconds = time.perf_counter() - t0
+        return res
+
+    def _check(self, spec: KernelSpec, res: CaseResult) -> None:
+        short = res.trips < res.stages
+        try:
+            kg = self.lower(spec, res.shape, res.trips, res.stages, res.prefetch, res.war)
+        except LoweringError as e:
+            refused = short and SHORT_LOOP_RULE in str(e)
+            res.status, res.detail = ("refused" if refused else "FAIL"), f"LoweringError: {e}"
+            return
+        args = self.inputs(spec, res.shape)
+        try:
+            got = run(kg, args, blocks=self.blocks)
+        except (LaunchError, TmaLimitError, InterpError) as e:
+            refused = short and isinstance(e, LaunchError) and SHORT_LOOP_LAUNCH in str(e)
+            res.status, res.detail = ("refused" if refused else "FAIL"), f"{type(e).__name__}: {e}"
+            return
+        if short:
+            res.detail = (f"trip count {res.trips} < stages {res.stages} ran instead of being refused "
+                          f"by {SHORT_LOOP_RULE} or the launch check")
+            return
+        try:
+            before = self.unlowered(spec, res.shape, res.trips)
+        except (LaunchError, TmaLimitError, InterpError) as e:
+            res.detail = f"the unlowered kernel fails: {type(e).__name__}: {e}"
+            return
+        problems, res.err_numpy, res.err_unlowered = compare(spec, res.shape, args, got, before,
+                                                             sampled=self.blocks is not None)
+        res.status, res.detail = ("FAIL", "; ".join(problems)) if problems else ("ok", "")
+
+
+def compare(spec: KernelSpec, shape: tuple, args: dict, got: dict, before: dict,
+            sampled: bool = False) -> tuple[list[str], float, float]:
+    """(problems, max error vs numpy, max error vs the unlowered kernel) of the lowered outputs.
+
+    With ``sampled`` (a sample of blocks ran) only the elements the unlowered kernel wrote (the
+    outputs start as NaN) are compared with numpy.
+    """
+    want = spec.reference(args)
+    rtol, atol = spec.tolerance(tuple(shape))
+    problems: list[str] = []
+    err_numpy = err_before = 0.0
+    for name in spec.outputs:
+        lo, un, ref = got[name], before[name], np.asarray(want[name])
+        err_before = max(err_before, _max_err(lo, un))
+        if not np.allclose(lo, un, rtol=rtol, atol=atol, equal_nan=True):
+            problems.append(f"{name} differs from the unlowered kernel (max error {_max_err(lo, un):.3g})")
+        written = ~np.isnan(un) if sampled else np.ones(un.shape, bool)
+        err_numpy = max(err_numpy, _max_err(lo[written], ref[written]))
+        if not np.allclose(lo[written], ref[written], rtol=rtol, atol=atol):
+            problems.append(f"{name} differs from numpy (max error {_max_err(lo[written], ref[written]):.3g})")
+    return problems, err_numpy, err_before
+
+
+def trip_counts(stages: int) -> range:
+    """Every trip count the checker tries for ``stages``: 1 .. 4*S."""
+    return range(1, 4 * stages + 1)
+
+
+def summary_table(results: list[CaseResult]) -> str:
+    """The results as a fixed-width table, one line per trip count."""
+    lines = [f"{'trips':>5}  {'shape':<12} {'result':<8} {'vs numpy':>9} {'vs before':>9} {'time':>7}  detail"]
+    for r in results:
+        fmt = lambda x: "-" if x is None else f"{x:.2g}"  # noqa: E731
+        lines.append(f"{r.trips:>5}  {'x'.join(map(str, r.shape)):<12} {r.status:<8} {fmt(r.err_numpy):>9} "
+                     f"{fmt(r.err_unlowered):>9} {r.seconds:>6.2f}s  {r.detail}")
+    return "\n".join(lines)

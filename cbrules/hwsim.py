@@ -1,0 +1,62 @@
+"""What the prelude's hardware helpers do, in numpy: TMA box copies and the block reduction.
+
+Kept apart from the interpreter so each can be checked against ``codegen/prelude.cu`` on its own.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+_IDENTITY = {"sum": 0, "max": -np.inf, "min": np.inf}
+
+
+def _clip(coords: Sequence[int], box: Sequence[int], shape: Sequence[int]):
+    """(tensor slices, box slices) of the part of a box inside the tensor, or None if none is."""
+    src, dst = [], []
+    for c, b, n in zip(coords, box, shape):
+        lo, hi = max(c, 0), min(c + b, n)
+        if hi <= lo:
+            return None
+        src.append(slice(lo, hi))
+        dst.append(slice(lo - c, hi - c))
+    return tuple(src), tuple(dst)
+
+
+def read_box(tensor: np.ndarray, coords: Sequence[int], box: Sequence[int]) -> np.ndarray:
+    """``cp.async.bulk.tensor`` global -> shared: the box at ``coords`` (outermost-first, elements,
+    may be negative) as a dense row-major flat array; elements outside the tensor read as zero
+    (the tensor maps are encoded with ``OOB_FILL_NONE``, which fills zeros)."""
+    out = np.zeros(tuple(box), tensor.dtype)
+    part = _clip(coords, box, tensor.shape)
+    if part is not None:
+        out[part[1]] = tensor[part[0]]
+    return out.reshape(-1)
+
+
+def write_box(tensor: np.ndarray, coords: Sequence[int], data: np.ndarray) -> None:
+    """``cp.async.bulk.tensor`` shared -> global: only the elements inside the tensor are written."""
+    part = _clip(coords, data.shape, tensor.shape)
+    if part is not None:
+        tensor[part[0]] = data[part[1]]
+
+
+def block_reduce(v: np.ndarray, combine: str, op: Callable) -> np.ndarray:
+    """``cb_block_reduce``: an xor-butterfly over each warp's 32 lanes, one value per warp through
+    shared scratch, the same butterfly over those values in warp 0; every thread gets the result.
+    Floating-point results match the GPU bit for bit because the combination order is the same."""
+    warps = v.size // 32
+    lane = np.arange(32)
+    w = v.reshape(warps, 32)
+    for o in (16, 8, 4, 2, 1):
+        w = op(w, w[:, lane ^ o])
+    if v.dtype.kind in "iu":
+        info = np.iinfo(v.dtype)
+        identity = {"sum": 0, "max": info.min, "min": info.max}[combine]
+    else:
+        identity = _IDENTITY[combine]
+    x = np.full(32, identity, v.dtype)
+    x[:warps] = w[:, 0]
+    for o in (16, 8, 4, 2, 1):
+        x = op(x, x[lane ^ o])
+    return np.full(v.size, x[0], v.dtype)

@@ -1,0 +1,305 @@
+"""A reference interpreter for kernel graphs, before or after lowering, on numpy inputs.
+
+``run(kernel, args)`` executes the scheduled linear program block by block. Within a block every
+register is a numpy array with one value per thread; an ``if`` narrows the mask of active threads
+and only active threads write. Each op means what :mod:`codegen.cuda` makes it mean in CUDA:
+C arithmetic, ``float`` rounding, ``fmaf``, the warp-shuffle tree of the block reduction,
+``elect.sync`` on warp 0, TMA boxes with out-of-bounds zero fill. While it runs, the barrier
+protocol is checked by :mod:`cbrules.protocol` (deadlock, RAW, WAR, tx bytes, init/inval, arrival
+counts). Threads of a block run in lockstep, in program order: a protocol that needs some threads
+to run ahead of others (warp specialisation) is reported as a deadlock.
+
+A ``tma_load`` without a barrier (a kernel before lowering) copies at once: it has no completion
+mechanism yet, so every read after it sees its data.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Union
+
+import numpy as np
+
+from .bind import NP_DTYPES, BlocksLike, bind, select_blocks
+from .builder import Kernel
+from .graph import BUILTINS, KernelGraph
+from .hwsim import block_reduce
+from .ops import UNARY
+from .interp_memory import MemoryOps, NonUniform, OutOfBounds
+from .protocol import BlockProtocol, DivergentSync, ElectError, InterpError, Site
+from .schedule import Step, schedule
+from .terms import Term
+from .vterms import C_BINARY, CACHE, Lanes, TermError, c_div, compile_term
+
+__all__ = ["run", "prepare", "Program", "InterpError", "OutOfBounds", "NonUniform"]
+
+KernelLike = Union[Kernel, KernelGraph]
+_COMBINE = {"sum": C_BINARY["+"],
+            "max": lambda a, b: np.where(C_BINARY[">"](a, b), a, b),
+            "min": lambda a, b: np.where(C_BINARY["<"](a, b), a, b)}
+_UNARY_NP = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: x.dtype.type(1) / np.sqrt(x),
+             "abs": np.abs, "neg": np.negative}
+_ARITH = {"add": "+", "sub": "-", "mul": "*"}
+
+
+class Program:
+    """A scheduled kernel with its allocations, register types and compiled terms."""
+
+    def __init__(self, kg: KernelGraph):
+        self.kg = kg
+        self.root = schedule(kg)
+        self.allocs: dict[str, dict] = {}
+        self.reg_dtypes: dict[str, np.dtype] = {}
+        tma_dsts = set()
+        self.fns: dict[int, dict[str, Any]] = {}
+        steps = list(self.root.walk())
+        # names fixed for a whole block; a loop variable or register that shadows one is not
+        shadowing = {s.attrs.get("var") for s in steps} | {s.attrs.get("dst") for s in steps}
+        invariant = frozenset(set(BUILTINS) | {p.name for p in kg.params().values() if p.kind == "symbol"}) - shadowing
+        for s in steps:
+            a = s.attrs
+            if s.op == "alloc":
+                if a["buf"] in self.allocs:
+                    raise InterpError(f"buffer {a['buf']!r} is allocated twice", self.site(s, (0, 0, 0), ()))
+                self.allocs[a["buf"]] = a
+            elif "dst" in a and s.op not in ("store", "tma_load"):
+                self.reg_dtypes.setdefault(a["dst"], np.dtype(NP_DTYPES[a.get("dtype", "float32")]))
+            if s.op == "tma_load":
+                tma_dsts.add(a["dst"])
+            self.fns[s.node] = {k: self._compile(v, invariant) for k, v in a.items()
+                                if k in ("start", "stop", "step", "pred", "index", "value", "args", "src",
+                                         "coords", "offset", "slot", "parity")}
+        self.tma_dsts = tma_dsts
+
+    @staticmethod
+    def _compile(v, invariant: frozenset):
+        if isinstance(v, Term):
+            return compile_term(v, invariant)
+        if isinstance(v, tuple) and all(isinstance(x, Term) for x in v):
+            return tuple(compile_term(x, invariant) for x in v)
+        return None
+
+    def site(self, s: Step, block: tuple, iteration: tuple) -> Site:
+        return Site(s.node, self.kg.describe(s.node) if s.node in self.kg else f"#{s.node} {s.op}", block, iteration)
+
+
+def prepare(kernel: KernelLike) -> Program:
+    """The kernel scheduled and compiled for :func:`run` (reuse it to run one graph many times;
+    the graph must not change afterwards)."""
+    return Program(kernel.graph if isinstance(kernel, Kernel) else kernel)
+
+
+def run(kernel: Union[KernelLike, Program], args: Mapping[str, Any], symbols: Optional[Mapping[str, int]] = None,
+        blocks: BlocksLike = None) -> dict[str, np.ndarray]:
+    """Interpret ``kernel`` (a kernel, a graph or a :func:`prepare`-d program) on ``args`` (numpy
+    arrays by parameter name, symbols optional) and return the tensors it writes (fresh arrays; the
+    inputs are not modified).
+
+    ``blocks``: ``None`` runs the whole grid, ``"sample"`` the first, middle and last block, or a
+    list of blocks (linear indices or ``(x, y, z)``). Raises :class:`cbrules.bind.LaunchError` for
+    arguments the launcher would refuse, :class:`cbrules.protocol.ProtocolError` subclasses for
+    protocol violations and :class:`InterpError` for other faults, each naming node and iteration.
+    """
+    kg = kernel.kg if isinstance(kernel, Program) else kernel.graph if isinstance(kernel, Kernel) else kernel
+    bound = bind(kg, args, symbols)  # first: a refused launch costs no scheduling
+    prog = kernel if isinstance(kernel, Program) else Program(kg)
+    ex = _BlockRunner(prog, bound.tensors, bound.symbols, bound.grid, set(bound.written))
+    for b in select_blocks(bound.grid, blocks):
+        ex.run_block(b)
+    return {n: bound.tensors[n] for n in bound.written}
+
+
+class _BlockRunner(MemoryOps):
+    """Executes a program block by block: registers, masks, loops and compute ops (memory and
+    barrier ops come from :class:`MemoryOps`)."""
+
+    def __init__(self, prog: Program, tensors: dict, symbols: dict, grid: tuple, written: set):
+        self.p, self.tensors, self.written = prog, tensors, written
+        self.flat = {n: a.reshape(-1) for n, a in tensors.items()}
+        k = prog.root.attrs
+        self.bdim = tuple(k["block"])
+        bx, by, bz = self.bdim
+        self.T = T = bx * by * bz
+        tid = np.arange(T)
+        self.tx, self.ty, self.tz = tid % bx, (tid // bx) % by, tid // (bx * by)
+        self.warp0 = tid < min(32, T)
+        self.elect_cond = (self.tx < 32) & (self.ty == 0) & (self.tz == 0)
+        self.base_env = {**symbols, "blockDim.x": bx, "blockDim.y": by, "blockDim.z": bz,
+                         "gridDim.x": grid[0], "gridDim.y": grid[1], "gridDim.z": grid[2],
+                         "threadIdx.x": self.tx, "threadIdx.y": self.ty, "threadIdx.z": self.tz}
+        bars, shared = {}, {}
+        for name, a in prog.allocs.items():
+            size = int(np.prod(a["shape"]))
+            if a["space"] == "shared" and a["dtype"] == "mbarrier":
+                bars[name] = size
+            elif a["space"] == "shared":
+                shared[name] = (np.dtype(NP_DTYPES[a["dtype"]]), size, name in prog.tma_dsts)
+        self.proto = BlockProtocol(T, bars, shared)
+        self.handlers = {op: getattr(self, "_" + op) for op in
+                         ("for", "if", "load", "store", "assign", "fma", "reduce", "tma_load", "tma_store",
+                          "mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
+                          "mbarrier_inval", "syncthreads", "bar_sync")}
+        for op in ("alloc", "fence_proxy_async", "fence_mbarrier_init"):
+            self.handlers[op] = lambda s, mask: None
+        for op in UNARY:
+            self.handlers[op] = self._unary
+        for op in ("add", "sub", "mul", "div", "max", "min"):
+            self.handlers[op] = self._binary
+
+    # ---------------------------------------------------------------- driver
+    def run_block(self, block: tuple) -> None:
+        self.block, self.iters, self.step = block, [], self.p.root
+        self.proto.reset()
+        self.env = dict(self.base_env)
+        self.env[CACHE] = {}
+        self.env.update({"blockIdx.x": block[0], "blockIdx.y": block[1], "blockIdx.z": block[2]})
+        for r, dt in self.p.reg_dtypes.items():  # codegen declares every register "= 0" at the top
+            self.env[r] = np.zeros(self.T, dt)
+        self.regarrays = {n: np.zeros((self.T, int(np.prod(a["shape"]))), NP_DTYPES[a["dtype"]])
+                          for n, a in self.p.allocs.items() if a["space"] == "register"}
+        self.exec_body(self.p.root.body, np.ones(self.T, bool))
+        self.step = self.p.root
+        self.proto.finish(self.site)
+
+    def exec_body(self, steps, mask: np.ndarray) -> None:
+        for s in steps:
+            self.step = s
+            handler = self.handlers.get(s.op)
+            if handler is None:
+                raise InterpError(f"the interpreter has no meaning for op {s.op!r}", self.site())
+            try:
+                handler(s, mask)
+            except TermError as e:
+                raise InterpError(str(e), self.site()) from None
+
+    def site(self) -> Site:
+        return self.p.site(self.step, self.block, tuple(tuple(x) for x in self.iters))
+
+    def lanes(self, mask: np.ndarray) -> Lanes:
+        return Lanes(mask, self._elect)
+
+    def _elect(self, mask: np.ndarray) -> np.ndarray:
+        cand = mask & self.elect_cond
+        out = np.zeros(self.T, bool)
+        if not cand.any():
+            return out
+        if not np.array_equal(cand, self.warp0):
+            missing = np.nonzero(self.warp0 & ~cand)[0]
+            raise ElectError(f"elect_one() (elect.sync with a full mask) is reached by only part of warp 0 "
+                             f"(thread {missing[0] if missing.size else '?'} of the warp does not reach it)",
+                             self.site())
+        out[np.argmax(cand)] = True
+        return out
+
+    def ev(self, s: Step, key: str, mask: np.ndarray):
+        return self.p.fns[s.node][key](self.env, self.lanes(mask))
+
+    def uniform(self, v, mask: np.ndarray, what: str) -> int:
+        if isinstance(v, np.ndarray):
+            vals = v[mask] if v.ndim else v.reshape(1)
+            if vals.size == 0:
+                raise NonUniform(f"{what} has no active thread to take it from", self.site())
+            if (vals != vals[0]).any():
+                raise NonUniform(f"{what} differs across the active threads ({vals.min()} .. {vals.max()}); "
+                                 "the block must agree on it", self.site())
+            v = vals[0]
+        return int(v)
+
+    def per_lane(self, v, lanes: np.ndarray) -> np.ndarray:
+        """A scalar or per-thread value, picked out for ``lanes``."""
+        return v[lanes] if isinstance(v, np.ndarray) and v.ndim else np.full(lanes.size, v)
+
+    def set_reg(self, dst: str, value, mask: np.ndarray) -> None:
+        dt = self.p.reg_dtypes[dst]
+        self.env[dst] = np.where(mask, value, self.env[dst]).astype(dt, copy=False)
+
+    # ---------------------------------------------------------------- scopes
+    def _for(self, s: Step, mask: np.ndarray) -> None:
+        a, var = s.attrs, s.attrs["var"]
+        saved = self.env.get(var)
+        kind = a["kind"]
+        start, step = self.ev(s, "start", mask), self.ev(s, "step", mask)
+        self.iters.append([var, None, a.get("part")])
+        try:
+            if kind.startswith(("thread-", "block-")):
+                axis = {"x": 0, "y": 1, "z": 2}[kind[-1]]
+                idx = (self.tx, self.ty, self.tz)[axis] if kind.startswith("thread") else self.block[axis]
+                v = C_BINARY["+"](start, C_BINARY["*"](step, idx))
+                self.env[var] = v
+                self.iters[-1][1] = v if not isinstance(v, np.ndarray) else "threadIdx"
+                inner = mask & np.asarray(C_BINARY["<"](v, self.ev(s, "stop", mask)), bool)
+                if inner.any():
+                    self.exec_body(s.body, inner)
+                return
+            lo = self.uniform(start, mask, f"start of loop {var}")
+            st = self.uniform(step, mask, f"step of loop {var}")
+            i = lo
+            while True:
+                self.env[var] = i
+                # the bound is re-evaluated each iteration, as the C for loop does
+                if i >= self.uniform(self.ev(s, "stop", mask), mask, f"stop of loop {var}"):
+                    break
+                if st <= 0:
+                    raise InterpError(f"loop {var} steps by {st} and would never end", self.site())
+                self.iters[-1][1] = i
+                self.exec_body(s.body, mask)
+                self.step = s
+                i += st
+        finally:
+            self.iters.pop()
+            if saved is None:
+                self.env.pop(var, None)
+            else:
+                self.env[var] = saved
+
+    def _if(self, s: Step, mask: np.ndarray) -> None:
+        inner = mask & np.asarray(self.ev(s, "pred", mask), bool)
+        if inner.any():
+            self.exec_body(s.body, inner)
+
+    # ---------------------------------------------------------------- compute
+    def _assign(self, s: Step, mask: np.ndarray) -> None:
+        self.set_reg(s.attrs["dst"], self.ev(s, "value", mask), mask)
+
+    def _unary(self, s: Step, mask: np.ndarray) -> None:
+        (x,) = self.p.fns[s.node]["args"]
+        dt = np.dtype(NP_DTYPES[s.attrs["dtype"]])
+        v = np.asarray(x(self.env, self.lanes(mask)))
+        v = v.astype(dt) if s.op != "neg" else v  # expf(x) takes a float; -(x) keeps x's type
+        self.set_reg(s.attrs["dst"], _UNARY_NP[s.op](v), mask)
+
+    def _binary(self, s: Step, mask: np.ndarray) -> None:
+        x, y = (f(self.env, self.lanes(mask)) for f in self.p.fns[s.node]["args"])
+        op = s.op
+        if op in _ARITH:
+            v = C_BINARY[_ARITH[op]](x, y)
+        elif op == "div":
+            v = c_div(x, y)
+        else:
+            v = _COMBINE[op](x, y)
+        self.set_reg(s.attrs["dst"], v, mask)
+
+    def _fma(self, s: Step, mask: np.ndarray) -> None:
+        x, y, z = (f(self.env, self.lanes(mask)) for f in self.p.fns[s.node]["args"])
+        dt = np.dtype(NP_DTYPES[s.attrs["dtype"]])
+        if dt == np.float32:
+            # fmaf rounds once; here the float32 product is exact in float64 and only the sum is
+            # rounded (to float64, then float32: a double rounding that differs only on rare ties)
+            v = (np.float64(1) * np.asarray(x, np.float32) * np.asarray(y, np.float32)
+                 + np.asarray(z, np.float32)).astype(np.float32)
+        else:
+            v = np.asarray(x, dt) * np.asarray(y, dt) + np.asarray(z, dt)
+        self.set_reg(s.attrs["dst"], v, mask)
+
+    def _reduce(self, s: Step, mask: np.ndarray) -> None:
+        a = s.attrs
+        src = self.ev(s, "src", mask)
+        comb = _COMBINE[a["combine"]]
+        if a["kind"] == "serial":
+            self.set_reg(a["dst"], comb(self.env[a["dst"]], src), mask)
+            return
+        if not mask.all():
+            raise DivergentSync("a block reduction is reached by only some threads", self.site())
+        dt = np.dtype(NP_DTYPES[a["dtype"]])
+        v = np.broadcast_to(np.asarray(src).astype(dt), (self.T,))
+        if self.T % 32:
+            raise InterpError(f"a block reduction needs whole warps; the block has {self.T} threads", self.site())
+        self.set_reg(a["dst"], block_reduce(v, a["combine"], comb), mask)

@@ -1,0 +1,181 @@
+"""The interpreter's memory and synchronisation ops, as a mixin of the block runner.
+
+Loads and stores on global tensors, shared buffers and per-thread register arrays; TMA copies
+(a load with a barrier is queued on it, one without is done at once); mbarrier ops and block
+syncs. Each hands :mod:`cbrules.protocol` what it needs to check, and checks indices itself.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from .hwsim import read_box, write_box
+from .ops import DTYPE_BYTES
+from .protocol import DivergentSync, InterpError, TmaIssueError
+from .schedule import Step
+
+
+class OutOfBounds(InterpError):
+    """An index outside its tensor, shared buffer or register array on an active thread."""
+
+
+class NonUniform(InterpError):
+    """A value the block must agree on (loop bound, TMA coordinate) that differs across threads."""
+
+
+class MemoryOps:
+    """Handlers for memory, TMA and barrier ops; the block runner provides ``env``, ``ev``,
+    ``site``, ``lanes``, ``uniform``, ``per_lane``, ``proto``, ``tensors`` and ``p``."""
+
+    # ---------------------------------------------------------------- memory
+    def _target(self, name: str, idx: np.ndarray, lanes: np.ndarray, what: str):
+        """(kind, array) of the buffer ``name`` after checking ``idx`` is inside it."""
+        if name in self.regarrays:
+            kind, arr = "register", self.regarrays[name]
+            size = arr.shape[1]
+        elif name in self.proto.shared:
+            kind, arr = "shared", self.proto.shared[name]
+            size = arr.data.size
+        elif name in self.flat:
+            kind, arr = "global", self.flat[name]
+            size = arr.size
+        else:
+            raise InterpError(f"{what} {name!r}, which is neither a tensor nor an allocated buffer", self.site())
+        bad = np.nonzero((idx < 0) | (idx >= size))[0]
+        if bad.size:
+            raise OutOfBounds(f"thread {lanes[bad[0]]} {what} {name}[{idx[bad[0]]}], outside its {size} "
+                              "elements", self.site())
+        return kind, arr
+
+    def _index(self, s: Step, mask: np.ndarray, lanes: np.ndarray) -> np.ndarray:
+        idx = self.per_lane(self.ev(s, "index", mask), lanes)
+        if idx.dtype.kind not in "iub":
+            raise InterpError(f"index {s.attrs['index']} is not an integer", self.site())
+        return idx.astype(np.int64)
+
+    def _load(self, s: Step, mask: np.ndarray) -> None:
+        lanes = np.nonzero(mask)[0]
+        idx = self._index(s, mask, lanes)
+        kind, arr = self._target(s.attrs["src"], idx, lanes, "reads")
+        if kind == "register":
+            vals = arr[lanes, idx]
+        elif kind == "shared":
+            self.proto.read(arr, idx, lanes, self.site)
+            vals = arr.data[idx]
+        else:
+            vals = arr[idx]
+        dst = s.attrs["dst"]
+        new = self.env[dst].copy()
+        new[lanes] = vals
+        self.env[dst] = new
+
+    def _store(self, s: Step, mask: np.ndarray) -> None:
+        lanes = np.nonzero(mask)[0]
+        idx = self._index(s, mask, lanes)
+        name = s.attrs["dst"]
+        kind, arr = self._target(name, idx, lanes, "writes")
+        vals = self.per_lane(self.ev(s, "value", mask), lanes)
+        if kind == "register":
+            arr[lanes, idx] = vals
+        elif kind == "shared":
+            self.proto.write(arr, idx)
+            arr.data[idx] = vals
+        else:
+            if name not in self.written:
+                raise InterpError(f"stores to tensor {name!r}, which the kernel does not mark written "
+                                  "(codegen declares it const)", self.site())
+            arr[idx] = vals
+
+    def _tma_load(self, s: Step, mask: np.ndarray) -> None:
+        a, lanes = s.attrs, np.nonzero(mask)[0]
+        fns = self.p.fns[s.node]
+        env, ln = self.env, self.lanes(mask)
+        tmap = self.p.kg.params()[a["tmap"]]
+        dst = self.proto.shared.get(a["dst"])
+        if dst is None:
+            raise InterpError(f"TMA destination {a['dst']!r} is not a shared buffer", self.site())
+        box = tuple(tmap.box)
+        box_elems = int(np.prod(box))
+        itemsize = DTYPE_BYTES[tmap.dtype]
+        if a.get("barrier"):
+            u = lanes[0]
+            pick = lambda v: int(v[u]) if isinstance(v, np.ndarray) and v.ndim else int(v)  # noqa: E731
+            if lanes.size > 1:
+                raise TmaIssueError(f"{lanes.size} threads issue this TMA load (completing on {a['barrier']}); "
+                                    "issue it from one elected thread", self.site(), a["barrier"],
+                                    pick(fns["slot"](env, ln)))
+            coords = [pick(f(env, ln)) for f in fns["coords"]]
+            lo = pick(fns["offset"](env, ln))
+            slot = pick(fns["slot"](env, ln))
+            self._smem_range(dst, lo, box_elems)
+            sid = self.proto.slot_id(a["barrier"], slot, self.site)
+            data = read_box(self.tensors[tmap.tensor], coords, box)
+            self.proto.tma_load(sid, s.node, dst, lo, data, box_elems * itemsize, int(u), self.site)
+            return
+        # before lowering: the logical load of the whole tile, dense row-major, done at once (the
+        # rules split a tile wider than the box into boxes; here it means what the kernel reads)
+        coords = [self.uniform(f(env, ln), mask, "TMA coordinate") for f in fns["coords"]]
+        lo = self.uniform(fns["offset"](env, ln), mask, "TMA offset")
+        tile = tuple(a.get("tile") or box)
+        self._smem_range(dst, lo, int(np.prod(tile)))
+        data = read_box(self.tensors[tmap.tensor], coords, tile)
+        self.proto.tma_load(None, s.node, dst, lo, data, data.size * itemsize, int(lanes[0]), self.site)
+
+    def _smem_range(self, buf, lo: int, n: int) -> None:
+        if lo < 0 or lo + n > buf.data.size:
+            raise OutOfBounds(f"TMA box of {n} elements at {buf.name}[{lo}] runs outside its {buf.data.size} "
+                              "elements", self.site())
+
+    def _tma_store(self, s: Step, mask: np.ndarray) -> None:
+        a, lanes = s.attrs, np.nonzero(mask)[0]
+        tmap = self.p.kg.params()[a["tmap"]]
+        src = self.proto.shared.get(a["src"])
+        if src is None:
+            raise InterpError(f"TMA store source {a['src']!r} is not a shared buffer", self.site())
+        fns, ln = self.p.fns[s.node], self.lanes(mask)
+        coords = [self.uniform(f(self.env, ln), mask, "TMA coordinate") for f in fns["coords"]]
+        lo = self.uniform(fns["offset"](self.env, ln), mask, "TMA offset")
+        n = int(np.prod(tmap.box))
+        self._smem_range(src, lo, n)
+        self.proto.read(src, np.arange(lo, lo + n), np.full(n, lanes[0]), self.site)
+        write_box(self.tensors[tmap.tensor], coords, src.data[lo:lo + n].reshape(tmap.box))
+
+    # ---------------------------------------------------------------- synchronisation
+    def _syncthreads(self, s: Step, mask: np.ndarray) -> None:
+        if not mask.all():
+            raise DivergentSync(f"__syncthreads() is reached by {int(mask.sum())} of {self.T} threads",
+                                self.site())
+        self.proto.sync_all()
+
+    def _bar_sync(self, s: Step, mask: np.ndarray) -> None:
+        if s.attrs["count"] == self.T and mask.all():
+            self.proto.sync_all()  # a named barrier over the whole block orders like __syncthreads
+
+    def _slots(self, s: Step, mask: np.ndarray, extra: Optional[str] = None):
+        """(barrier slot id, value of ``extra``, lanes) groups of the active threads."""
+        lanes = np.nonzero(mask)[0]
+        slots = self.per_lane(self.ev(s, "slot", mask), lanes).astype(np.int64)
+        vals = self.per_lane(self.ev(s, extra, mask), lanes).astype(np.int64) if extra else np.zeros_like(slots)
+        for sl, v in sorted({(int(a), int(b)) for a, b in zip(slots, vals)}):
+            yield self.proto.slot_id(s.attrs["barrier"], sl, self.site), v, lanes[(slots == sl) & (vals == v)]
+
+    def _mbarrier_init(self, s: Step, mask: np.ndarray) -> None:
+        for sid, _, lanes in self._slots(s, mask):
+            self.proto.init(sid, lanes, int(s.attrs["count"]), self.site)
+
+    def _mbarrier_arrive(self, s: Step, mask: np.ndarray) -> None:
+        for sid, _, lanes in self._slots(s, mask):
+            self.proto.arrive(sid, lanes, 0, self.site)
+
+    def _mbarrier_arrive_expect_tx(self, s: Step, mask: np.ndarray) -> None:
+        for sid, _, lanes in self._slots(s, mask):
+            self.proto.arrive(sid, lanes, int(s.attrs["bytes"]), self.site)
+
+    def _mbarrier_wait(self, s: Step, mask: np.ndarray) -> None:
+        for sid, parity, lanes in self._slots(s, mask, "parity"):
+            self.proto.wait(sid, lanes, parity % 2, self.site)
+
+    def _mbarrier_inval(self, s: Step, mask: np.ndarray) -> None:
+        for sid, _, lanes in self._slots(s, mask):
+            self.proto.inval(sid, lanes, self.site)

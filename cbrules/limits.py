@@ -1,0 +1,106 @@
+"""Hardware limits of the TMA (REFERENCE §2) as checks with named errors.
+
+Shared by the builder (box limits, known when a tensor map is declared), the GPU launcher and the
+reference interpreter (strides and alignment, known once real arrays are bound), so every path
+refuses the same things with the same words.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from .ops import DTYPE_BYTES
+
+
+class TmaLimitError(ValueError):
+    """A TMA tensor-map limit is violated.
+
+    ``axis`` counts numpy-style (outermost first) and is None for whole-map
+    properties such as rank, dtype or base address.
+    """
+
+    def __init__(
+        self, tensor_map: str, what: str, value: Any, limit: str, fix: str, axis: int | None = None
+    ):
+        self.tensor_map = tensor_map
+        self.what = what
+        self.value = value
+        self.limit = limit
+        self.fix = fix
+        self.axis = axis
+        where = f" of axis {axis}" if axis is not None else ""
+        super().__init__(
+            f"tensor map '{tensor_map}': {what}{where} is {value}, but {limit}. Fix: {fix}"
+        )
+
+
+class TmaBoxError(TmaLimitError):
+    """A TMA box outside the hardware limits, found when the tensor map is declared."""
+
+    def __init__(self, message: str):
+        ValueError.__init__(self, message)
+
+
+def check_box(mname: str, box: tuple, dtype: str) -> None:
+    """Box limits known when the kernel is built: rank 1..5, every extent 1..256, inner extent x
+    element size a multiple of 16 bytes."""
+    if not 1 <= len(box) <= 5:
+        raise TmaBoxError(f"tensor map {mname!r}: box rank {len(box)} is outside 1..5")
+    for d, b in enumerate(box):
+        if not 1 <= b <= 256:
+            raise TmaBoxError(f"tensor map {mname!r}: box extent {b} in dimension {d} is outside 1..256; use a "
+                              "box of at most 256 and a wider tile= on tma_load (the rules split it into boxes)")
+    inner = box[-1] * DTYPE_BYTES[dtype]
+    if inner % 16:
+        raise TmaBoxError(f"tensor map {mname!r}: inner box extent {box[-1]} x {DTYPE_BYTES[dtype]} bytes = "
+                          f"{inner} bytes is not a multiple of 16; make it a multiple of "
+                          f"{16 // math.gcd(16, DTYPE_BYTES[dtype])} elements")
+
+
+def check_tensor_map(name: str, shape: Sequence[int], strides_bytes: Sequence[int],
+                     itemsize: int, ptr: int, box: Sequence[int],
+                     elem_strides: Sequence[int] | None = None) -> None:
+    """Check the cuTensorMapEncodeTiled limits (no interleave), raising TmaLimitError.
+
+    Everything is given numpy-style, outermost axis first; strides are in bytes.
+    """
+    rank = len(shape)
+    if not 1 <= rank <= 5:
+        raise TmaLimitError(name, "rank", rank, "TMA supports ranks 1 to 5",
+                            "reshape the tensor (merge or split axes) to 1..5 axes")
+    for what, seq in (("box rank", box), ("stride count", strides_bytes),
+                      ("element-stride count", elem_strides or box)):
+        if len(seq) != rank:
+            raise TmaLimitError(name, what, len(seq), f"it must equal the tensor rank {rank}",
+                                "give one value per axis")
+    if ptr % 16:
+        raise TmaLimitError(name, "global address", hex(ptr), "it must be 16-byte aligned",
+                            "start the view at a 16-byte aligned element offset")
+    for axis, n in enumerate(shape):
+        if not 1 <= n <= 2**32:
+            raise TmaLimitError(name, "extent", n, "extents must be in 1..2**32",
+                                "drop empty tensors or split huge axes", axis)
+    for axis, b in enumerate(box):
+        if not 1 <= b <= 256:
+            raise TmaLimitError(name, "box extent", b, "box extents must be in 1..256",
+                                "use a smaller tile or several TMA copies along this axis", axis)
+    for axis, e in enumerate(elem_strides or ()):
+        if not 1 <= e <= 8:
+            raise TmaLimitError(name, "element stride", e, "element strides must be in 1..8",
+                                "use a smaller traversal stride", axis)
+    inner = rank - 1
+    if strides_bytes[inner] != itemsize:
+        raise TmaLimitError(name, "innermost stride", f"{strides_bytes[inner]} bytes",
+                            f"it must equal the element size ({itemsize} bytes)",
+                            "make the innermost axis contiguous (np.ascontiguousarray)", inner)
+    if box[inner] * itemsize % 16:
+        step = 16 // math.gcd(16, itemsize)
+        raise TmaLimitError(name, "inner box extent", f"{box[inner]} elements "
+                            f"({box[inner] * itemsize} bytes)", "it must span a multiple of 16 bytes",
+                            f"make the innermost box extent a multiple of {step} elements", inner)
+    for axis in range(inner):
+        s = strides_bytes[axis]
+        if s <= 0 or s % 16 or s >= 2**40:
+            raise TmaLimitError(name, "stride", f"{s} bytes",
+                                "strides must be positive multiples of 16 bytes below 2**40",
+                                "pad the inner rows to a multiple of 16 bytes", axis)

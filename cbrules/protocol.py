@@ -1,0 +1,400 @@
+"""The pipeline-protocol model the interpreter checks while it runs a block.
+
+Three pieces of state, all per block:
+
+* **mbarriers** (:class:`Barriers`): per slot, whether it is initialised (and which threads can
+  see the init), its arrival count, the arrivals still pending in the current phase, the
+  transaction bytes (expect-tx adds, TMA completion subtracts) and the number of completed phases.
+  A phase completes when no arrival is pending and the tx count is 0. ``try_wait.parity p``
+  succeeds when the current phase's parity differs from ``p`` -- exactly the hardware rule, so
+  parity aliasing (waiting for a phase two behind) is modelled, not assumed away.
+* **asynchronous loads**: a TMA load is queued when issued and delivered as late as possible: only
+  when a wait on its barrier could not otherwise succeed. Its elements are "in flight" until then
+  and afterwards carry the barrier phase they complete on.
+* **ordering between threads** (:class:`Clocks`): vector clocks. A thread's clock ticks at every
+  arrive and every block sync; a wait that observes a phase learns the clocks of every arrival of
+  the completed phases. A shared element remembers, per thread, the clock at which the thread last
+  read it; a refill by thread ``u`` is safe only if every such read is ordered before ``u``'s issue.
+
+Every failure is a :class:`ProtocolError` subclass naming the node, the barrier and slot, the
+block, and the iteration (the values of the enclosing loop variables).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+INFLIGHT = np.iinfo(np.int64).max  # phase of an element whose load has not been delivered yet
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where the interpreter is: the node, the block and the enclosing loop iterations."""
+
+    node: int
+    what: str
+    block: tuple
+    iteration: tuple = ()  # ((var, value, part), ...), outermost first
+
+    def __str__(self) -> str:
+        its = ", ".join(f"{v}={x}" + (f" ({p})" if p else "") for v, x, p in self.iteration)
+        return f"block {self.block}" + (f", iteration {its}" if its else ", outside any loop")
+
+
+SiteFn = Callable[[], Site]
+
+
+class InterpError(Exception):
+    """Anything the interpreter refuses; ``node``, ``block`` and ``iteration`` say where."""
+
+    def __init__(self, message: str, site: Site, barrier: Optional[str] = None, slot: Optional[int] = None):
+        self.site, self.node, self.barrier, self.slot = site, site.node, barrier, slot
+        self.block, self.iteration = site.block, site.iteration
+        self.detail = message
+        super().__init__(f"{site.what}: {message} [{site}]")
+
+
+class ProtocolError(InterpError):
+    """A violation of the mbarrier / TMA / block-sync protocol."""
+
+
+class Deadlock(ProtocolError):
+    """A wait that can never complete."""
+
+
+class RawHazard(ProtocolError):
+    """A read of shared data whose TMA load the reader has not observed complete."""
+
+
+class WarHazard(ProtocolError):
+    """A TMA refill of shared data that some thread may still read (or that is still in flight)."""
+
+
+class TxMismatch(ProtocolError):
+    """Expect-tx bytes of a phase that differ from the bytes the TMA loads delivered to it."""
+
+
+class UseBeforeInit(ProtocolError):
+    """A barrier used before its init (or before a block sync made the init visible)."""
+
+
+class UseAfterInval(ProtocolError):
+    """A barrier used after it was invalidated."""
+
+
+class DoubleInit(ProtocolError):
+    """A barrier initialised twice without an inval in between."""
+
+
+class TooManyArrivals(ProtocolError):
+    """More arrivals than the barrier's count within one phase."""
+
+
+class MissingInval(ProtocolError):
+    """A barrier still valid when the block ends."""
+
+
+class OutstandingTma(ProtocolError):
+    """A TMA load still in flight when its barrier is invalidated or the block ends."""
+
+
+class DivergentSync(ProtocolError):
+    """A block-wide operation (block sync, block reduction) reached by only some threads."""
+
+
+class ElectError(ProtocolError):
+    """``elect_one()`` (``elect.sync`` with a full mask) executed by part of warp 0 only."""
+
+
+class TmaIssueError(ProtocolError):
+    """A TMA load with a barrier issued by more than one thread at once."""
+
+
+class Clocks:
+    """Vector clocks of the threads of a block (see the module docstring)."""
+
+    def __init__(self, threads: int):
+        self.now = np.zeros(threads, np.int64)
+        self.known = np.full((threads, threads), -1, np.int64)  # known[u, t]: t's latest clock ordered before u
+
+    def tick(self, lanes: np.ndarray) -> np.ndarray:
+        """What ``lanes`` release by arriving: their knowledge and their own clocks; then they tick."""
+        vec = self.known[lanes].max(axis=0)
+        vec[lanes] = np.maximum(vec[lanes], self.now[lanes])
+        self.now[lanes] += 1
+        return vec
+
+    def acquire(self, lanes: np.ndarray, vec: np.ndarray) -> None:
+        self.known[lanes] = np.maximum(self.known[lanes], vec)
+
+    def sync_all(self) -> None:
+        """A block-wide barrier: every thread learns everything, then every clock ticks."""
+        self.known[:] = np.maximum(self.known.max(axis=0), self.now)
+        self.now += 1
+
+    def view_of(self, u: int) -> np.ndarray:
+        """Per thread, the latest clock ordered before thread ``u``'s present (its own: now)."""
+        v = self.known[u].copy()
+        v[u] = self.now[u]
+        return v
+
+
+class SharedBuffer:
+    """A shared allocation: its data and, for buffers TMA loads fill, who wrote and read what."""
+
+    def __init__(self, name: str, dtype, size: int, threads: int, tracked: bool):
+        self.name = name
+        self.data = np.full(size, np.nan, dtype) if np.issubdtype(dtype, np.floating) else np.zeros(size, dtype)
+        self.tracked = tracked
+        if tracked:
+            self.w_slot = np.full(size, -1, np.int64)  # barrier slot the last TMA write completes on
+            self.w_phase = np.zeros(size, np.int64)  # ... and the phase (INFLIGHT until delivered)
+            self.w_node = np.full(size, -1, np.int64)
+            self.readers = np.full((size, threads), -1, np.int32)  # clock of each thread's last read
+
+
+@dataclass
+class Transfer:
+    """A TMA load in flight."""
+
+    node: int
+    buf: SharedBuffer
+    lo: int
+    data: np.ndarray
+    nbytes: int
+
+
+class Barriers:
+    """Every mbarrier slot of a block, numbered globally (``names[i]`` = (buffer, slot))."""
+
+    def __init__(self, threads: int, sizes: dict[str, int]):
+        self.threads, self.size, self.base, self.names = threads, dict(sizes), {}, []
+        for buf, n in sizes.items():
+            self.base[buf] = len(self.names)
+            self.names += [(buf, s) for s in range(n)]
+
+    def reset(self) -> None:
+        n, t = len(self.names), self.threads
+        self.state = np.zeros(n, np.int8)  # 0 never initialised, 1 valid, 2 invalidated
+        self.visible = np.zeros((n, t), bool)  # threads that may use it (init ordered before them)
+        self.count = np.zeros(n, np.int64)
+        self.pending = np.zeros(n, np.int64)
+        self.tx = np.zeros(n, np.int64)
+        self.phase = np.zeros(n, np.int64)  # completed phases
+        self.expected = np.zeros(n, np.int64)
+        self.delivered = np.zeros(n, np.int64)
+        self.observed = np.zeros((n, t), np.int64)  # completed phases each thread has seen via a wait
+        self.arrived = np.full((n, t), -1, np.int64)  # clocks released by the current phase's arrivals
+        self.released = np.full((n, t), -1, np.int64)  # ... by all completed phases
+        self.inflight: list[deque] = [deque() for _ in range(n)]
+
+    def label(self, sid: int) -> str:
+        b, s = self.names[sid]
+        return f"{b}[{s}]"
+
+
+class BlockProtocol:
+    """Protocol state of one block and the checks on every barrier, TMA and shared access."""
+
+    def __init__(self, threads: int, barriers: dict[str, int], shared: dict[str, tuple]):
+        """``barriers``: mbarrier buffer -> slots; ``shared``: buffer -> (numpy dtype, size, tracked)."""
+        self.threads = threads
+        self.bars = Barriers(threads, barriers)
+        self.shared_spec = shared
+        self.reset()
+
+    def reset(self) -> None:
+        """Fresh state for the next block."""
+        self.bars.reset()
+        self.clocks = Clocks(self.threads)
+        self.shared = {n: SharedBuffer(n, dt, size, self.threads, tr) for n, (dt, size, tr) in self.shared_spec.items()}
+
+    # ------------------------------------------------------------------ barrier slots
+    def slot_id(self, buf: str, slot: int, site: SiteFn) -> int:
+        b = self.bars
+        if buf not in b.base:
+            raise ProtocolError(f"{buf!r} is not an allocated mbarrier array", site(), buf, slot)
+        n = b.size[buf]
+        if not 0 <= slot < n:
+            raise ProtocolError(f"slot {slot} is outside {buf}[0..{n})", site(), buf, slot)
+        return b.base[buf] + slot
+
+    def _usable(self, sid: int, lanes: np.ndarray, site: SiteFn, what: str) -> None:
+        b = self.bars
+        buf, slot = b.names[sid]
+        if b.state[sid] == 0:
+            raise UseBeforeInit(f"{what} {b.label(sid)}, which was never initialised", site(), buf, slot)
+        if b.state[sid] == 2:
+            raise UseAfterInval(f"{what} {b.label(sid)} after it was invalidated", site(), buf, slot)
+        unseen = lanes[~b.visible[sid, lanes]]
+        if unseen.size:
+            raise UseBeforeInit(f"thread {unseen[0]} uses {b.label(sid)} ({what}) but no block sync orders the "
+                                "barrier's init before it", site(), buf, slot)
+
+    def init(self, sid: int, lanes: np.ndarray, count: int, site: SiteFn) -> None:
+        b = self.bars
+        buf, slot = b.names[sid]
+        if b.state[sid] == 1 or lanes.size > 1:
+            raise DoubleInit(f"{b.label(sid)} is initialised again (by {lanes.size} thread(s)) while valid; "
+                             "initialise each barrier once, from one thread", site(), buf, slot)
+        if count < 1:
+            raise ProtocolError(f"arrival count {count} of {b.label(sid)} must be >= 1", site(), buf, slot)
+        b.state[sid], b.count[sid], b.pending[sid] = 1, count, count
+        b.tx[sid] = b.expected[sid] = b.delivered[sid] = 0
+        b.visible[sid] = False
+        b.visible[sid, lanes] = True
+        b.arrived[sid] = -1
+
+    def inval(self, sid: int, lanes: np.ndarray, site: SiteFn) -> None:
+        b = self.bars
+        self._usable(sid, lanes, site, "invalidate")
+        if b.inflight[sid]:
+            t = b.inflight[sid][0]
+            raise OutstandingTma(f"{b.label(sid)} is invalidated while the TMA load #{t.node} into "
+                                 f"{t.buf.name}[{t.lo}:] is still in flight (nobody waited for it)",
+                                 site(), *b.names[sid])
+        b.state[sid] = 2
+
+    def arrive(self, sid: int, lanes: np.ndarray, nbytes: int, site: SiteFn) -> None:
+        """Each thread in ``lanes`` arrives once (after adding ``nbytes`` to the expected tx)."""
+        b = self.bars
+        buf, slot = b.names[sid]
+        self._usable(sid, lanes, site, "arrive on")
+        n = lanes.size
+        if n > b.pending[sid]:
+            raise TooManyArrivals(f"{n} arrival(s) on {b.label(sid)} in phase {b.phase[sid]} with only "
+                                  f"{b.pending[sid]} of its count {b.count[sid]} pending", site(), buf, slot)
+        b.tx[sid] += nbytes * n
+        b.expected[sid] += nbytes * n
+        b.pending[sid] -= n
+        b.arrived[sid] = np.maximum(b.arrived[sid], self.clocks.tick(lanes))
+        self._maybe_complete(sid, site)
+
+    def _maybe_complete(self, sid: int, site: SiteFn) -> None:
+        b = self.bars
+        if b.pending[sid] != 0:
+            return
+        if b.tx[sid] < 0:
+            raise TxMismatch(f"phase {b.phase[sid]} of {b.label(sid)}: TMA loads delivered {b.delivered[sid]} "
+                             f"bytes but the arrivals expected only {b.expected[sid]}", site(), *b.names[sid])
+        if b.tx[sid] == 0:
+            b.phase[sid] += 1
+            b.pending[sid] = b.count[sid]
+            b.expected[sid] = b.delivered[sid] = 0
+            b.released[sid] = np.maximum(b.released[sid], b.arrived[sid])
+            b.arrived[sid] = -1
+
+    def _deliver(self, sid: int, site: SiteFn) -> None:
+        b = self.bars
+        t = b.inflight[sid].popleft()
+        hi = t.lo + t.data.size
+        t.buf.data[t.lo:hi] = t.data
+        if t.buf.tracked:
+            ph = t.buf.w_phase[t.lo:hi]
+            ph[(t.buf.w_slot[t.lo:hi] == sid) & (ph == INFLIGHT)] = b.phase[sid]
+        b.tx[sid] -= t.nbytes
+        b.delivered[sid] += t.nbytes
+        self._maybe_complete(sid, site)
+
+    def wait(self, sid: int, lanes: np.ndarray, parity: int, site: SiteFn) -> None:
+        """``try_wait.parity`` until it succeeds: deliver this slot's loads one by one while it cannot."""
+        b = self.bars
+        buf, slot = b.names[sid]
+        self._usable(sid, lanes, site, "wait on")
+        while b.phase[sid] % 2 == parity and b.inflight[sid]:
+            self._deliver(sid, site)
+        if b.phase[sid] % 2 == parity:
+            if b.pending[sid] == 0 and b.tx[sid] != 0:
+                raise TxMismatch(f"phase {b.phase[sid]} of {b.label(sid)} never completes: the arrivals "
+                                 f"expected {b.expected[sid]} transaction bytes, the TMA loads delivered "
+                                 f"{b.delivered[sid]}", site(), buf, slot)
+            raise Deadlock(f"waits for parity {parity} of {b.label(sid)}, but phase {b.phase[sid]} (parity "
+                           f"{parity}) is still open with {b.pending[sid]} of {b.count[sid]} arrival(s) and "
+                           f"{b.tx[sid]} transaction byte(s) pending, and nothing left in the block can "
+                           "complete it", site(), buf, slot)
+        b.observed[sid, lanes] = np.maximum(b.observed[sid, lanes], b.phase[sid])
+        self.clocks.acquire(lanes, b.released[sid])
+
+    def sync_all(self) -> None:
+        """A block sync: orders every access before it, and publishes barrier inits to every thread."""
+        self.clocks.sync_all()
+        self.bars.visible[self.bars.state == 1] = True
+
+    # ------------------------------------------------------------------ shared memory
+    def tma_load(self, sid: Optional[int], node: int, buf: SharedBuffer, lo: int, data: np.ndarray,
+                 nbytes: int, issuer: int, site: SiteFn) -> None:
+        """A TMA load into ``buf[lo:lo+size]``: queued on barrier slot ``sid``, or done at once
+        (``sid`` None: a load before lowering, which has no completion mechanism yet)."""
+        hi = lo + data.size
+        if sid is None:
+            buf.data[lo:hi] = data
+            if buf.tracked:
+                buf.w_slot[lo:hi] = -1
+                buf.readers[lo:hi] = -1
+            return
+        b = self.bars
+        bname, slot = b.names[sid]
+        self._usable(sid, np.array([issuer]), site, "issue a TMA load completing on")
+        if buf.tracked:
+            busy = np.nonzero(buf.w_phase[lo:hi] == INFLIGHT)[0]
+            busy = busy[buf.w_slot[lo + busy] >= 0] if busy.size else busy
+            if busy.size:
+                e = lo + busy[0]
+                raise WarHazard(f"refills {buf.name}[{e}] while the TMA load #{buf.w_node[e]} into it is still "
+                                "in flight (nobody waited for it)", site(), bname, slot)
+            seen = self.clocks.view_of(issuer)
+            late = np.nonzero((buf.readers[lo:hi] > seen).any(axis=1))[0]
+            if late.size:
+                e = lo + late[0]
+                t = int(np.nonzero(buf.readers[e] > seen)[0][0])
+                raise WarHazard(f"thread {issuer} refills {buf.name}[{lo}:{hi}] (completing on "
+                                f"{b.label(sid)}) while thread {t} may still read {buf.name}[{e}]: its read is "
+                                "not ordered before the refill by a block sync or an arrive/wait chain",
+                                site(), bname, slot)
+            buf.w_slot[lo:hi], buf.w_phase[lo:hi], buf.w_node[lo:hi] = sid, INFLIGHT, node
+            buf.readers[lo:hi] = -1
+        b.inflight[sid].append(Transfer(node, buf, lo, data, nbytes))
+
+    def read(self, buf: SharedBuffer, idx: np.ndarray, lanes: np.ndarray, site: SiteFn) -> None:
+        """Threads ``lanes`` read ``buf[idx]`` (one element each): check RAW, remember the reads."""
+        if not buf.tracked:
+            return
+        slots = buf.w_slot[idx]
+        async_ = slots >= 0
+        if async_.any():
+            phase = buf.w_phase[idx]
+            seen = self.bars.observed[np.where(async_, slots, 0), lanes]
+            bad = np.nonzero(async_ & (seen <= phase))[0]
+            if bad.size:
+                k = bad[0]
+                e, sid, t = int(idx[k]), int(slots[k]), int(lanes[k])
+                state = ("has not completed yet" if phase[k] == INFLIGHT else
+                         f"completes phase {phase[k]} of {self.bars.label(sid)}")
+                raise RawHazard(f"thread {t} reads {buf.name}[{e}], whose TMA load #{buf.w_node[e]} {state}, but "
+                                f"the thread has observed only {seen[k]} completed phase(s) of "
+                                f"{self.bars.label(sid)} (a missing wait, or a wait with the wrong parity)",
+                                site(), *self.bars.names[sid])
+        buf.readers[idx, lanes] = self.clocks.now[lanes]
+
+    def write(self, buf: SharedBuffer, idx: np.ndarray) -> None:
+        """A plain store: the elements are no longer the product of a TMA load."""
+        if buf.tracked:
+            buf.w_slot[idx] = -1
+            buf.readers[idx] = -1
+
+    def finish(self, site: SiteFn) -> None:
+        """End of the block: no load in flight, every initialised barrier invalidated."""
+        b = self.bars
+        for sid, q in enumerate(b.inflight):
+            if q:
+                raise OutstandingTma(f"the block ends while the TMA load #{q[0].node} into {q[0].buf.name}"
+                                     f"[{q[0].lo}:] completing on {b.label(sid)} is still in flight",
+                                     site(), *b.names[sid])
+        live = np.nonzero(b.state == 1)[0]
+        if live.size:
+            sid = int(live[0])
+            raise MissingInval(f"{b.label(sid)} is still valid when the block ends; invalidate every barrier "
+                               "(mbarrier_inval) after its last use", site(), *b.names[sid])
