@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from .graph import KernelGraph
 from .match import Matcher, split_keys
-from .ops import OPS, conflicts
+from .ops import OPS, conflicts, nearest_conflicts
 from .schedule import sibling_order
 from .sexpr import RuleError, SList
 from .terms import Term, as_term, substitute
@@ -81,31 +81,37 @@ class Rewriter:
     def place(self, n: int, scope: int, where: str, anchor: Optional[int] = None) -> None:
         """Put new node ``n`` into ``scope`` at entry/exit, or right before/after ``anchor``.
 
-        entry: before every child; exit: after every child; before: after the anchor's
-        predecessors and before the anchor; after: after the anchor and before its successors.
-        Memory order against the other siblings follows from conflicting effects.
+        entry: before every child; exit: after every child; before / after: next to the anchor.
+        Against the other siblings, memory order follows from conflicting effects at that position.
         """
         kg = self.kg
         seq = [c for c in sibling_order(kg, scope) if c != n]
         if n not in kg.children(scope):
             kg.g.add_edge(scope, n, kind="contains")
-        deps = lambda it: [x for x in it if x != n and kg.g.edges.get((x, anchor), kg.g.edges.get((anchor, x), {})).get("kind") == "depends"]  # noqa: E731
+        # entry/exit: before the siblings nothing precedes / after those nothing follows; the rest
+        # is ordered through them (edges stay linear in the number of siblings)
+        sibs = set(seq)
+        linked = lambda c, nbrs: any(x in sibs and kg.g.edges[e]["kind"] == "depends"  # noqa: E731
+                                     for x, e in nbrs(c))
         if where == "entry":
-            at, before, after = 0, [], seq
+            at, before = 0, []
+            after = [c for c in seq if not linked(c, lambda c: ((p, (p, c)) for p in kg.g.pred[c]))]
         elif where == "exit":
-            at, before, after = len(seq), seq, []
+            at, after = len(seq), []
+            before = [c for c in seq if not linked(c, lambda c: ((q, (c, q)) for q in kg.g.succ[c]))]
         elif where == "before":
-            at, before, after = seq.index(anchor), deps(kg.g.predecessors(anchor)), [anchor]
+            at, before, after = seq.index(anchor), [], [anchor]
         else:
-            at, before, after = seq.index(anchor) + 1, [anchor], deps(kg.g.successors(anchor))
+            at, before, after = seq.index(anchor) + 1, [anchor], []
         for s in before:
             kg.add_depends(s, n)
         for s in after:
             kg.add_depends(n, s)
-        mine = kg.effects(n)
-        for i, s in enumerate(seq):
-            if conflicts(kg.effects(s), mine):
-                kg.add_depends(s, n) if i < at else kg.add_depends(n, s)
+        preds, succs = nearest_conflicts([kg.effects(s) for s in seq], at, kg.effects(n))
+        for i in preds:
+            kg.add_depends(seq[i], n)
+        for i in succs:
+            kg.add_depends(n, seq[i])
 
     def instantiate(self, t: SList, parent: Optional[int]) -> int:
         """Create the nodes of a template under ``parent`` (not yet ordered among its siblings)."""
@@ -124,9 +130,8 @@ class Rewriter:
         self.created.append(n)
         if "as" in keys:
             self.b[keys["as"].value] = NodeRef(n)
-        for child in pos:  # body of a scope, in program order
-            c = self.instantiate(child, n)
-            self.kg.order_after_conflicts(c)
+        kids = [self.instantiate(child, n) for child in pos]  # body of a scope, in program order
+        self.kg.order_by_effects(kids)
         return n
 
     def _insert(self, where: str, target, templates) -> None:
@@ -146,12 +151,18 @@ class Rewriter:
 
     # ------------------------------------------------------------------ removal and change
     def detach(self, n: int) -> None:
-        """Take ``n`` out of its scope, joining its predecessors to its successors."""
+        """Take ``n`` out of its scope; a predecessor and a successor that conflict stay ordered."""
         preds = [p for p in self.kg.g.predecessors(n) if self.kg.g.edges[p, n]["kind"] == "depends"]
         succs = [s for s in self.kg.g.successors(n) if self.kg.g.edges[n, s]["kind"] == "depends"]
+        succ_effects = {s: self.kg.effects(s) for s in succs}
+        needed = {(p, s) for p in preds for s in succs if conflicts(self.kg.effects(p), succ_effects[s])}
+        g = self.kg.g
         for p in preds:
-            self.kg.g.remove_edge(p, n)
-            for s in succs:
+            g.remove_edge(p, n)
+        # skip p -> s where p already precedes another predecessor that will precede s
+        for p, s in needed:
+            if not any((q, s) in needed and g.has_edge(p, q) and g.edges[p, q]["kind"] == "depends"
+                       for q in preds if q != p):
                 self.kg.add_depends(p, s)
         for s in succs:
             self.kg.g.remove_edge(n, s)
@@ -188,11 +199,22 @@ class Rewriter:
 
     def _wrap(self, a, target, t) -> None:
         n = self.node(target)
-        parent = self.kg.parent(n)
+        kg, g = self.kg, self.kg.g
+        parent = kg.parent(n)
         s = self.instantiate(t, None)
-        self.place(s, parent, "before", n)
-        self.detach(n)
-        self.place(n, s, "exit")
+        g.add_edge(parent, s, kind="contains")
+        # the new scope takes ?n's place: its depends edges move over, then ?n moves inside
+        for p in [p for p in g.pred[n] if g.edges[p, n]["kind"] == "depends"]:
+            g.remove_edge(p, n)
+            kg.add_depends(p, s)
+        for q in [q for q in g.succ[n] if g.edges[n, q]["kind"] == "depends"]:
+            g.remove_edge(n, q)
+            kg.add_depends(s, q)
+        g.remove_edge(parent, n)
+        if kg.children(s):
+            self.place(n, s, "exit")  # after the template's own body
+        else:
+            g.add_edge(s, n, kind="contains")
         self.changed.append(n)
 
     def _move(self, a, target, *kv) -> None:
@@ -255,12 +277,7 @@ class Rewriter:
             if cc is not None:
                 kg.g.add_edge(new, cc, kind="contains")
                 seq.append(cc)
-        # the copies keep the original's order wherever their effects conflict
-        for i, x in enumerate(seq):
-            ex = kg.effects(x)
-            for y in seq[i + 1:]:
-                if conflicts(ex, kg.effects(y)):
-                    kg.add_depends(x, y)
+        kg.order_by_effects(seq)  # the copies keep the original's order wherever effects conflict
         return new
 
     # ------------------------------------------------------------------ edges, bindings, failure

@@ -22,7 +22,7 @@ from typing import Iterator, Optional, Sequence
 
 from .graph import KernelGraph, Param
 from .limits import TmaBoxError, check_box  # noqa: F401  (TmaBoxError: public via the builder)
-from .ops import BINARY, DTYPE_BYTES, DTYPES, LOOP_KINDS, UNARY
+from .ops import BINARY, DTYPE_BYTES, DTYPES, LOOP_KINDS, UNARY, DependenceTracker
 from .terms import ELECT_ONE, Term, TermLike, as_term, call, name
 
 threadIdx = type("threadIdx", (), {a: name(f"threadIdx.{a}") for a in "xyz"})
@@ -91,6 +91,7 @@ class Kernel:
         self.graph = KernelGraph(name, block=_dims(block))
         self._scopes: list[int] = [self.graph.root]
         self._regs = itertools.count()
+        self._trackers: dict[int, DependenceTracker] = {}
 
     # ---------------------------------------------------------------- signature & geometry
     def _add_param(self, p: Param) -> None:
@@ -130,8 +131,14 @@ class Kernel:
     def _node(self, op: str, **attrs) -> int:
         n = self.graph.add(op, self._scopes[-1], origin={"by": "build", "where": _call_site()}, **attrs)
         if op not in ("for", "if"):
-            self.graph.order_after_conflicts(n)
+            self._order(n)
         return n
+
+    def _order(self, n: int) -> None:
+        """Program order becomes depends edges from the nearest conflicting earlier siblings."""
+        tracker = self._trackers.setdefault(self.graph.parent(n), DependenceTracker())
+        for p in tracker.add(n, self.graph.effects(n)):
+            self.graph.add_depends(p, n)
 
     @contextmanager
     def _scope(self, op: str, **attrs) -> Iterator[int]:
@@ -141,7 +148,7 @@ class Kernel:
             yield n
         finally:
             self._scopes.pop()
-            self.graph.order_after_conflicts(n)  # now that its body (and so its effects) is known
+            self._order(n)  # now that its body (and so its effects) is known
 
     @contextmanager
     def loop(self, var: str, start: TermLike, stop: Optional[TermLike] = None, step: TermLike = 1,

@@ -1,8 +1,9 @@
 """The driver: apply graph rules phase by phase to a fixpoint, then simplify terms with egglog.
 
-Within a phase the first rule (in ``:after``/file order) with a match not applied before fires;
-then matching starts again. A match is identified by the rule and the nodes it bound, so a rule
-fires once per set of nodes. Each application rewrites a copy of the graph: a failure leaves the
+Within a phase the first rule (in ``:after``/file order) with matches not applied before fires on
+all of them, each match checked again just before it is applied; then matching starts again from
+the first rule. A match is identified by the rule and the nodes it bound, so a rule fires once
+per set of nodes. Each application rewrites a copy of the graph: a failure leaves the
 graph as it was. ``verify()`` runs after each phase; in debug mode the structural checks also run
 after each application.
 """
@@ -94,22 +95,26 @@ def _lower(kg: KernelGraph, rules: RuleSet, trace: Optional[Trace], debug: bool,
     step = 0
     for phase in rules.phases:
         per_rule: Counter = Counter()
-        for _ in range(max_steps + 1):
-            found = _next_application(kg, rules.in_phase(phase), fired)
+        while True:
+            found = _next_batch(kg, rules.in_phase(phase), fired)
             if found is None:
                 break
-            if sum(per_rule.values()) >= max_steps:
-                busy = ", ".join(f"{n} ({c} times)" for n, c in per_rule.most_common(5))
-                raise LoweringError(f"phase {phase!r}: still rewriting after {max_steps} applications; "
-                                    f"rules still firing: {busy}. A rule probably re-creates what it matches: "
-                                    "add a guard such as (no ...) or an attribute it sets")
-            rule, b, key = found
-            fired.add(key)
-            step += 1
-            per_rule[rule.name] += 1
-            kg = _apply(kg, rule, b, step, phase, trace, debug)
-            if stop_after is not None and step >= stop_after:
-                return Lowered(kg, trace, step)
+            rule, batch = found
+            for b in batch:
+                b = _still_matches(kg, rule, b, fired)
+                if b is None:
+                    continue  # an earlier application of the batch changed what this one matched
+                if sum(per_rule.values()) >= max_steps:
+                    busy = ", ".join(f"{n} ({c} times)" for n, c in per_rule.most_common(5))
+                    raise LoweringError(f"phase {phase!r}: still rewriting after {max_steps} applications; "
+                                        f"rules still firing: {busy}. A rule probably re-creates what it matches: "
+                                        "add a guard such as (no ...) or an attribute it sets")
+                fired.add(_match_key(rule, b))
+                step += 1
+                per_rule[rule.name] += 1
+                kg = _apply(kg, rule, b, step, phase, trace, debug)
+                if stop_after is not None and step >= stop_after:
+                    return Lowered(kg, trace, step)
         try:
             kg.verify()
         except GraphError as e:
@@ -126,23 +131,39 @@ def _lower(kg: KernelGraph, rules: RuleSet, trace: Optional[Trace], debug: bool,
     return Lowered(kg, trace, step)
 
 
-def _next_application(kg: KernelGraph, rules: list[GraphRule], fired: set):
+def _next_batch(kg: KernelGraph, rules: list[GraphRule], fired: set):
+    """The first rule (in order) with matches not applied yet, and all those matches."""
+    index = Matcher(kg)  # the graph does not change while we look: one index for every rule
     for rule in rules:
-        m = Matcher(kg)
         try:
-            for b in m.matches(rule.match, rule.where):
-                key = _match_key(rule, b)
-                if key not in fired:
-                    return rule, b, key
+            batch = [b for b in index.fresh().matches(rule.match, rule.where) if _match_key(rule, b) not in fired]
         except RuleError as e:
             raise LoweringError(f"rule {rule.name} ({rule.at}): {e}") from e
+        if batch:
+            return rule, batch
+    return None
+
+
+def _still_matches(kg: KernelGraph, rule: GraphRule, b: dict, fired: set) -> Optional[dict]:
+    """``b``'s nodes matched again on the current graph (values re-read), unless already applied."""
+    nodes = {k: v for k, v in b.items() if isinstance(v, NodeRef)}
+    if any(v.id not in kg for v in nodes.values()):
+        return None
+    try:
+        for b2 in Matcher(kg).matches(rule.match, rule.where, nodes):
+            if _match_key(rule, b2) not in fired:
+                return b2
+    except RuleError as e:
+        raise LoweringError(f"rule {rule.name} ({rule.at}): {e}") from e
     return None
 
 
 def _apply(kg: KernelGraph, rule: GraphRule, b: dict, step: int, phase: str, trace: Optional[Trace],
            debug: bool) -> KernelGraph:
     t0 = time.perf_counter()
-    work = kg.copy()
+    # lowering works on a private copy of the user's graph, so a failure (which stops lowering)
+    # cannot touch what the user built; debug mode also keeps the graph as it was after each step
+    work = kg.copy() if debug else kg
     rw = Rewriter(work, b, {"by": "rule", "rule": rule.name, "at": rule.at, "step": step})
     where = f"rule {rule.name} ({rule.at}), step {step}"
     try:
@@ -153,11 +174,11 @@ def _apply(kg: KernelGraph, rule: GraphRule, b: dict, step: int, phase: str, tra
         raise LoweringError(f"{e} [{where}]") from None
     except (RuleError, GraphError, ScheduleError, KeyError, ValueError, TypeError) as e:
         raise LoweringError(f"{where} failed on {', '.join(f'{k}={_show(v)}' for k, v in b.items())}: "
-                            f"{e}; the graph is left as it was before this application") from e
+                            f"{e}; lowering stopped and the kernel as built is unchanged") from e
     if trace is not None:
         trace.records.append(Application(step, rule.name, rule.at, phase, {k: _show(v) for k, v in rw.b.items()},
                                          rw.created, rw.erased, sorted(set(rw.changed)), time.perf_counter() - t0))
-        trace.graphs[step] = work.copy()
+        trace.graphs[step] = work  # never changed again: the next step works on a copy
     return work
 
 
@@ -194,6 +215,8 @@ def term_ranges(kg: KernelGraph) -> dict:
 def _simplify(kg: KernelGraph, rules: RuleSet, step: int, phase: str, trace: Optional[Trace]) -> KernelGraph:
     from .egg import simplify
     t0 = time.perf_counter()
+    if trace is not None:
+        kg = kg.copy()  # the trace holds the graph of the previous step
     sites = []
     for n in kg.nodes():
         d = kg[n]
@@ -216,5 +239,5 @@ def _simplify(kg: KernelGraph, rules: RuleSet, step: int, phase: str, trace: Opt
     if trace is not None:
         trace.records.append(Application(step, "egglog", "egglog", phase, {}, [], [], sorted(changed),
                                          time.perf_counter() - t0, egg=dict(result.rule_matches)))
-        trace.graphs[step] = kg.copy()
+        trace.graphs[step] = kg
     return kg

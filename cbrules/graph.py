@@ -8,13 +8,12 @@ cloned, so that debug queries can trace any node back to the kernel the user bui
 """
 from __future__ import annotations
 
-import copy as _copy
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
 import networkx as nx
 
-from .ops import OPS, SCOPES, conflicts, effects
+from .ops import OPS, SCOPES, DependenceTracker, effects
 from .terms import const
 
 CONTAINS, DEPENDS = "contains", "depends"
@@ -76,19 +75,13 @@ class KernelGraph:
     def remove_depends(self, a: int, b: int) -> None:
         self.g.remove_edge(a, b)
 
-    def order_after_conflicts(self, n: int) -> None:
-        """Add depends edges from every earlier-created sibling whose effects conflict with ``n``'s.
-
-        The builder calls this when a node (or a whole scope) is complete, so program order on
-        registers, buffers and barriers becomes explicit edges.
-        """
-        parent = self.parent(n)
-        if parent is None:
-            return
-        mine = self.effects(n)
-        for s in self.children(parent):
-            if s < n and conflicts(self.effects(s), mine):
-                self.add_depends(s, n)
+    def order_by_effects(self, seq: list[int]) -> None:
+        """Add the depends edges that keep siblings ``seq`` (in program order) in that order
+        wherever their effects conflict (RAW/WAR/WAW on registers, buffers, the sync token)."""
+        tracker = DependenceTracker()
+        for n in seq:
+            for p in tracker.add(n, self.effects(n)):
+                self.add_depends(p, n)
 
     # ---------------------------------------------------------------------------- queries
     def __getitem__(self, n: int) -> dict:
@@ -109,6 +102,13 @@ class KernelGraph:
 
     def nodes(self, op: Optional[str] = None) -> list[int]:
         return sorted(n for n, d in self.g.nodes(data=True) if op is None or d["op"] == op)
+
+    def by_op(self) -> dict[str, list[int]]:
+        """Node ids grouped by op, each list sorted (one pass; matchers index with it)."""
+        out: dict[str, list[int]] = {}
+        for n in sorted(self.g.nodes):
+            out.setdefault(self.g.nodes[n]["op"], []).append(n)
+        return out
 
     def parent(self, n: int) -> Optional[int]:
         for p, d in self.g.pred[n].items():
@@ -172,7 +172,9 @@ class KernelGraph:
     def copy(self) -> "KernelGraph":
         """An independent deep copy (rules rewrite copies so failures leave the input untouched)."""
         new = KernelGraph.__new__(KernelGraph)
-        new.g = _copy.deepcopy(self.g)
+        # one level deep is enough: attribute values are immutable (terms, tuples, strings) or, like
+        # annotation and origin dicts, replaced rather than changed in place by builder and rules
+        new.g = self.g.copy()
         new._next_id, new.root, new.trace = self._next_id, self.root, None
         return new
 

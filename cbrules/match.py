@@ -99,7 +99,17 @@ class Matcher:
     def __init__(self, kg: KernelGraph):
         self.kg = kg
         self._orders: dict[int, list[int]] = {}
+        self._by_op = kg.by_op()
+        self._all = kg.nodes()
         self.deepest: tuple[int, str, Any] = (-1, "", None)
+
+    def fresh(self) -> "Matcher":
+        """A matcher over the same (unchanged) graph sharing this one's indexes, with its own
+        failure record."""
+        m = Matcher.__new__(Matcher)
+        m.kg, m._orders, m._by_op, m._all = self.kg, self._orders, self._by_op, self._all
+        m.deepest = (-1, "", None)
+        return m
 
     def order(self, scope: int) -> list[int]:
         if scope not in self._orders:
@@ -163,8 +173,8 @@ class Matcher:
             pool = self.kg.children(self._scope_of(keys["child-of"], b))
         elif "in" in keys:
             pool = self.kg.descendants(self._scope_of(keys["in"], b))
-        else:
-            pool = self.kg.nodes()
+        else:  # the whole graph: the op index, built once per matcher
+            return list(self._all if op == "_" else self._by_op.get(op, ()))
         return [n for n in pool if op == "_" or self.kg.op(n) == op]
 
     def node_pattern(self, e: SList, b: dict, within: Optional[int] = None) -> Iterator[dict]:

@@ -125,3 +125,51 @@ def conflicts(a: tuple[set[str], set[str]], b: tuple[set[str], set[str]]) -> boo
     """True when the two effect sets must keep their program order (RAW, WAR or WAW)."""
     (ra, wa), (rb, wb) = a, b
     return bool(wa & (rb | wb) or ra & wb)
+
+
+def nearest_conflicts(seq: list[tuple[set[str], set[str]]], at: int,
+                      mine: tuple[set[str], set[str]]) -> tuple[set[int], set[int]]:
+    """Positions in ``seq`` (effects of siblings in program order) that a node placed at ``at``
+    must follow and precede: per resource, the nearest writer on each side and, when the node
+    writes, the readers between it and that writer. Everything farther away is already ordered
+    through those, so the depends edges stay linear in the number of siblings."""
+    reads, writes = mine
+    before: set[int] = set()
+    after: set[int] = set()
+    for r in reads | writes:
+        for span, out in ((range(at - 1, -1, -1), before), (range(at, len(seq)), after)):
+            for i in span:
+                their_reads, their_writes = seq[i]
+                if r in their_writes:
+                    out.add(i)
+                    break
+                if r in their_reads and r in writes:
+                    out.add(i)
+    return before, after
+
+
+class DependenceTracker:
+    """Builds depends edges for siblings added in program order, in time linear in their number:
+    per resource it remembers the last writer and the readers since, which are exactly the
+    nearest conflicting predecessors of the next node."""
+
+    def __init__(self) -> None:
+        self.writer: dict[str, int] = {}
+        self.readers: dict[str, list[int]] = {}
+
+    def add(self, node: int, effects_of_node: tuple[set[str], set[str]]) -> set[int]:
+        """Record ``node``; return the earlier siblings it must follow."""
+        reads, writes = effects_of_node
+        preds: set[int] = set()
+        for r in reads | writes:
+            if r in self.writer:
+                preds.add(self.writer[r])
+        for r in writes:
+            preds.update(self.readers.get(r, ()))
+        for r in reads - writes:
+            self.readers.setdefault(r, []).append(node)
+        for r in writes:
+            self.writer[r] = node
+            self.readers[r] = []
+        preds.discard(node)
+        return preds

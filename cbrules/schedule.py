@@ -68,11 +68,19 @@ def sibling_edges(kg: KernelGraph) -> dict[int, list[tuple[int, int, tuple[int, 
 
 
 def sibling_order(kg: KernelGraph, scope: int, edges: Optional[dict] = None) -> list[int]:
-    """The children of ``scope`` in a deterministic order that respects every depends edge."""
-    edges = sibling_edges(kg) if edges is None else edges
+    """The children of ``scope`` in a deterministic order that respects every depends edge.
+
+    Without ``edges`` (from :func:`sibling_edges`) only the edges between the children themselves
+    count, which is all a verified graph has and costs only the scope's own adjacency."""
+    kids = kg.children(scope)
     dag = nx.DiGraph()
-    dag.add_nodes_from(kg.children(scope))
-    dag.add_edges_from((a, b) for a, b, _ in edges.get(scope, ()) if a != b)
+    dag.add_nodes_from(kids)
+    if edges is None:
+        kid_set = set(kids)
+        dag.add_edges_from((c, s) for c in kids for s, d in kg.g.succ[c].items()
+                           if d["kind"] == DEPENDS and s in kid_set)
+    else:
+        dag.add_edges_from((a, b) for a, b, _ in edges.get(scope, ()) if a != b)
     try:
         return list(nx.lexicographical_topological_sort(dag))
     except nx.NetworkXUnfeasible:

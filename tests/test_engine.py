@@ -198,9 +198,12 @@ def test_failed_application_leaves_the_graph_untouched(tmp_path):
     before = print_program(schedule(kg)), sorted(kg.g.nodes(data=False)), kg.depends_edges()
     # erases a node, then fails on a bad value: nothing of it may survive
     body = rule("half", "(for ?L) (syncthreads ?s :child-of ?L)", "(erase ?s) (set ?L :stop (nth (tuple) 3))")
-    with pytest.raises(engine.LoweringError, match="the graph is left as it was"):
+    with pytest.raises(engine.LoweringError, match="the kernel as built is unchanged") as e:
         run_rules(tmp_path, kg, body)
     assert (print_program(schedule(kg)), sorted(kg.g.nodes(data=False)), kg.depends_edges()) == before
+    # in debug mode the trace ends with the graph as it was before the failed application
+    from cbrules import trace as tr
+    assert len(tr.final_graph(e.value.trace).nodes("syncthreads")) == 2
 
 
 def test_a_rule_fires_once_per_set_of_nodes(tmp_path):

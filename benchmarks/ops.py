@@ -1,0 +1,113 @@
+"""What the harness measures: the six ops, their shapes, byte/flop counts, tolerances and the
+generated-kernel variants (S = 1 is the kernel built with its circular_buffer annotation cleared,
+which the shipped rule tma-plain-load-single-stage lowers with one stage).
+
+Nothing here needs a GPU, torch or Triton.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from cbrules.kernels import KERNELS
+
+MEMORY_SHAPES = ((16384, 16384), (65536, 4096), (4096, 65536), (32768, 32768))
+MATMUL_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192))
+STAGES = (1, 2, 3, 4)
+TRITON_STAGES = (2, 3, 4)
+F32 = 4
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str            # harness name
+    kernel: str          # cbrules.kernels name of the generated kernel
+    what: str            # one line for the table
+    shapes: tuple
+    tolerance: tuple     # (rtol, atol-per-element-of-reduction or absolute); see tol()
+    notes: dict = field(default_factory=dict)    # shape -> note printed in the table
+    skips: dict = field(default_factory=dict)    # shape label -> reason (not run)
+
+    def tol(self, shape: tuple) -> tuple[float, float]:
+        rtol, atol = self.tolerance
+        if self.name == "inner_sum":
+            return rtol, atol * shape[1]
+        if self.name == "outer_sum":
+            return rtol, atol * shape[0]
+        if self.name == "matmul":
+            return rtol, atol * shape[2]
+        return rtol, atol
+
+
+def shape_label(shape: tuple) -> str:
+    return "x".join(map(str, shape))
+
+
+_MM_SKIP = ("matmul is compute-bound: a 16384^3 fp32 (non-tensor-core) product is 8.8 TFLOP, about 0.5 s a "
+            "launch at these kernels' speed; 20+ timed launches of ~10 variants would blow the 8-minute "
+            "budget, so M=N=K=4096 and 8192 are measured instead")
+
+OPS: dict[str, Op] = {o.name: o for o in [
+    Op("exp", "multi_dim", "out = exp(x)", MEMORY_SHAPES, (1e-5, 1e-6)),
+    Op("add", "pointwise", "out = x + y", MEMORY_SHAPES, (1e-6, 1e-6)),
+    Op("inner_sum", "inner_reduction", "out = x.sum(1)", MEMORY_SHAPES, (1e-4, 3e-6)),
+    Op("outer_sum", "outer_reduction", "out = x.sum(0)", MEMORY_SHAPES, (1e-4, 3e-6)),
+    Op("normalize", "persistent", "out = (x - mean) / sqrt(var) per row", MEMORY_SHAPES, (1e-4, 1e-4),
+       notes={(4096, 65536): "the generated kernel keeps 256 floats of the row per thread: ptxas spills "
+                             "(vals in local memory), so this shape measures the spill path",
+              (32768, 32768): "the generated kernel keeps 128 floats of the row per thread: 254 registers, "
+                              "so one 256-thread block per SM"}),
+    Op("matmul", "matmul", "c = a @ b (fp32, no TF32)", MATMUL_SHAPES, (1e-3, 2e-5),
+       skips={"16384x16384, 65536x4096, 4096x65536": _MM_SKIP}),
+]}
+
+
+def io_bytes(op: str, shape: tuple) -> int:
+    """Bytes read + written by the algorithm (each input read once, each output written once)."""
+    if op == "matmul":
+        m, n, k = shape
+        return F32 * (m * k + k * n + m * n)
+    m, n = shape
+    return F32 * {"exp": 2 * m * n, "add": 3 * m * n, "inner_sum": m * n + m, "outer_sum": m * n + n,
+                  "normalize": 2 * m * n}[op]
+
+
+def flops(op: str, shape: tuple) -> Optional[float]:
+    if op != "matmul":
+        return None
+    m, n, k = shape
+    return 2.0 * m * n * k
+
+
+def build_generated(op: str, shape: tuple, stages: int):
+    """The cbrules Kernel of ``op`` for ``shape`` with ``stages`` S (1: not annotated)."""
+    spec = KERNELS[OPS[op].kernel]
+    kshape = shape[:2]  # matmul: the spec's shape is (M, N) with K = N
+    k = spec.build(kshape, stages=max(stages, 2))
+    if stages == 1:  # no circular_buffer annotation: the single-stage rule lowers it
+        for n in k.graph.nodes("for"):
+            k.graph[n]["annotations"].pop("circular_buffer", None)
+    return k
+
+
+def compile_generated(op: str, shape: tuple, stages: int, cache: Optional[dict] = None):
+    """(CompiledKernel, seconds) for a variant; kernels whose source does not depend on the shape
+    (all but normalize, whose row length is built in) are compiled once per stage count."""
+    import time
+
+    from cbrules import api
+    key = (op, stages, shape[1] if op == "normalize" else None)
+    if cache is not None and key in cache:
+        return cache[key], 0.0
+    t0 = time.perf_counter()
+    ck = api.compile(build_generated(op, shape, stages))
+    if cache is not None:
+        cache[key] = ck
+    return ck, time.perf_counter() - t0
+
+
+def resources(ck) -> dict:
+    r = ck.cubin.resources
+    return {"registers": r.registers, "spill_stores": r.spill_stores, "spill_loads": r.spill_loads,
+            "stack_bytes": r.stack_bytes, "dynamic_smem": ck.source.shared_bytes,
+            "block": list(ck.source.block)}
