@@ -91,14 +91,17 @@ class Rewriter:
         # entry/exit: before the siblings nothing precedes / after those nothing follows; the rest
         # is ordered through them (edges stay linear in the number of siblings)
         sibs = set(seq)
-        linked = lambda c, nbrs: any(x in sibs and kg.g.edges[e]["kind"] == "depends"  # noqa: E731
-                                     for x, e in nbrs(c))
+
+        def first(c: int) -> bool:  # no sibling precedes c
+            return not any(p in sibs and d["kind"] == "depends" for p, d in kg.g.pred[c].items())
+
+        def last(c: int) -> bool:  # no sibling follows c
+            return not any(q in sibs and d["kind"] == "depends" for q, d in kg.g.succ[c].items())
+
         if where == "entry":
-            at, before = 0, []
-            after = [c for c in seq if not linked(c, lambda c: ((p, (p, c)) for p in kg.g.pred[c]))]
+            at, before, after = 0, [], [c for c in seq if first(c)]
         elif where == "exit":
-            at, after = len(seq), []
-            before = [c for c in seq if not linked(c, lambda c: ((q, (c, q)) for q in kg.g.succ[c]))]
+            at, before, after = len(seq), [c for c in seq if last(c)], []
         elif where == "before":
             at, before, after = seq.index(anchor), [], [anchor]
         else:
@@ -120,12 +123,8 @@ class Rewriter:
         spec = OPS[op]
         attrs = {}
         for k, v in keys.items():
-            if k == "as":
-                continue
-            val = self.value(v)
-            if k in spec.terms:
-                val = tuple(as_term(x) for x in val) if isinstance(val, tuple) else as_term(val)
-            attrs[k] = val
+            if k != "as":
+                attrs[k] = _coerce(spec, k, self.value(v))
         n = self.kg.add(op, parent, origin=self.origin, **attrs)
         self.created.append(n)
         if "as" in keys:
@@ -186,10 +185,7 @@ class Rewriter:
         spec = OPS[self.kg.op(n)]
         _, keys = split_keys(kv, 0)
         for k, v in keys.items():
-            val = self.value(v)
-            if k in spec.terms:
-                val = tuple(as_term(x) for x in val) if isinstance(val, tuple) else as_term(val)
-            self.kg[n][k] = val
+            self.kg[n][k] = _coerce(spec, k, self.value(v))
         if n not in self.created:
             self.changed.append(n)
 
@@ -296,6 +292,13 @@ class Rewriter:
         text = re.sub(r"\{(\?[\w-]+)\}", lambda m: _show(self.b.get(m.group(1), m.group(1)), self.kg),
                       str(self.value(msg)))
         raise RuleFailure(text)
+
+
+def _coerce(spec, key: str, value: Any) -> Any:
+    """Values of term attributes become terms (tuples of them for coordinates)."""
+    if key not in spec.terms:
+        return value
+    return tuple(as_term(x) for x in value) if isinstance(value, tuple) else as_term(value)
 
 
 def _show(v: Any, kg: KernelGraph) -> str:
