@@ -7,18 +7,22 @@ from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
 COLS = 256
 
 
-def inner_reduction(stages: int = 3, prefetch=None, war: str = "sync") -> Kernel:
-    """``out[m] = sum(x[m, :])``: one block per row, the loop over its N-tiles circular-buffered."""
+def inner_reduction(stages: int = 3, prefetch=None, war: str = "sync", width: int = COLS) -> Kernel:
+    """``out[m] = sum(x[m, :])``: one block per row, the loop over its N-tiles circular-buffered.
+    A tile is ``width`` columns (a multiple of 256; wider tiles arrive as several 256-wide boxes)."""
+    if width % COLS:
+        raise ValueError(f"inner_reduction: width {width} must be a multiple of {COLS}")
     k = Kernel("inner_reduction", block=COLS)
     m, n = k.symbol("M"), k.symbol("N")
     x, out = k.tensor("x", (m, n)), k.tensor("out", (m,))
     x_map = k.tensor_map(x, box=(1, COLS))
-    tile = k.alloc("tile", "shared", "float32", (1, COLS))
+    tile = k.alloc("tile", "shared", "float32", (1, width))
     k.grid(m)
     acc = k.assign(0.0, dst="acc")
-    with k.loop("j", ceil_div(n, COLS), circular_buffer=circular_buffer(stages, prefetch, war)) as j:
-        k.tma_load(x_map, (blockIdx.x, j * COLS), tile)  # columns past N arrive as zeros
-        k.reduce(k.load(tile, threadIdx.x), kind="serial", dst="acc")
+    with k.loop("j", ceil_div(n, width), circular_buffer=circular_buffer(stages, prefetch, war)) as j:
+        k.tma_load(x_map, (blockIdx.x, j * width), tile, tile=(1, width))  # columns past N arrive as zeros
+        for c in range(width // COLS):  # unrolled here: each thread takes one column of every box
+            k.reduce(k.load(tile, threadIdx.x + c * COLS if c else threadIdx.x), kind="serial", dst="acc")
     total = k.reduce(acc, kind="block")
     with k.if_(threadIdx.x.eq(0)):
         k.store(out, blockIdx.x, total)

@@ -12,7 +12,8 @@ COLS = 256
 ROWS = 4
 
 
-def _pointwise(name: str, inputs: tuple[str, ...], stages: int, prefetch, war: str) -> Kernel:
+def _pointwise(name: str, inputs: tuple[str, ...], stages: int, prefetch, war: str, rows: int = ROWS) -> Kernel:
+    ROWS = rows  # noqa: N806 (rows of a tile: a tuning parameter)
     k = Kernel(name, block=COLS)
     m, n = k.symbol("M"), k.symbol("N")
     tensors = [k.tensor(t, (m, n)) for t in inputs]
@@ -33,11 +34,11 @@ def _pointwise(name: str, inputs: tuple[str, ...], stages: int, prefetch, war: s
     return k
 
 
-def multi_dim(stages: int = 3, prefetch=None, war: str = "sync") -> Kernel:
-    """``out = exp(x)`` over [M, N], box 4 x 256, blocks over M."""
-    return _pointwise("multi_dim", ("x",), stages, prefetch, war)
+def multi_dim(stages: int = 3, prefetch=None, war: str = "sync", rows: int = ROWS) -> Kernel:
+    """``out = exp(x)`` over [M, N], box ``rows`` x 256 (default 4), blocks over M."""
+    return _pointwise("multi_dim", ("x",), stages, prefetch, war, rows)
 
 
-def pointwise(stages: int = 3, prefetch=None, war: str = "sync") -> Kernel:
+def pointwise(stages: int = 3, prefetch=None, war: str = "sync", rows: int = ROWS) -> Kernel:
     """``out = x + y``: two TMA buffers on one loop, one barrier per stage with two arrivals."""
-    return _pointwise("pointwise", ("x", "y"), stages, prefetch, war)
+    return _pointwise("pointwise", ("x", "y"), stages, prefetch, war, rows)
