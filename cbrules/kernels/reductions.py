@@ -29,21 +29,40 @@ def inner_reduction(stages: int = 3, prefetch=None, war: str = "sync", width: in
     return k
 
 
-def outer_reduction(stages: int = 3, prefetch=None, war: str = "sync", rows: int = 8) -> Kernel:
-    """``out[n] = sum(x[:, n])``: a block per 256 columns, the serial loop over M (in tiles of
-    ``rows`` rows) circular-buffered."""
+def outer_reduction(stages: int = 3, prefetch=None, war: str = "sync", rows: int = 8, cols: int = COLS) -> Kernel:
+    """``out[n] = sum(x[:, n])``: a block per ``cols`` columns, the serial loop over M (in tiles of
+    ``rows`` rows) circular-buffered. With ``cols`` < 256 the block's 256 threads split each tile's
+    rows into 256 / cols groups and add the groups' sums through shared memory at the end (more
+    blocks for narrow tensors)."""
+    if COLS % cols or rows % (COLS // cols):
+        raise ValueError(f"outer_reduction: cols={cols} must divide {COLS} and rows={rows} must be a multiple "
+                         f"of {COLS // max(cols, 1)}")
+    groups = COLS // cols
     k = Kernel("outer_reduction", block=COLS)
     m, n = k.symbol("M"), k.symbol("N")
     x, out = k.tensor("x", (m, n)), k.tensor("out", (n,))
-    x_map = k.tensor_map(x, box=(rows, COLS))
-    tile = k.alloc("tile", "shared", "float32", (rows, COLS))
-    k.grid(ceil_div(n, COLS))
-    col = blockIdx.x * COLS + threadIdx.x
+    x_map = k.tensor_map(x, box=(rows, cols))
+    tile = k.alloc("tile", "shared", "float32", (rows, cols))
+    k.grid(ceil_div(n, cols))
+    lane, group = (threadIdx.x, None) if groups == 1 else (threadIdx.x % cols, threadIdx.x / cols)
+    col = blockIdx.x * cols + lane
     k.assign(0.0, dst="acc")
     with k.loop("i", ceil_div(m, rows), circular_buffer=circular_buffer(stages, prefetch, war)) as i:
-        k.tma_load(x_map, (i * rows, blockIdx.x * COLS), tile)  # rows past M arrive as zeros
-        with k.loop("r", rows, kind="unroll") as r:
-            k.reduce(k.load(tile, r * COLS + threadIdx.x), kind="serial", dst="acc")
+        k.tma_load(x_map, (i * rows, blockIdx.x * cols), tile)  # rows past M arrive as zeros
+        with k.loop("r", rows // groups, kind="unroll") as r:
+            row = r if groups == 1 else r * groups + group
+            k.reduce(k.load(tile, row * cols + lane), kind="serial", dst="acc")
+    if groups > 1:  # each column's group sums meet in shared memory
+        partial = k.alloc("partial", "shared", "float32", (COLS,))
+        k.store(partial, threadIdx.x, "acc")
+        k.syncthreads()
+        with k.if_(threadIdx.x.lt(cols)):
+            k.assign(0.0, dst="total")
+            for g in range(groups):
+                k.reduce(k.load(partial, threadIdx.x + g * cols if g else threadIdx.x), kind="serial", dst="total")
+            with k.if_(col.lt(n)):
+                k.store(out, col, k.assign("total"))
+        return k
     with k.if_(col.lt(n)):
         k.store(out, col, k.assign("acc"))
     return k
