@@ -36,6 +36,26 @@ class LaunchError(ValueError):
     forbid (the GPU launcher and the interpreter raise the same)."""
 
 
+def check_arguments(name: str, params: Iterable, args: Mapping[str, Any]) -> dict[str, int]:
+    """Refuse unknown arguments and missing tensors; return the symbols passed explicitly."""
+    params = list(params)
+    unknown = set(args) - {p.name for p in params if p.kind != "tmap"}
+    if unknown:
+        raise LaunchError(f"{name}: unknown argument(s) {', '.join(sorted(unknown))}; parameters are "
+                          f"{', '.join(p.name for p in params if p.kind != 'tmap')}")
+    missing = [p.name for p in params if p.kind == "tensor" and p.name not in args]
+    if missing:
+        raise LaunchError(f"{name}: missing tensor argument {missing[0]!r}")
+    return {p.name: int(args[p.name]) for p in params if p.kind == "symbol" and p.name in args}
+
+
+def check_dtype(name: str, param, dtype) -> None:
+    """Refuse a tensor whose element type is not the parameter's."""
+    want = np.dtype(NP_DTYPES[param.dtype])
+    if np.dtype(dtype) != want:
+        raise LaunchError(f"{name}: tensor {param.name!r} is {dtype}, the kernel expects {want}")
+
+
 def bind_symbols(name: str, params: Iterable, requires: Iterable, shapes: Mapping[str, tuple],
                  given: Mapping[str, int]) -> dict[str, int]:
     """Infer every symbol from the tensors' shapes (or take it from ``given``), check that every
@@ -75,23 +95,13 @@ def bind(kg: KernelGraph, args: Mapping[str, Any], symbols: Optional[Mapping[str
     """
     k = kg.kernel()
     name, params = k["name"], kg.params()
-    given = dict(symbols or {})
-    unknown = set(args) - {p.name for p in params.values() if p.kind != "tmap"}
-    if unknown:
-        raise LaunchError(f"{name}: unknown argument(s) {', '.join(sorted(unknown))}; parameters are "
-                            f"{', '.join(p.name for p in params.values() if p.kind != 'tmap')}")
+    given = {**(symbols or {}), **check_arguments(name, params.values(), args)}
     tensors: dict[str, np.ndarray] = {}
     for p in params.values():
-        if p.kind == "symbol" and p.name in args:
-            given[p.name] = int(args[p.name])
         if p.kind != "tensor":
             continue
-        if p.name not in args:
-            raise LaunchError(f"{name}: missing tensor argument {p.name!r}")
         value = np.asarray(args[p.name])
-        want = np.dtype(NP_DTYPES[p.dtype])
-        if value.dtype != want:
-            raise LaunchError(f"{name}: tensor {p.name!r} is {value.dtype}, the kernel expects {want}")
+        check_dtype(name, p, value.dtype)
         # the kernel writes into a private copy; inputs are read through a read-only view
         arr = np.array(value, order="C", copy=True) if p.written else np.ascontiguousarray(value)
         if not p.written:

@@ -161,12 +161,15 @@ class Matcher:
             raise RuleError(x.pos, f"{x} must be bound to a node, got {v!r}")
         return v.id
 
-    def candidates(self, e: SList, b: dict, within: Optional[int] = None) -> list[int]:
+    def candidates(self, e: SList, b: dict, within: Optional[int] = None,
+                   among: Optional[list[int]] = None) -> list[int]:
         op = e.head()
         pos, keys = split_keys(e.items, 1)
         if pos and isinstance(pos[0], Atom) and pos[0].kind == "var" and pos[0].value in b:
             ref = b[pos[0].value]
             pool = [ref.id] if isinstance(ref, NodeRef) and ref.id in self.kg else []
+        elif among is not None:
+            pool = among
         elif within is not None:
             pool = self.kg.descendants(within)
         elif "child-of" in keys:
@@ -182,11 +185,13 @@ class Matcher:
         for _, b2 in self.node_matches(e, b, within):
             yield b2
 
-    def node_matches(self, e: SList, b: dict, within: Optional[int] = None) -> Iterator[tuple[int, dict]]:
-        """(node, bindings) for every node matching pattern ``e``."""
+    def node_matches(self, e: SList, b: dict, within: Optional[int] = None,
+                     among: Optional[list[int]] = None) -> Iterator[tuple[int, dict]]:
+        """(node, bindings) for every node matching pattern ``e`` (inside ``within``, or among
+        the given nodes in their order)."""
         pos, keys = split_keys(e.items, 1)
         var = pos[0].value if pos and isinstance(pos[0], Atom) and pos[0].kind == "var" else None
-        for n in self.candidates(e, b, within):
+        for n in self.candidates(e, b, within, among):
             b2: Optional[dict] = b if var is None else {**b, var: NodeRef(n)}
             attrs = self.kg[n]
             for k, p in keys.items():
@@ -265,9 +270,7 @@ class Matcher:
         _, keys = split_keys(e.items, pattern_at + 1)
         if "around" in keys:  # the node itself and its enclosing scopes, innermost first
             n = self._scope_of(keys["around"], b)
-            pool = [n, *self.kg.ancestors(n)]
-            pat = e.items[pattern_at]
-            return [(m, b2) for m in pool for m2, b2 in self.node_matches(pat, b, None) if m2 == m]
+            return list(self.node_matches(e.items[pattern_at], b, among=[n, *self.kg.ancestors(n)]))
         scope = self._scope_of(keys["in"], b)
         return list(self.node_matches(e.items[pattern_at], b, within=scope))
 

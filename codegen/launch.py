@@ -12,16 +12,16 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from cbrules.bind import LaunchError, bind_symbols
+from cbrules.bind import LaunchError, bind_symbols, check_arguments, check_dtype
 from cbrules.terms import evaluate
 
 from . import runtime, tma
 from .cuda import KernelSource
 from .nvrtc import Cubin
 
-_NP_DTYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64,
-              "uint32": np.uint32, "uint64": np.uint64}
 
+
+__all__ = ["BoundLaunch", "CompiledKernel", "LaunchError"]  # LaunchError lives in cbrules.bind
 
 @dataclass
 class BoundLaunch:
@@ -72,26 +72,16 @@ class CompiledKernel:
 
     def bind(self, **kwargs: Any) -> BoundLaunch:
         """Bind arrays and symbols by parameter name; numpy arrays are copied to the device."""
-        tensors = [p for p in self.source.params if p.kind == "tensor"]
-        unknown = set(kwargs) - {p.name for p in self.source.params}
-        if unknown:
-            raise LaunchError(f"{self.name}: unknown argument(s) {', '.join(sorted(unknown))}; parameters are "
-                              f"{', '.join(p.name for p in self.source.params if p.kind != 'tmap')}")
+        given = check_arguments(self.name, self.source.params, kwargs)
         arrays, copy_back = {}, {}
-        for p in tensors:
-            if p.name not in kwargs:
-                raise LaunchError(f"{self.name}: missing tensor argument {p.name!r}")
+        for p in (p for p in self.source.params if p.kind == "tensor"):
             value = kwargs[p.name]
-            want = np.dtype(_NP_DTYPES[p.dtype])
             if isinstance(value, np.ndarray):
-                if value.dtype != want:
-                    raise LaunchError(f"{self.name}: tensor {p.name!r} is {value.dtype}, the kernel expects {want}")
+                check_dtype(self.name, p, value.dtype)
                 if p.written:
                     copy_back[p.name] = value
             arrays[p.name] = runtime.as_device_array(value)
-            if arrays[p.name].dtype != want:
-                raise LaunchError(f"{self.name}: tensor {p.name!r} is {arrays[p.name].dtype}, expected {want}")
-        given = {p.name: int(kwargs[p.name]) for p in self.source.params if p.kind == "symbol" and p.name in kwargs}
+            check_dtype(self.name, p, arrays[p.name].dtype)
         symbols = self.bind_symbols({n: a.shape for n, a in arrays.items()}, given)
         args = []
         for p in self.source.params:
