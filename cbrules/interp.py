@@ -303,3 +303,4 @@ class _BlockRunner(MemoryOps):
         if self.T % 32:
             raise InterpError(f"a block reduction needs whole warps; the block has {self.T} threads", self.site())
         self.set_reg(a["dst"], block_reduce(v, a["combine"], comb), mask)
+        self.proto.sync_all()  # the generated reduction passes partial results through __syncthreads

@@ -183,7 +183,8 @@ class Barriers:
         self.count = np.zeros(n, np.int64)
         self.pending = np.zeros(n, np.int64)
         self.tx = np.zeros(n, np.int64)
-        self.phase = np.zeros(n, np.int64)  # completed phases
+        self.phase = np.zeros(n, np.int64)  # completed phases, counted over every init of the slot
+        self.epoch = np.zeros(n, np.int64)  # ... of them before its latest init (which restarts parity at 0)
         self.expected = np.zeros(n, np.int64)
         self.delivered = np.zeros(n, np.int64)
         self.observed = np.zeros((n, t), np.int64)  # completed phases each thread has seen via a wait
@@ -194,6 +195,10 @@ class Barriers:
     def label(self, sid: int) -> str:
         b, s = self.names[sid]
         return f"{b}[{s}]"
+
+    def current(self, sid: int) -> int:
+        """The current phase of the slot as the hardware numbers it: from 0 at its latest init."""
+        return int(self.phase[sid] - self.epoch[sid])
 
 
 class BlockProtocol:
@@ -243,6 +248,7 @@ class BlockProtocol:
         if count < 1:
             raise ProtocolError(f"arrival count {count} of {b.label(sid)} must be >= 1", site(), buf, slot)
         b.state[sid], b.count[sid], b.pending[sid] = 1, count, count
+        b.epoch[sid] = b.phase[sid]  # a re-init after inval starts again at phase 0 (parity 0)
         b.tx[sid] = b.expected[sid] = b.delivered[sid] = 0
         b.visible[sid] = False
         b.visible[sid, lanes] = True
@@ -265,7 +271,7 @@ class BlockProtocol:
         self._usable(sid, lanes, site, "arrive on")
         n = lanes.size
         if n > b.pending[sid]:
-            raise TooManyArrivals(f"{n} arrival(s) on {b.label(sid)} in phase {b.phase[sid]} with only "
+            raise TooManyArrivals(f"{n} arrival(s) on {b.label(sid)} in phase {b.current(sid)} with only "
                                   f"{b.pending[sid]} of its count {b.count[sid]} pending", site(), buf, slot)
         b.tx[sid] += nbytes * n
         b.expected[sid] += nbytes * n
@@ -278,7 +284,7 @@ class BlockProtocol:
         if b.pending[sid] != 0:
             return
         if b.tx[sid] < 0:
-            raise TxMismatch(f"phase {b.phase[sid]} of {b.label(sid)}: TMA loads delivered {b.delivered[sid]} "
+            raise TxMismatch(f"phase {b.current(sid)} of {b.label(sid)}: TMA loads delivered {b.delivered[sid]} "
                              f"bytes but the arrivals expected only {b.expected[sid]}", site(), *b.names[sid])
         if b.tx[sid] == 0:
             b.phase[sid] += 1
@@ -304,14 +310,14 @@ class BlockProtocol:
         b = self.bars
         buf, slot = b.names[sid]
         self._usable(sid, lanes, site, "wait on")
-        while b.phase[sid] % 2 == parity and b.inflight[sid]:
+        while b.current(sid) % 2 == parity and b.inflight[sid]:
             self._deliver(sid, site)
-        if b.phase[sid] % 2 == parity:
+        if b.current(sid) % 2 == parity:
             if b.pending[sid] == 0 and b.tx[sid] != 0:
-                raise TxMismatch(f"phase {b.phase[sid]} of {b.label(sid)} never completes: the arrivals "
+                raise TxMismatch(f"phase {b.current(sid)} of {b.label(sid)} never completes: the arrivals "
                                  f"expected {b.expected[sid]} transaction bytes, the TMA loads delivered "
                                  f"{b.delivered[sid]}", site(), buf, slot)
-            raise Deadlock(f"waits for parity {parity} of {b.label(sid)}, but phase {b.phase[sid]} (parity "
+            raise Deadlock(f"waits for parity {parity} of {b.label(sid)}, but phase {b.current(sid)} (parity "
                            f"{parity}) is still open with {b.pending[sid]} of {b.count[sid]} arrival(s) and "
                            f"{b.tx[sid]} transaction byte(s) pending, and nothing left in the block can "
                            "complete it", site(), buf, slot)

@@ -36,3 +36,51 @@ def test_bad_tile_parameters_are_refused():
         reductions.outer_reduction(cols=48)
     with pytest.raises(ValueError, match="multiple of 256"):
         reductions.inner_reduction(width=300)
+
+
+@pytest.mark.parametrize("stages, prefetch, war", [(2, 1, "sync"), (3, 2, "mbarrier"), (4, 0, "sync")])
+@pytest.mark.parametrize("op", ["exp", "add"])
+@pytest.mark.parametrize("rows, width, per_block", [(1, 512, 0), (1, 512, 4), (2, 256, 5)])
+def test_pointwise_tilings(op, stages, prefetch, war, rows, width, per_block):
+    """Wide one-row tiles, and runs of tiles per block whose last run reaches past M (5 x 2500 is
+    25 tiles of 512 columns: the 7th block of 4 has one)."""
+    rng = np.random.default_rng(stages)
+    x, y = (rng.standard_normal((5, 2500), dtype=np.float32) for _ in range(2))
+    build = tiled2d.multi_dim if op == "exp" else tiled2d.pointwise
+    kg = api.lower(build(stages, prefetch, war, rows=rows, width=width, per_block=per_block))
+    args = {"x": x, "out": np.full_like(x, np.nan)} | ({"y": y} if op == "add" else {})
+    got = interp.run(kg, args)["out"]
+    np.testing.assert_allclose(got, np.exp(x) if op == "exp" else x + y, rtol=1e-6)
+
+
+def test_wide_multirow_pointwise_tile_is_refused():
+    from cbrules.engine import LoweringError
+    with pytest.raises(LoweringError, match="more than one row"):
+        api.lower(tiled2d.multi_dim(3, rows=2, width=512))
+
+
+def _normalized(x):
+    x64 = x.astype(np.float64)
+    d = x64 - x64.mean(1, keepdims=True)
+    return d / np.sqrt((d * d).mean(1, keepdims=True))
+
+
+@pytest.mark.parametrize("stages, prefetch, war", [(2, 1, "sync"), (3, 0, "mbarrier")])
+@pytest.mark.parametrize("width, threads", [(1024, 256), (1024, 512), (2048, 1024)])
+def test_persistent_wide_tiles_and_blocks(stages, prefetch, war, width, threads):
+    row = 4 * width  # four stages' worth
+    x = np.random.default_rng(stages).standard_normal((3, row), dtype=np.float32) * 3 + 5
+    kg = api.lower(reductions.persistent(stages, prefetch, war, row=row, width=width, threads=threads))
+    got = interp.run(kg, {"x": x, "out": np.full_like(x, np.nan)})["out"]
+    np.testing.assert_allclose(got, _normalized(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("stages, prefetch, war", [(2, 1, "sync"), (3, 2, "mbarrier"), (4, 0, "sync")])
+@pytest.mark.parametrize("width, threads", [(256, 256), (1024, 256), (1024, 512)])
+def test_two_pass_normalization(stages, prefetch, war, width, threads):
+    """N not a multiple of the tile (but of 4: TMA row strides are multiples of 16 bytes): the zeros
+    past N must not enter the sums."""
+    x = np.random.default_rng(stages).standard_normal((3, 4 * width + 36), dtype=np.float32) * 3 + 100
+    kg = api.lower(reductions.two_pass(stages, prefetch, war, width=width, threads=threads))
+    got = interp.run(kg, {"x": x, "out": np.full_like(x, np.nan)})["out"]
+    np.testing.assert_allclose(got, _normalized(x), rtol=1e-4, atol=2e-4)

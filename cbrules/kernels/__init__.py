@@ -139,6 +139,11 @@ _SPECS = [
                tuple(s for s in SHAPES_2D if s[1] % 256 == 0), trips=lambda s: s[1] // 256,
                tolerance=lambda s: (1e-4, 1e-4), build_params=lambda s: {"row": s[1]},
                shape_for_trips=lambda t: (2, 256 * t)),
+    KernelSpec("two_pass", "out = (x - mean) / sqrt(var) per row for rows too long to keep on chip: two "
+               "circular-buffered loops over the row (statistics, then the normalised row) sharing one buffer",
+               _red.two_pass, _unary_2d, lambda a: {"out": _normalize(a["x"])}, ("out",), (1024, 2048), SHAPES_2D,
+               trips=lambda s: _cdiv(s[1], 256), tolerance=lambda s: (1e-4, 1e-4),
+               shape_for_trips=lambda t: (2, 256 * t - 128)),
     KernelSpec("matmul", "c = a @ b, a [M,K], b [K,N] (K = N), 64x64 tiles, both operands TMA-loaded; "
                "the K loop is circular-buffered", _mm.matmul, _mm_inputs,
                lambda a: {"c": a["a"].astype(np.float64) @ a["b"].astype(np.float64)}, ("c",), (1024, 1024),

@@ -68,34 +68,80 @@ def outer_reduction(stages: int = 3, prefetch=None, war: str = "sync", rows: int
     return k
 
 
-def persistent(stages: int = 3, prefetch=None, war: str = "sync", row: int = 1024, box: int = 128) -> Kernel:
+def persistent(stages: int = 3, prefetch=None, war: str = "sync", row: int = 1024, box: int = 128,
+               width: int = COLS, threads: int = COLS) -> Kernel:
     """``out = (x - mean) / sqrt(var)`` per row of a [M, row] tensor (``row`` fixed at build time).
 
-    One block per row; each stage brings a 256-wide tile as several ``box``-wide TMA boxes under one
-    barrier arrival; every thread keeps its elements of the row in registers for the second pass.
+    One block of ``threads`` per row; each stage brings a ``width``-wide tile as several ``box``-wide
+    TMA boxes under one barrier arrival; every thread keeps its row/threads elements of the row in
+    registers for the second pass. Wider tiles keep more bytes in flight; more threads hold fewer
+    elements each (a row of 32768 floats is 128 registers a thread at 256 threads, 32 at 1024).
     """
-    if row % COLS:
-        raise ValueError(f"persistent: row length {row} must be a multiple of {COLS}")
-    tiles = row // COLS
-    k = Kernel("persistent", block=COLS)
+    if width % threads or row % width:
+        raise ValueError(f"persistent: width {width} must be a multiple of threads={threads}, and row {row} "
+                         f"a multiple of width")
+    tiles, per = row // width, width // threads  # stages in a row, elements a thread takes per stage
+    k = Kernel("persistent", block=threads)
     m = k.symbol("M")
     x, out = k.tensor("x", (m, row)), k.tensor("out", (m, row))
     x_map = k.tensor_map(x, box=(1, box))
-    tile = k.alloc("tile", "shared", "float32", (1, COLS))
-    vals = k.alloc("vals", "register", "float32", (tiles,))
+    tile = k.alloc("tile", "shared", "float32", (1, width))
+    vals = k.alloc("vals", "register", "float32", (row // threads,))
     k.grid(m)
     k.assign(0.0, dst="s1")
     with k.loop("j", tiles, circular_buffer=circular_buffer(stages, prefetch, war)) as j:
-        k.tma_load(x_map, (blockIdx.x, j * COLS), tile, tile=(1, COLS))
-        v = k.load(tile, threadIdx.x)
-        k.store(vals, j, v)
-        k.reduce(v, kind="serial", dst="s1")
+        k.tma_load(x_map, (blockIdx.x, j * width), tile, tile=(1, width))
+        for c in range(per):  # unrolled here: each thread takes one column of every `threads` columns
+            v = k.load(tile, threadIdx.x + c * threads if c else threadIdx.x)
+            k.store(vals, j * per + c if per > 1 else j, v)
+            k.reduce(v, kind="serial", dst="s1")
     mean = k.div(k.reduce("s1", kind="block"), float(row))
     k.assign(0.0, dst="s2")
-    with k.loop("q", tiles, kind="unroll") as q:
+    with k.loop("q", row // threads, kind="unroll") as q:
         d = k.sub(k.load(vals, q), mean)
         k.reduce(k.mul(d, d), kind="serial", dst="s2")
     rstd = k.rsqrt(k.div(k.reduce("s2", kind="block"), float(row)))
-    with k.loop("q2", tiles, kind="unroll") as q:
-        k.store(out, blockIdx.x * row + q * COLS + threadIdx.x, k.mul(k.sub(k.load(vals, q), mean), rstd))
+    with k.loop("q2", row // threads, kind="unroll") as q:  # element q of a thread: stage q / per, column q % per
+        col = q * threads + threadIdx.x if per == 1 else q / per * width + q % per * threads + threadIdx.x
+        k.store(out, blockIdx.x * row + col, k.mul(k.sub(k.load(vals, q), mean), rstd))
+    return k
+
+
+def two_pass(stages: int = 3, prefetch=None, war: str = "sync", width: int = COLS, threads: int = COLS) -> Kernel:
+    """``out = (x - mean) / sqrt(var)`` per row of [M, N] for rows too long to keep on chip (N known
+    only at launch): one block per row reads it twice, each pass a circular-buffered loop over
+    ``width``-wide tiles (the second read mostly hits L2). The first pass sums x - x[row, 0] and its
+    square: shifting by an element of the row keeps the variance E[d^2] - E[d]^2 from cancelling."""
+    if width % threads:
+        raise ValueError(f"two_pass: width {width} must be a multiple of threads={threads}")
+    per = width // threads
+    k = Kernel("two_pass", block=threads)
+    m, n = k.symbol("M"), k.symbol("N")
+    x, out = k.tensor("x", (m, n)), k.tensor("out", (m, n))
+    x_map = k.tensor_map(x, box=(1, COLS))
+    tile = k.alloc("tile", "shared", "float32", (1, width))
+    k.grid(m)
+    shift = k.load(x, blockIdx.x * n)
+    k.assign(0.0, dst="s1")
+    k.assign(0.0, dst="s2")
+    with k.loop("j", ceil_div(n, width), circular_buffer=circular_buffer(stages, prefetch, war)) as j:
+        k.tma_load(x_map, (blockIdx.x, j * width), tile, tile=(1, width))  # columns past N arrive as zeros
+        for c in range(per):
+            lane = threadIdx.x + c * threads if c else threadIdx.x
+            with k.if_((j * width + lane).lt(n)):
+                d = k.sub(k.load(tile, lane), shift)
+                k.reduce(d, kind="serial", dst="s1")
+                k.reduce(k.mul(d, d), kind="serial", dst="s2")
+    inv_n = k.div(1.0, n)
+    mean_d = k.mul(k.reduce("s1", kind="block"), inv_n)
+    var = k.sub(k.mul(k.reduce("s2", kind="block"), inv_n), k.mul(mean_d, mean_d))
+    rstd = k.rsqrt(var)
+    mean = k.add(mean_d, shift)
+    with k.loop("i", ceil_div(n, width), circular_buffer=circular_buffer(stages, prefetch, war)) as i:
+        k.tma_load(x_map, (blockIdx.x, i * width), tile, tile=(1, width))
+        for c in range(per):
+            lane = threadIdx.x + c * threads if c else threadIdx.x
+            y = k.mul(k.sub(k.load(tile, lane), mean), rstd)
+            with k.if_((i * width + lane).lt(n)):
+                k.store(out, blockIdx.x * n + i * width + lane, y)
     return k

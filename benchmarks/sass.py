@@ -1,0 +1,83 @@
+"""Why is a generated kernel as fast as it is? Writes, for one benchmark op and its variants, the
+CUDA source, the cubin, ptxas's resource line and, where a disassembler is on the PATH
+(``cuobjdump``, as on the H200 image), the SASS with an instruction-class count of each loop.
+
+    python3 benchmarks/sass.py --op exp --stages 3 --param rows=1 --param width=1024 --out /tmp/sass
+
+Needs NVRTC only (no GPU); the disassembly needs the CUDA toolkit's cuobjdump.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.ops import OPS  # noqa: E402
+
+_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_]+)?([^;]*);")
+
+
+def loop_histograms(sass: str) -> list[collections.Counter]:
+    """Instruction counts (opcode and first modifier) of each loop in ``sass`` (a backward branch to
+    a hex address): the steady-state code, where a streaming kernel spends its time."""
+    instrs = [m.groups() for m in map(_INSTR.match, sass.splitlines()) if m]
+    where = {int(addr, 16): i for i, (addr, *_) in enumerate(instrs)}
+    loops = []
+    for i, (addr, _pred, op, _mod, rest) in enumerate(instrs):
+        target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if target and int(target.group(1), 16) < int(addr, 16) and int(target.group(1), 16) in where:
+            body = instrs[where[int(target.group(1), 16)]:i + 1]
+            loops.append(collections.Counter(o + (m or "") for _a, _p, o, m, _r in body))
+    return loops
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--op", required=True, choices=sorted(OPS))
+    p.add_argument("--stages", default="3", help="comma-separated S values (1: not annotated)")
+    p.add_argument("--param", action="append", default=[], help="NAME=VALUE build parameter (repeatable)")
+    p.add_argument("--war", default="sync")
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+
+    from cbrules import api
+    from cbrules.kernels import KERNELS
+
+    params = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in a.param}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tool = shutil.which("cuobjdump")
+    for stages in (int(s) for s in a.stages.split(",")):
+        k = KERNELS[OPS[a.op].kernel].factory(stages=max(stages, 2), war=a.war, **params)
+        if stages == 1:
+            for n in k.graph.nodes("for"):
+                k.graph[n]["annotations"].pop("circular_buffer", None)
+        ck = api.compile(k)
+        stem = f"{a.op}_S{stages}" + "".join(f"_{k}{v}" for k, v in params.items())
+        (out / f"{stem}.cu").write_text(ck.source.text)
+        (out / f"{stem}.cubin").write_bytes(ck.cubin.cubin)
+        r = ck.cubin.resources
+        print(f"{stem}: {r.registers} regs, {ck.source.shared_bytes} B dynamic smem, "
+              f"{r.spill_stores}/{r.spill_loads} B spill st/ld, {r.stack_bytes} B stack")
+        if not tool:
+            continue
+        sass = subprocess.run([tool, "--dump-sass", str(out / f"{stem}.cubin")], capture_output=True,
+                              text=True, check=True).stdout
+        (out / f"{stem}.sass").write_text(sass)
+        for i, h in enumerate(loop_histograms(sass)):
+            print(f"  loop {i}: {sum(h.values())} instructions: "
+                  + ", ".join(f"{op} {n}" for op, n in h.most_common(14)))
+    if not tool:
+        print("cuobjdump not on the PATH: wrote sources and cubins only")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
