@@ -7,7 +7,7 @@ Nothing here needs a GPU, torch or Triton.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from cbrules.kernels import KERNELS
 
@@ -28,6 +28,11 @@ class Op:
     notes: dict = field(default_factory=dict)    # shape -> note printed in the table
     skips: dict = field(default_factory=dict)    # shape label -> reason (not run)
     params: dict = field(default_factory=dict)   # build parameters chosen by benchmarks/sweep.py
+    choose: Optional[Callable[[tuple], tuple[str, dict]]] = None  # shape -> (kernel, params), overrides both
+
+    def generated(self, shape: tuple) -> tuple[str, dict]:
+        """The cbrules kernel and build parameters measured for ``shape``."""
+        return self.choose(shape) if self.choose else (self.kernel, dict(self.params))
 
     def tol(self, shape: tuple) -> tuple[float, float]:
         rtol, atol = self.tolerance
@@ -48,20 +53,39 @@ _MM_SKIP = ("matmul is compute-bound: a 16384^3 fp32 (non-tensor-core) product i
             "launch at these kernels' speed; 20+ timed launches of ~10 variants would blow the 8-minute "
             "budget, so M=N=K=4096 and 8192 are measured instead")
 
+def _normalize_kernel(shape: tuple) -> tuple[str, dict]:
+    """Rows up to 16384 floats stay in registers (256 threads, 4 KB stages); a row of 32768 too,
+    over 512 threads with 32 KB stages (one block an SM, so it needs many bytes in flight: 16 KB
+    stages gave 0.80x copy, 32 KB 0.92x); a row of 65536 floats (256 KB) fits neither the register
+    file nor shared memory: two passes."""
+    n = shape[1]
+    if n <= 16384:
+        return "persistent", {"row": n, "width": 1024, "threads": 256}
+    if n <= 32768:
+        return "persistent", {"row": n, "width": 8192, "threads": 512}
+    return "two_pass", {"width": 4096, "threads": 1024}
+
+
 OPS: dict[str, Op] = {o.name: o for o in [
-    Op("exp", "multi_dim", "out = exp(x)", MEMORY_SHAPES, (1e-5, 1e-6)),
-    Op("add", "pointwise", "out = x + y", MEMORY_SHAPES, (1e-6, 1e-6), params={"rows": 8}),
+    # one-row tiles of 1024 columns (4 boxes a stage), 4 tiles a block: many short blocks spread
+    # evenly over the SMs (0.91-0.95x -> 0.98-0.99x copy in the sweep)
+    Op("exp", "multi_dim", "out = exp(x)", MEMORY_SHAPES, (1e-5, 1e-6),
+       params={"rows": 1, "width": 1024, "per_block": 4}),
+    Op("add", "pointwise", "out = x + y", MEMORY_SHAPES, (1e-6, 1e-6),
+       params={"rows": 1, "width": 512, "per_block": 4}),
     # 1024-wide tiles (4 boxes a stage) keep enough bytes in flight: 0.84x -> 1.08x copy in the sweep
     Op("inner_sum", "inner_reduction", "out = x.sum(1)", MEMORY_SHAPES, (1e-4, 3e-6), params={"width": 1024}),
     # 32-column tiles of 128 rows: 8x more blocks for narrow tensors (0.18x -> 1.09x copy at 65536x4096)
     Op("outer_sum", "outer_reduction", "out = x.sum(0)", MEMORY_SHAPES, (1e-4, 3e-6),
        params={"cols": 32, "rows": 128}),
     Op("normalize", "persistent", "out = (x - mean) / sqrt(var) per row", MEMORY_SHAPES, (1e-4, 1e-4),
-       notes={(4096, 65536): "the generated kernel keeps 256 floats of the row per thread: ptxas spills "
-                             "(vals in local memory), so this shape measures the spill path",
-              (32768, 32768): "the generated kernel keeps 128 floats of the row per thread: 254 registers, "
-                              "so one 256-thread block per SM"}),
+       choose=_normalize_kernel,
+       notes={(4096, 65536): "a row of 65536 floats fits neither registers nor shared memory: the generated "
+                             "kernel is two_pass (reads the row twice, so at most ~2/3 of copy speed)"}),
+    # 128x128 block tiles, 8x8 a thread, 32-deep K steps: 0.72x -> 0.89x torch in the sweep. Patch
+    # columns side by side (not spread over banks) let ptxas load them as 128-bit LDS: faster.
     Op("matmul", "matmul", "c = a @ b (fp32, no TF32)", MATMUL_SHAPES, (1e-3, 2e-5),
+       params={"tile": 128, "patch": 8, "bk": 32},
        skips={"16384x16384, 65536x4096, 4096x65536": _MM_SKIP}),
 ]}
 
@@ -85,9 +109,8 @@ def flops(op: str, shape: tuple) -> Optional[float]:
 
 def build_generated(op: str, shape: tuple, stages: int):
     """The cbrules Kernel of ``op`` for ``shape`` with ``stages`` S (1: not annotated)."""
-    spec = KERNELS[OPS[op].kernel]
-    kshape = shape[:2]  # matmul: the spec's shape is (M, N) with K = N
-    k = spec.build(kshape, stages=max(stages, 2), **OPS[op].params)
+    name, params = OPS[op].generated(shape)
+    k = KERNELS[name].factory(stages=max(stages, 2), **params)
     if stages == 1:  # no circular_buffer annotation: the single-stage rule lowers it
         for n in k.graph.nodes("for"):
             k.graph[n]["annotations"].pop("circular_buffer", None)
@@ -100,7 +123,8 @@ def compile_generated(op: str, shape: tuple, stages: int, cache: Optional[dict] 
     import time
 
     from cbrules import api
-    key = (op, stages, shape[1] if op == "normalize" else None)
+    name, params = OPS[op].generated(shape)
+    key = (name, stages, tuple(sorted(params.items())))
     if cache is not None and key in cache:
         return cache[key], 0.0
     t0 = time.perf_counter()
@@ -108,6 +132,12 @@ def compile_generated(op: str, shape: tuple, stages: int, cache: Optional[dict] 
     if cache is not None:
         cache[key] = ck
     return ck, time.perf_counter() - t0
+
+
+def describe(op: str, shape: tuple) -> str:
+    """The generated kernel and its build parameters, e.g. ``multi_dim rows=1 width=1024``."""
+    name, params = OPS[op].generated(shape)
+    return " ".join([name] + [f"{k}={v}" for k, v in params.items() if k != "row"])
 
 
 def resources(ck) -> dict:

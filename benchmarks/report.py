@@ -7,7 +7,7 @@ from typing import Optional
 
 from .ops import OPS, shape_label
 
-IMPL_ORDER = {"copy": 0, "torch": 1, "torch_fused": 2, "generated": 3, "triton": 4}
+IMPL_ORDER = {"copy": 0, "torch": 1, "generated": 3, "triton": 4}
 
 
 def _ok(r: dict) -> bool:
@@ -55,9 +55,9 @@ def _res(r: dict) -> str:
 
 
 def summary_table(records: list[dict]) -> str:
-    lines = ["| op | shape | unit | copy | torch | best Triton | gen S=1 | gen S=2 | gen S=3 | gen S=4 | "
-             "best gen / copy | best gen / torch | best gen / Triton |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| op | shape | unit | generated kernel | copy | torch | best Triton | gen S=1 | gen S=2 | gen S=3 | "
+             "gen S=4 | best gen / copy | best gen / torch | best gen / Triton |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for op, sl, rs in groups(records):
         pk = _peers(rs)
         unit = "TFLOP/s" if op == "matmul" else "GB/s"
@@ -72,7 +72,8 @@ def summary_table(records: list[dict]) -> str:
         g = pk["generated"]
         key = "tflops" if op == "matmul" else "gbps"
         gv = g[key] if g else None
-        lines.append(f"| {op} | {sl} | {unit} | {_rate(pk['copy'], op)} | {_rate(pk['torch'], op)} | {tri_s} | "
+        kernel = next((r["kernel"] for r in gens.values() if r.get("kernel")), "—")
+        lines.append(f"| {op} | {sl} | {unit} | {kernel} | {_rate(pk['copy'], op)} | {_rate(pk['torch'], op)} | {tri_s} | "
                      + " | ".join(cells) + f" | {_ratio(gv, pk['copy'] and pk['copy'][key])}"
                      f" | {_ratio(gv, pk['torch'] and pk['torch'][key])} | {_ratio(gv, tri and tri[key])} |")
     return "\n".join(lines)
@@ -125,9 +126,10 @@ def markdown(records: list[dict], skipped: list[dict], meta: dict) -> str:
              "copy = cuMemcpyDtoDAsync of half those bytes (so it moves the same read + write total). "
              "Ratios are speed ratios: × torch = torch time / this time (> 1: faster than torch). "
              "gen S=1 is the kernel built without its circular_buffer annotation (one stage). "
-             "normalize's torch is eager var_mean, sub, sqrt, div (the fused F.layer_norm is in the full table); "
-             "best Triton is the fastest Triton variant (for normalize it may be the row-in-registers kernel, "
-             "which has no loop).", ""]
+             "torch and best Triton are the fastest of their variants (normalize's torch: the eager var_mean, "
+             "sub, sqrt, div chain or the fused F.layer_norm; its Triton may be the row-in-registers kernel, "
+             "which has no loop). generated kernel: the cbrules kernel and tile parameters measured "
+             "(chosen with benchmarks/sweep.py).", ""]
     return "\n".join(head + ["## Summary", "", summary_table(records), "", "## Notes", "",
                              notes_section(records, skipped), "", "## Every measurement", "",
                              full_table(records), ""])

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import report  # noqa: E402
-from benchmarks.ops import (OPS, STAGES, TRITON_STAGES, compile_generated, io_bytes, flops,  # noqa: E402
+from benchmarks.ops import (OPS, STAGES, TRITON_STAGES, compile_generated, describe, io_bytes, flops,  # noqa: E402
                             resources, shape_label)
 
 MIN_OP_SECONDS = 25  # kept back for each op still to run
@@ -77,7 +77,8 @@ def dry_run(ops: list[str], shapes_arg, out: Path, meta: dict) -> int:
                     continue
                 res = resources(ck)
                 print(f"  {name} {sl} S={s}: compiled in {secs:.2f} s, {res}", flush=True)
-                fake("generated", f"S={s}", peak * rng.uniform(0.3, 0.97), stages=s, resources=res, compile_s=secs)
+                fake("generated", f"S={s}", peak * rng.uniform(0.3, 0.97), stages=s, resources=res, compile_s=secs,
+                     kernel=describe(name, shape))
     md = report.write(records, _skipped(ops), meta, out)
     print(md)
     print(f"dry run: {failed} generated variant(s) failed to compile; report of fake numbers in {out}")

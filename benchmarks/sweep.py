@@ -19,7 +19,8 @@ from benchmarks.ops import OPS, io_bytes  # noqa: E402
 
 _TORCH = {"exp": lambda t, torch: torch.exp(t["x"]), "add": lambda t, torch: t["x"] + t["y"],
           "inner_sum": lambda t, torch: t["x"].sum(1), "outer_sum": lambda t, torch: t["x"].sum(0),
-          "normalize": lambda t, torch: torch.nn.functional.layer_norm(t["x"], t["x"].shape[1:], eps=0.0)}
+          "normalize": lambda t, torch: torch.nn.functional.layer_norm(t["x"], t["x"].shape[1:], eps=0.0),
+          "matmul": lambda t, torch: t["a"] @ t["b"]}
 
 
 def main(argv=None) -> int:
@@ -38,15 +39,20 @@ def main(argv=None) -> int:
     from cbrules.kernels import KERNELS
     from codegen import runtime
 
-    m, n = (int(v) for v in a.shape.split("x"))
+    torch.backends.cuda.matmul.allow_tf32 = False
+    m, n = (int(v) for v in a.shape.split("x")[:2])
     spec = KERNELS[a.kernel or OPS[a.op].kernel]
     gen = torch.Generator(device="cuda").manual_seed(0)
-    t = {"x": torch.randn(m, n, device="cuda", generator=gen)}
+    if a.op == "matmul":  # MxN with K = N, rated in TFLOP/s (printed where the others print GB/s)
+        t = {"a": torch.randn(m, n, device="cuda", generator=gen), "b": torch.randn(n, n, device="cuda", generator=gen)}
+    else:
+        t = {"x": torch.randn(m, n, device="cuda", generator=gen)}
     if a.op == "add":
         t["y"] = torch.randn(m, n, device="cuda", generator=gen)
     want = _TORCH[a.op](t, torch)
-    t["out"] = torch.empty_like(want)
-    nbytes = io_bytes(a.op, (m, n))
+    out_name = "c" if a.op == "matmul" else "out"
+    t[out_name] = torch.empty_like(want)
+    nbytes = io_bytes(a.op, (m, n)) if a.op != "matmul" else 2 * m * n * n // 1000  # so "GB/s" reads TFLOP/s
 
     def median_ms(fn) -> float:
         for _ in range(3):
@@ -69,11 +75,11 @@ def main(argv=None) -> int:
             try:
                 ck = api.compile(spec.factory(stages=stages, war=war, **spec.build_params((m, n)), **params))
                 bound = ck.bind(**t)
-                t["out"].fill_(float("nan"))
+                t[out_name].fill_(float("nan"))
                 bound.launch()
                 runtime.synchronize()
-                rtol, atol = OPS[a.op].tol((m, n))
-                if not torch.allclose(t["out"], want, rtol=rtol, atol=atol):
+                rtol, atol = OPS[a.op].tol((m, n, n))
+                if not torch.allclose(t[out_name], want, rtol=rtol, atol=atol):
                     raise AssertionError("output differs from torch")
                 ms = median_ms(bound.launch)
             except Exception as e:  # a variant that cannot run is reported, the sweep goes on

@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .ops import TRITON_STAGES
+from .ops import OPS, TRITON_STAGES
 
 
 @triton.jit
@@ -22,6 +22,26 @@ def _pointwise2d(x_ptr, y_ptr, out_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl
         cols = j + tl.arange(0, BLOCK_N)
         mask = rmask & (cols[None, :] < N)
         offs = base + cols[None, :]
+        x = tl.load(x_ptr + offs, mask=mask)
+        if ADD:
+            v = x + tl.load(y_ptr + offs, mask=mask)
+        else:
+            v = tl.exp(x)
+        tl.store(out_ptr + offs, v, mask=mask)
+
+
+@triton.jit
+def _pointwise_runs(x_ptr, y_ptr, out_ptr, M, N, WIDTH: tl.constexpr, PER_BLOCK: tl.constexpr,
+                    STAGES: tl.constexpr, ADD: tl.constexpr):
+    """The generated kernels' tiling: each program takes PER_BLOCK consecutive one-row tiles of
+    WIDTH columns in row-major tile order."""
+    across = tl.cdiv(N, WIDTH)
+    for j in tl.range(0, PER_BLOCK, num_stages=STAGES):
+        t = tl.program_id(0) * PER_BLOCK + j
+        row = t // across
+        cols = (t % across) * WIDTH + tl.arange(0, WIDTH)
+        mask = (cols < N) & (row < M)
+        offs = row.to(tl.int64) * N + cols
         x = tl.load(x_ptr + offs, mask=mask)
         if ADD:
             v = x + tl.load(y_ptr + offs, mask=mask)
@@ -121,25 +141,32 @@ def variants(op: str, shape: tuple, t: dict) -> list:
                 _pointwise2d[(_cdiv(m, 4),)](t["x"], y, t["out"], m, n, BLOCK_M=4, BLOCK_N=256, STAGES=s,
                                             ADD=op == "add", num_warps=8)
             out.append((f"4x256 tile, S={s}", s, f))
+            _, params = OPS[op].generated(shape)  # the tiling the generated kernel uses
+            w, per = params["width"], params["per_block"]
+
+            def g(s=s, m=m, n=n, y=y, w=w, per=per):
+                _pointwise_runs[(_cdiv(m * _cdiv(n, w), per),)](t["x"], y, t["out"], m, n, WIDTH=w, PER_BLOCK=per,
+                                                                STAGES=s, ADD=op == "add", num_warps=8)
+            out.append((f"{per} tiles 1x{w} a program, S={s}", s, g))
         elif op == "inner_sum":
             m, n = shape
-
-            def f(s=s, m=m, n=n):
-                _inner_sum[(m,)](t["x"], t["out"], m, n, BLOCK_N=256, STAGES=s, num_warps=8)
-            out.append((f"1x256 tile, S={s}", s, f))
+            for bn in (256, OPS[op].params["width"]):
+                def f(s=s, m=m, n=n, bn=bn):
+                    _inner_sum[(m,)](t["x"], t["out"], m, n, BLOCK_N=bn, STAGES=s, num_warps=8)
+                out.append((f"1x{bn} tile, S={s}", s, f))
         elif op == "outer_sum":
             m, n = shape
-
-            def f(s=s, m=m, n=n):
-                _outer_sum[(_cdiv(n, 256),)](t["x"], t["out"], m, n, BLOCK_M=8, BLOCK_N=256, STAGES=s,
-                                             num_warps=8)
-            out.append((f"8x256 tile, S={s}", s, f))
+            for bm, bn in ((8, 256), (OPS[op].params["rows"], OPS[op].params["cols"])):
+                def f(s=s, m=m, n=n, bm=bm, bn=bn):
+                    _outer_sum[(_cdiv(n, bn),)](t["x"], t["out"], m, n, BLOCK_M=bm, BLOCK_N=bn, STAGES=s,
+                                                num_warps=8)
+                out.append((f"{bm}x{bn} tile, S={s}", s, f))
         elif op == "normalize":
             m, n = shape
-
-            def f(s=s, m=m, n=n):
-                _normalize_loop[(m,)](t["x"], t["out"], m, n, BLOCK_N=256, STAGES=s, num_warps=8)
-            out.append((f"2-pass loop 1x256, S={s}", s, f))
+            for bn in (256, 4096):
+                def f(s=s, m=m, n=n, bn=bn):
+                    _normalize_loop[(m,)](t["x"], t["out"], m, n, BLOCK_N=bn, STAGES=s, num_warps=8)
+                out.append((f"2-pass loop 1x{bn}, S={s}", s, f))
         elif op == "matmul":
             m, n, k = shape
             for bm, bn, bk in ((64, 64, 16), (128, 128, 32)):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from cbrules import api, interp
-from cbrules.kernels import reductions, tiled2d
+from cbrules.kernels import matmul, reductions, tiled2d
 
 
 @pytest.mark.parametrize("stages, prefetch, war", [(2, 0, "sync"), (3, 2, "mbarrier"), (4, 1, "sync")])
@@ -84,3 +84,14 @@ def test_two_pass_normalization(stages, prefetch, war, width, threads):
     kg = api.lower(reductions.two_pass(stages, prefetch, war, width=width, threads=threads))
     got = interp.run(kg, {"x": x, "out": np.full_like(x, np.nan)})["out"]
     np.testing.assert_allclose(got, _normalized(x), rtol=1e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("stages, prefetch, war", [(2, 1, "sync"), (3, 2, "mbarrier")])
+@pytest.mark.parametrize("tile, patch, bk, spread", [(64, 4, 16, True), (128, 8, 8, True), (128, 8, 16, False)])
+def test_matmul_tiles(stages, prefetch, war, tile, patch, bk, spread):
+    """Edges that cut through a tile on every side (M, N, K not multiples of it)."""
+    rng = np.random.default_rng(tile + bk)
+    a, b = rng.standard_normal((tile + 20, 3 * bk + 4), dtype=np.float32), rng.standard_normal((3 * bk + 4, 148), dtype=np.float32)
+    kg = api.lower(matmul.matmul(stages, prefetch, war, tile=tile, patch=patch, bk=bk, spread=spread))
+    got = interp.run(kg, {"a": a, "b": b, "c": np.full((a.shape[0], 148), np.nan, np.float32)})["c"]
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)

@@ -1,7 +1,8 @@
 """Tiled matmul ``C = A @ B`` with both operands TMA-loaded; the K loop is circular-buffered.
 
-A block computes a 64 x 64 tile of C with 256 threads, each a 4 x 4 patch in registers; every
-K step brings a 64 x 16 tile of A and a 16 x 64 tile of B.
+By default a block computes a 64 x 64 tile of C with 256 threads, each a 4 x 4 patch in
+registers; every K step brings a 64 x 16 tile of A and a 16 x 64 tile of B. Larger tiles and
+patches (128 x 128 with 8 x 8, for example) do more multiply-adds per shared-memory load.
 """
 from __future__ import annotations
 
@@ -10,29 +11,40 @@ from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
 BM, BN, BK, PATCH = 64, 64, 16, 4
 
 
-def matmul(stages: int = 3, prefetch=None, war: str = "sync") -> Kernel:
-    """``c[M, N] = a[M, K] @ b[K, N]``."""
-    k = Kernel("matmul", block=256)
+def matmul(stages: int = 3, prefetch=None, war: str = "sync", tile: int = BM, patch: int = PATCH, bk: int = BK,
+           spread: bool = False) -> Kernel:
+    """``c[M, N] = a[M, K] @ b[K, N]`` in ``tile`` x ``tile`` blocks, ``patch`` x ``patch`` a thread,
+    ``bk`` columns of A a K step. ``spread``: a thread's patch columns lie ``tile / patch`` apart
+    instead of side by side, so the 16 column groups of a warp read 16 different shared-memory banks."""
+    side = tile // patch  # threads along each side of the block tile
+    if tile % patch or side * side > 1024:
+        raise ValueError(f"matmul: tile {tile} must be a multiple of patch {patch}, with (tile/patch)^2 <= 1024 threads")
+    k = Kernel("matmul", block=side * side)
     m, n, kk = k.symbol("M"), k.symbol("N"), k.symbol("K")
     a, b, c = k.tensor("a", (m, kk)), k.tensor("b", (kk, n)), k.tensor("c", (m, n))
-    a_map, b_map = k.tensor_map(a, box=(BM, BK)), k.tensor_map(b, box=(BK, BN))
-    a_tile = k.alloc("a_tile", "shared", "float32", (BM, BK))
-    b_tile = k.alloc("b_tile", "shared", "float32", (BK, BN))
-    k.grid(ceil_div(n, BN), ceil_div(m, BM))
-    ty, tx = threadIdx.x / (BN // PATCH), threadIdx.x % (BN // PATCH)
-    row0, col0 = blockIdx.y * BM + ty * PATCH, blockIdx.x * BN + tx * PATCH
-    acc = [[k.assign(0.0, dst=f"acc{r}{q}") for q in range(PATCH)] for r in range(PATCH)]
-    with k.loop("t", ceil_div(kk, BK), circular_buffer=circular_buffer(stages, prefetch, war)) as t:
-        k.tma_load(a_map, (blockIdx.y * BM, t * BK), a_tile)  # out of range: zeros, adding nothing
-        k.tma_load(b_map, (t * BK, blockIdx.x * BN), b_tile)
-        with k.loop("e", BK, kind="unroll") as e:
-            av = [k.load(a_tile, (ty * PATCH + r) * BK + e, dst=f"a{r}") for r in range(PATCH)]
-            bv = [k.load(b_tile, e * BN + tx * PATCH + q, dst=f"b{q}") for q in range(PATCH)]
-            for r in range(PATCH):
-                for q in range(PATCH):
+    a_map, b_map = k.tensor_map(a, box=(tile, bk)), k.tensor_map(b, box=(bk, tile))
+    a_tile = k.alloc("a_tile", "shared", "float32", (tile, bk))
+    b_tile = k.alloc("b_tile", "shared", "float32", (bk, tile))
+    k.grid(ceil_div(n, tile), ceil_div(m, tile))
+    ty, tx = threadIdx.x / side, threadIdx.x % side
+    row0 = blockIdx.y * tile + ty * patch
+
+    def col(q):  # the q-th column of this thread's patch, within the block tile
+        return tx + q * side if spread else tx * patch + q
+
+    acc = [[k.assign(0.0, dst=f"acc{r}{q}") for q in range(patch)] for r in range(patch)]
+    with k.loop("t", ceil_div(kk, bk), circular_buffer=circular_buffer(stages, prefetch, war)) as t:
+        k.tma_load(a_map, (blockIdx.y * tile, t * bk), a_tile)  # out of range: zeros, adding nothing
+        k.tma_load(b_map, (t * bk, blockIdx.x * tile), b_tile)
+        with k.loop("e", bk, kind="unroll") as e:
+            av = [k.load(a_tile, (ty * patch + r) * bk + e, dst=f"a{r}") for r in range(patch)]
+            bv = [k.load(b_tile, e * tile + col(q), dst=f"b{q}") for q in range(patch)]
+            for r in range(patch):
+                for q in range(patch):
                     k.fma(av[r], bv[q], acc[r][q], dst=f"acc{r}{q}")
-    for r in range(PATCH):
-        for q in range(PATCH):
-            with k.if_((row0 + r).lt(m).and_((col0 + q).lt(n))):
-                k.store(c, (row0 + r) * n + col0 + q, acc[r][q])
+    for r in range(patch):
+        for q in range(patch):
+            cq = blockIdx.x * tile + col(q)
+            with k.if_((row0 + r).lt(m).and_(cq.lt(n))):
+                k.store(c, (row0 + r) * n + cq, acc[r][q])
     return k
