@@ -13,6 +13,16 @@ from .ops import OPS, TRITON_STAGES
 
 
 @triton.jit
+def _exp_or_add(x_ptr, y_ptr, out_ptr, offs, mask, ADD: tl.constexpr):
+    x = tl.load(x_ptr + offs, mask=mask)
+    if ADD:
+        v = x + tl.load(y_ptr + offs, mask=mask)
+    else:
+        v = tl.exp(x)
+    tl.store(out_ptr + offs, v, mask=mask)
+
+
+@triton.jit
 def _pointwise2d(x_ptr, y_ptr, out_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  STAGES: tl.constexpr, ADD: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -22,12 +32,7 @@ def _pointwise2d(x_ptr, y_ptr, out_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl
         cols = j + tl.arange(0, BLOCK_N)
         mask = rmask & (cols[None, :] < N)
         offs = base + cols[None, :]
-        x = tl.load(x_ptr + offs, mask=mask)
-        if ADD:
-            v = x + tl.load(y_ptr + offs, mask=mask)
-        else:
-            v = tl.exp(x)
-        tl.store(out_ptr + offs, v, mask=mask)
+        _exp_or_add(x_ptr, y_ptr, out_ptr, offs, mask, ADD)
 
 
 @triton.jit
@@ -42,12 +47,7 @@ def _pointwise_runs(x_ptr, y_ptr, out_ptr, M, N, WIDTH: tl.constexpr, PER_BLOCK:
         cols = (t % across) * WIDTH + tl.arange(0, WIDTH)
         mask = (cols < N) & (row < M)
         offs = row.to(tl.int64) * N + cols
-        x = tl.load(x_ptr + offs, mask=mask)
-        if ADD:
-            v = x + tl.load(y_ptr + offs, mask=mask)
-        else:
-            v = tl.exp(x)
-        tl.store(out_ptr + offs, v, mask=mask)
+        _exp_or_add(x_ptr, y_ptr, out_ptr, offs, mask, ADD)
 
 
 @triton.jit
