@@ -19,6 +19,7 @@ from .terms import evaluate
 NP_DTYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64,
              "uint32": np.uint32, "uint64": np.uint64}
 BlocksLike = Union[None, str, Iterable[Union[int, tuple]]]
+INT32_LIMIT = 2**31  # kernels index with C int and take symbols as int
 
 
 @dataclass
@@ -80,6 +81,15 @@ def bind_symbols(name: str, params: Iterable, requires: Iterable, shapes: Mappin
     missing = [p.name for p in params if p.kind == "symbol" and p.name not in symbols]
     if missing:
         raise LaunchError(f"{name}: no value for symbol(s) {', '.join(missing)}; pass them as keywords")
+    for sym, v in symbols.items():
+        if not -INT32_LIMIT <= v < INT32_LIMIT:
+            raise LaunchError(f"{name}: symbol {sym} = {v} does not fit the kernel's 32-bit int parameter")
+    for p in tensors:  # generated indices are C int: an element past 2**31 - 1 would wrap around
+        elements = int(np.prod(shapes[p.name], dtype=np.int64))
+        if elements > INT32_LIMIT:
+            raise LaunchError(f"{name}: tensor {p.name!r} has {elements} elements; the generated kernel indexes "
+                              f"with 32-bit int, so at most {INT32_LIMIT} are addressable: split the problem "
+                              "into launches over smaller views")
     for pred, message in requires:
         if not evaluate(pred, symbols):
             shown = ", ".join(f"{k}={v}" for k, v in sorted(symbols.items()))

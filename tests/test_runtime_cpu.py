@@ -183,3 +183,18 @@ def test_cuda_error_message():
     assert e.call == "cuModuleLoadData" and e.code == "CUDA_ERROR_INVALID_IMAGE"
     assert str(e).startswith("cuModuleLoadData failed: CUDA_ERROR_INVALID_IMAGE")
     assert CudaError("cuInit", 100).code == "CUDA_ERROR_NO_DEVICE"
+
+
+def test_launch_refuses_tensors_past_32_bit_indexing():
+    """Generated indices are C int: a tensor of more than 2**31 elements must be refused before
+    launch (checked from shapes alone, nothing allocated)."""
+    from cbrules import api
+    from cbrules.bind import LaunchError, bind_symbols
+    from cbrules.kernels import KERNELS
+    src = api.generate(KERNELS["multi_dim"].build(stages=2))
+    ok = bind_symbols("multi_dim", src.params, src.requires, {"x": (32768, 65536), "out": (32768, 65536)}, {})
+    assert ok == {"M": 32768, "N": 65536}  # exactly 2**31 elements: the last index is 2**31 - 1
+    with pytest.raises(LaunchError, match=r"'x' has 4294967296 elements; .* 32-bit int"):
+        bind_symbols("multi_dim", src.params, src.requires, {"x": (65536, 65536), "out": (65536, 65536)}, {})
+    with pytest.raises(LaunchError, match="symbol M = 2147483648 does not fit"):
+        bind_symbols("multi_dim", src.params, src.requires, {"x": (2**31, 1), "out": (2**31, 1)}, {})
