@@ -95,3 +95,28 @@ def test_matmul_tiles(stages, prefetch, war, tile, patch, bk, spread):
     kg = api.lower(matmul.matmul(stages, prefetch, war, tile=tile, patch=patch, bk=bk, spread=spread))
     got = interp.run(kg, {"a": a, "b": b, "c": np.full((a.shape[0], 148), np.nan, np.float32)})["c"]
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+# the benchmark's own choices (benchmarks/ops.py), on shapes whose edges cut through the tiles
+BENCH_CASES = [("exp", (37, 5000)), ("add", (37, 5000)), ("inner_sum", (37, 5000)), ("outer_sum", (600, 260)),
+               ("normalize", (20, 16384)), ("normalize", (9, 32768)), ("normalize", (5, 65536)),
+               ("matmul", (300, 260))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op, shape", BENCH_CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+def test_benchmark_kernels_on_gpu(op, shape, stages):
+    from benchmarks.ops import OPS, build_generated
+    from cbrules.kernels import KERNELS
+    spec = KERNELS[OPS[op].generated(shape)[0]]
+    args = spec.inputs(shape, np.random.default_rng(stages))
+    want = spec.reference(args)
+    bound = api.compile(build_generated(op, shape, stages)).bind(**args)
+    for out in spec.outputs:
+        bound.arrays[out].fill_bytes(0xFF)
+    bound.launch()
+    bound.finish()
+    rtol, atol = spec.tolerance(shape)
+    for out in spec.outputs:
+        np.testing.assert_allclose(args[out], want[out], rtol=rtol, atol=atol)
