@@ -107,14 +107,20 @@ def flops(op: str, shape: tuple) -> Optional[float]:
     return 2.0 * m * n * k
 
 
-def build_generated(op: str, shape: tuple, stages: int):
-    """The cbrules Kernel of ``op`` for ``shape`` with ``stages`` S (1: not annotated)."""
-    name, params = OPS[op].generated(shape)
-    k = KERNELS[name].factory(stages=max(stages, 2), **params)
-    if stages == 1:  # no circular_buffer annotation: the single-stage rule lowers it
+def build_variant(kernel: str, stages: int, **params):
+    """The built-in ``kernel`` with ``stages`` S; S = 1 builds it without its circular_buffer
+    annotation (the shipped single-stage rule lowers it)."""
+    k = KERNELS[kernel].factory(stages=max(stages, 2), **params)
+    if stages == 1:
         for n in k.graph.nodes("for"):
             k.graph[n]["annotations"].pop("circular_buffer", None)
     return k
+
+
+def build_generated(op: str, shape: tuple, stages: int):
+    """The cbrules Kernel of ``op`` for ``shape`` with ``stages`` S (1: not annotated)."""
+    name, params = OPS[op].generated(shape)
+    return build_variant(name, stages, **params)
 
 
 def compile_generated(op: str, shape: tuple, stages: int, cache: Optional[dict] = None):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.ops import OPS  # noqa: E402
+from benchmarks.ops import OPS, build_variant  # noqa: E402
 
 _INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_]+)?([^;]*);")
 
@@ -48,18 +48,13 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
 
     from cbrules import api
-    from cbrules.kernels import KERNELS
 
     params = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in a.param}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tool = shutil.which("cuobjdump")
     for stages in (int(s) for s in a.stages.split(",")):
-        k = KERNELS[OPS[a.op].kernel].factory(stages=max(stages, 2), war=a.war, **params)
-        if stages == 1:
-            for n in k.graph.nodes("for"):
-                k.graph[n]["annotations"].pop("circular_buffer", None)
-        ck = api.compile(k)
+        ck = api.compile(build_variant(OPS[a.op].kernel, stages, war=a.war, **params))
         stem = f"{a.op}_S{stages}" + "".join(f"_{k}{v}" for k, v in params.items())
         (out / f"{stem}.cu").write_text(ck.source.text)
         (out / f"{stem}.cubin").write_bytes(ck.cubin.cubin)

@@ -36,6 +36,12 @@ def ceil_div(a: TermLike, b: TermLike) -> Term:
     return call("ceil_div", a, b)
 
 
+def lanes(count: int, stride: int) -> list[Term]:
+    """``threadIdx.x, threadIdx.x + stride, ...``: the ``count`` columns one thread takes of a tile
+    ``count * stride`` wide, one in each ``stride``-wide group (a block of ``stride`` threads)."""
+    return [threadIdx.x + c * stride if c else threadIdx.x for c in range(count)]
+
+
 @dataclass(frozen=True)
 class Buffer:
     """A handle on a global tensor or an allocated buffer."""

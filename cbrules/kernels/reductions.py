@@ -2,7 +2,7 @@
 inner-persistent normalisation that keeps its row in registers."""
 from __future__ import annotations
 
-from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
+from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes, threadIdx
 
 COLS = 256
 
@@ -21,8 +21,8 @@ def inner_reduction(stages: int = 3, prefetch=None, war: str = "sync", width: in
     acc = k.assign(0.0, dst="acc")
     with k.loop("j", ceil_div(n, width), circular_buffer=circular_buffer(stages, prefetch, war)) as j:
         k.tma_load(x_map, (blockIdx.x, j * width), tile, tile=(1, width))  # columns past N arrive as zeros
-        for c in range(width // COLS):  # unrolled here: each thread takes one column of every box
-            k.reduce(k.load(tile, threadIdx.x + c * COLS if c else threadIdx.x), kind="serial", dst="acc")
+        for lane in lanes(width // COLS, COLS):  # unrolled here: one column of every box
+            k.reduce(k.load(tile, lane), kind="serial", dst="acc")
     total = k.reduce(acc, kind="block")
     with k.if_(threadIdx.x.eq(0)):
         k.store(out, blockIdx.x, total)
@@ -58,8 +58,8 @@ def outer_reduction(stages: int = 3, prefetch=None, war: str = "sync", rows: int
         k.syncthreads()
         with k.if_(threadIdx.x.lt(cols)):
             k.assign(0.0, dst="total")
-            for g in range(groups):
-                k.reduce(k.load(partial, threadIdx.x + g * cols if g else threadIdx.x), kind="serial", dst="total")
+            for lane in lanes(groups, cols):
+                k.reduce(k.load(partial, lane), kind="serial", dst="total")
             with k.if_(col.lt(n)):
                 k.store(out, col, k.assign("total"))
         return k
@@ -91,8 +91,8 @@ def persistent(stages: int = 3, prefetch=None, war: str = "sync", row: int = 102
     k.assign(0.0, dst="s1")
     with k.loop("j", tiles, circular_buffer=circular_buffer(stages, prefetch, war)) as j:
         k.tma_load(x_map, (blockIdx.x, j * width), tile, tile=(1, width))
-        for c in range(per):  # unrolled here: each thread takes one column of every `threads` columns
-            v = k.load(tile, threadIdx.x + c * threads if c else threadIdx.x)
+        for c, lane in enumerate(lanes(per, threads)):  # unrolled here: one column of every `threads`
+            v = k.load(tile, lane)
             k.store(vals, j * per + c if per > 1 else j, v)
             k.reduce(v, kind="serial", dst="s1")
     mean = k.div(k.reduce("s1", kind="block"), float(row))
@@ -110,7 +110,8 @@ def persistent(stages: int = 3, prefetch=None, war: str = "sync", row: int = 102
 def two_pass(stages: int = 3, prefetch=None, war: str = "sync", width: int = COLS, threads: int = COLS) -> Kernel:
     """``out = (x - mean) / sqrt(var)`` per row of [M, N] for rows too long to keep on chip (N known
     only at launch): one block per row reads it twice, each pass a circular-buffered loop over
-    ``width``-wide tiles (the second read mostly hits L2). The first pass sums x - x[row, 0] and its
+    ``width``-wide tiles (the second read comes mostly from DRAM again: see
+    benchmarks/results/sweep.md). The first pass sums x - x[row, 0] and its
     square: shifting by an element of the row keeps the variance E[d^2] - E[d]^2 from cancelling."""
     if width % threads:
         raise ValueError(f"two_pass: width {width} must be a multiple of threads={threads}")
@@ -126,8 +127,7 @@ def two_pass(stages: int = 3, prefetch=None, war: str = "sync", width: int = COL
     k.assign(0.0, dst="s2")
     with k.loop("j", ceil_div(n, width), circular_buffer=circular_buffer(stages, prefetch, war)) as j:
         k.tma_load(x_map, (blockIdx.x, j * width), tile, tile=(1, width))  # columns past N arrive as zeros
-        for c in range(per):
-            lane = threadIdx.x + c * threads if c else threadIdx.x
+        for lane in lanes(per, threads):
             with k.if_((j * width + lane).lt(n)):
                 d = k.sub(k.load(tile, lane), shift)
                 k.reduce(d, kind="serial", dst="s1")
@@ -139,8 +139,7 @@ def two_pass(stages: int = 3, prefetch=None, war: str = "sync", width: int = COL
     mean = k.add(mean_d, shift)
     with k.loop("i", ceil_div(n, width), circular_buffer=circular_buffer(stages, prefetch, war)) as i:
         k.tma_load(x_map, (blockIdx.x, i * width), tile, tile=(1, width))
-        for c in range(per):
-            lane = threadIdx.x + c * threads if c else threadIdx.x
+        for lane in lanes(per, threads):
             y = k.mul(k.sub(k.load(tile, lane), mean), rstd)
             with k.if_((i * width + lane).lt(n)):
                 k.store(out, blockIdx.x * n + i * width + lane, y)

@@ -9,7 +9,7 @@ count, many short blocks: an even spread over the SMs whatever the shape).
 """
 from __future__ import annotations
 
-from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
+from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes
 
 COLS = 256
 ROWS = 4
@@ -40,8 +40,7 @@ def _pointwise(name: str, inputs: tuple[str, ...], stages: int, prefetch, war: s
         for mp, tile in zip(maps, tiles):
             k.tma_load(mp, (row0, col0), tile, tile=(ROWS, width))  # past M or N: zeros
         with k.loop("r", ROWS, kind="unroll") as r:
-            for c in range(width // COLS):  # unrolled here: each thread takes one column of every box
-                lane = threadIdx.x + c * COLS if c else threadIdx.x
+            for lane in lanes(width // COLS, COLS):  # unrolled here: one column of every box
                 col = col0 + lane
                 vals = [k.load(tile, r * width + lane) for tile in tiles]
                 y = k.exp(vals[0]) if len(vals) == 1 else k.add(vals[0], vals[1])
