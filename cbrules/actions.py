@@ -19,6 +19,13 @@ Placement: at entry a new node precedes every sibling, at exit it follows every 
 it follows ?n's predecessors and precedes ?n, after ?n it follows ?n and precedes ?n's successors.
 Against the other siblings it keeps memory order: conflicting effects (RAW/WAR/WAW on registers,
 buffers and the sync token) order it by its position in the scope's current schedule.
+
+Actions keep the graph a tree with acyclic sibling order whatever the bindings: moving a node into
+itself or a descendant, placing or wrapping next to the kernel node, a node inside a non-scope, an
+edge between non-siblings, a self-edge or one closing a cycle are refused with a
+:class:`RuleError` naming the nodes (the engine adds the rule's file:line); so is a value (term,
+text, tuple) past :data:`MAX_VALUE_SIZE` parts or :data:`MAX_VALUE_DEPTH` levels, which a rule
+feeding its own output back builds, doubling it at each application.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ from .schedule import sibling_order
 from .sexpr import RuleError, SList
 from .terms import Term, as_term, substitute
 from .values import Env, NodeRef, evaluate
+from .verify import attribute_problem
 
 # action -> (min positional, max positional, allowed keywords, index of the first template argument or None)
 ACTIONS: dict[str, tuple[int, Optional[int], tuple[str, ...], Optional[int]]] = {
@@ -42,6 +50,11 @@ ACTIONS: dict[str, tuple[int, Optional[int], tuple[str, ...], Optional[int]]] = 
     "add-edge": (2, 2, (), None), "remove-edge": (2, 2, (), None), "let": (2, 2, (), None),
     "fail": (1, None, (), None),
 }
+
+
+# values a rule sets: the shipped rules' largest term has 27 nodes and is 7 deep
+MAX_VALUE_SIZE = 10_000
+MAX_VALUE_DEPTH = 200
 
 
 class RuleFailure(Exception):
@@ -70,6 +83,20 @@ class Rewriter:
         if not isinstance(v, NodeRef) or v.id not in self.kg:
             raise RuleError(e.pos, f"{e} is not a node of the graph (got {v!r})")
         return v.id
+
+    def scope(self, e, what: str) -> int:
+        """The node ``e`` names, which must be a scope (it receives children)."""
+        n = self.node(e)
+        if not self.kg.is_scope(n):
+            raise RuleError(e.pos, f"{what} needs a scope (kernel, for, if ...), but {e} is "
+                            f"{self.kg.describe(n)}, which holds no statements")
+        return n
+
+    def not_root(self, e, n: int, what: str) -> None:
+        """Refuse an action that would need a place next to (outside) the kernel node."""
+        if n == self.kg.root:
+            raise RuleError(e.pos, f"{what} {e}: {e} is the kernel node, which has no enclosing scope; "
+                            "bind a statement inside the kernel instead")
 
     # ------------------------------------------------------------------ driver
     def run(self, actions: tuple) -> None:
@@ -124,7 +151,10 @@ class Rewriter:
         attrs = {}
         for k, v in keys.items():
             if k != "as":
+                _settable(k, v)
                 attrs[k] = _coerce(spec, k, self.value(v))
+                _bounded(k, attrs[k], v)
+                _printable(op, k, attrs[k], v)
         n = self.kg.add(op, parent, origin=self.origin, **attrs)
         self.created.append(n)
         if "as" in keys:
@@ -134,7 +164,11 @@ class Rewriter:
         return n
 
     def _insert(self, where: str, target, templates) -> None:
-        ref = self.node(target)
+        if where in ("entry", "exit"):
+            ref = self.scope(target, f"insert-at-{where}")
+        else:
+            ref = self.node(target)
+            self.not_root(target, ref, f"insert-{where}")
         scope = ref if where in ("entry", "exit") else self.kg.parent(ref)
         anchor = None if where in ("entry", "exit") else ref
         if where in ("entry", "after"):
@@ -185,7 +219,10 @@ class Rewriter:
         spec = OPS[self.kg.op(n)]
         _, keys = split_keys(kv, 0)
         for k, v in keys.items():
+            _settable(k, v)
             self.kg[n][k] = _coerce(spec, k, self.value(v))
+            _bounded(k, self.kg[n][k], v)
+            _printable(self.kg.op(n), k, self.kg[n][k], v)
         if n not in self.created:
             self.changed.append(n)
 
@@ -195,9 +232,13 @@ class Rewriter:
 
     def _wrap(self, a, target, t) -> None:
         n = self.node(target)
+        self.not_root(target, n, "wrap")
         kg, g = self.kg, self.kg.g
         parent = kg.parent(n)
         s = self.instantiate(t, None)
+        if not kg.is_scope(s):
+            raise RuleError(t.pos, f"wrap needs a scope template (for, if ...) to hold {kg.describe(n)}, "
+                            f"got {t.head()}")
         g.add_edge(parent, s, kind="contains")
         # the new scope takes ?n's place: its depends edges move over, then ?n moves inside
         for p in [p for p in g.pred[n] if g.edges[p, n]["kind"] == "depends"]:
@@ -215,9 +256,18 @@ class Rewriter:
 
     def _move(self, a, target, *kv) -> None:
         n = self.node(target)
+        self.not_root(target, n, "move")
         _, keys = split_keys(kv, 0)
-        scope = self.node(keys["into"])
+        if "into" not in keys:
+            raise RuleError(a.pos, "move needs :into SCOPE")
+        scope = self.scope(keys["into"], "move :into")
+        if scope == n or scope in self.kg.descendants(n):
+            raise RuleError(keys["into"].pos, f"move {target} :into {keys['into']} would put "
+                            f"{self.kg.describe(n)} inside itself (into {self.kg.describe(scope)}); "
+                            "guard the rule so the target scope is not the moved node or inside it")
         where = str(self.value(keys["at"])) if "at" in keys else "exit"
+        if where not in ("entry", "exit"):
+            raise RuleError(keys["at"].pos, f"move :at takes entry or exit, got {where!r}")
         self.detach(n)
         self.place(n, scope, where)
         self.changed.append(n)
@@ -225,6 +275,7 @@ class Rewriter:
     # ------------------------------------------------------------------ cloning
     def _clone(self, a, target, *kv) -> None:
         src = self.node(target)
+        self.not_root(target, src, "clone")
         _, keys = split_keys(kv, 0)
         matcher = Matcher(self.kg)
         leaves = {n for n in self.kg.descendants(src) if not self.kg.is_scope(n)}
@@ -238,14 +289,17 @@ class Rewriter:
             mapping = {str(self.value(var)): as_term(self.value(term))}
             shifted = matcher.select(pat, self.b, src) & kept
         parent = self.kg.parent(src)
-        new = self._copy(src, kept, mapping, shifted, root=True)
+        new = self._copy(src, kept, mapping, shifted, keys.get("substitute"), root=True)
         self.place(new, parent, "before", src)
         if "set" in keys:
+            if not isinstance(keys["set"], SList):
+                raise RuleError(keys["set"].pos, "clone :set takes a list (:key value ...)")
             self._set_attrs(new, keys["set"].items)
         if "as" in keys:
             self.b[keys["as"].value] = NodeRef(new)
 
-    def _copy(self, n: int, kept: set, mapping: dict, shifted: set, root: bool = False) -> Optional[int]:
+    def _copy(self, n: int, kept: set, mapping: dict, shifted: set, at: Optional[SList],
+              root: bool = False) -> Optional[int]:
         """Copy ``n``'s subtree: kept leaves, and the scopes holding some (the root always)."""
         kg = self.kg
         inside = [d for d in kg.descendants(n) if d in kept] if kg.is_scope(n) else []
@@ -260,6 +314,7 @@ class Rewriter:
                     attrs[k] = substitute(v, mapping)
                 elif isinstance(v, tuple):
                     attrs[k] = tuple(substitute(x, mapping) if isinstance(x, Term) else x for x in v)
+                _bounded(k, attrs.get(k), at)
         first = kg[n]["origin"]
         source = first.get("source") or (f"{first['rule']} @ {first['at']}" if first.get("rule")
                                          else f"build @ {first.get('where', '?')}")
@@ -269,7 +324,7 @@ class Rewriter:
             return new
         seq = []
         for c in sibling_order(kg, n):
-            cc = self._copy(c, kept, mapping, shifted)
+            cc = self._copy(c, kept, mapping, shifted, at)
             if cc is not None:
                 kg.g.add_edge(new, cc, kind="contains")
                 seq.append(cc)
@@ -278,11 +333,35 @@ class Rewriter:
 
     # ------------------------------------------------------------------ edges, bindings, failure
     def _add_edge(self, a, x, y) -> None:
-        self.kg.add_depends(self.node(x), self.node(y))
+        u, v = self.node(x), self.node(y)
+        kg = self.kg
+        if u == v:
+            raise RuleError(a.pos, f"add-edge {x} {y}: a node cannot run before itself ({kg.describe(u)})")
+        if u == kg.root or kg.parent(u) != kg.parent(v):
+            raise RuleError(a.pos, f"add-edge {x} {y}: {kg.describe(u)} and {kg.describe(v)} are not in the "
+                            "same scope; depends edges order siblings (order their enclosing siblings instead)")
+        if self._reaches(v, u):
+            raise RuleError(a.pos, f"add-edge {x} {y}: {kg.describe(v)} already runs before {kg.describe(u)}, "
+                            "so the edge would make the order cyclic; remove-edge the other way first or "
+                            "guard the rule")
+        kg.add_depends(u, v)
+
+    def _reaches(self, a: int, b: int) -> bool:
+        """Whether depends edges lead from ``a`` to ``b`` (siblings)."""
+        g, seen, stack = self.kg.g, {a}, [a]
+        while stack:
+            n = stack.pop()
+            for s, d in g.succ[n].items():
+                if d["kind"] == "depends" and s not in seen:
+                    if s == b:
+                        return True
+                    seen.add(s)
+                    stack.append(s)
+        return False
 
     def _remove_edge(self, a, x, y) -> None:
         u, v = self.node(x), self.node(y)
-        if self.kg.g.has_edge(u, v):
+        if self.kg.g.has_edge(u, v) and self.kg.g.edges[u, v]["kind"] == "depends":  # never a contains edge
             self.kg.remove_depends(u, v)
 
     def _let(self, a, var, expr) -> None:
@@ -294,11 +373,50 @@ class Rewriter:
         raise RuleFailure(text)
 
 
+def _settable(key: str, expr) -> None:
+    """``op`` and ``origin`` say what a node is and where it came from: a rule replaces the node instead."""
+    if key in ("op", "origin"):
+        raise RuleError(expr.pos, f"a rule cannot set :{key} (it says what the node is and where it came "
+                        "from); use (replace ?n TEMPLATE) to make a different node")
+
+
 def _coerce(spec, key: str, value: Any) -> Any:
     """Values of term attributes become terms (tuples of them for coordinates)."""
     if key not in spec.terms:
         return value
     return tuple(as_term(x) for x in value) if isinstance(value, tuple) else as_term(value)
+
+
+def _printable(op: str, key: str, value: Any, expr) -> None:
+    """Refuse, at the rule's own text, a name or number codegen could not print safely (verify
+    would catch it after the phase, but could name only the node, not the action that set it)."""
+    bad = attribute_problem(op, key, value)
+    if bad:
+        raise RuleError(expr.pos, f"{op} :{key}: {bad}")
+
+
+def _bounded(key: str, value: Any, expr) -> None:
+    """Refuse a value a rule built that is too large to print, hash or simplify: a rule that feeds
+    its own output back (``(set ?L :stop (+ ?n ?n))`` once a new node) doubles it each time."""
+    sizes: dict[int, int] = {}  # terms share subterms: count each tree node, visit each object once
+
+    def size(v: Any, depth: int) -> int:
+        if depth > MAX_VALUE_DEPTH:
+            raise RuleError(expr.pos, f":{key} would be a value nested more than {MAX_VALUE_DEPTH} deep; a rule "
+                            "probably grows it each time it fires: guard the rule")
+        if isinstance(v, str):
+            return 1 + len(v)
+        if not isinstance(v, (Term, tuple, dict)):
+            return 1
+        if id(v) not in sizes:
+            parts = v.args if isinstance(v, Term) else v.values() if isinstance(v, dict) else v
+            sizes[id(v)] = 1 + sum(size(a, depth + 1) for a in parts)
+        return sizes[id(v)]
+
+    n = size(value, 0)
+    if n > MAX_VALUE_SIZE:
+        raise RuleError(expr.pos, f":{key} would be a value of {n} parts (term nodes, characters, elements), more "
+                        f"than {MAX_VALUE_SIZE}; a rule probably grows it each time it fires: guard the rule")
 
 
 def _show(v: Any, kg: KernelGraph) -> str:

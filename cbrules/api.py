@@ -31,11 +31,15 @@ def debug_default() -> bool:
 
 
 def lower(kernel: KernelLike, *, rules: RulesLike = None, debug: Optional[bool] = None,
-          stop_after: Optional[int] = None) -> KernelGraph:
+          stop_after: Optional[int] = None,
+          time_limit: Optional[float] = engine.DEFAULT_TIME_LIMIT) -> KernelGraph:
     """The lowered kernel graph (the input is never modified). With ``debug`` (or
-    ``CBRULES_DEBUG=1``) the returned graph's ``trace`` holds every rule application."""
+    ``CBRULES_DEBUG=1``) the returned graph's ``trace`` holds every rule application.
+    ``time_limit`` bounds the lowering in seconds (None: no limit); past it, or when a rule keeps
+    firing, lowering ends in a :class:`cbrules.engine.LoweringError`."""
     debug = debug_default() if debug is None else debug
-    result = engine.lower(_graph(kernel), load_rules(rules), debug=debug, stop_after=stop_after)
+    result = engine.lower(_graph(kernel), load_rules(rules), debug=debug, stop_after=stop_after,
+                          time_limit=time_limit)
     result.graph.trace = result.trace
     return result.graph
 

@@ -2,16 +2,20 @@
 
 Symbols are inferred from the tensors' shapes and the kernel's ``requires`` list is checked by
 :func:`bind_symbols`, which the GPU launcher (:mod:`codegen.launch`) uses too, so the interpreter
-refuses exactly the launches the GPU path refuses, with the same messages. Tensor maps are checked
-against the TMA encoding limits (:mod:`cbrules.limits`) as ``cuTensorMapEncodeTiled`` would be.
+refuses exactly the launches the GPU path refuses, with the same messages: symbols must be integers
+in int32 range (:func:`check_symbol`), extents positive (:func:`check_extents`), the grid within
+the launch limits (:func:`launch_grid`). Tensor maps are checked against the TMA encoding limits
+(:mod:`cbrules.limits`) as ``cuTensorMapEncodeTiled`` would be.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Union
 
 import numpy as np
 
+from .errors import CbrulesError
 from .graph import KernelGraph
 from .limits import check_tensor_map
 from .terms import evaluate
@@ -20,6 +24,7 @@ NP_DTYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "i
              "uint32": np.uint32, "uint64": np.uint64}
 BlocksLike = Union[None, str, Iterable[Union[int, tuple]]]
 INT32_LIMIT = 2**31  # kernels index with C int and take symbols as int
+GRID_LIMITS = (2**31 - 1, 65535, 65535)  # cuLaunchKernel's gridDim.x, .y, .z
 
 
 @dataclass
@@ -32,9 +37,28 @@ class Bound:
     written: tuple[str, ...]
 
 
-class LaunchError(ValueError):
+class LaunchError(CbrulesError, ValueError):
     """Arguments that do not fit the kernel's parameters, or a launch the kernel's ``requires``
     forbid (the GPU launcher and the interpreter raise the same)."""
+
+
+def check_symbol(name: str, symbol: str, value: Any) -> int:
+    """``value`` as the int32 a kernel takes for ``symbol``: Python and numpy integers only.
+
+    Floats are refused rather than truncated (``N=4096.7`` is a mistake, not 4096), and so are
+    bools, strings and None, which ``int()`` would quietly accept or turn into another error.
+    """
+    fix = f"pass {symbol} as a Python or numpy integer in -2**31..2**31-1 (floats are never rounded)"
+    if isinstance(value, (bool, np.bool_)):
+        raise LaunchError(f"{name}: symbol {symbol} = {value!r} is a bool, not an integer; {fix}")
+    try:
+        v = operator.index(value)  # ints, numpy integers, 0-d integer arrays; never floats
+    except TypeError:
+        raise LaunchError(f"{name}: symbol {symbol} = {value!r} ({type(value).__name__}) is not an "
+                          f"integer; {fix}") from None
+    if not -INT32_LIMIT <= v < INT32_LIMIT:
+        raise LaunchError(f"{name}: symbol {symbol} = {v} does not fit the kernel's 32-bit int parameter; {fix}")
+    return v
 
 
 def check_arguments(name: str, params: Iterable, args: Mapping[str, Any]) -> dict[str, int]:
@@ -42,12 +66,12 @@ def check_arguments(name: str, params: Iterable, args: Mapping[str, Any]) -> dic
     params = list(params)
     unknown = set(args) - {p.name for p in params if p.kind != "tmap"}
     if unknown:
-        raise LaunchError(f"{name}: unknown argument(s) {', '.join(sorted(unknown))}; parameters are "
+        raise LaunchError(f"{name}: unknown argument(s) {', '.join(sorted(map(str, unknown)))}; parameters are "
                           f"{', '.join(p.name for p in params if p.kind != 'tmap')}")
     missing = [p.name for p in params if p.kind == "tensor" and p.name not in args]
     if missing:
         raise LaunchError(f"{name}: missing tensor argument {missing[0]!r}")
-    return {p.name: int(args[p.name]) for p in params if p.kind == "symbol" and p.name in args}
+    return {p.name: check_symbol(name, p.name, args[p.name]) for p in params if p.kind == "symbol" and p.name in args}
 
 
 def check_dtype(name: str, param, dtype) -> None:
@@ -57,33 +81,57 @@ def check_dtype(name: str, param, dtype) -> None:
         raise LaunchError(f"{name}: tensor {param.name!r} is {dtype}, the kernel expects {want}")
 
 
+def _evaluate(name: str, term, symbols: Mapping[str, int], what: str) -> Any:
+    """``term`` under ``symbols``; a missing name or a zero divisor is the launch's fault."""
+    try:
+        return evaluate(term, symbols)
+    except (KeyError, ZeroDivisionError, OverflowError) as e:
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(symbols.items()))
+        raise LaunchError(f"{name}: cannot evaluate {what} {term} for {shown or 'no symbols'} "
+                          f"({type(e).__name__}: {e}); pass every symbol the kernel needs as a keyword") from None
+
+
+def check_extents(name: str, param, shape: tuple) -> None:
+    """Refuse a tensor of the wrong rank or with an empty or negative extent."""
+    if len(shape) != len(param.shape):
+        raise LaunchError(f"{name}: tensor {param.name!r} has rank {len(shape)}, the kernel expects "
+                          f"{len(param.shape)} ({', '.join(map(str, param.shape))})")
+    for dim, n in enumerate(shape):
+        if not isinstance(n, (int, np.integer)) or n < 1:
+            raise LaunchError(f"{name}: tensor {param.name!r} dimension {dim} is {n!r} (shape {tuple(shape)}); "
+                              "extents must be positive integers: skip the launch for an empty problem")
+
+
 def bind_symbols(name: str, params: Iterable, requires: Iterable, shapes: Mapping[str, tuple],
-                 given: Mapping[str, int]) -> dict[str, int]:
+                 given: Mapping[str, Any]) -> dict[str, int]:
     """Infer every symbol from the tensors' shapes (or take it from ``given``), check that every
     extent agrees, and check each ``(predicate, message)`` of ``requires``."""
     params = list(params)
-    symbols = dict(given)
+    declared = {p.name for p in params if p.kind == "symbol"}
+    unknown = sorted(map(str, set(given) - declared))
+    if unknown:
+        raise LaunchError(f"{name}: unknown symbol(s) {', '.join(unknown)}; the kernel's symbols are "
+                          f"{', '.join(sorted(declared)) or 'none'}")
+    symbols = {sym: check_symbol(name, sym, v) for sym, v in given.items()}
     tensors = [p for p in params if p.kind == "tensor"]
     for p in tensors:  # first plain names, which bind symbols
         shape = shapes[p.name]
-        if len(shape) != len(p.shape):
-            raise LaunchError(f"{name}: tensor {p.name!r} has rank {len(shape)}, the kernel expects "
-                              f"{len(p.shape)} ({', '.join(map(str, p.shape))})")
+        check_extents(name, p, shape)
         for term, actual in zip(p.shape, shape):
             if term.op == "name" and str(term.value) not in symbols:
                 symbols[str(term.value)] = int(actual)
-    for p in tensors:  # then every extent must agree
-        for dim, (term, actual) in enumerate(zip(p.shape, shapes[p.name])):
-            want = evaluate(term, symbols)
-            if want != actual:
-                raise LaunchError(f"{name}: tensor {p.name!r} dimension {dim} is {actual}, but "
-                                  f"{term} = {want} from the other arguments")
     missing = [p.name for p in params if p.kind == "symbol" and p.name not in symbols]
     if missing:
         raise LaunchError(f"{name}: no value for symbol(s) {', '.join(missing)}; pass them as keywords")
     for sym, v in symbols.items():
         if not -INT32_LIMIT <= v < INT32_LIMIT:
             raise LaunchError(f"{name}: symbol {sym} = {v} does not fit the kernel's 32-bit int parameter")
+    for p in tensors:  # then every extent must agree
+        for dim, (term, actual) in enumerate(zip(p.shape, shapes[p.name])):
+            want = _evaluate(name, term, symbols, f"tensor {p.name!r} dimension {dim}")
+            if want != actual:
+                raise LaunchError(f"{name}: tensor {p.name!r} dimension {dim} is {actual}, but "
+                                  f"{term} = {want} from the other arguments")
     for p in tensors:  # generated indices are C int: an element past 2**31 - 1 would wrap around
         elements = int(np.prod(shapes[p.name], dtype=np.int64))
         if elements > INT32_LIMIT:
@@ -91,10 +139,22 @@ def bind_symbols(name: str, params: Iterable, requires: Iterable, shapes: Mappin
                               f"with 32-bit int, so at most {INT32_LIMIT} are addressable: split the problem "
                               "into launches over smaller views")
     for pred, message in requires:
-        if not evaluate(pred, symbols):
+        if not _evaluate(name, pred, symbols, "requirement"):
             shown = ", ".join(f"{k}={v}" for k, v in sorted(symbols.items()))
             raise LaunchError(f"{name}: {message} [{pred} is false for {shown}]")
     return symbols
+
+
+def launch_grid(name: str, terms: Iterable, symbols: Mapping[str, int]) -> tuple[int, int, int]:
+    """The grid's extents under ``symbols``, each within what ``cuLaunchKernel`` accepts (0 launches
+    nothing)."""
+    terms = tuple(terms)
+    grid = tuple(int(_evaluate(name, t, symbols, "grid extent")) for t in terms)
+    for axis, (n, limit) in enumerate(zip(grid, GRID_LIMITS)):
+        if not 0 <= n <= limit:
+            raise LaunchError(f"{name}: grid {'xyz'[axis]} = {terms[axis]} = {n} is outside 0..{limit}; "
+                              "use a smaller problem or split it into several launches")
+    return grid  # type: ignore[return-value]
 
 
 def bind(kg: KernelGraph, args: Mapping[str, Any], symbols: Optional[Mapping[str, int]] = None) -> Bound:
@@ -110,7 +170,11 @@ def bind(kg: KernelGraph, args: Mapping[str, Any], symbols: Optional[Mapping[str
     for p in params.values():
         if p.kind != "tensor":
             continue
-        value = np.asarray(args[p.name])
+        try:
+            value = np.asarray(args[p.name])
+        except (TypeError, ValueError) as e:  # ragged lists, device tensors numpy cannot read: no array
+            raise LaunchError(f"{name}: tensor {p.name!r} is a {type(args[p.name]).__name__} numpy cannot "
+                              f"read ({type(e).__name__}: {e}); pass a numpy array") from None
         check_dtype(name, p, value.dtype)
         # the kernel writes into a private copy; inputs are read through a read-only view
         arr = np.array(value, order="C", copy=True) if p.written else np.ascontiguousarray(value)
@@ -124,7 +188,7 @@ def bind(kg: KernelGraph, args: Mapping[str, Any], symbols: Optional[Mapping[str
         if p.kind == "tmap":
             arr = tensors[p.tensor]
             check_tensor_map(p.name, arr.shape, arr.strides, arr.itemsize, 0, p.box)
-    grid = tuple(int(evaluate(g, bound_symbols)) for g in k["grid"])
+    grid = launch_grid(name, k["grid"], bound_symbols)
     written = tuple(p.name for p in params.values() if p.written)
     return Bound(bound_symbols, grid, tensors, written)  # type: ignore[arg-type]
 

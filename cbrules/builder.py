@@ -10,19 +10,29 @@
 
 Every node records its Python call site in ``origin``; program order becomes depends edges
 (def->use on registers and buffers, memory order around barriers) when each node is complete.
+
+Every name and number is checked at the call that gives it (:mod:`cbrules.names`): a name is a C
+identifier outside cbrules' own prefixes, used for one thing only in the kernel (a register may be
+written many times; a loop variable may be reused by a sibling loop, never by a nested one), and
+sizes are positive ints. Range checks that belong to the transformation (stages >= 2, ...) stay in
+the rules.
 """
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
+from . import names
+from .errors import CbrulesError
 from .graph import KernelGraph, Param
 from .limits import TmaBoxError, check_box  # noqa: F401  (TmaBoxError: public via the builder)
-from .ops import BINARY, DTYPE_BYTES, DTYPES, LOOP_KINDS, UNARY, DependenceTracker
+from .names import IdentifierError, NameClashError  # noqa: F401  (public via the builder)
+from .ops import BINARY, DTYPE_BYTES, DTYPES, LOOP_KINDS, REDUCE_COMBINE, SPACES, UNARY, DependenceTracker
 from .terms import ELECT_ONE, Term, TermLike, as_term, call, name
 
 threadIdx = type("threadIdx", (), {a: name(f"threadIdx.{a}") for a in "xyz"})
@@ -68,11 +78,64 @@ class TensorMap:
         return n
 
 
+class BuildError(CbrulesError, ValueError):
+    """A builder call given a value it cannot use; the message names the call and the fix."""
+
+
+def _int(value: Any, where: str, what: str, low: Optional[int] = None) -> int:
+    """``value`` as an int (numpy ints too; bool, float and text refused), at least ``low``."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise BuildError(f"{where}: {what} must be an int, got {value!r} ({type(value).__name__}); "
+                         f"pass a whole number") from None
+    if low is not None and v < low:
+        raise BuildError(f"{where}: {what} must be at least {low}, got {v}")
+    return v
+
+
+def _ints(values: Any, where: str, what: str, low: Optional[int] = 1) -> tuple[int, ...]:
+    if not isinstance(values, (tuple, list)):
+        raise BuildError(f"{where}: {what} must be a tuple of ints, got {values!r}")
+    return tuple(_int(v, where, f"{what}[{i}]", low) for i, v in enumerate(values))
+
+
+def _choice(value: Any, where: str, what: str, options: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in options:
+        raise BuildError(f"{where}: {what} {value!r} is not one of {', '.join(options)}")
+    return value
+
+
+def _term(value: TermLike, where: str, what: str, low: Optional[int] = None) -> Term:
+    """A size, bound or step: a term over symbols, or an int literal of at least ``low`` (a float
+    would make C compare floats, a non-positive size negative memory)."""
+    if isinstance(value, (Term, str)):
+        return as_term(value)
+    return as_term(_int(value, where, what, low))
+
+
+def _cb_options(options: Any, where: str) -> dict:
+    """Type checks of circular-buffer options (their ranges are the rules' to check)."""
+    if not isinstance(options, dict):
+        raise BuildError(f"{where}: circular_buffer must be a dict from circular_buffer(...), got {options!r}")
+    out = dict(options)
+    if "stages" in out:
+        out["stages"] = _int(out["stages"], where, "circular_buffer stages")
+    if out.get("prefetch") is not None:
+        out["prefetch"] = _int(out["prefetch"], where, "circular_buffer prefetch")
+    if "war" in out and not isinstance(out["war"], str):
+        raise BuildError(f"{where}: circular_buffer war must be \"sync\" or \"mbarrier\", got {out['war']!r}")
+    return out
+
+
 def circular_buffer(stages: int, prefetch: Optional[int] = None, war: str = "sync") -> dict:
     """Options of a circular-buffered loop: ``stages`` S, ``prefetch`` P (default S-1, negative counts
     from S), ``war`` = "sync" (block sync ends each main iteration) or "mbarrier" (empty barriers).
-    The rules check the values and refuse bad ones with a named error."""
-    return {"stages": stages, "prefetch": prefetch, "war": war}
+    Non-int stages or prefetch are a :class:`BuildError` here; the rules check the ranges and
+    refuse bad ones with a named error."""
+    return _cb_options({"stages": stages, "prefetch": prefetch, "war": war}, "circular_buffer(...)")
 
 
 def _call_site() -> str:
@@ -85,53 +148,106 @@ def _call_site() -> str:
     return f"{f.f_code.co_filename if rel.startswith('..') else rel}:{f.f_lineno}"
 
 
-def _dims(x) -> tuple[int, int, int]:
+_MEMORY = ("tensor", "buffer")  # what load and store may address
+MAX_BLOCK_THREADS = 1024  # CUDA's limit on threads per block
+
+
+def _dims(x, where: str) -> tuple[int, int, int]:
     t = tuple(x) if isinstance(x, (tuple, list)) else (x,)
-    return tuple(t) + (1,) * (3 - len(t))  # type: ignore[return-value]
+    if not 1 <= len(t) <= 3:
+        raise BuildError(f"{where}: block {x!r} must have 1 to 3 dimensions")
+    dims = _ints(t, where, "block") + (1,) * (3 - len(t))
+    if dims[0] * dims[1] * dims[2] > MAX_BLOCK_THREADS:
+        raise BuildError(f"{where}: block {x!r} has {dims[0] * dims[1] * dims[2]} threads, more than the "
+                         f"{MAX_BLOCK_THREADS} a CUDA block may have")
+    return dims  # type: ignore[return-value]
 
 
 class Kernel:
     """A kernel under construction; ``graph`` is the :class:`KernelGraph` being built."""
 
     def __init__(self, name: str, block: int | Sequence[int] = 256):
-        self.graph = KernelGraph(name, block=_dims(block))
+        where = f"Kernel({name!r}) at {_call_site()}"
+        names.check(name, where)
+        self.graph = KernelGraph(name, block=_dims(block, where))
         self._scopes: list[int] = [self.graph.root]
         self._regs = itertools.count()
         self._trackers: dict[int, DependenceTracker] = {}
+        # every name inside the kernel -> what it names (the kernel's own name is outside its body:
+        # a parameter or loop may reuse it, as C allows)
+        self._names: dict[str, str] = {}
+        self._loop_vars: list[str] = []  # variables of the enclosing loops, outermost first
 
-    # ---------------------------------------------------------------- signature & geometry
-    def _add_param(self, p: Param) -> None:
+    # ---------------------------------------------------------------- names
+    def _claim(self, nm: Any, what: str, call: str, reuse: bool = False) -> str:
+        """Check ``nm`` (given to builder call ``call``) and record it as naming a ``what``;
+        ``reuse`` lets a name stand that already names the same kind of thing (registers, sibling loops)."""
+        where = f"{call} at {_call_site()}"
+        names.check(nm, where)
+        had = self._names.get(nm)
+        if what == "loop variable" and nm in self._loop_vars:
+            raise NameClashError(nm, where, "is already the variable of an enclosing loop",
+                                 "give the inner loop a variable of its own")
+        if had is not None and not (reuse and had == what):
+            kernel = self.graph.kernel()["name"]
+            raise NameClashError(nm, where, f"already names a {had} of kernel {kernel!r} (the generated CUDA "
+                                 "would mix them up)",
+                                 f"choose another name for this {what}")
+        self._names[nm] = what
+        return nm
+
+    def _known(self, handle: Any, kinds: tuple[str, ...], call: str) -> str:
+        """The name of a handle this kernel made (a forged or foreign handle is refused)."""
+        nm = getattr(handle, "name", None)
+        if self._names.get(nm) not in kinds:
+            raise BuildError(f"{call} at {_call_site()}: {handle!r} is not a {' or '.join(kinds)} of kernel "
+                             f"{self.graph.kernel()['name']!r}; pass the handle its builder call returned")
+        return nm  # type: ignore[return-value]
+
+    def _add_param(self, p: Param, what: str, call: str) -> None:
         k = self.graph.kernel()
-        if p.name in {q.name for q in k["params"]}:
-            raise ValueError(f"kernel {k['name']!r} already has a parameter named {p.name!r}")
+        self._claim(p.name, what, call)
         k["params"] = k["params"] + (p,)
 
+    # ---------------------------------------------------------------- signature & geometry
     def symbol(self, sym: str) -> Term:
         """An int parameter (tensor extent, trip count) known only at launch."""
-        self._add_param(Param(sym, "symbol", "int32"))
+        self._add_param(Param(sym, "symbol", "int32"), "symbol", f"symbol({sym!r})")
         return name(sym)
 
     def tensor(self, tname: str, shape: Sequence[TermLike], dtype: str = "float32") -> Buffer:
         """A global-memory tensor parameter; ``shape`` is outermost-first, terms over symbols."""
+        where = f"tensor({tname!r}) at {_call_site()}"
         if dtype not in DTYPES or dtype == "mbarrier":
-            raise ValueError(f"tensor {tname!r}: unsupported dtype {dtype!r}")
-        shape_t = tuple(as_term(s) for s in shape)
-        self._add_param(Param(tname, "tensor", dtype, shape_t))
+            raise BuildError(f"{where}: unsupported dtype {dtype!r}; use one of "
+                             f"{', '.join(d for d in DTYPES if d != 'mbarrier')}")
+        if not isinstance(shape, (tuple, list)) or not shape:
+            raise BuildError(f"{where}: shape must be a non-empty tuple of extents, got {shape!r}")
+        shape_t = tuple(_term(s, where, f"shape[{i}]", 1) for i, s in enumerate(shape))
+        self._add_param(Param(tname, "tensor", dtype, shape_t), "tensor", f"tensor({tname!r})")
         return Buffer(tname, dtype, shape_t, "global")
 
     def tensor_map(self, tensor: Buffer, box: Sequence[int], mname: Optional[str] = None) -> TensorMap:
         """A TMA tensor map over ``tensor`` with the given box (outermost-first, like the shape)."""
+        mname = f"{tensor.name}_tmap" if mname is None else mname
+        where = f"tensor_map({mname!r}) at {_call_site()}"
+        box = _ints(box, where, "box", low=None)  # the range is check_box's (a TmaBoxError)
         if len(box) != len(tensor.shape):
-            raise ValueError(f"tensor map over {tensor.name!r}: box {tuple(box)} has rank {len(box)}, "
+            raise BuildError(f"tensor map over {tensor.name!r}: box {tuple(box)} has rank {len(box)}, "
                              f"the tensor has rank {len(tensor.shape)}")
-        check_box(mname or f"{tensor.name}_tmap", tuple(box), tensor.dtype)
-        mname = mname or f"{tensor.name}_tmap"
-        self._add_param(Param(mname, "tmap", tensor.dtype, tensor.shape, tensor.name, tuple(box)))
-        return TensorMap(mname, tensor, tuple(box))
+        names.check(mname, where)
+        check_box(mname, box, tensor.dtype)
+        self._add_param(Param(mname, "tmap", tensor.dtype, tensor.shape, tensor.name, box), "tensor map",
+                        f"tensor_map({mname!r})")
+        return TensorMap(mname, tensor, box)
 
     def grid(self, *dims: TermLike) -> None:
         """Launch grid as terms over symbols (missing dimensions are 1)."""
-        self.graph.kernel()["grid"] = tuple(as_term(d) for d in dims) + (as_term(1),) * (3 - len(dims))
+        where = f"grid(...) at {_call_site()}"
+        if not 1 <= len(dims) <= 3:
+            raise BuildError(f"{where}: a grid has 1 to 3 dimensions, got {len(dims)}")
+        self.graph.kernel()["grid"] = tuple(_term(d, where, f"grid[{i}]", 1) for i, d in enumerate(dims)) \
+            + (as_term(1),) * (3 - len(dims))
 
     # ---------------------------------------------------------------- node creation
     def _node(self, op: str, **attrs) -> int:
@@ -164,11 +280,20 @@ class Kernel:
         ``circular_buffer=circular_buffer(stages=3)`` asks the rules to pipeline the TMA loads in it."""
         if stop is None:
             start, stop = 0, start
-        if kind not in LOOP_KINDS:
-            raise ValueError(f"loop {var!r}: kind {kind!r} is not one of {', '.join(LOOP_KINDS)}")
-        with self._scope("for", var=var, start=as_term(start), stop=as_term(stop), step=as_term(step),
-                         kind=kind, annotations=dict(annotations)):
-            yield name(var)
+        where = f"loop({var!r}) at {_call_site()}"
+        _choice(kind, where, "kind", LOOP_KINDS)
+        # a literal step below 1 would never end on the device; a term step is the launch's to get right
+        bounds = {k: _term(v, where, k, 1 if k == "step" else None)
+                  for k, v in (("start", start), ("stop", stop), ("step", step))}
+        if "circular_buffer" in annotations:
+            annotations["circular_buffer"] = _cb_options(annotations["circular_buffer"], where)
+        self._claim(var, "loop variable", f"loop({var!r})", reuse=True)
+        with self._scope("for", var=var, **bounds, kind=kind, annotations=dict(annotations)):
+            self._loop_vars.append(var)
+            try:
+                yield name(var)
+            finally:
+                self._loop_vars.pop()
 
     @contextmanager
     def if_(self, pred: TermLike) -> Iterator[None]:
@@ -184,25 +309,43 @@ class Kernel:
 
     def alloc(self, buf: str, space: str, dtype: str, shape: Sequence[int], align: Optional[int] = None) -> Buffer:
         """Allocate a shared- or register-memory buffer (shape in elements, outermost-first)."""
+        where = f"alloc({buf!r}) at {_call_site()}"
+        _choice(space, where, "space", [s for s in SPACES if s != "global"])
+        _choice(dtype, where, "dtype", list(DTYPES))
+        shape = _ints(shape, where, "shape")
+        if not shape:
+            raise BuildError(f"{where}: shape must have at least one dimension")
+        if align is not None:
+            align = _int(align, where, "align", 1)
+            if align & (align - 1):
+                raise BuildError(f"{where}: align {align} must be a power of two")
+        self._claim(buf, "buffer", f"alloc({buf!r})")
         align = align or (128 if space == "shared" and dtype != "mbarrier" else DTYPE_BYTES[dtype])
-        self._node("alloc", buf=buf, space=space, dtype=dtype, shape=tuple(shape), align=align)
-        return Buffer(buf, dtype, tuple(shape), space)
+        self._node("alloc", buf=buf, space=space, dtype=dtype, shape=shape, align=align)
+        return Buffer(buf, dtype, shape, space)
 
-    def _reg(self, dst: Optional[str]) -> str:
-        return dst or f"v{next(self._regs)}"
+    def _reg(self, dst: Optional[str], call: str, dtype: Optional[str] = None) -> str:
+        """The register a compute call writes: ``dst`` (checked), or the next free ``v<n>``."""
+        if dtype is not None:
+            _choice(dtype, f"{call} at {_call_site()}", "dtype", [d for d in DTYPES if d != "mbarrier"])
+        if dst is None:
+            dst = next(f"v{i}" for i in self._regs if f"v{i}" not in self._names)
+        return self._claim(dst, "register", f"{call}(dst={dst!r})", reuse=True)
 
     # ---------------------------------------------------------------- memory
     def load(self, src: Buffer, index: TermLike, dst: Optional[str] = None) -> Term:
         """Read one element ``src[index]`` (flat index) into a register; returns the register."""
-        dst = self._reg(dst)
-        self._node("load", dst=dst, src=src.name, index=as_term(index), dtype=src.dtype)
+        src_name = self._known(src, _MEMORY, "load")
+        dst = self._reg(dst, "load")
+        self._node("load", dst=dst, src=src_name, index=as_term(index), dtype=src.dtype)
         return name(dst)
 
     def store(self, dst: Buffer, index: TermLike, value: TermLike) -> None:
         """Write ``dst[index] = value`` (flat index)."""
+        dst_name = self._known(dst, _MEMORY, "store")
         if dst.space == "global":
-            self._mark_written(dst.name)
-        self._node("store", dst=dst.name, index=as_term(index), value=as_term(value))
+            self._mark_written(dst_name)
+        self._node("store", dst=dst_name, index=as_term(index), value=as_term(value))
 
     def _mark_written(self, tname: str) -> None:
         k = self.graph.kernel()
@@ -218,30 +361,34 @@ class Kernel:
         ``circular_buffer=circular_buffer(...)`` here). ``tile`` may be wider than the box in the
         innermost dimension: the rules split it into several boxes.
         """
-        attrs = dict(tmap=tmap.name, coords=tuple(as_term(c) for c in coords), dst=dst.name,
-                     offset=as_term(offset), bytes=tmap.box_bytes, box=tmap.box, tile=tuple(tile or tmap.box))
+        where = f"tma_load at {_call_site()}"
+        attrs = dict(tmap=self._known(tmap, ("tensor map",), "tma_load"), coords=tuple(as_term(c) for c in coords),
+                     dst=self._known(dst, ("buffer",), "tma_load"), offset=as_term(offset), bytes=tmap.box_bytes,
+                     box=tmap.box, tile=_ints(tmap.box if tile is None else tile, where, "tile"))
         if barrier is not None:
-            attrs.update(barrier=barrier.name, slot=as_term(slot))
+            attrs.update(barrier=self._known(barrier, ("buffer",), "tma_load"), slot=as_term(slot))
         if circular_buffer is not None:
-            attrs["circular_buffer"] = dict(circular_buffer)
+            attrs["circular_buffer"] = _cb_options(circular_buffer, where)
         self._node("tma_load", **attrs)
 
     def tma_store(self, tmap: TensorMap, coords: Sequence[TermLike], src: Buffer, offset: TermLike = 0) -> None:
         """Bulk-copy one box from shared ``src + offset`` to global at ``coords`` (waits for completion)."""
+        tmap_name = self._known(tmap, ("tensor map",), "tma_store")
+        src_name = self._known(src, ("buffer",), "tma_store")
         self._mark_written(tmap.tensor.name)
-        self._node("tma_store", tmap=tmap.name, coords=tuple(as_term(c) for c in coords), src=src.name,
+        self._node("tma_store", tmap=tmap_name, coords=tuple(as_term(c) for c in coords), src=src_name,
                    offset=as_term(offset))
 
     # ---------------------------------------------------------------- compute
     def assign(self, value: TermLike, dtype: str = "float32", dst: Optional[str] = None) -> Term:
         """A register holding ``value`` (any term, e.g. ``0.0`` or an index)."""
-        dst = self._reg(dst)
+        dst = self._reg(dst, "assign", dtype)
         self._node("assign", dst=dst, value=as_term(value), dtype=dtype)
         return name(dst)
 
     def fma(self, a: TermLike, b: TermLike, c: TermLike, dst: Optional[str] = None, dtype: str = "float32") -> Term:
         """``dst = a * b + c``; with ``dst`` naming ``c``'s register this accumulates in place."""
-        dst = self._reg(dst)
+        dst = self._reg(dst, "fma", dtype)
         self._node("fma", dst=dst, args=(as_term(a), as_term(b), as_term(c)), dtype=dtype)
         return name(dst)
 
@@ -249,30 +396,38 @@ class Kernel:
                dst: Optional[str] = None, dtype: str = "float32") -> Term:
         """``kind='block'``: combine ``src`` over all threads of the block (every thread gets the result);
         ``kind='serial'``: ``dst = dst (combine) src``, accumulating across loop iterations."""
-        dst = self._reg(dst)
+        where = f"reduce at {_call_site()}"
+        _choice(kind, where, "kind", ("block", "serial"))
+        _choice(combine, where, "combine", REDUCE_COMBINE)
+        dst = self._reg(dst, "reduce", dtype)
         self._node("reduce", dst=dst, src=as_term(src), kind=kind, combine=combine, dtype=dtype)
         return name(dst)
 
     def _elementwise(self, op: str, *args: TermLike, dst: Optional[str] = None, dtype: str = "float32") -> Term:
-        dst = self._reg(dst)
+        dst = self._reg(dst, op, dtype)
         self._node(op, dst=dst, args=tuple(as_term(a) for a in args), dtype=dtype)
         return name(dst)
 
     # ---------------------------------------------------------------- synchronisation
+    def _barrier(self, op: str, barrier: Buffer, slot: TermLike, **attrs) -> None:
+        self._node(op, barrier=self._known(barrier, ("buffer",), op), slot=as_term(slot), **attrs)
+
     def mbarrier_init(self, barrier: Buffer, slot: TermLike, count: int) -> None:
-        self._node("mbarrier_init", barrier=barrier.name, slot=as_term(slot), count=count)
+        self._barrier("mbarrier_init", barrier, slot,
+                      count=_int(count, f"mbarrier_init at {_call_site()}", "count", 1))
 
     def mbarrier_arrive(self, barrier: Buffer, slot: TermLike) -> None:
-        self._node("mbarrier_arrive", barrier=barrier.name, slot=as_term(slot))
+        self._barrier("mbarrier_arrive", barrier, slot)
 
     def mbarrier_arrive_expect_tx(self, barrier: Buffer, slot: TermLike, nbytes: int) -> None:
-        self._node("mbarrier_arrive_expect_tx", barrier=barrier.name, slot=as_term(slot), bytes=nbytes)
+        self._barrier("mbarrier_arrive_expect_tx", barrier, slot,
+                      bytes=_int(nbytes, f"mbarrier_arrive_expect_tx at {_call_site()}", "nbytes", 0))
 
     def mbarrier_wait(self, barrier: Buffer, slot: TermLike, parity: TermLike) -> None:
-        self._node("mbarrier_wait", barrier=barrier.name, slot=as_term(slot), parity=as_term(parity))
+        self._barrier("mbarrier_wait", barrier, slot, parity=as_term(parity))
 
     def mbarrier_inval(self, barrier: Buffer, slot: TermLike) -> None:
-        self._node("mbarrier_inval", barrier=barrier.name, slot=as_term(slot))
+        self._barrier("mbarrier_inval", barrier, slot)
 
     def syncthreads(self) -> None:
         self._node("syncthreads")
@@ -284,6 +439,12 @@ class Kernel:
         self._node("fence_mbarrier_init")
 
     def bar_sync(self, bar_id: int, count: int) -> None:
+        """A named barrier ``bar_id`` (0..15) over ``count`` threads (a multiple of 32)."""
+        where = f"bar_sync at {_call_site()}"
+        bar_id, count = _int(bar_id, where, "bar_id", 0), _int(count, where, "count", 32)
+        if bar_id > 15 or count % 32:
+            raise BuildError(f"{where}: named barrier {bar_id} over {count} threads; ids are 0..15 and the "
+                             "count a multiple of 32 (whole warps)")
         self._node("bar_sync", id=bar_id, count=count)
 
 

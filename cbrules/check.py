@@ -18,6 +18,7 @@ import numpy as np
 from . import api
 from .bind import BlocksLike, LaunchError
 from .engine import LoweringError
+from .errors import CbrulesError
 from .interp import Program, prepare, run
 from .kernels import KernelSpec
 from .limits import TmaLimitError
@@ -25,6 +26,12 @@ from .protocol import InterpError
 
 SHORT_LOOP_RULE = "cb-reject-short-loop"
 SHORT_LOOP_LAUNCH = "must be >= stages"
+# 4*S trip counts take up to seconds each on the CPU: S = 16 is already 64 lowerings and interpretations
+MAX_STAGES = 16
+
+
+class CheckLimitError(CbrulesError, ValueError):
+    """More stages than the checker runs (:data:`MAX_STAGES`)."""
 
 
 @dataclass
@@ -169,7 +176,10 @@ def compare(spec: KernelSpec, shape: tuple, args: dict, got: dict, before: dict,
 
 
 def trip_counts(stages: int) -> range:
-    """Every trip count the checker tries for ``stages``: 1 .. 4*S."""
+    """Every trip count the checker tries for ``stages``: 1 .. 4*S (S at most :data:`MAX_STAGES`)."""
+    if not 1 <= stages <= MAX_STAGES:
+        raise CheckLimitError(f"the checker takes 1 <= stages <= {MAX_STAGES} (4*S trip counts, each "
+                              f"interpreted on the CPU), got {stages}")
     return range(1, 4 * stages + 1)
 
 

@@ -1,54 +1,130 @@
-"""The ``cbrules`` command line: demo, kernels, lower, compile, run, check."""
+"""The ``cbrules`` command line: demo, kernels, lower, compile, run, check.
+
+User errors never end in a Python traceback: a named error prints one line (exit 1), a wrong
+command line prints one line (exit 2), anything else is a bug in cbrules and prints one line
+saying so (exit 3; ``CBRULES_TRACEBACK=1`` shows the traceback).
+"""
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import runpy
 import statistics
 import sys
+import traceback
+import warnings
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from . import api, rulefile, trace
+from .builder import Kernel
+from .errors import CbrulesError
 from .kernels import KERNELS, KernelSpec, get
 from .schedule import print_program, schedule
 
+TRACEBACK_VAR = "CBRULES_TRACEBACK"
+MAX_ELEMENTS = 2 ** 31  # the launcher refuses tensors past 2**31 elements: refuse such shapes up front
+EXIT_CODES = ("exit codes: 0 success; 1 a named error (the kernel, the rules or a check failed); 2 a wrong "
+              f"command line; 3 an internal error (a bug: rerun with {TRACEBACK_VAR}=1 and report the "
+              "traceback); 130 interrupted; 141 stdout closed (e.g. piped into head)")
 
-class CliError(Exception):
-    """A user error: printed to stderr, exit code 2."""
+
+class CliError(CbrulesError):
+    """A user error in the command line or the files it names: printed to stderr, exit code 2."""
 
 
 def load_kernel(ref: str) -> KernelSpec:
     """A built-in kernel by name, or a Python file defining ``build()`` (and optionally
-    ``inputs(size, rng)``, ``reference(inputs)``, ``OUTPUTS`` and ``SIZE``)."""
+    ``inputs(shape, rng)``, ``reference(inputs)``, ``OUTPUTS`` and ``SHAPE``).
+
+    A kernel file that fails (a syntax error, any exception while it runs or builds, no ``build``)
+    is a :class:`CliError` naming the file, the line and the exception."""
     if ref.endswith(".py") or Path(ref).is_file():
         path = Path(ref)
         if not path.is_file():
             raise CliError(f"no such kernel file: {ref}")
-        ns = runpy.run_path(str(path))
-        if "build" not in ns:
+        ns = _guarded(path, "running", runpy.run_path)(str(path))
+        build = ns.get("build")
+        if not callable(build):
             raise CliError(f"{ref}: a kernel file must define build() returning a cbrules Kernel")
-        return KernelSpec(path.stem, ns.get("__doc__") or "", ns["build"], ns.get("inputs"),
-                          ns.get("reference"), tuple(ns.get("OUTPUTS", ())), tuple(ns.get("SHAPE", (1 << 20,))),
-                          pipelined=False)
+        try:
+            shape = tuple(int(x) for x in ns.get("SHAPE", (1 << 20,)))
+            outputs = tuple(str(x) for x in ns.get("OUTPUTS", ()))
+        except (TypeError, ValueError) as e:
+            raise CliError(f"{ref}: SHAPE must be a tuple of integers and OUTPUTS a tuple of tensor names ({e})")
+        inputs, reference = ns.get("inputs"), ns.get("reference")
+        return KernelSpec(path.stem, str(ns.get("__doc__") or ""), _built(path, build),
+                          _guarded(path, "calling inputs() of", inputs) if callable(inputs) else None,
+                          _guarded(path, "calling reference() of", reference) if callable(reference) else None,
+                          outputs, shape, pipelined=False)
     try:
         return get(ref)
     except KeyError as e:
         raise CliError(str(e)) from None
 
 
+def _guarded(path: Path, doing: str, fn: Callable) -> Callable:
+    """``fn`` with any exception it raises turned into a CliError naming the kernel file and line."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SyntaxError as e:
+            where = f"{e.filename or path}:{e.lineno or '?'}"
+            raise CliError(f"{where}: syntax error in kernel file: {e.msg}") from None
+        except Exception as e:  # the user's code: whatever it raises is the user's error
+            raise CliError(f"{_where(e, path)}: {type(e).__name__} while {doing} kernel file {path}: {e}") from None
+    return call
+
+
+def _built(path: Path, build: Callable) -> Callable:
+    def factory(**options):
+        k = _guarded(path, "calling build() of", build)(**options)
+        if not isinstance(k, Kernel):
+            raise CliError(f"{path}: build() returned {type(k).__name__}, not a cbrules Kernel")
+        return k
+    return factory
+
+
+def _where(e: BaseException, path: Path) -> str:
+    """``file:line`` of the innermost traceback frame in the kernel file (else the file itself)."""
+    target = os.path.realpath(path)
+    line = None
+    for frame in traceback.extract_tb(e.__traceback__):
+        if os.path.realpath(frame.filename) == target:
+            line = frame.lineno
+    return f"{path}:{line}" if line is not None else str(path)
+
+
 def _lower_options(a) -> dict:
-    return {"rules": getattr(a, "rules", None) or None, "debug": True if getattr(a, "debug", False) else None}
+    return {"rules": _rule_folders(a) or None, "debug": True if getattr(a, "debug", False) else None}
+
+
+def _rule_folders(a) -> list:
+    """The ``--rules`` folders; an empty one would mean the working directory, which is never meant."""
+    folders = list(getattr(a, "rules", None) or ()) + list(getattr(a, "dirs", None) or ())
+    for f in folders:
+        if not str(f).strip():
+            raise CliError("--rules '' (or an empty rule folder argument): give the path of a rule folder")
+    return list(getattr(a, "rules", None) or ())
 
 
 def _shape(a, spec: KernelSpec) -> tuple:
-    if getattr(a, "shape", None):
-        try:
-            return tuple(int(x) for x in a.shape.split(","))
-        except ValueError:
-            raise CliError(f"--shape {a.shape!r}: give the sizes as integers separated by commas, e.g. 500,1024")
-    return spec.default_shape
+    if not getattr(a, "shape", None):
+        return spec.default_shape
+    try:
+        shape = tuple(int(x) for x in a.shape.split(","))
+    except ValueError:
+        raise CliError(f"--shape {a.shape!r}: give the sizes as integers separated by commas, e.g. 500,1024")
+    if len(shape) != len(spec.default_shape):
+        raise CliError(f"--shape {a.shape!r}: {spec.name} takes {len(spec.default_shape)} size(s), e.g. "
+                       + ",".join(map(str, spec.default_shape)))
+    if any(x < 1 for x in shape) or int(np.prod(shape, dtype=object)) > MAX_ELEMENTS:
+        raise CliError(f"--shape {a.shape!r}: sizes must be >= 1 and {MAX_ELEMENTS} elements at most")
+    return shape
 
 
 def _kernel(a, spec: KernelSpec):
@@ -109,6 +185,7 @@ def cmd_lower(a) -> int:
 
 
 def cmd_rules(a) -> int:
+    _rule_folders(a)
     dirs = a.dirs or None
     rs = rulefile.load(rulefile.rule_dirs(a.rules or ()) if dirs is None else dirs,
                        check_egglog=a.action == "check")
@@ -124,7 +201,7 @@ def cmd_rules(a) -> int:
 
 def cmd_trace(a) -> int:
     spec = load_kernel(a.kernel)
-    kg = api.lower(_kernel(a, spec), rules=a.rules or None, debug=True, stop_after=a.stop_after)
+    kg = api.lower(_kernel(a, spec), rules=_rule_folders(a) or None, debug=True, stop_after=a.stop_after)
     t = kg.trace
     q = a.query
     if q == "counts":
@@ -145,13 +222,22 @@ def cmd_trace(a) -> int:
         _need(a, "step")
         dot = trace.to_dot(t, a.step)
         if a.output:
-            Path(a.output).write_text(dot)
+            _write(a.output, dot)
         else:
             print(dot)
     elif q == "cuda":
         from codegen.cuda import emit
         print(emit(schedule(kg), annotate=True).text)
     return 0
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text)
+    except OSError as e:
+        raise CliError(f"cannot write {path}: {e.strerror or e}") from None
+    except ValueError as e:  # e.g. a NUL byte in the path
+        raise CliError(f"cannot write {path!r}: {e}") from None
 
 
 def _need(a, *names: str) -> None:
@@ -164,7 +250,7 @@ def cmd_compile(a) -> int:
     spec = load_kernel(a.kernel)
     ck, summary = _compile(spec, _kernel(a, spec), annotate=a.annotate, **_lower_options(a))
     if a.output:
-        Path(a.output).write_text(ck.source.text)
+        _write(a.output, ck.source.text)
     elif not a.quiet:
         print(ck.source.text)
     print(summary)
@@ -199,7 +285,11 @@ def cmd_demo(a) -> int:
 
 
 def cmd_check(a) -> int:
-    from .check import Checker, summary_table, trip_counts
+    from .check import MAX_STAGES, Checker, summary_table, trip_counts
+    stages = a.stages if a.stages is not None else 3
+    if not 1 <= stages <= MAX_STAGES:
+        raise CliError(f"check --stages {stages}: the checker runs 4*S trip counts, so it takes 1 <= S <= "
+                       f"{MAX_STAGES} (the rules themselves refuse S < 2 with a named error)")
     spec = load_kernel(a.kernel)
     if not spec.pipelined or spec.shape_for_trips is None:
         raise CliError(f"{spec.name}: `cbrules check` needs a built-in circular-buffered kernel with small "
@@ -207,7 +297,7 @@ def cmd_check(a) -> int:
                            n for n, s in sorted(KERNELS.items()) if s.pipelined and s.shape_for_trips) + ")")
     if a.shape:
         raise CliError("check picks a small shape for every trip count itself; drop --shape")
-    stages, war = (a.stages if a.stages is not None else 3), a.war or "sync"
+    war = a.war or "sync"
     prefetch = "default (S-1)" if a.prefetch is None else a.prefetch
     print(f"{spec.name}: stages={stages} prefetch={prefetch} war={war}; trip counts 1..{4 * stages}, "
           f"{'a sample of' if a.sample else 'all'} blocks; lowered vs before lowering vs numpy, protocol checked")
@@ -219,6 +309,20 @@ def cmd_check(a) -> int:
     print(f"{len(results)} trip counts: {len(results) - refused - len(failed)} ok, {refused} refused as "
           f"required (trip count < stages), {len(failed)} failed")
     return 1 if failed else 0
+
+
+def _count(least: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``least``."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < least:
+            raise argparse.ArgumentTypeError(f"{v} is too small: give an integer >= {least}")
+        return v
+    parse.__name__ = f"integer >= {least}"
+    return parse
 
 
 def _kernel_options(p: argparse.ArgumentParser) -> None:
@@ -236,12 +340,13 @@ def _rule_options(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    from .check import MAX_STAGES
     p = argparse.ArgumentParser(prog="cbrules", description="Declarative rules that turn GPU kernels into "
-                                "TMA circular-buffered Hopper kernels.")
+                                "TMA circular-buffered Hopper kernels.", epilog=EXIT_CODES)
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="build, print, compile and (on a Hopper GPU) run the default kernel")
-    d.add_argument("--size", type=int, default=1 << 26, help="elements (default 2**26)")
-    d.add_argument("--reps", type=int, default=50, help="timed launches (default 50)")
+    d.add_argument("--size", type=_count(1), default=1 << 26, help="elements (default 2**26)")
+    d.add_argument("--reps", type=_count(1), default=50, help="timed launches (default 50)")
     d.add_argument("--quiet", action="store_true", help="do not print the CUDA source")
     d.add_argument("--debug", action="store_true", help="mark each line with the rule that produced it")
     d.set_defaults(fn=cmd_demo)
@@ -264,9 +369,9 @@ def parser() -> argparse.ArgumentParser:
                     "CUDA annotated with the rule behind each statement")
     tr.add_argument("--rule", help="rule name (glob for log)")
     tr.add_argument("--phase", help="only this phase (log)")
-    tr.add_argument("--node", type=int, help="node id")
-    tr.add_argument("--step", type=int, help="step number")
-    tr.add_argument("--stop-after", type=int, help="stop lowering after this step")
+    tr.add_argument("--node", type=_count(0), help="node id")
+    tr.add_argument("--step", type=_count(0), help="step number")
+    tr.add_argument("--stop-after", type=_count(1), help="stop lowering after this step")
     tr.add_argument("-o", "--output", help="write the DOT here (dot)")
     tr.add_argument("--rules", action="append", metavar="DIR", help="add a rule folder (repeatable)")
     tr.set_defaults(fn=cmd_trace)
@@ -280,10 +385,12 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="compile, run on the GPU and compare with numpy")
     _kernel_options(r)
     _rule_options(r)
-    r.add_argument("--reps", type=int, default=20, help="timed launches (default 20)")
+    r.add_argument("--reps", type=_count(1), default=20, help="timed launches (default 20)")
     r.set_defaults(fn=cmd_run)
-    ch = sub.add_parser("check", help="lower, then interpret on the CPU for trip counts 1..4*S with the barrier "
-                        "protocol checked, comparing with the kernel before lowering and with numpy")
+    about = ("lower, then interpret on the CPU for trip counts 1..4*S with the barrier protocol checked, "
+             f"comparing with the kernel before lowering and with numpy (S <= {MAX_STAGES}: a larger --stages "
+             "is refused before any work)")
+    ch = sub.add_parser("check", help=about, description=about)
     _kernel_options(ch)
     _rule_options(ch)
     ch.add_argument("--sample", action="store_true", help="run only the first, middle and last block of each grid")
@@ -292,26 +399,57 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of the console script."""
-    args = parser().parse_args(argv)
-    try:
-        return args.fn(args)
-    except CliError as e:
-        print(f"cbrules: error: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # named library errors: one line, no traceback
-        from codegen.errors import CodegenError
-        from .egg import EggRuleError
-        from .bind import LaunchError
-        from .engine import LoweringError
-        from .limits import TmaLimitError
-        from .sexpr import RuleError
-        from .verify import GraphError
-        if isinstance(e, (CodegenError, GraphError, RuleError, EggRuleError, LoweringError, LaunchError,
-                          TmaLimitError, KeyError)):
-            print(f"cbrules: {type(e).__name__}: {e}", file=sys.stderr)
+    """Entry point of the console script; returns the exit code (see ``EXIT_CODES``)."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            args = parser().parse_args(argv)
+            code = args.fn(args)
+            sys.stdout.flush()  # here, so that a closed pipe is reported by the handler below
+            return code
+        except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
+            return e.code if isinstance(e.code, int) else 2
+        except KeyboardInterrupt:
+            return 130
+        except BrokenPipeError:
+            _silence_stdout()  # the reader (e.g. `head`) left: stop quietly
+            return 141
+        except CliError as e:
+            _error(f"error: {e}")
+            return 2
+        except MemoryError:
+            _error("error: out of memory (a smaller --shape or --size may fit)")
             return 1
-        raise
+        except Exception as e:
+            if isinstance(e, CbrulesError):
+                _error(f"{type(e).__name__}: {e}")
+                return 1
+            if os.environ.get(TRACEBACK_VAR, "") not in ("", "0"):
+                raise
+            _error(f"internal error: {type(e).__name__}: {e} -- this is a bug in cbrules; rerun with "
+                   f"{TRACEBACK_VAR}=1 to see the traceback, and report it")
+            return 3
+
+
+def _error(text: str) -> None:
+    try:
+        print(f"cbrules: {text}", file=sys.stderr)
+    except (OSError, ValueError):
+        pass  # stderr is gone too: nothing left to tell
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings (e.g. an egglog budget hit) as one line, without the source line that raised them."""
+    _error(f"warning: {category.__name__}: {message}")
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # not a real file (e.g. captured by a test): nothing will be flushed to a closed pipe
 
 
 if __name__ == "__main__":

@@ -4,23 +4,29 @@
 form on its own, so egglog's errors point at the user's file, line and column), adds every term
 under a unique ``let`` name, asserts the range facts of names, runs the rulesets under round,
 time and size budgets, and extracts every term's cheapest form with one reused extractor.
-Rule files are egglog text: loading them never executes Python.
+Rule files are egglog text: loading them never executes Python, and only declarations
+(:data:`EGGLOG_ALLOWED`) are accepted, so loading computes nothing and touches no file; the bridge
+alone runs the rulesets. A run that exceeds a budget leaves every term unchanged and emits an
+:class:`EggBudgetWarning`.
 
 ``rules/index.rules`` declares what the bridge relies on: the ``Idx`` datatype, the ``lo``/``hi``
 range functions and the ``ranges`` ruleset. Every declared ruleset runs, ``ranges`` first.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence, Union
+from typing import Iterator, Mapping, Sequence, Union
 
 from egglog import bindings as eb
 
+from .errors import CbrulesError
+from .sexpr import MAX_DEPTH, RuleError, read_file
 from .terms import Term, call, const, name
 
 SHIPPED_RULES = Path(__file__).resolve().parent.parent / "rules" / "index.rules"
@@ -30,6 +36,46 @@ _LET_PREFIX = "$cbrules_t"  # `$`: egglog warns about globals without it; prefix
 _SPAN = eb.PanicSpan()
 _SCALE = 1000  # extraction cost units per declared :cost unit (literal size breaks ties)
 _PASSES = 16  # runs of one ruleset per round; ranges converge in about term-depth passes
+
+
+# The egglog forms a rule file may hold: declarations only. Each one adds sorts, tables, rulesets
+# or rules to the e-graph and computes nothing when loaded (a rule fires only when the bridge
+# runs its ruleset, under the budgets of `simplify`); none of them names a file.
+EGGLOG_ALLOWED: dict[str, type] = {
+    "datatype": eb.Datatype,  # a sort and its constructors
+    "datatype*": eb.Datatypes,  # mutually recursive datatypes
+    "sort": eb.Sort,  # a sort name, or a container sort of declared sorts
+    "function": eb.FunctionCommand,  # a table filled only by rule actions; :merge is a pure expression
+    "constructor": eb.Constructor,  # a term-building table
+    "relation": eb.Relation,  # a table without output
+    "ruleset": eb.AddRuleset,  # a name rules are added to
+    "rewrite": eb.RewriteCommand,  # pattern, replacement, :when facts: queries and pure primitives
+    "birewrite": eb.BiRewriteCommand,
+    "rule": eb.RuleCommand,  # query and actions; _check_commands refuses any action kind not below
+}
+# What a rule's actions may do: add, set, merge or retire rows, bind a name, or fail the run
+# (a failing run is caught by `simplify`, which then keeps every term). egglog actions cannot
+# read or write files; the list stays explicit so a new kind of action is refused until reviewed.
+_ACTIONS = (eb.Let, eb.Set, eb.Union, eb.Change, eb.Panic, eb.Expr_)
+_RUN = "cbrules runs every ruleset itself after each phase, under node, iteration and time budgets; " \
+       "declare the ruleset with (ruleset NAME) and remove this form"
+_FILES = "rule files are data and may not read, write or include files; remove this form"
+_ACTION = "top-level actions are not allowed; state a fact as a rule with an empty query: (rule () (ACTION))"
+_QUERY = "queries and output belong in tests, not in rule files; remove this form"
+# The other egglog commands (egglog 13.2), each refused with the fix.
+EGGLOG_REFUSED: dict[str, str] = {
+    "run": _RUN, "run-schedule": _RUN, "unstable-combined-ruleset": "combined rulesets are not supported; "
+    "cbrules runs every declared ruleset in declaration order (`ranges` first)",
+    "input": _FILES, "output": _FILES, "include": _FILES,
+    "let": _ACTION, "set": _ACTION, "union": _ACTION, "delete": _ACTION, "subsume": _ACTION, "panic": _ACTION,
+    "check": _QUERY, "fail": _QUERY, "extract": _QUERY, "simplify": _QUERY, "query-extract": _QUERY,
+    "prove": _QUERY, "prove-exists": _QUERY, "print-function": _QUERY, "print-size": _QUERY,
+    "print-stats": _QUERY, "push": _QUERY, "pop": _QUERY,
+}
+
+
+class EggBudgetWarning(RuntimeWarning):
+    """An egglog run hit a budget (nodes, iterations or time); every term was left unchanged."""
 
 
 @dataclass(frozen=True)
@@ -59,16 +105,18 @@ BUILTIN_RANGES: dict[str, Range] = {
 
 @dataclass
 class SimplifyResult:
-    """Outcome of :func:`simplify`; on failure ``error`` is set and every term maps to itself."""
+    """Outcome of :func:`simplify`; on failure ``error`` (or on a budget hit ``budget``) is set and
+    every term maps to itself."""
 
     terms: dict[Term, Term]
     rule_matches: dict[str, int] = field(default_factory=dict)
     iterations: int = 0
     seconds: float = 0.0
     error: str | None = None
+    budget: str | None = None  # the budget hit, in words; then every term maps to itself
 
 
-class EggRuleError(Exception):
+class EggRuleError(CbrulesError):
     """An egglog form that does not parse or type-check; the message starts ``file:line:col:``."""
 
     def __init__(self, file: str, line: int, col: int, detail: str, egglog_message: str = ""):
@@ -91,8 +139,8 @@ def _fatal(e: BaseException) -> bool:
 
 # ------------------------------------------------------------------------------------- loading
 
-# egglog heads messages with spans, "In 3:13-19 of f.rules: <snippet>" or "In 3:3-4:14 of ...";
-# thanks to the padding in _load its line:col are the user's (columns count characters).
+# egglog heads messages with spans, "In 3:13-19 of f.rules: <snippet>" or "In 3:3-4:14 of ...",
+# line:col within the form's own text (columns count characters).
 _HEADER = re.compile(r"^\s*(?:Panic:\s*)?In (\d+):(\d+)-(?:(\d+):)?\d+(?: of ([^\n]*?))?: ?(.*)$")
 
 
@@ -106,14 +154,15 @@ def _rule_error(form: EggForm, context: str) -> EggRuleError:
             details += [lines[i].strip()] if lines[i].strip() else []
             i += 1
             continue
-        at = (int(m[1]), int(m[2]))
+        rel = (int(m[1]), int(m[2]))
+        at = (rel[0] + form.line - 1, rel[1] + (form.col - 1 if rel[0] == 1 else 0))
         # a shadowing error also names the earlier definition: keep the span inside this form
         # (egglog names the file by its base name only)
         mine = m[4] in (None, os.path.basename(form.file))
         if where is None and mine and (form.line, form.col) <= at <= (last_line, last_col):
             where = at
         rest = m[5]
-        i += 1 + (int(m[3]) - at[0] if m[3] else 0)  # skip the rest of a multi-line snippet
+        i += 1 + (int(m[3]) - rel[0] if m[3] else 0)  # skip the rest of a multi-line snippet
     line, col = where or (form.line, form.col)
     return EggRuleError(form.file, line, col, details[0] if details else rest or context, context)
 
@@ -148,12 +197,12 @@ class _Loaded:
 def _load(eg: eb.EGraph, forms: Sequence[EggForm]) -> _Loaded:
     info = _Loaded()
     for form in forms:
-        # pad so that egglog's own line:col are positions in the user's file
-        padded = "\n" * (form.line - 1) + " " * (form.col - 1) + form.text
+        _check_nesting(form)  # egglog's parser recurses per level: deep text crashes the process
         try:
-            cmds = eg.parse_program(padded, filename=form.file)
+            cmds = eg.parse_program(form.text, filename=form.file)
         except eb.EggSmolError as e:
             raise _rule_error(form, e.context) from None
+        _check_commands(form, cmds)
         for key in (k for cmd in cmds for k in _rule_keys(cmd)):
             if key in info.rule_keys:  # egglog would panic; say where instead
                 raise EggRuleError(form.file, form.line, form.col,
@@ -172,8 +221,36 @@ def _load(eg: eb.EGraph, forms: Sequence[EggForm]) -> _Loaded:
     return info
 
 
+@functools.lru_cache(maxsize=8192)  # the same forms load again after every phase
+def _check_nesting(form: EggForm) -> None:
+    for _ in _top_level(form.text, form.file, form.line, form.col):
+        pass  # raises on nesting past MAX_DEPTH
+
+
+def _check_commands(form: EggForm, cmds: Sequence[object]) -> None:
+    """Exactly one allowed declaration, whose rule actions (if any) are all of allowed kinds.
+
+    The reader already refused other heads; this holds even where egglog reads a form's text
+    differently from the reader (one form must parse to one command)."""
+    def refuse(detail: str) -> EggRuleError:
+        return EggRuleError(form.file, form.line, form.col, detail)
+
+    if len(cmds) != 1:
+        raise refuse(f"egglog read this form as {len(cmds)} commands; write one declaration per form")
+    cmd = cmds[0]
+    if type(cmd) not in EGGLOG_ALLOWED.values():
+        raise refuse(f"egglog command {type(cmd).__name__} is not allowed in rule files; only the "
+                     f"declarations {', '.join(EGGLOG_ALLOWED)} are")
+    actions = cmd.rule.head if isinstance(cmd, eb.RuleCommand) else []
+    for a in actions:
+        if not isinstance(a, _ACTIONS):
+            raise refuse(f"rule action {type(a).__name__} is not allowed in rule files")
+
+
 def load_check(forms: Sequence[EggForm]) -> None:
-    """Parse and type-check ``forms`` in a fresh e-graph; raise :class:`EggRuleError` at the first bad one."""
+    """Parse and type-check ``forms`` in a fresh e-graph; raise :class:`EggRuleError` at the first bad one.
+
+    Only declarations load (see :data:`EGGLOG_ALLOWED`), so this runs no rules and ends quickly."""
     try:
         _load(eb.EGraph(), forms)
     except _EggPanic as e:
@@ -181,10 +258,20 @@ def load_check(forms: Sequence[EggForm]) -> None:
 
 
 def forms_from_file(path: Union[str, os.PathLike]) -> list[EggForm]:
-    """Split an egglog-only rule file into top-level forms (``;`` comments and strings understood)."""
-    text = Path(path).read_text(encoding="utf-8")
-    forms: list[EggForm] = []
-    depth, start, line, col, state = 0, (0, 1, 1), 1, 1, "code"  # state: code|comment|string|escape
+    """Split an egglog-only rule file into top-level forms (``;`` comments and strings understood).
+
+    The file is read as strict UTF-8 with the reader's size and nesting bounds."""
+    try:
+        text = read_file(path)
+    except RuleError as e:
+        raise EggRuleError(str(path), e.pos.line, e.pos.col, e.detail) from None
+    return [EggForm(text[i:j], str(path), line, col) for i, j, line, col in _top_level(text, str(path))]
+
+
+def _top_level(text: str, file: str, line: int = 1, col: int = 1) -> Iterator[tuple[int, int, int, int]]:
+    """(start, end, line, col) of each top-level form of ``text``, which starts at ``line``:``col``;
+    raises :class:`EggRuleError` on unbalanced or too deeply nested parentheses."""
+    depth, start, state = 0, (0, line, col), "code"  # state: code|comment|string|escape
     for i, c in enumerate(text):
         if state != "code":
             state = {"comment": "code" if c == "\n" else "comment", "escape": "string",
@@ -194,18 +281,19 @@ def forms_from_file(path: Union[str, os.PathLike]) -> list[EggForm]:
         elif c == "(":
             start = (i, line, col) if depth == 0 else start
             depth += 1
+            if depth > MAX_DEPTH:
+                raise EggRuleError(file, line, col, f"lists nested deeper than {MAX_DEPTH} levels; split the form")
         elif c == ")":
             if depth == 0:
-                raise EggRuleError(str(path), line, col, "unexpected ')'")
+                raise EggRuleError(file, line, col, "unexpected ')'")
             depth -= 1
             if depth == 0:
-                forms.append(EggForm(text[start[0]:i + 1], str(path), start[1], start[2]))
+                yield start[0], i + 1, start[1], start[2]
         elif depth == 0 and not c.isspace():
-            raise EggRuleError(str(path), line, col, f"unexpected {c!r} outside a form")
+            raise EggRuleError(file, line, col, f"unexpected {c!r} outside a form")
         line, col = (line + 1, 1) if c == "\n" else (line, col + 1)
     if depth or state in ("string", "escape"):
-        raise EggRuleError(str(path), start[1], start[2], "form is not closed before the end of the file")
-    return forms
+        raise EggRuleError(file, start[1], start[2], "form is not closed before the end of the file")
 
 
 # ------------------------------------------------------------------------------- term encoding
@@ -272,23 +360,50 @@ def _size(eg: eb.EGraph) -> int:
     return sum(n for _, n in eg.run_program(eb.PrintSize(_SPAN, None))[0].sizes)
 
 
-def _run_rules(eg: eb.EGraph, rulesets: Sequence[str], iterations: int, deadline: float,
-               max_nodes: int, matches: dict[str, int]) -> int:
-    """Run rounds until one changes nothing; return how many ran.
+@dataclass
+class _Budgets:
+    iterations: int
+    deadline: float  # time.perf_counter() value
+    time_limit_s: float
+    max_nodes: int
+    rows: int = 0  # e-graph rows at the previous check
+
+    def exceeded(self, eg: eb.EGraph) -> str | None:
+        """Which budget the next run could pass, in words, or None.
+
+        egglog cannot be stopped inside a run, so the node budget also refuses a run that would
+        pass it if the e-graph grew as much as in the previous run (a rule joining new terms with
+        each other grows it quadratically: 10, 100, 10^4, 10^8 rows)."""
+        if time.perf_counter() > self.deadline:
+            return f"time budget of {self.time_limit_s:g} s"
+        rows, before = _size(eg), self.rows
+        self.rows = rows
+        growth = rows / before if before else 1.0
+        if rows > self.max_nodes or rows * growth > self.max_nodes:
+            return (f"node budget of {self.max_nodes} e-graph rows (it holds {rows}"
+                    + (f", {growth:.1f} times as many as before the last run)" if growth > 1 else ")"))
+        return None
+
+
+def _run_rules(eg: eb.EGraph, rulesets: Sequence[str], budgets: _Budgets,
+               matches: dict[str, int]) -> tuple[int, str | None]:
+    """Run rounds until one changes nothing; return how many ran and the budget hit, if any.
 
     A round runs every ruleset in declaration order (``ranges`` first), each to a fixpoint
-    capped at ``_PASSES`` runs, so later rulesets see the earlier ones' normal forms. The
-    budgets (rounds, time, e-graph size) are checked between runs: egglog cannot be interrupted.
+    capped at ``_PASSES`` runs, so later rulesets see the earlier ones' normal forms. Every run
+    is a single egglog iteration and the budgets are checked before each one, since egglog
+    cannot be interrupted inside a run.
     """
     order = sorted(rulesets, key=lambda rs: rs != RANGES_RULESET)  # stable: keeps file order
     rounds = 0
-    while rounds < iterations:
+    while rounds < budgets.iterations:
         rounds += 1
         changed = False
         for ruleset in order:
             for _ in range(_PASSES):
-                if time.perf_counter() > deadline or _size(eg) > max_nodes:
-                    return rounds
+                hit = budgets.exceeded(eg)
+                if hit:
+                    return rounds, hit
                 out = eg.run_program(eb.RunSchedule(eb.Run(_SPAN, eb.RunConfig(ruleset))))
                 report = out[0].report
                 for rule, n in report.num_matches_per_rule.items():
@@ -297,8 +412,8 @@ def _run_rules(eg: eb.EGraph, rulesets: Sequence[str], iterations: int, deadline
                     break
                 changed = True
         if not changed:
-            break
-    return rounds
+            return rounds, None  # saturated: the last runs added nothing
+    return rounds, f"iteration budget of {budgets.iterations} rounds (still rewriting)"
 
 
 def _range_facts(names: set[str], ranges: Mapping[str, Range]) -> list[eb.ActionCommand]:
@@ -338,11 +453,12 @@ def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence
              iterations: int = 20, time_limit_s: float = 2.0, max_nodes: int = 200_000) -> SimplifyResult:
     """Simplify ``terms`` with the egglog ``forms`` in one e-graph, using range facts of names.
 
-    Rewriting stops after ``iterations`` rounds, ``time_limit_s`` seconds (checked between
-    runs) or once the e-graph holds more than ``max_nodes`` rows, whichever comes first.
-    Raises :class:`EggRuleError` when a form does not parse or type-check. If egglog fails while
-    running (a Rust panic, a failing primitive), every term maps to itself, ``error`` is set
-    and a warning is emitted.
+    Budgets: ``iterations`` rounds, ``time_limit_s`` seconds and ``max_nodes`` e-graph rows,
+    checked before every single-iteration run. A run that has not saturated when it hits one
+    keeps every term unchanged (never half-simplified), sets ``budget`` and emits an
+    :class:`EggBudgetWarning` naming the budget. Raises :class:`EggRuleError` when a form does
+    not parse or type-check. If egglog fails while running (a Rust panic, a failing primitive),
+    every term maps to itself, ``error`` is set and a ``RuntimeWarning`` is emitted.
     """
     start = time.perf_counter()
     unique = list(dict.fromkeys(terms))
@@ -355,9 +471,13 @@ def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence
         names = {n for t in unique for n in t.names()} | set(ranges)
         eg.run_program(*[eb.ActionCommand(eb.Let(_SPAN, lets[t], enc.expr(t))) for t in unique],
                        *_range_facts(names, ranges))
-        result.iterations = _run_rules(eg, info.rulesets, iterations, start + time_limit_s, max_nodes,
-                                       result.rule_matches)
-        result.terms = _extract(eg, enc, lets, info.costs)
+        budgets = _Budgets(iterations, start + time_limit_s, time_limit_s, max_nodes)
+        result.iterations, result.budget = _run_rules(eg, info.rulesets, budgets, result.rule_matches)
+        if result.budget:
+            warnings.warn(f"egglog stopped at its {result.budget}; {len(unique)} term(s) left unsimplified",
+                          EggBudgetWarning, stacklevel=2)
+        else:
+            result.terms = _extract(eg, enc, lets, info.costs)
     except EggRuleError:
         raise
     except BaseException as e:  # pyo3's PanicException derives from BaseException

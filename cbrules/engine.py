@@ -3,9 +3,15 @@
 Within a phase the first rule (in ``:after``/file order) with matches not applied before fires on
 all of them, each match checked again just before it is applied; then matching starts again from
 the first rule. A match is identified by the rule and the nodes it bound, so a rule fires once
-per set of nodes. Each application rewrites a copy of the graph: a failure leaves the
+per set of nodes. Lowering works on a private copy of the user's graph, so a failure leaves the
 graph as it was. ``verify()`` runs after each phase; in debug mode the structural checks also run
 after each application.
+
+Lowering is bounded: in a phase one rule may fire at most ``RULE_FIRINGS_PER_NODE`` times the
+number of nodes the graph had when the phase began, plus ``RULE_FIRINGS_EXTRA`` (the shipped rules
+fire at most 0.2 times a node in a phase on every built-in kernel and the scaling benchmarks), and
+the whole lowering has a wall-time limit (``time_limit``). Either bound ends in a
+:class:`LoweringError` naming the phase and the rules still firing.
 """
 from __future__ import annotations
 
@@ -14,9 +20,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
+import networkx as nx
+
 from .actions import Rewriter, RuleFailure
+from .errors import CbrulesError
 from .graph import BUILTINS, KernelGraph
-from .match import Matcher
+from .match import Matcher, MatchTimeout
 from .ops import OPS
 from .rulefile import GraphRule, RuleSet
 from .schedule import ScheduleError
@@ -25,14 +34,27 @@ from .terms import Term, evaluate
 from .values import NodeRef
 from .verify import GraphError
 
-DEFAULT_MAX_STEPS = 10_000
+RULE_FIRINGS_PER_NODE = 4
+RULE_FIRINGS_EXTRA = 64
+# the built-in kernels lower in well under a second, the 1,000-node scaling benchmarks in 2-45 s
+DEFAULT_TIME_LIMIT = 60.0
+
+# what a rule's matching or actions may raise on a graph or bindings it does not expect: reported
+# as a LoweringError naming the rule (a hostile rule must not end in a traceback)
+_RULE_ERRORS = (RuleError, GraphError, ScheduleError, LookupError, ValueError, TypeError, ArithmeticError,
+                AttributeError, RecursionError, nx.NetworkXException)
 
 
-class LoweringError(Exception):
+class LoweringError(CbrulesError):
     """Lowering stopped: a rule refused the kernel, failed, or rules kept firing past the bound.
     In debug mode ``trace`` holds what happened up to the failure."""
 
     trace = None
+
+
+def rule_bound(nodes: int) -> int:
+    """How often one rule may fire in one phase on a graph of ``nodes`` nodes at the phase's start."""
+    return RULE_FIRINGS_PER_NODE * nodes + RULE_FIRINGS_EXTRA
 
 
 @dataclass
@@ -77,85 +99,148 @@ def _show(v) -> str:
 
 
 def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: Optional[int] = None,
-          max_steps: int = DEFAULT_MAX_STEPS, simplify: bool = True) -> Lowered:
-    """Apply ``rules`` to a copy of ``kg``; the input graph is never modified."""
+          time_limit: Optional[float] = DEFAULT_TIME_LIMIT, simplify: bool = True) -> Lowered:
+    """Apply ``rules`` to a copy of ``kg``; the input graph is never modified.
+
+    ``time_limit`` (seconds, None for none) bounds the whole lowering; each rule is also bounded
+    per phase by :func:`rule_bound`. Either bound, a rule's ``(fail ...)`` or a failed application
+    is a :class:`LoweringError`."""
     kg = kg.copy()
     kg.verify()
     trace = Trace(kg.copy(), rules={r.name: r for r in rules.rules}) if debug else None
+    run = _Run(rules, trace, debug, stop_after, time_limit, simplify)
     try:
-        return _lower(kg, rules, trace, debug, stop_after, max_steps, simplify)
+        return run.lower(kg)
     except LoweringError as e:
         e.trace = trace
         raise
 
 
-def _lower(kg: KernelGraph, rules: RuleSet, trace: Optional[Trace], debug: bool, stop_after: Optional[int],
-           max_steps: int, simplify: bool) -> Lowered:
-    fired: set = set()
-    step = 0
-    for phase in rules.phases:
-        per_rule: Counter = Counter()
-        while True:
-            found = _next_batch(kg, rules.in_phase(phase), fired)
-            if found is None:
-                break
-            rule, batch = found
-            for b in batch:
-                b = _still_matches(kg, rule, b, fired)
-                if b is None:
-                    continue  # an earlier application of the batch changed what this one matched
-                if sum(per_rule.values()) >= max_steps:
-                    busy = ", ".join(f"{n} ({c} times)" for n, c in per_rule.most_common(5))
-                    raise LoweringError(f"phase {phase!r}: still rewriting after {max_steps} applications; "
-                                        f"rules still firing: {busy}. A rule probably re-creates what it matches: "
-                                        "add a guard such as (no ...) or an attribute it sets")
-                fired.add(_match_key(rule, b))
-                step += 1
-                per_rule[rule.name] += 1
-                kg = _apply(kg, rule, b, step, phase, trace, debug)
-                if stop_after is not None and step >= stop_after:
-                    return Lowered(kg, trace, step)
+class _Run:
+    """One lowering: the options, the bounds, and what has fired so far."""
+
+    def __init__(self, rules: RuleSet, trace: Optional[Trace], debug: bool, stop_after: Optional[int],
+                 time_limit: Optional[float], simplify: bool):
+        self.rules, self.trace, self.debug, self.stop_after = rules, trace, debug, stop_after
+        self.time_limit, self.simplify = time_limit, simplify
+        self.deadline = None if time_limit is None else time.monotonic() + time_limit
+        self.fired: set = set()
+        self.step = 0
+        self.phase = ""
+        self.per_rule: Counter = Counter()  # applications of each rule in the current phase
+        self.by_name: dict[str, GraphRule] = {}
+
+    def lower(self, kg: KernelGraph) -> Lowered:
+        for phase in self.rules.phases:
+            ordered = self.rules.in_phase(phase)  # once a phase: the order does not change while it runs
+            self.phase, self.per_rule = phase, Counter()
+            self.by_name = {r.name: r for r in ordered}
+            start_nodes = len(kg)
+            bound = rule_bound(start_nodes)
+            while True:
+                found = self._next_batch(kg, ordered)
+                if found is None:
+                    break
+                rule, batch = found
+                for b in batch:
+                    self._check_time()
+                    b = self._still_matches(kg, rule, b)
+                    if b is None:
+                        continue  # an earlier application of the batch changed what this one matched
+                    if self.per_rule[rule.name] >= bound:
+                        raise self._bound_error(rule, bound, start_nodes)
+                    self.fired.add(_match_key(rule, b))
+                    self.step += 1
+                    self.per_rule[rule.name] += 1
+                    kg = _apply(kg, rule, b, self.step, phase, self.trace, self.debug)
+                    if self.stop_after is not None and self.step >= self.stop_after:
+                        return Lowered(kg, self.trace, self.step)
+            self._verify(kg, f"after phase {phase!r} the graph is invalid")
+            if self.simplify and self.rules.egg_forms:
+                self._check_time()
+                self.step += 1
+                try:
+                    kg = _simplify(kg, self.rules, self.step, phase, self.trace)
+                except _RULE_ERRORS as e:
+                    raise LoweringError(f"simplifying the terms after phase {phase!r} failed: {type(e).__name__}: "
+                                        f"{e}; rules that fired in the phase: {self._firing()}") from e
+                if self.stop_after is not None and self.step >= self.stop_after:
+                    return Lowered(kg, self.trace, self.step)
+        self._check_time()
+        self._verify(kg, "the lowered kernel cannot be generated", ready=True)
+        return Lowered(kg, self.trace, self.step)
+
+    def _verify(self, kg: KernelGraph, what: str, ready: bool = False) -> None:
         try:
-            kg.verify()
+            kg.verify(ready=ready)
         except GraphError as e:
-            raise LoweringError(f"after phase {phase!r} the graph is invalid: {e}") from e
-        if simplify and rules.egg_forms:
-            step += 1
-            kg = _simplify(kg, rules, step, phase, trace)
-            if stop_after is not None and step >= stop_after:
-                return Lowered(kg, trace, step)
-    try:
-        kg.verify(ready=True)
-    except GraphError as e:
-        raise LoweringError(f"the lowered kernel cannot be generated: {e}") from e
-    return Lowered(kg, trace, step)
+            raise LoweringError(f"{what}: {e}") from e
+        except _RULE_ERRORS as e:  # an attribute a rule set that the checks cannot even read
+            raise LoweringError(f"{what}: {type(e).__name__}: {e}; rules that fired in phase {self.phase!r}: "
+                                f"{self._firing()}") from e
 
+    # ------------------------------------------------------------------ bounds
+    def _firing(self) -> str:
+        """The rules that fired in the current phase, most first, with their counts and file:line."""
+        busy = [f"{n} ({self.by_name[n].at}) {c} times" for n, c in self.per_rule.most_common(5)]
+        more = len(self.per_rule) - len(busy)
+        return ", ".join(busy) + (f" and {more} more" if more > 0 else "") if busy else "none yet"
 
-def _next_batch(kg: KernelGraph, rules: list[GraphRule], fired: set):
-    """The first rule (in order) with matches not applied yet, and all those matches."""
-    index = Matcher(kg)  # the graph does not change while we look: one index for every rule
-    for rule in rules:
-        try:
-            batch = [b for b in index.fresh().matches(rule.match, rule.where) if _match_key(rule, b) not in fired]
-        except RuleError as e:
-            raise LoweringError(f"rule {rule.name} ({rule.at}): {e}") from e
-        if batch:
-            return rule, batch
-    return None
+    def _bound_error(self, rule: GraphRule, bound: int, nodes: int) -> LoweringError:
+        return LoweringError(
+            f"phase {self.phase!r}: rule {rule.name} ({rule.at}) would fire more than {bound} times, the "
+            f"bound for a graph of {nodes} nodes ({RULE_FIRINGS_PER_NODE} per node + {RULE_FIRINGS_EXTRA}); "
+            f"rules still firing: {self._firing()}. A rule probably re-creates what it matches: add a guard "
+            "such as (no ...) or an attribute it sets, and match on it")
 
+    def _check_time(self) -> None:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise self._time_error()
 
-def _still_matches(kg: KernelGraph, rule: GraphRule, b: dict, fired: set) -> Optional[dict]:
-    """``b``'s nodes matched again on the current graph (values re-read), unless already applied."""
-    nodes = {k: v for k, v in b.items() if isinstance(v, NodeRef)}
-    if any(v.id not in kg for v in nodes.values()):
+    def _time_error(self, matching: Optional[GraphRule] = None) -> LoweringError:
+        doing = f" while matching rule {matching.name} ({matching.at})" if matching is not None else ""
+        return LoweringError(
+            f"phase {self.phase!r}: lowering ran past its time limit of {self.time_limit:g} s at step "
+            f"{self.step}{doing}; rules still firing: {self._firing()}. If the kernel is just large, pass a "
+            "larger time_limit to api.lower/engine.lower (None: no limit); otherwise a rule keeps rewriting "
+            "or matching without end: add a guard that stops it")
+
+    # ------------------------------------------------------------------ matching
+    def _next_batch(self, kg: KernelGraph, rules: list[GraphRule]):
+        """The first rule (in order) with matches not applied yet, and all those matches."""
+        index = Matcher(kg, deadline=self.deadline)  # the graph does not change while we look
+        for rule in rules:
+            try:
+                batch = [b for b in index.fresh().matches(rule.match, rule.where)
+                         if _match_key(rule, b) not in self.fired]
+            except MatchTimeout:
+                raise self._time_error(rule) from None
+            except _RULE_ERRORS as e:
+                raise _rule_error(rule, "matching", e) from e
+            if batch:
+                return rule, batch
         return None
-    try:
-        for b2 in Matcher(kg).matches(rule.match, rule.where, nodes):
-            if _match_key(rule, b2) not in fired:
-                return b2
-    except RuleError as e:
-        raise LoweringError(f"rule {rule.name} ({rule.at}): {e}") from e
-    return None
+
+    def _still_matches(self, kg: KernelGraph, rule: GraphRule, b: dict) -> Optional[dict]:
+        """``b``'s nodes matched again on the current graph (values re-read), unless already applied."""
+        nodes = {k: v for k, v in b.items() if isinstance(v, NodeRef)}
+        if any(v.id not in kg for v in nodes.values()):
+            return None
+        try:
+            for b2 in Matcher(kg, deadline=self.deadline).matches(rule.match, rule.where, nodes):
+                if _match_key(rule, b2) not in self.fired:
+                    return b2
+        except MatchTimeout:
+            raise self._time_error(rule) from None
+        except _RULE_ERRORS as e:
+            raise _rule_error(rule, "matching", e) from e
+        return None
+
+
+def _rule_error(rule: GraphRule, doing: str, e: Exception) -> LoweringError:
+    if isinstance(e, RuleError):
+        return LoweringError(f"rule {rule.name} ({rule.at}): {e}")
+    return LoweringError(f"rule {rule.name} ({rule.at}) failed while {doing}: {type(e).__name__}: {e}")
 
 
 def _apply(kg: KernelGraph, rule: GraphRule, b: dict, step: int, phase: str, trace: Optional[Trace],
@@ -172,9 +257,10 @@ def _apply(kg: KernelGraph, rule: GraphRule, b: dict, step: int, phase: str, tra
             work.verify(structure_only=True)
     except RuleFailure as e:
         raise LoweringError(f"{e} [{where}]") from None
-    except (RuleError, GraphError, ScheduleError, KeyError, ValueError, TypeError) as e:
+    except _RULE_ERRORS as e:
+        what = str(e) if isinstance(e, (RuleError, GraphError, ScheduleError)) else f"{type(e).__name__}: {e}"
         raise LoweringError(f"{where} failed on {', '.join(f'{k}={_show(v)}' for k, v in b.items())}: "
-                            f"{e}; lowering stopped and the kernel as built is unchanged") from e
+                            f"{what}; lowering stopped and the kernel as built is unchanged") from e
     if trace is not None:
         trace.records.append(Application(step, rule.name, rule.at, phase, {k: _show(v) for k, v in rw.b.items()},
                                          rw.created, rw.erased, sorted(set(rw.changed)), time.perf_counter() - t0))

@@ -13,12 +13,11 @@ from typing import Any, Iterable, Iterator, Mapping, Optional
 
 import networkx as nx
 
+from .names import BUILTINS  # noqa: F401  (the CUDA builtins a term may name; public here too)
 from .ops import OPS, SCOPES, DependenceTracker, effects
 from .terms import const
 
 CONTAINS, DEPENDS = "contains", "depends"
-BUILTINS = ("threadIdx.x", "threadIdx.y", "threadIdx.z", "blockIdx.x", "blockIdx.y", "blockIdx.z",
-            "blockDim.x", "blockDim.y", "blockDim.z", "gridDim.x", "gridDim.y", "gridDim.z")
 
 
 @dataclass(frozen=True)
@@ -161,12 +160,14 @@ class KernelGraph:
         return {self.g.nodes[n]["buf"]: n for n in self.nodes("alloc")}
 
     def describe(self, n: int) -> str:
-        """Short human name of a node for error messages: ``#12 tma_load(dst=tile)``."""
+        """Short human name of a node for error messages: ``#12 tma_load(dst=tile) [kernel.py:30]``,
+        or ``[rule R @ file:line]`` for a node a rule made; odd text is shown escaped."""
         d = self.g.nodes[n]
         keys = [k for k in ("var", "buf", "dst", "src", "barrier", "name") if k in d]
-        inner = ", ".join(f"{k}={d[k]}" for k in keys[:2])
-        where = d.get("origin", {}).get("where")
-        return f"#{n} {d['op']}({inner})" + (f" [{where}]" if where else "")
+        inner = ", ".join(f"{k}={_plain(d[k])}" for k in keys[:2])
+        o = d.get("origin", {})
+        where = o.get("where") or (f"rule {o['rule']} @ {o.get('at', '?')}" if o.get("rule") else None)
+        return f"#{n} {d['op']}({inner})" + (f" [{_plain(where)}]" if where else "")
 
     # ---------------------------------------------------------------------------- whole graph
     def copy(self) -> "KernelGraph":
@@ -190,3 +191,10 @@ class KernelGraph:
         yield n
         for c in self.children(n):
             yield from self.walk(c)
+
+
+def _plain(v: Any) -> str:
+    """``v`` as text for a message: as is when printable, else escaped (a name holding a newline
+    must not break the message into lines that look like something else)."""
+    text = str(v)
+    return text if text.isprintable() else repr(text)

@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from .errors import CbrulesError
 from .ops import DTYPE_BYTES
 
 
-class TmaLimitError(ValueError):
+class TmaLimitError(CbrulesError, ValueError):
     """A TMA tensor-map limit is violated.
 
     ``axis`` counts numpy-style (outermost first) and is None for whole-map

@@ -11,6 +11,7 @@ Value patterns: ``?x`` (bind, or compare when bound), ``_``, a literal, ``(one-o
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator, Optional
 
 from .graph import KernelGraph
@@ -35,6 +36,10 @@ RELATIONS: dict[str, tuple[int, tuple[str, ...], tuple[str, ...]]] = {
     "count": (2, ("in",), ()),      # (count ?k PATTERN :in ?scope): ?k = number of matches
     "sum": (3, ("in",), ()),        # (sum ?k ATTR PATTERN :in ?scope): ATTR summed over one iteration of ?scope
 }
+
+
+class MatchTimeout(Exception):
+    """Matching ran past the matcher's deadline (the engine reports it as a LoweringError)."""
 
 
 def split_keys(items, start: int) -> tuple[list, dict]:
@@ -96,20 +101,30 @@ def match_value(p: Expr, value: Any, b: dict) -> Optional[dict]:
 class Matcher:
     """Matches rules against one graph; remembers the deepest failure for "why not" queries."""
 
-    def __init__(self, kg: KernelGraph):
+    def __init__(self, kg: KernelGraph, deadline: Optional[float] = None):
+        """``deadline`` (a ``time.monotonic()`` value): past it, matching raises :class:`MatchTimeout`
+        (a rule with many node patterns can take time exponential in their number)."""
         self.kg = kg
         self._orders: dict[int, list[int]] = {}
         self._by_op = kg.by_op()
         self._all = kg.nodes()
         self.deepest: tuple[int, str, Any] = (-1, "", None)
+        self.deadline = deadline
+        self._ticks = 0
 
     def fresh(self) -> "Matcher":
         """A matcher over the same (unchanged) graph sharing this one's indexes, with its own
         failure record."""
         m = Matcher.__new__(Matcher)
         m.kg, m._orders, m._by_op, m._all = self.kg, self._orders, self._by_op, self._all
-        m.deepest = (-1, "", None)
+        m.deepest, m.deadline, m._ticks = (-1, "", None), self.deadline, 0
         return m
+
+    def _tick(self) -> None:
+        """Count a step of the search; look at the clock every 1024 steps."""
+        self._ticks += 1
+        if self.deadline is not None and not self._ticks & 1023 and time.monotonic() >= self.deadline:
+            raise MatchTimeout()
 
     def order(self, scope: int) -> list[int]:
         if scope not in self._orders:
@@ -137,6 +152,7 @@ class Matcher:
                 yield bound
 
     def _elements(self, els: tuple, i: int, b: dict) -> Iterator[dict]:
+        self._tick()
         if i == len(els):
             yield b
             return
@@ -192,6 +208,7 @@ class Matcher:
         pos, keys = split_keys(e.items, 1)
         var = pos[0].value if pos and isinstance(pos[0], Atom) and pos[0].kind == "var" else None
         for n in self.candidates(e, b, within, among):
+            self._tick()
             b2: Optional[dict] = b if var is None else {**b, var: NodeRef(n)}
             attrs = self.kg[n]
             for k, p in keys.items():

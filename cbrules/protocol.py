@@ -27,6 +27,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from .errors import CbrulesError
+
 INFLIGHT = np.iinfo(np.int64).max  # phase of an element whose load has not been delivered yet
 
 
@@ -47,7 +49,7 @@ class Site:
 SiteFn = Callable[[], Site]
 
 
-class InterpError(Exception):
+class InterpError(CbrulesError):
     """Anything the interpreter refuses; ``node``, ``block`` and ``iteration`` say where."""
 
     def __init__(self, message: str, site: Site, barrier: Optional[str] = None, slot: Optional[int] = None):

@@ -2,34 +2,37 @@
 
 A rule file is a list of top-level forms:
 
-* egglog forms (``datatype``, ``function``, ``ruleset``, ``rewrite``, ``rule`` ...) pass to egglog unchanged;
+* egglog declarations (``datatype``, ``function``, ``ruleset``, ``rewrite``, ``rule`` ...; see
+  :data:`cbrules.egg.EGGLOG_ALLOWED`) pass to egglog unchanged; egglog commands that run rules or
+  touch files (``run``, ``output``, ``include`` ...) are refused;
 * ``(phases A B ...)`` declares phases in order; ``(phase NAME :after A)`` / ``:before A`` adds one;
 * ``(disable RULE ...)`` switches shipped rules off (from a user folder);
 * ``(graph-rule NAME :doc S :phase P :after (R ...) :match (...) :where (...) :rewrite (...))``.
 
 Every problem is reported as ``file:line:col: message`` with a "did you mean" where it helps.
-Nothing here executes Python from the files.
+Nothing here executes Python from the files. Only regular files inside the named folders are read
+(a symlink may not lead out of its folder), with the reader's size, encoding and nesting bounds.
 """
 from __future__ import annotations
 
 import difflib
+import heapq
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from .actions import ACTIONS
-from .egg import EggForm
+from .egg import EGGLOG_ALLOWED, EGGLOG_REFUSED, EggForm
 from .match import RELATIONS, STRUCTURAL_KEYS, split_keys
 from .ops import OPS, SCOPES
-from .sexpr import Atom, Expr, Pos, RuleError, SList, read, source_text
+from .sexpr import Atom, Expr, Pos, RuleError, RulePathError, SList, read, read_file, source_text
 from .values import FUNCTIONS, NODE_FUNCTIONS
 
 SHIPPED = Path(__file__).resolve().parent.parent / "rules"
 ENV_VAR = "CBRULES_RULES"
-EGGLOG_HEADS = ("datatype", "datatype*", "sort", "function", "constructor", "relation", "ruleset",
-                "rewrite", "birewrite", "rule", "let", "set", "union", "run", "run-schedule", "check",
-                "include", "push", "pop", "extract", "delete", "subsume", "fail", "input", "output")
+OWN_HEADS = ("graph-rule", "phases", "phase", "disable")
+MAX_PHASES = 1000  # the shipped rules use 5; placing a phase scans the list
 RULE_KEYS = ("doc", "phase", "after", "match", "where", "rewrite")
 VALUE_PATTERN_HEADS = ("one-of", "not", "absent")
 FILTER_HEADS = ("not", "any-of")
@@ -64,6 +67,8 @@ class RuleSet:
     egg_forms: list[EggForm] = field(default_factory=list)
     disabled: dict[str, Pos] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    phase_pos: dict[str, Pos] = field(default_factory=dict)  # where each phase is declared
+    _order: dict = field(default_factory=dict, repr=False, compare=False)  # phase -> (stamp, rules)
 
     def active(self) -> list[GraphRule]:
         return [r for r in self.rules if r.name not in self.disabled]
@@ -72,20 +77,54 @@ class RuleSet:
         return {r.name: r for r in self.rules}
 
     def in_phase(self, phase: str) -> list[GraphRule]:
-        """Active rules of a phase: ``:after`` respected, otherwise file order."""
-        rules = [r for r in self.active() if r.phase == phase]
-        done: list[GraphRule] = []
-        names = {r.name for r in rules}
-        while len(done) < len(rules):
-            finished = {d.name for d in done}
-            ready = [r for r in rules if r not in done and all(a.value not in names or a.value in finished
-                                                                for a in r.after)]
-            if not ready:
-                stuck = [r for r in rules if r not in done]
-                raise RuleError(stuck[0].pos, "the :after lists of " + ", ".join(r.name for r in stuck)
-                                + " form a cycle")
-            done.append(ready[0])
-        return done
+        """Active rules of a phase: ``:after`` respected, otherwise file order.
+
+        Computed once per phase and cached (recomputed if ``rules`` or ``disabled`` change);
+        raises :class:`RuleError` on an ``:after`` cycle."""
+        stamp = (tuple(self.rules), tuple(self.disabled))
+        cached = self._order.get(phase)
+        if cached is None or cached[0] != stamp:
+            cached = self._order[phase] = (stamp, _topological([r for r in self.active() if r.phase == phase]))
+        return list(cached[1])
+
+
+def _topological(rules: list[GraphRule]) -> list[GraphRule]:
+    """``rules`` with every rule after those its ``:after`` names (among ``rules``); ties in file
+    order. Kahn's algorithm with a heap: O(n log n + edges)."""
+    index = {r.name: i for i, r in enumerate(rules)}
+    waits = [0] * len(rules)
+    followers: list[list[int]] = [[] for _ in rules]
+    for i, r in enumerate(rules):
+        for j in {index[a.value] for a in r.after if isinstance(a, Atom) and a.value in index}:
+            waits[i] += 1
+            followers[j].append(i)
+    ready = [i for i, n in enumerate(waits) if n == 0]
+    heapq.heapify(ready)
+    done: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        done.append(i)
+        for k in followers[i]:
+            waits[k] -= 1
+            if waits[k] == 0:
+                heapq.heappush(ready, k)
+    if len(done) < len(rules):
+        raise _cycle_error([r for i, r in enumerate(rules) if waits[i]], index, rules)
+    return [rules[i] for i in done]
+
+
+def _cycle_error(stuck: list[GraphRule], index: dict[str, int], rules: list[GraphRule]) -> RuleError:
+    """Name one actual cycle among the rules left waiting (followed through their ``:after``)."""
+    waiting = {r.name for r in stuck}
+    path, seen, r = [], {}, stuck[0]
+    while r.name not in seen:
+        seen[r.name] = len(path)
+        path.append(r)
+        r = next(rules[index[a.value]] for a in r.after
+                 if isinstance(a, Atom) and a.value in waiting)
+    cycle = path[seen[r.name]:] + [r]
+    return RuleError(cycle[0].pos, "the :after lists form a cycle (each rule runs after the next): " + " -> ".join(
+        f"{c.name} ({c.pos})" for c in cycle) + "; remove one of these :after entries")
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
@@ -93,24 +132,58 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _checked_path(p: str | os.PathLike, source: str) -> Path:
+    # Path("") is ".": an empty entry would silently load every rule file below the working directory
+    if not os.fspath(p):
+        raise RulePathError("", f"empty rule folder path (from {source}); name a folder, e.g. '.' for the "
+                            "working directory")
+    return Path(p)
+
+
 def rule_dirs(extra: Sequence[str | os.PathLike] = ()) -> list[Path]:
-    """The shipped folder, then folders from ``$CBRULES_RULES`` (path-separated), then ``extra``."""
+    """The shipped folder, then folders from ``$CBRULES_RULES`` (path-separated; empty entries are
+    skipped), then ``extra`` (an empty path there is a :class:`RulePathError`)."""
     dirs = [SHIPPED]
     dirs += [Path(p) for p in os.environ.get(ENV_VAR, "").split(os.pathsep) if p]
-    dirs += [Path(p) for p in extra]
+    dirs += [_checked_path(p, "the extra rule folders") for p in extra]
     return dirs
+
+
+def rule_files(folder: str | os.PathLike) -> list[Path]:
+    """The ``*.rules`` files to read for ``folder`` (a folder, searched recursively without following
+    symlinked folders, or one rule file), sorted; refuses paths that are not rules (see
+    :class:`RulePathError`). Regularity of each file is checked again when it is opened."""
+    root = _checked_path(folder, "the rule folders")
+    if not root.exists():
+        raise RulePathError(str(root), "rule folder does not exist")
+    if root.is_file():
+        if root.suffix != ".rules":  # nor echo the first words of any other file in an error
+            raise RulePathError(str(root), "not a rule file: a rule file's name ends in .rules")
+        return [root]
+    if not root.is_dir():
+        raise RulePathError(str(root), "not a folder or a regular file (a FIFO, device or socket?)")
+    real_root = os.path.realpath(root)
+    files = []
+    for dirpath, _dirs, names in os.walk(root):
+        for n in names:
+            if n.endswith(".rules"):
+                f = Path(dirpath) / n
+                if f.is_symlink() and os.path.commonpath([real_root, os.path.realpath(f)]) != real_root:
+                    raise RulePathError(str(f), f"symlink to {os.path.realpath(f)}, outside the rule folder "
+                                        f"{root}; copy the file into the folder instead")
+                files.append(f)
+    return sorted(files)
 
 
 def load(dirs: Optional[Sequence[str | os.PathLike]] = None, *, check_egglog: bool = False) -> RuleSet:
     """Read and check every ``*.rules`` file under ``dirs`` (default: :func:`rule_dirs`)."""
     rs = RuleSet()
-    for d in (rule_dirs() if dirs is None else [Path(x) for x in dirs]):
-        if not d.exists():
-            raise RuleError(Pos(str(d), 0, 0), "rule folder does not exist")
-        files = [d] if d.is_file() else sorted(d.rglob("*.rules"))
-        for f in files:
+    for d in (rule_dirs() if dirs is None else dirs):
+        for f in rule_files(d):
             _read_file(rs, f)
     _check_names(rs)
+    for phase in rs.phases:
+        rs.in_phase(phase)  # refuses :after cycles now, and caches each phase's order
     if check_egglog:
         from .egg import load_check
         load_check(rs.egg_forms)
@@ -118,32 +191,45 @@ def load(dirs: Optional[Sequence[str | os.PathLike]] = None, *, check_egglog: bo
 
 
 def _read_file(rs: RuleSet, path: Path) -> None:
-    text = path.read_text()
+    text = read_file(path)
     rs.files.append(str(path))
     for form in read(text, str(path)):
         if not isinstance(form, SList) or not form.head():
             raise RuleError(form.pos, f"a top-level form must be a list starting with a name, got {form}")
         head = form.head()
-        if head in EGGLOG_HEADS:
+        if head in EGGLOG_ALLOWED:
             rs.egg_forms.append(EggForm(source_text(text, form), str(path), form.pos.line, form.pos.col))
+        elif head in EGGLOG_REFUSED:
+            raise RuleError(form.pos, f"egglog form ({head} ...) is not allowed in rule files: {EGGLOG_REFUSED[head]}")
         elif head == "graph-rule":
             rs.rules.append(_graph_rule(form))
         elif head == "phases":
             for a in form.items[1:]:
-                _phase_name(a)
-                if a.value not in rs.phases:
-                    rs.phases.append(a.value)
+                _declare_phase(rs, a)
+                rs.phases.append(a.value)
         elif head == "phase":
             _add_phase(rs, form)
         elif head == "disable":
             for a in form.items[1:]:
-                rs.disabled[_phase_name(a)] = a.pos
+                rs.disabled[_name(a)] = a.pos
         else:
             raise RuleError(form.pos, f"unknown top-level form {head!r}" + did_you_mean(
-                head, EGGLOG_HEADS + ("graph-rule", "phases", "phase", "disable")))
+                head, tuple(EGGLOG_ALLOWED) + OWN_HEADS))
 
 
-def _phase_name(a: Expr) -> str:
+def _declare_phase(rs: RuleSet, a: Expr) -> str:
+    name = _name(a)
+    if len(rs.phase_pos) >= MAX_PHASES:
+        raise RuleError(a.pos, f"more than {MAX_PHASES} phases; merge phases (rules of one phase are "
+                        "ordered with :after)")
+    if name in rs.phase_pos:
+        raise RuleError(a.pos, f"phase {name!r} is already declared at {rs.phase_pos[name]}; declare each "
+                        "phase once (to place a phase of your own, give it a new name)")
+    rs.phase_pos[name] = a.pos
+    return name
+
+
+def _name(a: Expr) -> str:
     if not isinstance(a, Atom) or a.kind != "sym":
         raise RuleError(a.pos, f"expected a name, got {a}")
     return a.value
@@ -151,20 +237,20 @@ def _phase_name(a: Expr) -> str:
 
 def _add_phase(rs: RuleSet, form: SList) -> None:
     pos, keys = split_keys(form.items, 1)
-    if len(pos) != 1:
+    if len(pos) != 1 or len(keys) > 1:
         raise RuleError(form.pos, "(phase NAME :after P) or (phase NAME :before P)")
-    name = _phase_name(pos[0])
-    if name in rs.phases:
+    if not keys:
+        rs.phases.append(_declare_phase(rs, pos[0]))
         return
-    for k, v in keys.items():
-        if k not in ("after", "before"):
-            raise RuleError(_key_pos(form, k), f"unknown key :{k} in phase" + did_you_mean(k, ("after", "before")))
-        if v.value not in rs.phases:
-            raise RuleError(v.pos, f"unknown phase {v.value!r}" + did_you_mean(v.value, rs.phases))
-        i = rs.phases.index(v.value)
-        rs.phases.insert(i + 1 if k == "after" else i, name)
-        return
-    rs.phases.append(name)
+    (k, v), = keys.items()
+    if k not in ("after", "before"):
+        raise RuleError(_key_pos(form, k), f"unknown key :{k} in phase" + did_you_mean(k, ("after", "before")))
+    anchor = _name(v)
+    if anchor not in rs.phases:
+        raise RuleError(v.pos, f"unknown phase {anchor!r}" + did_you_mean(anchor, rs.phases))
+    name = _declare_phase(rs, pos[0])
+    i = rs.phases.index(anchor)
+    rs.phases.insert(i + 1 if k == "after" else i, name)
 
 
 def _graph_rule(form: SList) -> GraphRule:
@@ -190,8 +276,14 @@ def _graph_rule(form: SList) -> GraphRule:
     for k in ("match", "where", "rewrite", "after"):
         if k in keys and not isinstance(keys[k], SList):
             raise RuleError(keys[k].pos, f"rule {name}: :{k} takes a list")
-    rule = GraphRule(name, _phase_name(keys["phase"]), tuple(keys["match"]), tuple(keys.get("where", ())),
-                     tuple(keys["rewrite"]), form.pos, str(keys["doc"].value) if "doc" in keys else "",
+    doc = keys.get("doc")
+    if doc is not None and not (isinstance(doc, Atom) and doc.kind == "str"):
+        raise RuleError(doc.pos, f'rule {name}: :doc takes a string, e.g. :doc "what the rule does"')
+    for a in keys.get("after", ()):
+        if not (isinstance(a, Atom) and a.kind == "sym"):
+            raise RuleError(a.pos, f"rule {name}: :after takes rule names, got {a}")
+    rule = GraphRule(name, _name(keys["phase"]), tuple(keys["match"]), tuple(keys.get("where", ())),
+                     tuple(keys["rewrite"]), form.pos, doc.value if doc is not None else "",
                      tuple(keys.get("after", ())))
     _check_rule(rule)
     return rule
@@ -311,16 +403,36 @@ def _check_value(e: Expr, bound: set[str]) -> None:
     head = e.head()
     if head is None:
         raise RuleError(e.pos, f"expected (FUNCTION args...), got {e}")
+    # names and device functions reach the CUDA text: refuse literal ones here, with positions
+    # (values computed at run time are checked when the rule runs, in cbrules.values)
+    from .names import BUILTINS, RULES, problem
+    from .terms import DEVICE_FUNCTIONS, call_problem
+    n = len(e) - 1
     if head in NODE_FUNCTIONS:
+        want = 1 if head == "id" else 2
+        if n != want:
+            raise RuleError(e.pos, f"({head} ...) takes {want} argument(s), got {n}: "
+                            + ("(id ?node)" if head == "id" else f"({head} ?node KEY)"))
         _check_value(e.items[1], bound)
         return
     if head not in FUNCTIONS:
         raise RuleError(e.pos, f"unknown function {head!r}" + did_you_mean(head, list(FUNCTIONS) + list(NODE_FUNCTIONS)))
     lo, hi, _ = FUNCTIONS[head]
-    n = len(e) - 1
     if n < lo or (hi is not None and n > hi):
         want = f"{lo}" if lo == hi else f"{lo}..{hi if hi is not None else 'n'}"
         raise RuleError(e.pos, f"({head} ...) takes {want} argument(s), got {n}")
+    first = e.items[1] if n else None
+    if isinstance(first, Atom) and first.kind != "var" and head in ("call", "var"):
+        literal = {"true": True, "false": False, "nil": None}.get(first.value, first.value) \
+            if first.kind == "sym" else first.value
+        if head == "call":
+            why = call_problem(literal, n - 1)
+            if why:
+                hint = did_you_mean(str(literal), DEVICE_FUNCTIONS) if literal not in DEVICE_FUNCTIONS else ""
+                raise RuleError(first.pos, f"(call ...): {why}{hint}")
+        elif literal not in BUILTINS and problem(literal, RULES):
+            why, fix = problem(literal, RULES)  # type: ignore[misc]
+            raise RuleError(first.pos, f"(var ...): name {literal!r} {why}; {fix}")
     for a in e.items[1:]:
         _check_value(a, bound)
 
@@ -378,6 +490,8 @@ def _check_action(a: Expr, bound: set[str]) -> None:
             _check_value(p, bound)
     for k, v in keys.items():
         if k == "as":
+            if not (isinstance(v, Atom) and v.kind == "var"):
+                raise RuleError(v.pos, f"action {head}: :as takes a ?variable, got {v}")
             bound.add(v.value)
         elif k in ("keep",):
             _check_node_pattern(v, set(bound), binds=True)
@@ -389,7 +503,9 @@ def _check_action(a: Expr, bound: set[str]) -> None:
             _check_value(sub[1], bound)
             _check_value(sub[2], bound)
         elif k == "set" and head in ("clone",):
-            _, sets = split_keys(_expect_list(v, "(:key value ...)").items, 0)
+            stray, sets = split_keys(_expect_list(v, "(:key value ...)").items, 0)
+            if stray:
+                raise RuleError(stray[0].pos, f"action clone: :set takes (:key value ...), got {stray[0]}")
             for sv in sets.values():
                 _check_value(sv, bound)
         else:
@@ -407,7 +523,7 @@ def _check_names(rs: RuleSet) -> None:
             raise RuleError(r.pos, f"rule {r.name}: unknown phase {r.phase!r}" + did_you_mean(r.phase, rs.phases)
                             + "; declare it with (phases ...) or (phase NAME :after P)")
         for a in r.after:
-            if not isinstance(a, Atom) or a.value not in seen:
+            if a.value not in seen:
                 raise RuleError(a.pos, f"rule {r.name}: :after names unknown rule {a}" + did_you_mean(str(a), seen))
     for name, pos in rs.disabled.items():
         if name not in seen:

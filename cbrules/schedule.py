@@ -11,10 +11,11 @@ from typing import Any, Optional
 
 import networkx as nx
 
+from .errors import CbrulesError
 from .graph import CONTAINS, DEPENDS, KernelGraph
 
 
-class ScheduleError(Exception):
+class ScheduleError(CbrulesError):
     """The depends edges among some siblings form a cycle."""
 
 

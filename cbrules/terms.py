@@ -1,7 +1,9 @@
 """Index and predicate terms: small immutable expression trees.
 
 A term is a constant, a name (loop variable, tensor extent, register value, a CUDA builtin such as
-``threadIdx.x``), a unary/binary operation, or a call (``elect_one()``, ``min(a, b)``, ``exp(x)``).
+``threadIdx.x``), a unary/binary operation, or a call of one of :data:`DEVICE_FUNCTIONS`
+(``elect_one()``, ``min(a, b)``, ``ceil_div(n, 256)``): the one table of functions a term may call,
+shared by the builder, the rule values, the host evaluator and codegen.
 Terms parse from C-like text (``"(i + 2) % 3"``), print as C, and compare structurally, so graph
 rules and the egglog bridge can treat them as values. Division and modulo follow C: they truncate.
 """
@@ -9,7 +11,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Optional, Union
+from typing import Callable, Iterator, Mapping, Optional, Union
+
+from .errors import CbrulesError
 
 BINARY_OPS = ("||", "&&", "==", "!=", "<", "<=", ">", ">=", "+", "-", "*", "/", "%")
 UNARY_OPS = ("-", "!")
@@ -84,7 +88,9 @@ def name(n: str) -> Term:
 
 
 def call(fn: str, *args: TermLike) -> Term:
-    """A function application such as ``elect_one()`` or ``min(a, b)``."""
+    """A function application such as ``elect_one()`` or ``min(a, b)``; ``fn`` must be one of
+    :data:`DEVICE_FUNCTIONS`, called with its number of arguments (else :class:`DeviceFunctionError`)."""
+    check_call(fn, len(args))
     return Term("call", tuple(as_term(a) for a in args), fn)
 
 
@@ -101,15 +107,64 @@ def as_term(x: TermLike) -> Term:
     raise TypeError(f"cannot make a term from {x!r} ({type(x).__name__})")
 
 
+# ------------------------------------------------------------------------------ device functions
+
+def _trunc_div(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+@dataclass(frozen=True)
+class DeviceFunction:
+    """A function a term may call: its number of arguments and, where the host can compute it,
+    its value there (``elect_one`` picks a thread: only the device knows)."""
+
+    arity: int
+    host: Optional[Callable[..., object]] = None
+
+
+DEVICE_FUNCTIONS: dict[str, DeviceFunction] = {
+    "elect_one": DeviceFunction(0),
+    # ceil_div as the device computes it: (a + b - 1) / b with C's truncating division
+    "ceil_div": DeviceFunction(2, lambda a, b: _trunc_div(a + b - 1, b)),
+    "min": DeviceFunction(2, min),
+    "max": DeviceFunction(2, max),
+}
+
+
+class DeviceFunctionError(CbrulesError, ValueError):
+    """A call of a function that is not in :data:`DEVICE_FUNCTIONS`, or with the wrong arity."""
+
+
+def call_problem(fn: object, nargs: int) -> Optional[str]:
+    """Why ``fn(<nargs arguments>)`` may not appear in a term, or None."""
+    if not isinstance(fn, str) or fn not in DEVICE_FUNCTIONS:
+        known = ", ".join(f"{f}/{d.arity}" for f, d in DEVICE_FUNCTIONS.items())
+        return f"{fn!r} is not a device function a term may call; the table holds {known}"
+    want = DEVICE_FUNCTIONS[fn].arity
+    if nargs != want:
+        return f"{fn}() takes {want} argument(s), got {nargs}"
+    return None
+
+
+def check_call(fn: object, nargs: int) -> None:
+    """Raise :class:`DeviceFunctionError` unless ``fn`` may be called with ``nargs`` arguments."""
+    why = call_problem(fn, nargs)
+    if why:
+        raise DeviceFunctionError(why)
+
+
 ELECT_ONE = call("elect_one")
 
 
 # ---------------------------------------------------------------------------------- parsing
 
-_TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:[eE][-+]?\d+)?f?|\d+)|([A-Za-z_][\w.]*)|(\|\||&&|==|!=|<=|>=|[-+*/%<>!(),]))")
+# ASCII only: a name must be a C identifier (or a builtin such as threadIdx.x), a digit a C digit
+_TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:[eE][-+]?\d+)?f?|\d+)|([A-Za-z_][\w.]*)|(\|\||&&|==|!=|<=|>=|[-+*/%<>!(),]))",
+                    re.ASCII)
 
 
-class TermSyntaxError(ValueError):
+class TermSyntaxError(CbrulesError, ValueError):
     """Text that is not a term; the message points at the column."""
 
 
@@ -163,6 +218,9 @@ def parse(text: str) -> Term:
                         pos += 1
                         args.append(binary(0))
                 expect(")")
+                why = call_problem(tok, len(args))
+                if why:
+                    raise DeviceFunctionError(f"in term {text!r} at column {col + 1}: {why}")
                 return Term("call", tuple(args), tok)
             return name(tok)
         if tok == "(":
@@ -229,11 +287,6 @@ def to_c(t: Term, calls: Optional[Mapping[str, str]] = None, names: Optional[Map
 
 # ---------------------------------------------------------------------------------- evaluation
 
-def _trunc_div(a: int, b: int) -> int:
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b >= 0) else -q
-
-
 _EVAL = {
     "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
     "/": lambda a, b: _trunc_div(a, b) if isinstance(a, int) and isinstance(b, int) else a / b,
@@ -242,8 +295,6 @@ _EVAL = {
     ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
     "&&": lambda a, b: bool(a) and bool(b), "||": lambda a, b: bool(a) or bool(b),
 }
-# ceil_div as the device computes it: (a + b - 1) / b with C's truncating division
-_CALLS = {"min": min, "max": max, "ceil_div": lambda a, b: _trunc_div(a + b - 1, b)}
 
 
 def evaluate(t: Term, env: Mapping[str, object]) -> object:
@@ -256,9 +307,10 @@ def evaluate(t: Term, env: Mapping[str, object]) -> object:
         return env[t.value]
     args = [evaluate(a, env) for a in t.args]
     if t.op == "call":
-        if t.value not in _CALLS:
+        fn = DEVICE_FUNCTIONS.get(t.value)  # type: ignore[arg-type]
+        if fn is None or fn.host is None:
             raise KeyError(f"cannot evaluate call {t.value!r} on the host")
-        return _CALLS[t.value](*args)
+        return fn.host(*args)
     if len(args) == 1:
         return -args[0] if t.op == "-" else not args[0]
     return _EVAL[t.op](*args)

@@ -9,11 +9,20 @@ from collections import defaultdict
 from typing import Optional
 
 from .engine import Application, Trace
+from .errors import CbrulesError
 from .graph import KernelGraph
 from .match import Matcher, split_keys
+from .rulefile import did_you_mean
 from .schedule import print_program, schedule
 from .sexpr import Atom
 from .values import NodeRef
+
+
+class TraceQueryError(CbrulesError, KeyError):
+    """A trace query about a rule, node or step the trace does not have."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 def counts(trace: Trace) -> list[tuple[str, int, float]]:
@@ -62,8 +71,8 @@ def graph_at(trace: Trace, step: int) -> KernelGraph:
     if step == 0:
         return trace.initial
     earlier = [s for s in trace.graphs if s <= step]
-    if not earlier:
-        raise KeyError(f"no step {step}: the trace has steps 1..{max(trace.graphs, default=0)}")
+    if not earlier or step > max(trace.graphs):
+        raise TraceQueryError(f"no step {step}: the trace has steps 1..{max(trace.graphs, default=0)}")
     return trace.graphs[max(earlier)]
 
 
@@ -103,7 +112,7 @@ def why_not(trace: Trace, rule: str, node: int, step: Optional[int] = None) -> s
     the first pattern element or guard that no continuation got past.
     """
     if rule not in trace.rules:
-        raise KeyError(f"unknown rule {rule!r}")
+        raise TraceQueryError(f"unknown rule {rule!r}" + did_you_mean(rule, trace.rules))
     r = trace.rules[rule]
     g = final_graph(trace) if step is None else graph_at(trace, step)
     if node not in g:
@@ -139,24 +148,29 @@ def program_at(trace: Trace, step: int) -> str:
 def to_dot(trace: Trace, step: int) -> str:
     """DOT of the graph before and after ``step``: created nodes green, erased red, changed yellow."""
     rec = next((r for r in trace.records if r.step == step), None)
+    if rec is None:
+        raise TraceQueryError(f"no step {step}: the trace has steps 1..{max(trace.graphs, default=0)}")
     before, after = graph_at(trace, step - 1), graph_at(trace, step)
     lines = ["digraph step {", "  compound=true; node [shape=box, fontname=monospace, fontsize=10];"]
     for tag, g in (("before", before), ("after", after)):
-        lines.append(f'  subgraph cluster_{tag} {{ label="{tag} step {step}' +
-                     (f': {rec.rule}"' if rec else '"') + ";")
+        lines.append(f'  subgraph cluster_{tag} {{ label="{tag} step {step}: {_dot_text(rec.rule)}";')
         for n in g.nodes():
             color = ""
-            if rec and tag == "after" and n in rec.created:
+            if tag == "after" and n in rec.created:
                 color = ', style=filled, fillcolor="#c8f7c5"'
-            elif rec and tag == "before" and n in rec.erased:
+            elif tag == "before" and n in rec.erased:
                 color = ', style=filled, fillcolor="#f7c5c5"'
-            elif rec and n in rec.changed:
+            elif n in rec.changed:
                 color = ', style=filled, fillcolor="#f7f0c5"'
-            label = g.describe(n).split(" [")[0].replace('"', "'")
-            lines.append(f'    {tag}_{n} [label="{label}"{color}];')
+            lines.append(f'    {tag}_{n} [label="{_dot_text(g.describe(n).split(" [")[0])}"{color}];')
         for a, b, kind in g.g.edges(data="kind"):
             style = "" if kind == "contains" else " [style=dashed, color=blue]"
             lines.append(f"    {tag}_{a} -> {tag}_{b}{style};")
         lines.append("  }")
     lines.append("}")
     return "\n".join(lines)
+
+
+def _dot_text(text: str) -> str:
+    """``text`` safe inside a double-quoted DOT string."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -10,9 +10,10 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from .names import IdentifierError, check_term_name
 from .ops import DTYPE_BYTES
 from .sexpr import Atom, Expr, RuleError
-from .terms import Term, as_term, call, const, evaluate as eval_term, name
+from .terms import DeviceFunctionError, Term, as_term, call, const, evaluate as eval_term, name
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,11 @@ def _min_max(fn_name: str) -> Callable:
     def fn(*xs):
         if _is_term(*xs):
             vals = [_const_value(x) for x in xs]
-            if None in vals:
-                return call(fn_name, *xs)
+            if None in vals:  # min/max of the device take two operands: nest them
+                t = as_term(xs[0])
+                for x in xs[1:]:
+                    t = call(fn_name, t, x)
+                return t
             xs = vals
         return min(xs) if fn_name == "min" else max(xs)
     return fn
@@ -116,8 +120,10 @@ FUNCTIONS: dict[str, tuple[int, int | None, Callable | None]] = {
     "known": (1, 1, lambda x: _const_value(x) is not None),
     "int": (1, 1, lambda x: _const_value(x)),
     "term": (1, 1, lambda x: as_term(x)),
-    "var": (1, 1, lambda s: name(str(s))),
-    "call": (1, None, lambda fn, *args: call(str(fn), *args)),
+    # only identifiers (or builtins) become names, only the device-function table is callable:
+    # nothing a rule computes reaches the CUDA text unchecked
+    "var": (1, 1, lambda s: name(check_term_name(s, "(var ...)"))),
+    "call": (1, None, lambda fn, *args: call(fn, *args)),
     "lt": (2, 2, lambda a, b: Term("<", (as_term(a), as_term(b)))),
     "all": (0, None, lambda *xs: _conj(xs)),
     "is-none": (1, 1, lambda x: x is None),
@@ -189,5 +195,7 @@ def evaluate(e: Expr, env: Env) -> Any:
         return FUNCTIONS[head][2](*(evaluate(a, env) for a in args))
     except RuleError:
         raise
+    except (IdentifierError, DeviceFunctionError) as x:  # a name or call that may not reach CUDA
+        raise RuleError(e.pos, str(x) if isinstance(x, IdentifierError) else f"({head} ...): {x}") from None
     except Exception as x:  # a wrong value reaching a function: say where and with what
         raise RuleError(e.pos, f"({head} ...) failed: {x}") from None

@@ -1,15 +1,27 @@
-"""Invariants of a kernel graph. Each failure names the node and the broken invariant."""
+"""Invariants of a kernel graph. Each failure names the node (with the builder call or the rule
+and file:line that made it) and the broken invariant.
+
+Everything codegen prints is checked here first: identifier-valued attributes are valid names
+(:mod:`cbrules.names`, rules' namespace) used for one thing only, every name in a term is bound
+where it is used, every call is a device function, and integer-valued attributes are ints.
+"""
 from __future__ import annotations
 
+import math
+from typing import Any, Iterator
+
+from .errors import CbrulesError
 from .graph import BUILTINS, CONTAINS, KernelGraph
-from .ops import DTYPES, LOOP_KINDS, OPS, SCOPES, SPACES, term_values
+from .names import RULES, problem
+from .ops import DTYPES, LOOP_KINDS, OPS, REDUCE_COMBINE, SCOPES, SPACES, term_values
 from .schedule import ScheduleError, linear_order, sibling_edges, sibling_order
+from .terms import BINARY_OPS, UNARY_OPS, Term, call_problem
 
 BARRIER_OPS = ("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
                "mbarrier_inval")
 
 
-class GraphError(Exception):
+class GraphError(CbrulesError):
     """A broken graph invariant; ``node`` is the offending node id (or None)."""
 
     def __init__(self, invariant: str, message: str, node: int | None = None):
@@ -31,6 +43,8 @@ def verify(kg: KernelGraph, ready: bool = False, structure_only: bool = False) -
     if structure_only:
         return
     order = linear_order(kg)
+    _identifiers(kg)
+    _values(kg)
     _names(kg)
     _barriers(kg, order)
     _block_shape(kg)
@@ -76,6 +90,10 @@ def _attributes(kg: KernelGraph) -> None:
         missing = [k for k in spec.required if k not in d]
         if missing:
             raise GraphError("attributes", f"{kg.describe(n)} lacks attribute(s) {', '.join(missing)}", n)
+        if d["op"] == "for" and isinstance(d["step"], Term) and d["step"].op == "const" and \
+                not (isinstance(d["step"].value, int) and d["step"].value >= 1):
+            raise GraphError("attributes", f"{kg.describe(n)} has step {d['step']}: a loop's step must be at "
+                             "least 1, or it never ends on the device", n)
         if d["op"] == "for" and d["kind"] not in LOOP_KINDS:
             raise GraphError("attributes", f"{kg.describe(n)} has loop kind {d['kind']!r}; "
                              f"expected one of {', '.join(LOOP_KINDS)}", n)
@@ -98,9 +116,140 @@ def _depends(kg: KernelGraph) -> None:
                 raise GraphError("depends-acyclic", str(e), scope) from None
 
 
+# identifier-valued attributes codegen prints, per op (compute ops: their ``dst`` register)
+_IDENT_KEYS = {"kernel": ("name",), "alloc": ("buf",), "for": ("var",), "load": ("dst", "src"), "store": ("dst",),
+               "tma_load": ("tmap", "dst", "barrier"), "tma_store": ("tmap", "src")}
+
+
+def _ident_keys(op: str) -> tuple[str, ...]:
+    spec = OPS.get(op)
+    return _IDENT_KEYS.get(op) or (("dst",) if spec and spec.category == "compute" else ("barrier",))
+
+
+def _ident_attrs(kg: KernelGraph, n: int) -> Iterator[tuple[str, Any]]:
+    d, op = kg[n], kg.op(n)
+    for k in _ident_keys(op):
+        if d.get(k) is not None:
+            yield k, d[k]
+    if op == "kernel":
+        for p in d["params"]:
+            yield f"parameter {getattr(p, 'kind', '?')}", getattr(p, "name", p)
+
+
+def _identifiers(kg: KernelGraph) -> None:
+    """Every name codegen prints is an identifier, and names one thing in the kernel: a parameter, a
+    buffer, a register (written any number of times) or loop variables (siblings may share one;
+    a nested loop may not reuse an enclosing loop's variable)."""
+    what: dict[str, tuple[str, int]] = {}  # name -> (kind, first node)
+
+    def claim(name: str, kind: str, n: int, reuse: bool) -> None:
+        had = what.get(name)
+        if had and not (reuse and had[0] == kind):
+            raise GraphError("name-unique", f"{kg.describe(n)}: {kind} {name!r} is already the {had[0]} of "
+                             f"{kg.describe(had[1])}; the generated CUDA would mix them up: rename one", n)
+        what.setdefault(name, (kind, n))
+
+    for n in kg.walk():
+        op = kg.op(n)
+        for key, name in _ident_attrs(kg, n):
+            why = problem(name, RULES)
+            if why:
+                raise GraphError("identifier", f"{kg.describe(n)}: {key} {name!r} {why[0]}; {why[1]}", n)
+            if op == "kernel" and key != "name":  # the kernel's own name is outside its body
+                claim(name, key, n, False)
+            elif op == "alloc":
+                claim(name, "buffer", n, False)
+            elif op == "for":
+                claim(name, "loop variable", n, True)
+                if name in {kg[a]["var"] for a in kg.ancestors(n) if kg.op(a) == "for"}:
+                    raise GraphError("name-unique", f"{kg.describe(n)}: loop variable {name!r} is already the "
+                                     "variable of an enclosing loop; give the inner loop its own", n)
+            elif key == "dst" and (op == "load" or OPS[op].category == "compute"):
+                claim(name, "register", n, True)
+
+
+def attribute_problem(op: str, key: str, value: Any) -> str | None:
+    """Why ``value`` cannot be attribute ``key`` of an ``op`` node for codegen (a name that is not a
+    valid identifier, an int attribute that is not an int in range), else None. Rule actions may call
+    it when they set an attribute, so that the error points at the rule's own text."""
+    if key in _ident_keys(op):
+        why = problem(value, RULES)
+        return f"{value!r} {why[0]}; {why[1]}" if why else None
+    for o, k, low, many in _INT_ATTRS:
+        if (o, k) == (op, key):
+            if many and not isinstance(value, tuple):
+                return f"{value!r} is not a tuple of ints"
+            return next((p for p in map(lambda v: _int_problem(v, low), value if many else (value,)) if p), None)
+    return None
+
+
+def _int_problem(v: Any, low: int) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        return f"{v!r} is not an int"
+    return f"{v} is below {low}" if v < low else None
+
+
+# integer-valued attributes codegen prints or sizes memory by: (op, key, lowest value, a tuple?)
+_INT_ATTRS = (("alloc", "shape", 1, True), ("alloc", "align", 1, False), ("mbarrier_init", "count", 1, False),
+              ("mbarrier_arrive_expect_tx", "bytes", 0, False), ("tma_load", "bytes", 0, False),
+              ("tma_load", "box", 1, True), ("tma_load", "tile", 1, True), ("bar_sync", "id", 0, False),
+              ("bar_sync", "count", 1, False), ("kernel", "block", 1, True))
+
+
+def _values(kg: KernelGraph) -> None:
+    """Integer attributes are ints in range, enumerations hold known values, and every term is
+    made of known operators, device functions and finite constants."""
+    for n in kg.walk():
+        d, op = kg[n], kg.op(n)
+        for o, key, low, _ in _INT_ATTRS:
+            bad = attribute_problem(op, key, d[key]) if o == op and d.get(key) is not None else None
+            if bad:
+                raise GraphError("int-valued", f"{kg.describe(n)}: {key} must be int(s) >= {low}: {bad}", n)
+        if op == "alloc" and d.get("align") and d["align"] & (d["align"] - 1):
+            raise GraphError("int-valued", f"{kg.describe(n)}: align {d['align']} is not a power of two", n)
+        if "dtype" in d and d["dtype"] not in DTYPES:
+            raise GraphError("attributes", f"{kg.describe(n)}: dtype {d['dtype']!r} is not one of "
+                             f"{', '.join(DTYPES)}", n)
+        if op == "reduce" and (d["kind"] not in ("block", "serial") or d["combine"] not in REDUCE_COMBINE):
+            raise GraphError("attributes", f"{kg.describe(n)}: reduce kind {d['kind']!r} / combine "
+                             f"{d['combine']!r}; expected block|serial and {'|'.join(REDUCE_COMBINE)}", n)
+        for key in OPS[op].terms:
+            v = d.get(key)
+            for t in (v if isinstance(v, tuple) else () if v is None else (v,)):
+                why = _term_problem(t)
+                if why:
+                    raise GraphError("term", f"{kg.describe(n)}: {key} {why}", n)
+    for p in kg.kernel()["params"]:
+        if getattr(p, "kind", None) not in ("symbol", "tensor", "tmap") or getattr(p, "dtype", None) not in DTYPES:
+            raise GraphError("attributes", f"{kg.describe(kg.root)}: parameter {p!r} has an unknown kind or dtype",
+                             kg.root)
+
+
+def _term_problem(t: Any) -> str | None:
+    """Why ``t`` cannot be printed as C, or None."""
+    if not isinstance(t, Term):
+        return f"holds {t!r}, which is not a term"
+    if t.op == "const":
+        v = t.value
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"holds the constant {v!r}; C has no literal for it"
+        return None if isinstance(v, (bool, int, float)) else f"holds the constant {v!r}, not a number"
+    if t.op == "name":
+        return None if isinstance(t.value, str) else f"holds the name {t.value!r}, not text"
+    if t.op == "call":
+        why = call_problem(t.value, len(t.args))
+        if why:
+            return f"calls {t.value!r}: {why}"
+    elif not ((len(t.args) == 1 and t.op in UNARY_OPS) or (len(t.args) == 2 and t.op in BINARY_OPS)):
+        return f"holds operator {t.op!r} with {len(t.args)} operand(s)"
+    return next((w for w in map(_term_problem, t.args) if w), None)
+
+
 def _names(kg: KernelGraph) -> None:
-    """Every buffer and register read has a definition (or comes from the host)."""
+    """Every buffer and register read has a definition (or comes from the host), and every name in
+    a term is bound where it is used: an enclosing loop's variable, a symbol, a builtin or a register."""
     params = kg.params()
+    symbols = {p for p in params if params[p].kind == "symbol"}
     buffers = kg.buffers()
     written_bufs = {kg[n]["dst"] for n in kg.nodes() if kg.op(n) in ("tma_load", "store")}
     registers = {kg[n]["dst"] for n in kg.nodes() if OPS[kg.op(n)].category == "compute" or kg.op(n) == "load"}
@@ -121,10 +270,16 @@ def _names(kg: KernelGraph) -> None:
         if op == "tma_load" and (d["tmap"] not in params or params[d["tmap"]].kind != "tmap"):
             raise GraphError("buffer-defined", f"{kg.describe(n)} names tensor map {d['tmap']!r}, which is "
                              "not a tmap parameter of the kernel", n)
+        if op == "kernel":  # the launcher computes the grid on the host, from the symbols alone
+            for t in d["grid"]:
+                bad = sorted(set(t.names()) - symbols) if isinstance(t, Term) else [t]
+                if bad:
+                    raise GraphError("name-defined", f"{kg.describe(n)}: grid {t} uses {bad[0]!r}, which is not "
+                                     "a symbol of the kernel", n)
         loop_vars = {kg[a]["var"] for a in kg.ancestors(n) if kg.op(a) == "for"}
         if op == "for":
             loop_vars.discard(d["var"])
-        known = loop_vars | set(params) | set(BUILTINS) | registers
+        known = loop_vars | symbols | set(BUILTINS) | registers
         for t in term_values(op, d):
             for name in t.names():
                 if name not in known:

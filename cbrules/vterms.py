@@ -13,13 +13,14 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
+from .errors import CbrulesError
 from .terms import Term, to_c
 
 Value = Any  # int | float | bool | np.ndarray
 Compiled = Callable[[Mapping[str, Value], "Lanes"], Value]
 
 
-class TermError(Exception):
+class TermError(CbrulesError):
     """A term that cannot be evaluated (unknown name or function, division by zero)."""
 
 

@@ -3,17 +3,23 @@
 Input is the scheduler's :class:`cbrules.schedule.Step` tree; nothing here looks at the graph.
 Shared buffers are carved out of one dynamic shared-memory block at aligned offsets; registers are
 declared once at the top of the kernel; PTX comes from ``prelude.cu``.
+
+Nothing reaches the text unchecked, even though the graph was verified: names pass through
+:func:`_ident`, numbers through :func:`_int`, terms through :func:`_c_term` (calls only from the
+device-function table) and comment text through :func:`_comment`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from cbrules.graph import Param
-from cbrules.ops import DTYPE_BYTES, DTYPES
+from cbrules.names import BUILTINS, RULES, problem
+from cbrules.ops import DTYPE_BYTES, DTYPES, LOOP_KINDS
 from cbrules.schedule import Step
-from cbrules.terms import Term, to_c
+from cbrules.terms import BINARY_OPS, DEVICE_FUNCTIONS, UNARY_OPS, Term, call_problem, to_c
 
 from .errors import CodegenError
 
@@ -26,7 +32,10 @@ _COMBINE = {"sum": ("CbSum", "0"), "max": ("CbMax", "-__int_as_float(0x7f800000)
             "min": ("CbMin", "__int_as_float(0x7f800000)")}
 # CUDA's builtins are unsigned; index arithmetic is signed int (C's mixed-sign rules would bite)
 _BUILTIN_C = {f"{b}.{a}": f"(int){b}.{a}" for b in ("threadIdx", "blockIdx", "blockDim", "gridDim") for a in "xyz"}
+# the prelude helper of every device function a term may call (cbrules.terms.DEVICE_FUNCTIONS)
 _CALL_C = {"elect_one": "cb_elect_one", "ceil_div": "cb_ceil_div", "min": "cb_min", "max": "cb_max"}
+assert set(_CALL_C) == set(DEVICE_FUNCTIONS), "every device function needs its prelude helper"
+_INT_LITERAL_BOUND = 2 ** 63
 
 
 @dataclass(frozen=True)
@@ -42,9 +51,61 @@ class KernelSource:
     requires: tuple = ()  # (predicate over symbols, message) pairs to check before each launch
 
 
+def _ident(name: Any) -> str:
+    """``name`` as it goes into the source, if it is a valid identifier (the rules' namespace: the
+    builder already kept users out of cbrules' prefixes), else :class:`CodegenError`."""
+    why = problem(name, RULES)
+    if why:
+        raise CodegenError(f"refusing to print the name {name!r} into CUDA: it {why[0]}; {why[1]}")
+    return name
+
+
+def _int(v: Any, what: str, low: int = 0) -> int:
+    """An int attribute as it goes into the source (a bool, float or text is a CodegenError)."""
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v < _INT_LITERAL_BOUND:
+        raise CodegenError(f"refusing to print {what} {v!r} into CUDA: it must be an int in {low}..2**63-1")
+    return v
+
+
+def _check_term(t: Any) -> None:
+    if not isinstance(t, Term):
+        raise CodegenError(f"refusing to print {t!r} into CUDA: not a term")
+    if t.op == "const":
+        v = t.value
+        if not isinstance(v, (bool, int, float)) or (isinstance(v, float) and not math.isfinite(v)) \
+                or (isinstance(v, int) and not -_INT_LITERAL_BOUND < v < _INT_LITERAL_BOUND):
+            raise CodegenError(f"refusing to print the constant {v!r} into CUDA: not a finite number in range")
+    elif t.op == "name":
+        if t.value not in BUILTINS:
+            _ident(t.value)
+    elif t.op == "call":
+        why = call_problem(t.value, len(t.args))
+        if why:
+            raise CodegenError(f"refusing to print a call into CUDA: {why}")
+    elif not ((len(t.args) == 1 and t.op in UNARY_OPS) or (len(t.args) == 2 and t.op in BINARY_OPS)):
+        raise CodegenError(f"refusing to print operator {t.op!r} with {len(t.args)} operand(s) into CUDA")
+    for a in t.args:
+        _check_term(a)
+
+
 def _c_term(t: Term) -> str:
-    """C text of a term, mapping calls onto prelude helpers."""
+    """C text of a checked term, mapping calls onto prelude helpers."""
+    _check_term(t)
     return to_c(t, _CALL_C, _BUILTIN_C)
+
+
+def _comment(text: Any) -> str:
+    """Text that stays inside a ``//`` comment: control characters (a newline would end the comment
+    and start a line of code), non-ASCII and backslashes (one at the end of a line continues the
+    comment onto the next) are written as escapes."""
+    return "".join(c if " " <= c <= "~" and c != "\\" else f"\\x{ord(c):02x}" if ord(c) < 256 else
+                   f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}" for c in str(text))
+
+
+def _dtype(dtype: Any) -> str:
+    if dtype not in DTYPES:
+        raise CodegenError(f"refusing to print dtype {dtype!r}: not one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
 
 
 def _fn(name: str, dtype: str) -> str:
@@ -73,14 +134,15 @@ class _Emitter:
         for s in program.walk():
             a = s.attrs
             if s.op == "alloc" and a["space"] == "shared":
-                n = DTYPE_BYTES[a["dtype"]]
+                ctype, n = _dtype(a["dtype"]), DTYPE_BYTES[a["dtype"]]
                 for d in a["shape"]:
-                    n *= d
-                self.shared.append((a["buf"], DTYPES[a["dtype"]], self._carve(n, a.get("align") or 16)))
+                    n *= _int(d, f"a dimension of buffer {a['buf']!r}", 1)
+                align = _int(a.get("align") or 16, "an alignment", 1)
+                self.shared.append((_ident(a["buf"]), ctype, self._carve(n, align)))
             elif s.op == "alloc" and a["space"] == "register":
-                self.reg_arrays[a["buf"]] = s
+                self.reg_arrays[_ident(a["buf"])] = s
             elif "dst" in a and s.op not in ("store", "tma_load", "alloc"):
-                self.registers.setdefault(a["dst"], a.get("dtype", "float32"))
+                self.registers.setdefault(_ident(a["dst"]), a.get("dtype", "float32"))
             if s.op == "reduce" and a["kind"] == "block":
                 self.uses_reduce = True
         if self.uses_reduce:
@@ -91,23 +153,24 @@ class _Emitter:
         for p in self.k["params"]:
             if p.kind == "tensor":
                 const = "" if p.written else "const "
-                out.append(f"{const}{DTYPES[p.dtype]}* __restrict__ {p.name}")
+                out.append(f"{const}{_dtype(p.dtype)}* __restrict__ {_ident(p.name)}")
             elif p.kind == "tmap":
-                out.append(f"const __grid_constant__ CUtensorMap {p.name}")
+                out.append(f"const __grid_constant__ CUtensorMap {_ident(p.name)}")
             else:
-                out.append(f"int {p.name}")
+                out.append(f"int {_ident(p.name)}")
         return ", ".join(out)
 
     # -------------------------------------------------------------- statements
     def emit(self, s: Step, depth: int) -> None:
         pad = "  " * depth
         a = s.attrs
-        note = f"  // {a['part']}" if a.get("part") and s.op != "for" else ""
+        note = f"  // {_comment(a['part'])}" if a.get("part") and s.op != "for" else ""
         if self.annotate and s.origin:
             o = s.origin
-            note += f"  // {o['rule']} @ {o.get('at', '?')}" if o.get("rule") else f"  // build @ {o.get('where', '?')}"
+            note += _comment(f"  // {o['rule']} @ {o.get('at', '?')}" if o.get("rule")
+                             else f"  // build @ {o.get('where', '?')}")
             if o.get("source"):
-                note += f" (from {o['source']})"
+                note += _comment(f" (from {o['source']})")
         if s.op == "for":
             self._for(s, pad, note, depth)
             return
@@ -123,9 +186,11 @@ class _Emitter:
 
     def _for(self, s: Step, pad: str, note: str, depth: int) -> None:
         a = s.attrs
-        v, start, stop, step = a["var"], _c_term(a["start"]), _c_term(a["stop"]), _c_term(a["step"])
-        part = f"  // {a['part']}" if a.get("part") else ""
+        v, start, stop, step = _ident(a["var"]), _c_term(a["start"]), _c_term(a["stop"]), _c_term(a["step"])
+        part = f"  // {_comment(a['part'])}" if a.get("part") else ""
         kind = a["kind"]
+        if kind not in LOOP_KINDS:
+            raise CodegenError(f"loop {v}: kind {kind!r} is not one of {', '.join(LOOP_KINDS)}")
         if kind.startswith(("thread-", "block-")):
             builtin = ("threadIdx." if kind.startswith("thread") else "blockIdx.") + kind[-1]
             self.lines.append(f"{pad}{{ const int {v} = {start} + {step} * (int){builtin};{part}{note}")
@@ -144,8 +209,8 @@ class _Emitter:
         """The C statement of a non-scope step (None for declarations hoisted to the top)."""
         form = _STATEMENTS.get(s.op) or (_unary if s.op in _UNARY_C else _binary if s.op in _BINARY_C else None)
         if form is None:
-            raise ValueError(f"codegen has no form for op {s.op!r} (node #{s.node})")
-        return form(s.op, s.attrs, self)
+            raise CodegenError(f"codegen has no form for op {s.op!r} (node #{s.node})")
+        return form(s.op, _Checked(s.op, s.attrs), self)
 
     def elect_one(self) -> str:
         bx, by, bz = self.k["block"]
@@ -159,13 +224,13 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
     for c in program.body:
         e.emit(c, 1)
     k = program.attrs
-    bx, by, bz = k["block"]
+    bx, by, bz = (_int(d, "a block dimension", 1) for d in k["block"])
     decls = ["  extern __shared__ __align__(1024) unsigned char cb_smem[];"]
     decls += [f"  {t}* {n} = reinterpret_cast<{t}*>(cb_smem + {off});" for n, t, off in e.shared]
-    decls += [f"  {DTYPES[t]} {r} = 0;" for r, t in e.registers.items()]
+    decls += [f"  {_dtype(t)} {r} = 0;" for r, t in e.registers.items()]
     text = "\n".join([
         PRELUDE, e.elect_one(), "",
-        f'extern "C" __global__ void __launch_bounds__({bx * by * bz}) {k["name"]}({e.signature()}) {{',
+        f'extern "C" __global__ void __launch_bounds__({bx * by * bz}) {_ident(k["name"])}({e.signature()}) {{',
         *decls, *e.lines, "}", ""])
     if e.smem_bytes > MAX_SHARED_BYTES:
         raise CodegenError(f"kernel {k['name']}: {e.smem_bytes} bytes of shared memory, more than the "
@@ -175,6 +240,28 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
 
 
 # ------------------------------------------------------------------------------ statement table
+class _Checked(dict):
+    """A step's attributes as the statement forms read them: names come out through :func:`_ident`,
+    counts through :func:`_int`, dtypes only when known."""
+
+    _NAMES = ("dst", "src", "tmap", "barrier", "buf")
+    _INTS = {"count": 1, "bytes": 0, "id": 0}
+
+    def __init__(self, op: str, attrs: dict):
+        super().__init__(attrs)
+        self.op = op
+
+    def __getitem__(self, key: str) -> Any:
+        v = super().__getitem__(key)
+        if key in self._NAMES and not (key == "src" and self.op == "reduce"):  # a reduce's src is a term
+            return _ident(v)
+        if key in self._INTS:
+            return _int(v, f"{key}", self._INTS[key])
+        if key == "dtype":
+            _dtype(v)
+        return v
+
+
 def _args(a) -> list[str]:
     return [_c_term(t) for t in a["args"]]
 
@@ -201,11 +288,13 @@ def _register_array(a) -> Optional[str]:
         return None  # shared buffers are carved out of dynamic shared memory at the top
     size = 1
     for d in a["shape"]:
-        size *= d
+        size *= _int(d, f"a dimension of register array {a['buf']}", 1)
     return f"{DTYPES[a['dtype']]} {a['buf']}[{size}];"
 
 
 def _reduce(o, a, e) -> str:
+    if a["combine"] not in _COMBINE or a["kind"] not in ("serial", "block"):
+        raise CodegenError(f"reduce into {a['dst']}: kind {a['kind']!r} / combine {a['combine']!r} unknown")
     functor, identity = _COMBINE[a["combine"]]
     ctype = DTYPES[a["dtype"]]
     if a["kind"] == "serial":

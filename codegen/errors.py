@@ -5,13 +5,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from cbrules.errors import CbrulesError
+
 # NVRTC reports errors as `name.cu(LINE): error: ...` (also "catastrophic error",
 # "fatal error"); warnings use the same shape and are deliberately not matched.
 _ERROR_LINE = re.compile(r"^(?P<file>[^\s()]+)\((?P<line>\d+)\): (?:\w+ )?error\b", re.M)
 _CONTEXT = 2
 
 
-class CodegenError(Exception):
+class CodegenError(CbrulesError):
     """Base class of every error raised by :mod:`codegen`."""
 
 
@@ -96,6 +98,11 @@ class CudaError(CodegenError):
         if self.description:
             msg += f" ({self.description})"
         super().__init__(msg)
+
+
+class CacheWarning(RuntimeWarning):
+    """The NVRTC cache could not be used (a damaged entry, a folder that cannot be created, read or
+    written); the kernel is compiled afresh, so this never stops a compilation."""
 
 
 class NoGpuError(CodegenError):

@@ -4,24 +4,88 @@ Symbols (tensor extents) are read off the arrays' shapes and checked for consist
 are encoded from the bound tensors and their boxes; the grid is evaluated from its terms. Numpy
 inputs are copied to the device and written tensors copied back; device arrays (torch, cupy,
 DLPack) are used in place.
+
+Every argument is checked before anything reaches the driver (values, shapes, layouts, tensor
+maps, grid), so a refused launch is a :class:`LaunchError` (or a
+:class:`cbrules.limits.TmaLimitError`) on any machine, GPU or not.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 import numpy as np
 
-from cbrules.bind import LaunchError, bind_symbols, check_arguments, check_dtype
-from cbrules.terms import evaluate
+from cbrules.bind import LaunchError, bind_symbols, check_arguments, check_dtype, launch_grid
+from cbrules.limits import check_tensor_map
 
 from . import runtime, tma
 from .cuda import KernelSource
+from .errors import CodegenError
 from .nvrtc import Cubin
+from .runtime import DeviceArray
+
+# LaunchError lives in cbrules.bind; it is re-exported here for callers of the launcher
+__all__ = ["BoundLaunch", "CompiledKernel", "LaunchError", "borrow", "check_layout"]
+
+HostOrDevice = Union[np.ndarray, DeviceArray]
 
 
+def borrow(kernel: str, param, value: Any) -> HostOrDevice:
+    """``value`` for tensor ``param`` without touching the device: a numpy array as is (copied to
+    the device later), anything else borrowed as a :class:`DeviceArray` (torch, cupy, DLPack,
+    ``__cuda_array_interface__``); what cannot be borrowed is a LaunchError naming the argument."""
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        return runtime.as_device_array(value)  # borrowing reads the interface only: no driver call
+    except (TypeError, ValueError, KeyError, CodegenError) as e:
+        raise LaunchError(f"{kernel}: tensor {param.name!r} cannot be used ({e}); pass a numpy array or a "
+                          "CUDA array on device 0 (torch, cupy or any DLPack / __cuda_array_interface__ "
+                          "producer)") from None
 
-__all__ = ["BoundLaunch", "CompiledKernel", "LaunchError"]  # LaunchError lives in cbrules.bind
+
+def check_layout(kernel: str, param, array: HostOrDevice) -> None:
+    """Refuse an argument the kernel cannot use in place.
+
+    The generated kernel indexes every tensor as a dense C-order array of its dtype, so a borrowed
+    device array must be C-contiguous (no slicing steps, transposes or negative strides), start at a
+    non-NULL address aligned to its element size, and, if written, not be read-only. Such arrays are
+    refused, never copied: a copy would be silently slow for inputs and cannot be written back
+    transparently for outputs. Numpy arrays are always copied to fresh device memory, so any layout
+    is fine; a written one must be writeable, as the result is copied back into it.
+    """
+    where = f"{kernel}: tensor {param.name!r}"
+    if isinstance(array, np.ndarray):
+        if param.written and not array.flags.writeable:
+            raise LaunchError(f"{where} is a read-only numpy array but the kernel writes it; pass a writeable "
+                              "array (e.g. np.empty_like(...))")
+        return
+    layout = f"shape {array.shape}, strides {array.strides} bytes, {array.dtype}, address {array.ptr:#x}"
+    if not array.ptr:
+        raise LaunchError(f"{where} ({layout}) has a NULL data pointer; pass an allocated device array")
+    if not array.is_contiguous:
+        how = "reversed (negative strides)" if min(array.strides, default=0) < 0 else "strided"
+        raise LaunchError(f"{where} ({layout}) is a {how} view, but the kernel indexes it as a dense C-order "
+                          "array; pass x.contiguous() (torch) or cupy.ascontiguousarray(x) (arrays are not copied "
+                          "implicitly)")
+    if array.ptr % array.dtype.itemsize:
+        raise LaunchError(f"{where} ({layout}) is not aligned to its {array.dtype.itemsize}-byte elements; pass "
+                          "a copy in fresh memory (torch: x.clone(), cupy: x.copy())")
+    if param.written and array.readonly:
+        raise LaunchError(f"{where} ({layout}) is marked read-only by its producer but the kernel writes it; "
+                          "pass a writeable array")
+
+
+def _check_tensor_map(param, array: HostOrDevice) -> None:
+    """The TMA limits for ``param``'s tensor as it will be on the device: numpy arrays become fresh
+    C-contiguous allocations (cuMemAlloc aligns to 256 bytes), borrowed arrays stay as they are."""
+    if isinstance(array, np.ndarray):
+        strides = runtime._c_strides(array.shape, array.itemsize)
+        check_tensor_map(param.name, array.shape, strides, array.itemsize, 0, param.box)
+    else:
+        check_tensor_map(param.name, array.shape, array.strides, array.dtype.itemsize, array.ptr, param.box)
+
 
 @dataclass
 class BoundLaunch:
@@ -70,19 +134,37 @@ class CompiledKernel:
         and the kernel's ``requires`` (see :func:`cbrules.bind.bind_symbols`)."""
         return bind_symbols(self.name, self.source.params, self.source.requires, shapes, given)
 
+    def check(self, **kwargs: Any) -> tuple[dict[str, HostOrDevice], dict[str, int], tuple[int, int, int]]:
+        """Check a launch without touching the device: returns the tensors (numpy or borrowed), the
+        symbols and the grid, or raises LaunchError / TmaLimitError (see :func:`check_layout`)."""
+        params = self.source.params
+        given = check_arguments(self.name, params, kwargs)
+        tensors: dict[str, HostOrDevice] = {}
+        for p in (p for p in params if p.kind == "tensor"):
+            tensors[p.name] = borrow(self.name, p, kwargs[p.name])
+            check_dtype(self.name, p, tensors[p.name].dtype)
+        symbols = self.bind_symbols({n: a.shape for n, a in tensors.items()}, given)
+        for p in params:
+            if p.kind == "tensor":
+                check_layout(self.name, p, tensors[p.name])
+            elif p.kind == "tmap":
+                _check_tensor_map(p, tensors[p.tensor])
+        return tensors, symbols, launch_grid(self.name, self.source.grid, symbols)
+
     def bind(self, **kwargs: Any) -> BoundLaunch:
-        """Bind arrays and symbols by parameter name; numpy arrays are copied to the device."""
-        given = check_arguments(self.name, self.source.params, kwargs)
+        """Bind arrays and symbols by parameter name after :meth:`check`; numpy arrays are copied
+        to the device."""
+        tensors, symbols, grid = self.check(**kwargs)
+        fn = self._function()
         arrays, copy_back = {}, {}
-        for p in (p for p in self.source.params if p.kind == "tensor"):
-            value = kwargs[p.name]
+        written = {p.name for p in self.source.params if p.written}
+        for pname, value in tensors.items():
             if isinstance(value, np.ndarray):
-                check_dtype(self.name, p, value.dtype)
-                if p.written:
-                    copy_back[p.name] = value
-            arrays[p.name] = runtime.as_device_array(value)
-            check_dtype(self.name, p, arrays[p.name].dtype)
-        symbols = self.bind_symbols({n: a.shape for n, a in arrays.items()}, given)
+                arrays[pname] = DeviceArray.from_numpy(value)
+                if pname in written:
+                    copy_back[pname] = value
+            else:
+                arrays[pname] = value
         args = []
         for p in self.source.params:
             if p.kind == "tensor":
@@ -91,8 +173,7 @@ class CompiledKernel:
                 args.append(("tmap", tma.encode_tensor_map(p.name, arrays[p.tensor], p.box)))
             else:
                 args.append(("i32", symbols[p.name]))
-        grid = tuple(int(evaluate(g, symbols)) for g in self.source.grid)
-        return BoundLaunch(self._function(), grid, self.source.block, self.source.shared_bytes, args,
+        return BoundLaunch(fn, grid, self.source.block, self.source.shared_bytes, args,
                            arrays, copy_back, symbols)
 
     def __call__(self, **kwargs: Any) -> Optional[dict]:

@@ -7,8 +7,6 @@ import hashlib
 import json
 import os
 import re
-import struct
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,13 +14,8 @@ from typing import Sequence
 
 from cuda.bindings import nvrtc
 
+from .cache import CubinCache
 from .errors import CodegenError, CompileError
-
-# Cache file layout: MAGIC | u32 little-endian metadata length | JSON metadata | cubin.
-# Bump the trailing digit whenever the layout or the metadata schema changes.
-_MAGIC = b"CBNVRTC1"
-_HEADER = struct.Struct("<8sI")
-_META_MAX = 1 << 24  # a log of more than 16 MiB means the length field is garbage
 
 
 @dataclass(frozen=True)
@@ -149,53 +142,6 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "cbrules" / "nvrtc"
 
 
-class _CorruptEntry(Exception):
-    pass
-
-
-def _read_entry(path: Path, key: str) -> tuple[bytes, str]:
-    """Load (cubin, log) from a cache file, raising _CorruptEntry on any damage."""
-    data = path.read_bytes()
-    if len(data) < _HEADER.size:
-        raise _CorruptEntry("truncated header")
-    magic, meta_len = _HEADER.unpack_from(data)
-    if magic != _MAGIC:
-        raise _CorruptEntry("bad magic")
-    if meta_len > _META_MAX or _HEADER.size + meta_len > len(data):
-        raise _CorruptEntry("truncated metadata")
-    try:
-        meta = json.loads(data[_HEADER.size : _HEADER.size + meta_len].decode())
-        payload = data[_HEADER.size + meta_len :]
-        ok = (
-            meta["key"] == key
-            and meta["cubin_len"] == len(payload)
-            and meta["cubin_sha256"] == hashlib.sha256(payload).hexdigest()
-        )
-        log = meta["log"]
-    except (ValueError, KeyError, TypeError) as e:  # UnicodeDecodeError is a ValueError
-        raise _CorruptEntry(f"bad metadata: {e}") from None
-    if not ok or not isinstance(log, str):
-        raise _CorruptEntry("checksum or length mismatch")
-    return payload, log
-
-
-def _write_entry(path: Path, key: str, cubin: bytes, log: str) -> None:
-    """Store (cubin, log) atomically: readers see either nothing or a whole file."""
-    meta = json.dumps(
-        {"key": key, "cubin_len": len(cubin), "cubin_sha256": hashlib.sha256(cubin).hexdigest(),
-         "log": log, "nvrtc_version": list(nvrtc_version())}
-    ).encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(_HEADER.pack(_MAGIC, len(meta)) + meta + cubin)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def compile_cuda(
     source: str,
     entry: str,
@@ -210,8 +156,9 @@ def compile_cuda(
     ``entry`` must be an ``extern "C"`` kernel; the file name NVRTC sees is
     ``f"{entry}.cu"``. Extra ``options`` follow the defaults
     (``--gpu-architecture``, ``-std=c++17``, ``-Xptxas=-v``). Results are
-    cached on disk (see :func:`default_cache_dir`) keyed by source, arch,
-    options and NVRTC version. Raises CompileError on compilation failure.
+    cached on disk (see :func:`default_cache_dir` and :mod:`codegen.cache`) keyed
+    by source, arch, options and NVRTC version; a cache that cannot be used is a
+    CacheWarning and a fresh compile. Raises CompileError on compilation failure.
     """
     opts = (f"--gpu-architecture={arch}", "-std=c++17", "-Xptxas=-v", *options)
     filename = f"{entry}.cu"
@@ -220,19 +167,11 @@ def compile_cuda(
     key = hashlib.sha256(
         json.dumps([source, arch, list(opts), list(nvrtc_version())]).encode()
     ).hexdigest()
-    path = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = path / f"{key}.cubin"
-
-    if use_cache and path.exists():
-        try:
-            cubin, log = _read_entry(path, key)
-            return Cubin(entry, cubin, log, parse_resources(log, entry), opts, cached=True)
-        except _CorruptEntry as e:
-            warnings.warn(f"corrupt NVRTC cache entry {path} ({e}); deleting and recompiling",
-                          stacklevel=2)
-            path.unlink(missing_ok=True)
-        except OSError as e:  # unreadable: recompile, the write below may still work
-            warnings.warn(f"cannot read NVRTC cache entry {path}: {e}", stacklevel=2)
+    cache = CubinCache(cache_dir if cache_dir is not None else default_cache_dir())
+    hit = cache.load(key) if use_cache else None
+    if hit is not None:
+        cubin, log = hit
+        return Cubin(entry, cubin, log, parse_resources(log, entry), opts, cached=True)
 
     cubin, log = _nvrtc_compile(source, filename, opts)
     resources = parse_resources(log, entry)
@@ -240,8 +179,5 @@ def compile_cuda(
         warnings.warn(f"no ptxas -v report for '{entry}' in the NVRTC log; resources unknown",
                       stacklevel=2)
     elif use_cache:  # an entry without a ptxas report would stay "unknown" for good
-        try:
-            _write_entry(path, key, cubin, log)
-        except OSError as e:  # a read-only or full cache must not break compilation
-            warnings.warn(f"cannot write NVRTC cache entry {path}: {e}", stacklevel=2)
+        cache.store(key, cubin, log, nvrtc_version=list(nvrtc_version()))
     return Cubin(entry, cubin, log, resources, opts, cached=False)

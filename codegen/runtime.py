@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import math
-
+import operator
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from cuda.bindings import driver as cu
@@ -101,12 +101,15 @@ class DeviceArray:
     """Device memory with numpy-style ``shape``, ``dtype`` and byte ``strides``.
 
     Owned arrays (``empty``/``from_numpy``) are freed by ``free()`` or on garbage
-    collection; borrowed ones keep a reference to their source in ``owner``.
+    collection; borrowed ones keep a reference to their source in ``owner``. ``readonly``
+    records a producer's promise that the memory is not to be written.
     """
 
     def __init__(self, ptr: int, shape: Sequence[int], dtype: Any,
-                 strides: Sequence[int] | None = None, *, owned: bool = False, owner: Any = None):
+                 strides: Sequence[int] | None = None, *, owned: bool = False, owner: Any = None,
+                 readonly: bool = False):
         self.owned = owned
+        self.readonly = readonly
         self.ptr = int(ptr)
         self.shape = tuple(int(n) for n in shape)
         self.dtype = np.dtype(dtype)
@@ -191,7 +194,7 @@ class DeviceArray:
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False),
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, self.readonly),
                 "strides": None if self.is_contiguous else self.strides, "version": 3}
 
     def __repr__(self) -> str:
@@ -244,23 +247,45 @@ def _parse_dlpack(capsule: Any) -> tuple[int, tuple, tuple, np.dtype, tuple[int,
     return ptr, shape, strides, dtype, (t.device_type, t.device_id)
 
 
+def _from_cai(obj: Any, cai: Any) -> DeviceArray:
+    """Borrow an object through its ``__cuda_array_interface__`` (version 3), checking the dict's
+    shape first: every field is user data, and a wrong one must not become a wild pointer."""
+    if not isinstance(cai, Mapping):
+        raise TypeError(f"__cuda_array_interface__ is a {type(cai).__name__}, not a dict")
+    if cai.get("mask") is not None:
+        raise TypeError("masked __cuda_array_interface__ arrays are not supported")
+    try:
+        shape = tuple(operator.index(n) for n in cai["shape"])
+        strides = cai.get("strides")
+        strides = None if strides is None else tuple(operator.index(s) for s in strides)
+        ptr, readonly = cai["data"]
+        ptr = operator.index(ptr or 0)
+        dtype = np.dtype(cai["typestr"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise TypeError(f"malformed __cuda_array_interface__ ({type(e).__name__}: {e}); version 3 "
+                        "has shape (ints), typestr, data (pointer, read-only flag) and strides") from None
+    if strides is not None and len(strides) != len(shape):
+        raise ValueError(f"__cuda_array_interface__ has {len(strides)} strides for shape {shape}")
+    if ptr < 0:
+        raise ValueError(f"__cuda_array_interface__ data pointer {ptr} is negative")
+    # A "stream" entry is ignored: work here goes to the legacy default stream,
+    # which already orders itself after other blocking streams.
+    return DeviceArray(ptr, shape, dtype, strides, owner=obj, readonly=bool(readonly))
+
+
 def as_device_array(obj: Any) -> DeviceArray:
     """Wrap ``obj`` as a DeviceArray.
 
     DeviceArray: returned as is. ``__cuda_array_interface__`` or CUDA ``__dlpack__``
-    objects: borrowed without a copy (the result references ``obj``). numpy arrays:
-    copied into a new owned DeviceArray.
+    objects: borrowed without a copy (the result references ``obj``) and without a driver
+    call, so they can be checked before anything reaches CUDA; a malformed interface is a
+    TypeError or ValueError. numpy arrays: copied into a new owned DeviceArray.
     """
     if isinstance(obj, DeviceArray):
         return obj
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
-        if cai.get("mask") is not None:
-            raise TypeError("masked __cuda_array_interface__ arrays are not supported")
-        # A "stream" entry is ignored: work here goes to the legacy default stream,
-        # which already orders itself after other blocking streams.
-        return DeviceArray(cai["data"][0] or 0, cai["shape"], np.dtype(cai["typestr"]),
-                           cai.get("strides"), owner=obj)
+        return _from_cai(obj, cai)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         dev_type, dev_id = obj.__dlpack_device__()
         if int(dev_type) in _DL_CUDA:

@@ -1,7 +1,16 @@
 """Shared fixtures; tests marked ``gpu`` are skipped cleanly without a Hopper GPU."""
 import os
+from pathlib import Path
 
 import pytest
+from hypothesis import settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+# Property tests replay from a saved example database (committed with the tests): a failing example
+# found once is tried first on every later run, on every machine. Seeds are fixed per test (@seed).
+settings.register_profile("cbrules", database=DirectoryBasedExampleDatabase(Path(__file__).with_name("hypothesis-db")),
+                          print_blob=True)
+settings.load_profile("cbrules")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,7 +6,9 @@ import pytest
 from cbrules import api
 from cbrules.builder import Kernel, threadIdx
 from cbrules.kernels.exp1d import exp1d_tma
-from codegen.errors import CompileError
+from cbrules.terms import Term, name
+from codegen.cuda import emit
+from codegen.errors import CodegenError, CompileError
 from codegen.nvrtc import compile_cuda
 
 
@@ -111,3 +113,32 @@ def test_compile_error_shows_the_source_line():
         compile_cuda('extern "C" __global__ void broken(float* x) {\n  x[0] = undefined_name;\n}\n', "broken")
     assert "undefined_name" in str(e.value)
     assert "2" in str(e.value)
+
+
+def _step(program, op):
+    return next(s for s in program.walk() if s.op == op)
+
+
+@pytest.mark.parametrize("op, key, value, message", [
+    ("load", "dst", "v0; asm(\"trap;\")", "not a C identifier"),
+    ("load", "src", "cb_smem", "used by the generated CUDA"),
+    ("mbarrier_init", "count", "1); asm(\"trap;\"", "must be an int"),
+    ("for", "var", "int", "keyword"),
+    ("store", "index", Term("call", (name("i"),), "atomicAdd"), "not a device function"),
+    ("store", "index", Term("const", (), float("nan")), "not a finite number"),
+])
+def test_codegen_refuses_what_verify_would_have(op, key, value, message):
+    # the last gate: a hand-made linear program never reaches the text unchecked
+    program = api.program(exp1d_tma())
+    _step(program, op).attrs[key] = value
+    with pytest.raises(CodegenError, match=message):
+        emit(program)
+
+
+def test_comment_text_cannot_leave_the_comment():
+    program = api.program(exp1d_tma())
+    _step(program, "syncthreads").attrs["part"] = "x\n#define expf(x) 0\r\\"
+    body = emit(program, annotate=True).text.split('extern "C"')[1]
+    assert not any(line.lstrip().startswith("#define") for line in body.splitlines())
+    assert "// x\\x0a#define expf(x) 0\\x0d\\x5c" in body
+    assert all(not line.endswith("\\") for line in body.splitlines())

@@ -1,11 +1,9 @@
 """The differential matrix on the CPU: every seed kernel x S in {2,3,4} x every P x both WAR modes,
 lowered vs unlowered vs numpy with the barrier protocol checked, over several trip counts each;
-plus time-bounded fuzzing of shapes and options."""
-import time
-
+plus fuzzing of shapes and options (a fixed number of examples from a fixed seed)."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from cbrules.check import SHORT_LOOP_LAUNCH, SHORT_LOOP_RULE, Checker, compare
@@ -56,8 +54,9 @@ def test_matrix_size():
 
 
 # ------------------------------------------------------------------------------------------ fuzzing
-FUZZ_BUDGET_S = 30.0
-_fuzz_started: list = []
+# The budget is a count, not a clock: every drawn example runs, on a slow machine too (a time cap
+# would let the examples past it pass unchecked). under 0.1 s an example on the 2-core CI machine.
+FUZZ_EXAMPLES = 200
 
 
 @st.composite
@@ -135,13 +134,11 @@ def fuzz_one(case) -> str:
     return "clean"
 
 
-@settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@seed(20261130)
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(fuzz_cases())
 def test_fuzz_shapes_and_options(case):
     """Each case lowers and checks clean, or fails with a documented error that its options
-    explain: LoweringError naming a cb- rule, LaunchError, or TmaLimitError."""
-    if not _fuzz_started:
-        _fuzz_started.append(time.monotonic())
-    if time.monotonic() - _fuzz_started[0] > FUZZ_BUDGET_S:
-        return  # the time bound: later examples are drawn but not run
+    explain: LoweringError naming a cb- rule, LaunchError, or TmaLimitError. Failing examples are
+    kept in the saved example database (tests/hypothesis-db) and replayed first."""
     fuzz_one(case)

@@ -1,4 +1,6 @@
-"""Matcher relations, every action, the driver's fixpoint bound and transactionality, user folders."""
+"""Matcher relations, every action, the driver's bounds and transactionality, user folders."""
+import re
+
 import pytest
 
 from cbrules import api, engine, rulefile
@@ -9,6 +11,9 @@ from cbrules.schedule import linear_order, print_program, schedule
 from cbrules.terms import parse
 from cbrules.values import NodeRef
 from rulekit import write_rules
+from hostile import within
+
+
 
 
 def kernel():
@@ -144,7 +149,7 @@ def test_replace_and_wrap_and_move(tmp_path):
                    where="(not (has ?st :tag))")
             + rule("m", "(if ?i :tag \"w\") (syncthreads ?s) (for ?L)", "(move ?s :into ?i :at exit) (set ?s :tag \"moved\")",
                    where="(not (has ?s :tag))"))
-    out = run_rules(tmp_path, kernel(), body, max_steps=10).graph
+    out = run_rules(tmp_path, kernel(), body).graph
     loads = [out[n] for n in ids(out, "load")]
     assert any(d.get("tag") == "new" and d["index"] == parse("threadIdx.x + 1") for d in loads)
     (iff,) = ids(out, "if")
@@ -187,10 +192,130 @@ def test_fail_gives_a_named_error(tmp_path):
 
 
 # ------------------------------------------------------------------ driver
-def test_fixpoint_bound_names_the_rules_still_firing(tmp_path):
+def test_a_growing_rule_ends_in_the_per_rule_bound_within_seconds(tmp_path):
+    # each application adds a node the rule matches again: without a bound it never ends
     body = rule("grow", "(for ?L) (syncthreads ?s :child-of ?L)", "(insert-after ?s (syncthreads))")
-    with pytest.raises(engine.LoweringError, match=r"still rewriting after 20 applications; rules still firing: grow"):
-        run_rules(tmp_path, kernel(), body, max_steps=20)
+    kg = kernel()
+    bound = engine.rule_bound(len(kg))
+    for debug in (True, False):
+        with within(20), pytest.raises(engine.LoweringError) as e:
+            write_rules(tmp_path / "rules", "(phases p)\n" + body)
+            engine.lower(kg, rulefile.load([tmp_path / "rules"]), debug=debug)
+        msg = str(e.value)
+        assert f"phase 'p': rule grow (" in msg and f"more than {bound} times" in msg, msg
+        assert f"a graph of {len(kg)} nodes" in msg and "add a guard" in msg
+        assert re.search(rf"rules still firing: grow \(\S*test\.rules:2\) {bound} times", msg), msg
+
+
+def test_the_bound_is_per_rule_and_grows_with_the_graph(tmp_path):
+    # one application per load, three rules, on a graph with more loads than the fixed part of the bound
+    k = Kernel("many", block=64)
+    n = k.symbol("N")
+    x = k.tensor("x", (n,))
+    for _ in range(engine.RULE_FIRINGS_EXTRA + 10):
+        k.load(x, threadIdx.x)
+    body = "".join(rule(f"tag{i}", "(load ?l)", f'(set ?l :tag{i} "seen")') for i in range(3))
+    res = run_rules(tmp_path, k.graph, body)
+    assert sum(r.rule.startswith("tag") for r in res.trace.records) == 3 * (engine.RULE_FIRINGS_EXTRA + 10)
+
+
+def test_the_time_limit_names_the_rules_still_firing(tmp_path):
+    body = rule("grow", "(for ?L) (syncthreads ?s :child-of ?L)", "(insert-after ?s (syncthreads))")
+    with within(20), pytest.raises(engine.LoweringError, match=r"ran past its time limit of 0 s.*rules still "
+                                   r"firing: .*larger time_limit"):
+        run_rules(tmp_path, kernel(), body, time_limit=0)
+
+
+def test_an_exponential_match_ends_at_the_time_limit(tmp_path):
+    # eight unrelated node patterns: n**8 candidate bindings, every one rejected by the guard
+    pats = " ".join(f"(_ ?n{i})" for i in range(8))
+    body = rule("slow", pats, '(set ?n0 :tag "x")', where="(= 1 2)")
+    with within(30), pytest.raises(engine.LoweringError, match=r"time limit of 1 s at step 0 while matching rule slow"):
+        run_rules(tmp_path, kernel(), body, time_limit=1)
+
+
+def test_move_into_itself_or_a_descendant_is_refused(tmp_path):
+    for target in ("?L", "?i"):
+        body = rule("m", "(for ?L) (if ?i :in ?L)" if target == "?i" else "(for ?L)", f"(move ?L :into {target})")
+        kg = kernel()
+        if target == "?i":
+            body = rule("w", "(for ?L) (syncthreads ?s :child-of ?L) (no (if) :in ?L)",
+                        '(wrap ?s (if :pred (lt 1 2)))') + body
+        with within(20), pytest.raises(engine.LoweringError, match=r"rule m \(\S*test\.rules:\d+\), step \d+ failed "
+                                       r"on .*: move \?L :into \S+ would put #\d+ for\(var=i\).* inside itself"):
+            run_rules(tmp_path, kg, body)
+
+
+def test_actions_refuse_the_kernel_node_and_non_scopes(tmp_path):
+    cases = [("(kernel ?k) (for ?L)", "(move ?k :into ?L)", "is the kernel node"),
+             ("(kernel ?k)", "(wrap ?k (if :pred (lt 1 2)))", "is the kernel node"),
+             ("(kernel ?k)", "(clone ?k)", "is the kernel node"),
+             ("(kernel ?k)", "(insert-before ?k (syncthreads))", "is the kernel node"),
+             ("(for ?L) (syncthreads ?s :child-of ?L)", "(move ?L :into ?s)", "needs a scope"),
+             ("(syncthreads ?s)", "(insert-at-entry ?s (syncthreads))", "needs a scope"),
+             ("(syncthreads ?s)", "(wrap ?s (syncthreads))", "needs a scope template"),
+             ("(syncthreads ?s)", '(set ?s :op "for")', "cannot set :op"),
+             ("(for ?L)", '(move ?L :into ?L :at "middle")', "inside itself"),
+             ("(kernel ?k) (for ?L)", '(move ?L :into ?k :at "middle")', "move :at takes entry or exit")]
+    kg = kernel()
+    before = print_program(schedule(kg))
+    for match, action, why in cases:
+        with within(20), pytest.raises(engine.LoweringError, match=re.escape(why)):
+            run_rules(tmp_path, kg, rule("bad", match, action))
+    assert print_program(schedule(kg)) == before
+
+
+def test_add_edge_refuses_cycles_self_edges_and_non_siblings(tmp_path):
+    cases = [("(for ?L) (first-reader ?a :of s :in ?L) (last-reader ?b :of s :in ?L)", "(add-edge ?b ?a)",
+              "would make the order cyclic"),
+             ("(for ?L) (syncthreads ?s :child-of ?L)", "(add-edge ?s ?s)", "cannot run before itself"),
+             ("(for ?L) (syncthreads ?s :child-of ?L)", "(add-edge ?L ?s)", "are not in the same scope")]
+    for match, action, why in cases:
+        with within(20), pytest.raises(engine.LoweringError, match=r"rule bad \(\S*test\.rules:2\).*" + re.escape(why)):
+            run_rules(tmp_path, kernel(), rule("bad", match, action))
+
+
+def test_a_rule_doubling_a_term_ends_in_a_named_error(tmp_path):
+    # a new syncthreads each time, and the loop bound doubled each time: 2**100 nodes without a cap
+    body = (rule("double", "(for ?L :stop ?n) (syncthreads ?s :child-of ?L)", '(set ?L :stop (+ ?n ?n (var "N")))')
+            + rule("grow", "(for ?L) (syncthreads ?s :child-of ?L)", "(insert-after ?s (syncthreads))"))
+    with within(20), pytest.raises(engine.LoweringError, match=r"rule double .*:stop would be a value of \d+ parts "
+                                   r"\(term nodes, characters, elements\), more than 10000; a rule probably grows it"):
+        run_rules(tmp_path, kernel(), body)
+    # the same with text
+    body = (rule("double", "(for ?L) (syncthreads ?s :child-of ?L)", "(set ?L :tag (str (attr ?L tag) (attr ?L tag)))")
+            + rule("grow", "(for ?L) (syncthreads ?s :child-of ?L)", "(insert-after ?s (syncthreads))"))
+    with within(20), pytest.raises(engine.LoweringError, match=r"rule double .*:tag would be a value of \d+ parts"):
+        run_rules(tmp_path, kernel(), body)
+
+
+def test_remove_edge_never_removes_a_contains_edge(tmp_path):
+    body = rule("cut", "(for ?L) (syncthreads ?s :child-of ?L)", "(remove-edge ?L ?s)")
+    out = run_rules(tmp_path, kernel(), body).graph
+    (loop,) = ids(out, "for")
+    assert all(out.parent(s) == loop for s in ids(out, "syncthreads"))
+
+
+def test_a_rule_setting_a_step_of_zero_is_refused_naming_it(tmp_path):
+    # a loop that never ends on the device: verify names the node and the rule that set the step
+    body = rule("zero", "(for ?L :step ?s)", "(set ?L :step 0)", where="(not (= ?s 0))")
+    with within(20), pytest.raises(engine.LoweringError, match=r"rule zero .*has step 0: a loop's step must be"):
+        run_rules(tmp_path, kernel(), body)
+
+
+def test_a_rule_raising_an_unexpected_python_error_is_a_lowering_error(tmp_path, monkeypatch):
+    # a bug inside the matcher (here a planted ZeroDivisionError) names the rule, never a raw traceback
+    real = Matcher.matches
+
+    def broken(self, elements, guards, b=None):
+        if any("load" in str(e) for e in elements):
+            raise ZeroDivisionError("planted")
+        return real(self, elements, guards, b)
+    monkeypatch.setattr(Matcher, "matches", broken)
+    body = rule("total", "(kernel ?k) (sum ?t bytes (load ?x) :in ?k)", '(set ?k :tag "t")')
+    with within(20), pytest.raises(engine.LoweringError, match=r"rule total \(\S*test\.rules:\d+\) failed while "
+                                   r"matching: ZeroDivisionError"):
+        run_rules(tmp_path, kernel(), body)
 
 
 def test_failed_application_leaves_the_graph_untouched(tmp_path):
@@ -204,6 +329,28 @@ def test_failed_application_leaves_the_graph_untouched(tmp_path):
     # in debug mode the trace ends with the graph as it was before the failed application
     from cbrules import trace as tr
     assert len(tr.final_graph(e.value.trace).nodes("syncthreads")) == 2
+
+
+def test_a_failure_without_debug_leaves_the_graph_untouched(tmp_path):
+    # without debug mode the engine rewrites its private copy in place: the caller's graph must not change
+    kg = kernel()
+    before = print_program(schedule(kg)), sorted(kg.g.nodes(data=True), key=str), kg.depends_edges()
+    write_rules(tmp_path / "rules", "(phases p)\n" + rule("half", "(for ?L) (syncthreads ?s :child-of ?L)",
+                                                            "(erase ?s) (move ?L :into ?L)"))
+    with pytest.raises(engine.LoweringError, match="inside itself") as e:
+        engine.lower(kg, rulefile.load([tmp_path / "rules"]))
+    assert e.value.trace is None
+    assert (print_program(schedule(kg)), sorted(kg.g.nodes(data=True), key=str), kg.depends_edges()) == before
+
+
+def test_phase_order_is_computed_once_a_phase(monkeypatch):
+    rules = api.load_rules()
+    calls = []
+    real = type(rules).in_phase
+    monkeypatch.setattr(type(rules), "in_phase", lambda self, phase: calls.append(phase) or real(self, phase))
+    from cbrules.kernels import KERNELS
+    engine.lower(KERNELS["matmul"].build(stages=3).graph, rules, simplify=False)
+    assert calls == rules.phases
 
 
 def test_a_rule_fires_once_per_set_of_nodes(tmp_path):

@@ -1,10 +1,11 @@
 """Graph building and every invariant that verify() checks."""
 import pytest
 
-from cbrules.builder import Kernel, threadIdx
+from cbrules.builder import Buffer, BuildError, Kernel, threadIdx
 from cbrules.graph import KernelGraph
 from cbrules.kernels.exp1d import exp1d_tma
-from cbrules.terms import parse
+from cbrules.names import IdentifierError, NameClashError
+from cbrules.terms import Term, name, parse
 from cbrules.verify import GraphError
 
 
@@ -175,11 +176,114 @@ def test_unknown_op_is_refused():
 def test_builder_errors():
     k = Kernel("k")
     k.symbol("N")
-    with pytest.raises(ValueError, match="already has a parameter"):
+    with pytest.raises(NameClashError, match="already names a symbol of kernel 'k'"):
         k.symbol("N")
-    with pytest.raises(ValueError, match="loop kind|is not one of"):
+    with pytest.raises(BuildError, match="kind 'sideways' is not one of"):
         with k.loop("i", 4, kind="sideways"):
             pass
     x = k.tensor("x", (4, 4))
-    with pytest.raises(ValueError, match="rank"):
+    with pytest.raises(BuildError, match="rank"):
         k.tensor_map(x, box=(4,))
+
+
+def test_errors_name_the_builder_call_site():
+    k = Kernel("k")
+    with pytest.raises(IdentifierError) as e:
+        k.symbol("2N")
+    assert str(e.value).startswith("symbol('2N') at ") and "test_graph.py:" in str(e.value)
+    assert e.value.name == "2N" and "rename it" in e.value.fix
+
+
+def test_sibling_loops_share_a_variable_nested_ones_do_not():
+    k = Kernel("k", block=32)
+    n = k.symbol("N")
+    out = k.tensor("out", (n,))
+    for _ in range(2):
+        with k.loop("i", 4) as i:
+            k.store(out, i, 1.0)
+    with k.loop("j", 4):
+        with pytest.raises(NameClashError, match="enclosing loop"):
+            with k.loop("j", 2):
+                pass
+    k.graph.verify()
+
+
+def test_auto_registers_skip_names_the_user_took():
+    k = Kernel("k", block=32)
+    k.symbol("v0")
+    assert str(k.assign(1.0)) == "v1"
+
+
+def test_forged_handles_are_refused():
+    k = Kernel("k", block=32)
+    with pytest.raises(BuildError, match="not a tensor or buffer of kernel 'k'"):
+        k.load(Buffer("x; y", "float32", (4,), "shared"), 0)
+
+
+def test_verify_refuses_a_name_that_is_not_an_identifier():
+    kg = small().graph
+    kg[kg.nodes("for")[0]]["var"] = "i; x"
+    err = expect(kg, "identifier", "for")
+    assert "'i; x'" in str(err) and "not a C identifier" in str(err)
+
+
+def test_verify_refuses_names_used_for_two_things():
+    kg = small().graph
+    kg[kg.nodes("for")[0]]["var"] = "N"  # the loop would shadow the symbol
+    err = expect(kg, "name-unique", "for")
+    assert "'N'" in str(err)
+    kg = small().graph
+    kg[kg.nodes("exp")[0]]["dst"] = "x"  # a register named like a tensor
+    expect(kg, "name-unique", "exp")
+
+
+def test_verify_refuses_a_nested_loop_reusing_a_variable():
+    k = Kernel("k", block=32)
+    with k.loop("i", 4):
+        with k.loop("j", 4):
+            k.syncthreads()
+    kg = k.graph
+    kg[kg.nodes("for")[1]]["var"] = "i"
+    expect(kg, "name-unique", "for")
+
+
+def test_verify_names_the_rule_that_made_a_node():
+    kg = small().graph
+    n = kg.add("alloc", kg.root, origin={"by": "rule", "rule": "make-buf", "at": "my.rules:7"},
+               buf="b\n#define x", space="shared", dtype="float32", shape=(4,))
+    err = expect(kg, "identifier", "alloc")
+    assert err.node == n and "rule make-buf @ my.rules:7" in str(err)
+    assert "\n" not in str(err)  # the hostile name is shown escaped, on one line
+
+
+@pytest.mark.parametrize("op, key, value", [("alloc", "shape", (0,)), ("alloc", "shape", (2.5,)),
+                                            ("alloc", "align", True), ("bar_sync", "count", "32")])
+def test_verify_refuses_int_attributes_that_are_not_ints(op, key, value):
+    kg = small().graph
+    attrs = {"alloc": dict(buf="b", space="shared", dtype="float32", shape=(4,)),
+             "bar_sync": dict(id=1, count=32)}[op]
+    n = kg.add(op, kg.root, **{**attrs, key: value})
+    assert expect(kg, "int-valued", op).node == n
+
+
+def test_verify_refuses_terms_codegen_cannot_print():
+    kg = small().graph
+    store = kg.nodes("store")[0]
+    kg[store]["index"] = Term("call", (), "atomicAdd")
+    assert "not a device function" in str(expect(kg, "term", "store"))
+    kg[store]["index"] = Term("const", (), float("inf"))
+    expect(kg, "term", "store")
+    kg[store]["index"] = Term("; x", (name("i"),))
+    expect(kg, "term", "store")
+
+
+def test_a_term_may_not_name_a_tensor():
+    kg = small().graph
+    kg[kg.nodes("store")[0]]["index"] = parse("x + 1")  # a pointer, not an index
+    expect(kg, "name-defined", "store")
+
+
+def test_grid_terms_use_symbols_only():
+    k = small()
+    k.grid("N / 64 + i")  # i is a loop variable: the host cannot compute it
+    expect(k.graph, "name-defined", "kernel")

@@ -6,7 +6,8 @@ import warnings
 import pytest
 
 from codegen import nvrtc as nvrtc_module
-from codegen.errors import CodegenError, CompileError
+from codegen.cache import MAGIC
+from codegen.errors import CacheWarning, CodegenError, CompileError
 from codegen.nvrtc import (UNKNOWN_RESOURCES, Cubin, Resources, compile_cuda, nvrtc_version,
                            parse_resources)
 
@@ -129,9 +130,12 @@ def _flip(data: bytes, i: int) -> bytes:
     return data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
 
 
+HEADER = len(MAGIC) + 32 + 4  # magic, sha256, metadata length
+
+
 def _garble_metadata(data: bytes) -> bytes:
-    meta_len = int.from_bytes(data[8:12], "little")
-    return data[:12] + b"\xff" * meta_len + data[12 + meta_len:]
+    meta_len = int.from_bytes(data[HEADER - 4:HEADER], "little")
+    return data[:HEADER] + b"\xff" * meta_len + data[HEADER + meta_len:]
 
 
 CORRUPTIONS = {
@@ -140,8 +144,9 @@ CORRUPTIONS = {
     "truncated_half": lambda d: d[: len(d) // 2],
     "truncated_tail": lambda d: d[:-1],
     "flip_magic": lambda d: _flip(d, 0),
-    "flip_length": lambda d: _flip(d, 11),
-    "flip_json": lambda d: _flip(d, 14),
+    "flip_digest": lambda d: _flip(d, len(MAGIC) + 5),
+    "flip_length": lambda d: _flip(d, HEADER - 1),
+    "flip_json": lambda d: _flip(d, HEADER + 2),
     "flip_payload": lambda d: _flip(d, len(d) - 1),
     "garbage": lambda d: os.urandom(len(d)),
     "bad_json": lambda d: _garble_metadata(d),
@@ -154,7 +159,7 @@ def test_corrupt_cache_is_rebuilt(tmp_path, how):
     good = compile_cuda(TINY, "tiny", cache_dir=tmp_path)
     (entry,) = tmp_path.iterdir()
     entry.write_bytes(CORRUPTIONS[how](entry.read_bytes()))
-    with pytest.warns(UserWarning, match=str(entry.name)):
+    with pytest.warns(CacheWarning, match=str(entry.name)):
         rebuilt = compile_cuda(TINY, "tiny", cache_dir=tmp_path)
     assert not rebuilt.cached
     assert rebuilt.cubin == good.cubin

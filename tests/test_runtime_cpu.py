@@ -198,3 +198,28 @@ def test_launch_refuses_tensors_past_32_bit_indexing():
         bind_symbols("multi_dim", src.params, src.requires, {"x": (65536, 65536), "out": (65536, 65536)}, {})
     with pytest.raises(LaunchError, match="symbol M = 2147483648 does not fit"):
         bind_symbols("multi_dim", src.params, src.requires, {"x": (2**31, 1), "out": (2**31, 1)}, {})
+
+
+@pytest.mark.parametrize("cai, match", [
+    ("not a dict", "is a str, not a dict"),
+    ({"shape": (4,), "data": (0x1000, False)}, "malformed .*KeyError: 'typestr'"),
+    ({"shape": (4.0,), "typestr": "<f4", "data": (0x1000, False)}, "malformed .*shape \\(ints\\)"),
+    ({"shape": (4,), "typestr": "<f4", "data": 0x1000}, "malformed"),
+    ({"shape": (4, 4), "typestr": "<f4", "data": (0x1000, False), "strides": (16,)}, "1 strides for shape \\(4, 4\\)"),
+    ({"shape": (4,), "typestr": "<f4", "data": (-4, False)}, "pointer -4 is negative"),
+])
+def test_as_device_array_checks_the_interface(cai, match):
+    """Every field of a borrowed array's interface is user data: a wrong one is refused, not a wild pointer."""
+    fake = FakeCai(np.zeros(4, np.float32))
+    fake.__cuda_array_interface__ = cai
+    with pytest.raises((TypeError, ValueError), match=match):
+        as_device_array(fake)
+
+
+def test_as_device_array_keeps_the_read_only_flag():
+    a = np.zeros(4, np.float32)
+    src = FakeCai(a)
+    src.__cuda_array_interface__["data"] = (a.ctypes.data, True)
+    d = as_device_array(src)
+    assert d.readonly and d.__cuda_array_interface__["data"] == (a.ctypes.data, True)
+    assert not as_device_array(FakeCai(a)).readonly

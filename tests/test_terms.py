@@ -1,6 +1,7 @@
 import pytest
 
-from cbrules.terms import Term, TermSyntaxError, as_term, call, evaluate, name, parse, substitute, to_c
+from cbrules.terms import (DEVICE_FUNCTIONS, DeviceFunctionError, Term, TermSyntaxError, as_term, call, evaluate, name,
+                           parse, substitute, to_c)
 
 
 @pytest.mark.parametrize("text", ["(i + 2) % 3", "i / 3 % 2", "a - (b - c)", "a - b - c", "-x + 1",
@@ -51,3 +52,27 @@ def test_ceil_div_matches_the_device_for_negative_operands():
     # the device computes (a + b - 1) / b with truncating division
     assert evaluate(call("ceil_div", -5, 4), {}) == 0
     assert evaluate(call("ceil_div", 5, 4), {}) == 2
+
+
+def test_calls_come_only_from_the_device_function_table():
+    assert set(DEVICE_FUNCTIONS) == {"elect_one", "ceil_div", "min", "max"}
+    with pytest.raises(DeviceFunctionError, match="not a device function.*ceil_div/2"):
+        call("atomicAdd", 1)
+    with pytest.raises(DeviceFunctionError, match=r"min\(\) takes 2 argument\(s\), got 3"):
+        call("min", 1, 2, 3)
+    with pytest.raises(DeviceFunctionError, match="column 5"):
+        parse("i + printf(i)")
+    assert parse("min(i, 2)") == call("min", name("i"), 2)
+
+
+def test_names_and_digits_are_ascii():
+    with pytest.raises(TermSyntaxError):
+        parse("i\u00e9 + 1")  # a letter C does not take in an identifier
+    with pytest.raises(TermSyntaxError):
+        parse("\u0663")  # an Arabic-Indic digit is not a C digit
+
+
+def test_host_evaluation_follows_the_table():
+    assert evaluate(call("max", 3, 4), {}) == 4
+    with pytest.raises(KeyError, match="elect_one"):
+        evaluate(call("elect_one"), {})  # only the device can elect a thread

@@ -10,6 +10,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..errors import CbrulesError
 from ..builder import Kernel
 from . import matmul as _mm
 from . import pointwise1d as _p1
@@ -154,7 +155,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in _SPECS}
 SEED_MATRIX = tuple(n for n in KERNELS if KERNELS[n].pipelined)
 
 
-class UnknownKernelError(KeyError):
+class UnknownKernelError(CbrulesError, KeyError):
     """A kernel name that is not built in."""
 
     def __str__(self) -> str:

@@ -1,0 +1,150 @@
+"""The on-disk cubin cache of :mod:`codegen.nvrtc`: one file per compile key in one folder.
+
+An entry is ``MAGIC | SHA-256 | u32 metadata length | JSON metadata (key, log, ...) | cubin``; the
+SHA-256 covers every byte after it and the magic is compared exactly, so any damage to the header,
+the log or the cubin is detected. Entries are written to a temporary file and renamed into place,
+so concurrent writers and readers see a whole entry or none.
+
+The cache is a convenience: a damaged entry, a folder that cannot be created, read or written, or a
+path that is not a plain file is a :class:`codegen.errors.CacheWarning` and the caller compiles
+afresh; nothing here raises. Only ``<folder>/<64 hex digits>.cubin`` and temporary files beside it
+are ever touched: keys are checked, links are not followed and only regular files are read.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import stat
+import struct
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Optional
+
+from .errors import CacheWarning
+
+# Bump the trailing digit whenever the layout or the metadata schema changes.
+MAGIC = b"CBNVRTC2"
+_HEADER = struct.Struct("<8s32sI")  # magic, sha256 of the rest, metadata length
+_ENTRY_MAX = 1 << 28  # no cubin comes near 256 MiB: a bigger "entry" is not one of ours
+_KEY = re.compile(r"[0-9a-f]{64}\Z")
+
+
+class _Damaged(Exception):
+    """An entry that exists but is not a valid entry for its key."""
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, CacheWarning, stacklevel=4)  # _warn < Cache method < compile_cuda < caller
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of ``path`` if it is a regular file (not a link, FIFO, device or folder)."""
+    try:  # O_NONBLOCK: opening a FIFO planted at the path must not wait for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _Damaged("a symbolic link, not an entry") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _Damaged("not a regular file")
+        if info.st_size > _ENTRY_MAX:
+            raise _Damaged(f"{info.st_size} bytes, more than any entry")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(_ENTRY_MAX + 1)
+    finally:
+        os.close(fd)
+
+
+def encode_entry(key: str, cubin: bytes, log: str, **meta) -> bytes:
+    """The bytes of a cache entry for ``key``."""
+    body = json.dumps({"key": key, "cubin_len": len(cubin), "log": log, **meta}).encode()
+    rest = struct.pack("<I", len(body)) + body + cubin
+    return MAGIC + hashlib.sha256(rest).digest() + rest
+
+
+def decode_entry(data: bytes, key: str) -> tuple[bytes, str]:
+    """(cubin, log) of an entry for ``key``; raises _Damaged naming what is wrong."""
+    if len(data) < _HEADER.size:
+        raise _Damaged(f"truncated header ({len(data)} bytes)")
+    magic, digest, meta_len = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise _Damaged(f"not a {MAGIC.decode()} entry (magic {magic!r}; another cbrules version or not ours)")
+    if hashlib.sha256(data[len(MAGIC) + len(digest):]).digest() != digest:
+        raise _Damaged("checksum mismatch (truncated or altered)")
+    end = _HEADER.size + meta_len
+    try:
+        meta = json.loads(data[_HEADER.size:end].decode())
+        cubin, log = data[end:], meta["log"]
+        ok = meta["key"] == key and meta["cubin_len"] == len(cubin) and isinstance(log, str)
+    except (ValueError, KeyError, TypeError) as e:  # UnicodeDecodeError is a ValueError
+        raise _Damaged(f"bad metadata ({type(e).__name__}: {e})") from None
+    if not ok:
+        raise _Damaged("metadata does not match the entry (key, length or log)")
+    return cubin, log
+
+
+class CubinCache:
+    """The entries of one cache folder (which need not exist yet)."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+
+    def path(self, key: str) -> Path:
+        """Where the entry for ``key`` (a lowercase hex SHA-256) lives."""
+        if not _KEY.match(key):  # a key is never a path: nothing outside the folder is named
+            raise ValueError(f"cache key {key!r} is not a hex SHA-256 digest")
+        return self.folder / f"{key}.cubin"
+
+    def load(self, key: str) -> Optional[tuple[bytes, str]]:
+        """(cubin, log) stored for ``key``, or None (missing, unreadable or damaged: warned)."""
+        path = self.path(key)
+        try:
+            return decode_entry(_read_regular_file(path), key)
+        except (FileNotFoundError, NotADirectoryError):  # no entry, or no folder: store() says why
+            return None
+        except OSError as e:
+            _warn(f"cannot read NVRTC cache entry {path} ({e.strerror or e}); compiling afresh")
+            return None
+        except _Damaged as e:
+            damage = str(e)
+        try:
+            path.unlink()
+            _warn(f"damaged NVRTC cache entry {path} ({damage}); deleted it, compiling afresh")
+        except FileNotFoundError:  # another process got there first
+            _warn(f"damaged NVRTC cache entry {path} ({damage}); compiling afresh")
+        except OSError as e:
+            _warn(f"damaged NVRTC cache entry {path} ({damage}) cannot be deleted ({e.strerror or e}); "
+                  f"compiling afresh: remove it or point CBRULES_CACHE_DIR at a writable folder")
+        return None
+
+    def store(self, key: str, cubin: bytes, log: str, **meta) -> None:
+        """Store an entry atomically; a folder that cannot be written is a warning."""
+        path = self.path(key)
+        data = encode_entry(key, cubin, log, **meta)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{key}.", suffix=".tmp")
+        except OSError as e:
+            why = ("a file is in the way of the folder" if isinstance(e, (FileExistsError, NotADirectoryError))
+                   else e.strerror or str(e))
+            _warn(f"cannot create NVRTC cache entry {path} ({why}); not cached: point "
+                  "CBRULES_CACHE_DIR at a writable folder")
+            return
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)  # atomic: readers see the old entry, or none, or this one
+        except BaseException as e:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            if not isinstance(e, OSError):
+                raise
+            _warn(f"cannot write NVRTC cache entry {path} ({e.strerror or e}); not cached")

@@ -1,0 +1,222 @@
+"""Every subcommand with bad input ends in one line on stderr and a non-zero exit code, never a
+Python traceback, and within seconds (in-process through ``cli.main``; a few real processes)."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from cbrules import api, cli, engine
+from rulekit import write_rules
+from hostile import within
+
+
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Bad kernel files and hostile rule folders, by name."""
+    d = tmp_path_factory.mktemp("hostile")
+    kernels = {
+        "raises.py": 'import os\nraise RuntimeError("boom at import")\n',
+        "syntax.py": "def build(:\n    pass\n",
+        "nobuild.py": "SHAPE = (4,)\n",
+        "buildfails.py": "def build():\n    return {}['missing']\n",
+        "notkernel.py": "def build():\n    return 42\n",
+        "badshape.py": textwrap.dedent('''
+            from cbrules.builder import Kernel
+            SHAPE = "not a shape"
+            def build():
+                return Kernel("k", block=32)
+        '''),
+    }
+    for name, text in kernels.items():
+        (d / name).write_text(text)
+    last = api.load_rules().phases[-1]
+    grow = write_rules(d / "grow", f"(phase hostile :after {last})\n(graph-rule grow :phase hostile "
+                       ":match ((for ?L) (_ ?s :child-of ?L)) :rewrite ((insert-after ?s (syncthreads))))\n").parent
+    selfmove = write_rules(d / "selfmove", f"(phase hostile :after {last})\n(graph-rule m :phase hostile "
+                           ":match ((for ?L)) :rewrite ((move ?L :into ?L)))\n").parent
+    egg = write_rules(d / "egg", f'(datatype E (Num i64))\n(output "{d}/written.txt" (Num 1))\n').parent
+    broken = write_rules(d / "broken", "(graph-rule x :phase\n").parent
+    out = {k[:-3]: str(d / k) for k in kernels}
+    out.update(grow=str(grow), selfmove=str(selfmove), egg=str(egg), broken=str(broken), dir=d,
+               missing=str(d / "no-such-folder"))
+    return out
+
+
+# (argv with {placeholders} from `files`, expected exit code, a fragment stderr must contain)
+CASES = [
+    # demo, kernels
+    (["demo", "--size", "0"], 2, "argument --size: 0 is too small"),
+    (["demo", "--reps", "-3"], 2, "argument --reps: -3 is too small"),
+    (["kernels", "extra"], 2, "unrecognized arguments"),
+    # lower: kernels, shapes, rule folders
+    (["lower", "no_such_kernel"], 2, "unknown kernel 'no_such_kernel'"),
+    (["lower", "{dir}/missing.py"], 2, "no such kernel file"),
+    (["lower", "{raises}"], 2, "raises.py:2: RuntimeError while running kernel file"),
+    (["lower", "{syntax}"], 2, "syntax.py:1: syntax error in kernel file"),
+    (["lower", "{nobuild}"], 2, "must define build()"),
+    (["lower", "{buildfails}"], 2, "buildfails.py:2: KeyError while calling build()"),
+    (["lower", "{notkernel}"], 2, "build() returned int, not a cbrules Kernel"),
+    (["lower", "{badshape}"], 2, "SHAPE must be a tuple of integers"),
+    (["lower", "single_dim", "--shape", "a,b"], 2, "give the sizes as integers"),
+    (["lower", "single_dim", "--shape", "-5"], 2, "sizes must be >= 1"),
+    (["lower", "multi_dim", "--shape", "4096"], 2, "multi_dim takes 2 size(s)"),
+    (["lower", "single_dim", "--shape", "99999999999"], 2, "elements at most"),
+    (["lower", "single_dim", "--stages", "2.5"], 2, "argument --stages: invalid int value"),
+    (["lower", "single_dim", "--rules", ""], 2, "--rules ''"),
+    (["lower", "single_dim", "--rules", "{missing}"], 1, "rule folder does not exist"),
+    (["lower", "single_dim", "--rules", "{broken}"], 1, "broken"),
+    (["lower", "single_dim", "--rules", "{grow}"], 1, "rule grow ("),
+    (["lower", "single_dim", "--rules", "{selfmove}"], 1, "inside itself"),
+    (["lower", "single_dim", "--rules", "{egg}"], 1, "(output ...) is not allowed"),
+    # rules check / list
+    (["rules", "check", ""], 2, "--rules ''"),
+    (["rules", "list", "--rules", ""], 2, "--rules ''"),
+    (["rules", "check", "{missing}"], 1, "rule folder does not exist"),
+    (["rules", "list", "{missing}"], 1, "rule folder does not exist"),
+    (["rules", "check", "{egg}"], 1, "(output ...) is not allowed"),
+    (["rules", "check", "{broken}"], 1, "broken"),
+    (["rules", "frobnicate"], 2, "invalid choice"),
+    # trace, each query
+    (["trace", "exp1d_tma", "counts", "--rules", "{grow}"], 1, "rule grow ("),
+    (["trace", "{syntax}", "log"], 2, "syntax error in kernel file"),
+    (["trace", "exp1d_tma", "history"], 2, "trace history needs --node"),
+    (["trace", "exp1d_tma", "why-not", "--node", "3"], 2, "needs --rule"),
+    (["trace", "exp1d_tma", "why-not", "--rule", "nope", "--node", "3"], 1, "unknown rule 'nope'"),
+    (["trace", "exp1d_tma", "graph", "--step", "99999"], 1, "no step 99999"),
+    (["trace", "exp1d_tma", "dot"], 2, "needs --step"),
+    (["trace", "exp1d_tma", "dot", "--step", "99999"], 1, "no step 99999"),
+    (["trace", "exp1d_tma", "dot", "--step", "1", "-o", "/nonexistent/x.dot"], 2,
+     "cannot write /nonexistent/x.dot: No such file or directory"),
+    (["trace", "exp1d_tma", "cuda", "--stop-after", "0"], 2, "argument --stop-after: 0 is too small"),
+    (["trace", "exp1d_tma", "log", "--node", "-1"], 2, "argument --node: -1 is too small"),
+    (["trace", "exp1d_tma", "sideways"], 2, "invalid choice"),
+    # compile, run
+    (["compile", "exp1d_tma", "-o", "/nonexistent/x.cu"], 2, "cannot write /nonexistent/x.cu: No such file"),
+    (["compile", "{raises}"], 2, "RuntimeError while running kernel file"),
+    (["compile", "single_dim", "--rules", "{selfmove}"], 1, "inside itself"),
+    (["run", "single_dim", "--reps", "0"], 2, "argument --reps: 0 is too small"),
+    (["run", "{buildfails}"], 2, "KeyError while calling build()"),
+    (["run", "no_such_kernel"], 2, "unknown kernel"),
+    # check
+    (["check", "single_dim", "--stages", "1000"], 2, "1 <= S <= 16"),
+    (["check", "single_dim", "--stages", "0"], 2, "1 <= S <= 16"),
+    (["check", "single_dim", "--shape", "1024"], 2, "drop --shape"),
+    (["check", "exp1d_tma"], 2, "needs a built-in circular-buffered kernel"),
+    (["check", "{syntax}"], 2, "syntax error in kernel file"),
+    (["check", "single_dim", "--rules", ""], 2, "--rules ''"),
+]
+
+
+@pytest.mark.parametrize("argv, code, fragment", CASES, ids=[" ".join(c[0]) or "(none)" for c in CASES])
+def test_bad_input_ends_in_one_named_line(files, capsys, argv, code, fragment):
+    argv = [a.format(**files) for a in argv]
+    with within(60):
+        got = cli.main(argv)
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err and "Traceback" not in out.out, out.err
+    assert got == code, out.err
+    assert fragment in out.err, out.err
+    last = out.err.strip().splitlines()[-1]
+    assert last.startswith("cbrules"), out.err  # "cbrules: ..." or argparse's "cbrules lower: error: ..."
+
+
+def test_a_hostile_rule_folder_never_writes_a_file(files, capsys):
+    for argv in (["rules", "check", files["egg"]], ["lower", "single_dim", "--rules", files["egg"]]):
+        assert cli.main(argv) == 1
+    assert not (files["dir"] / "written.txt").exists()
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_growing_rule_folder_ends_in_the_bound_within_seconds(files, capsys):
+    with within(30):
+        assert cli.main(["lower", "matmul", "--rules", files["grow"]]) == 1
+    err = capsys.readouterr().err
+    assert "LoweringError: phase 'hostile': rule grow (" in err and "add a guard" in err, err
+    assert f"({engine.RULE_FIRINGS_PER_NODE} per node + {engine.RULE_FIRINGS_EXTRA})" in err
+
+
+def test_an_internal_error_says_so_and_how_to_see_the_traceback(monkeypatch, capsys):
+    def broken(a):
+        raise TypeError("a bug")
+    monkeypatch.setattr(cli, "cmd_kernels", broken)
+    monkeypatch.delenv(cli.TRACEBACK_VAR, raising=False)
+    assert cli.main(["kernels"]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "internal error: TypeError: a bug" in err and f"{cli.TRACEBACK_VAR}=1" in err
+    monkeypatch.setenv(cli.TRACEBACK_VAR, "1")
+    with pytest.raises(TypeError, match="a bug"):
+        cli.main(["kernels"])
+
+
+def test_interrupt_and_closed_pipe_are_quiet(monkeypatch, capsys):
+    for exc, code in ((KeyboardInterrupt, 130), (BrokenPipeError, 141)):
+        def stop(a, exc=exc):
+            raise exc()
+        monkeypatch.setattr(cli, "cmd_kernels", stop)
+        assert cli.main(["kernels"]) == code
+        assert capsys.readouterr().err == ""
+
+
+def test_a_warning_is_one_line(monkeypatch, capsys):
+    import warnings
+
+    def warn(a):
+        warnings.warn("budget hit", UserWarning)
+        return 0
+    monkeypatch.setattr(cli, "cmd_kernels", warn)
+    assert cli.main(["kernels"]) == 0
+    assert capsys.readouterr().err == "cbrules: warning: UserWarning: budget hit\n"
+
+
+def test_help_names_the_exit_codes_and_the_check_cap(capsys):
+    assert cli.main(["--help"]) == 0
+    assert "3 an internal error" in capsys.readouterr().out
+    assert cli.main(["check", "--help"]) == 0
+    assert "S <= 16" in " ".join(capsys.readouterr().out.split())
+
+
+# ------------------------------------------------------------------ real processes
+def run(*args, timeout=120, **kw):
+    return subprocess.run([sys.executable, "-m", "cbrules.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def test_process_kernel_file_that_raises(files):
+    r = run("compile", files["raises"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == f"cbrules: error: {files['raises']}:2: RuntimeError while running kernel file " \
+                               f"{files['raises']}: boom at import"
+
+
+def test_process_unwritable_output_and_huge_stages():
+    r = run("compile", "exp1d_tma", "--quiet", "-o", "/nonexistent/x.cu")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "/nonexistent/x.cu" in r.stderr
+    r = run("check", "single_dim", "--stages", "1000", timeout=30)
+    assert r.returncode == 2 and "1 <= S <= 16" in r.stderr and r.stdout == ""
+
+
+def test_process_closed_pipe_is_quiet():
+    p = subprocess.Popen([sys.executable, "-m", "cbrules.cli", "kernels"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader is gone before the first line is written
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 141 and err == b"", err
+
+
+def test_process_interrupt_is_quiet():
+    p = subprocess.Popen([sys.executable, "-m", "cbrules.cli", "check", "single_dim", "--stages", "16"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert p.stdout.readline().startswith("single_dim: stages=16")  # running: past start-up
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130 and err == "", err
