@@ -48,7 +48,8 @@ _atom = st.one_of(
     st.sampled_from(['"N\\n#define exp(x) 0\\n"', '"atomicAdd((float*)0x1000, 1.0f)"', '"cb_s"', '"N"',
                      '"{?unbound}"', '"/etc/passwd"']),
 )
-_sexpr = st.recursive(_atom, lambda kids: st.lists(kids, max_size=6).map(lambda xs: "(" + " ".join(xs) + ")"),
+_sexpr = st.recursive(st.one_of(_atom, st.just("()")),
+                      lambda kids: st.lists(kids, min_size=1, max_size=6).map(lambda xs: "(" + " ".join(xs) + ")"),
                       max_leaves=30)
 
 
