@@ -68,11 +68,22 @@ class TensorMap:
         return n
 
 
-def circular_buffer(stages: int, prefetch: Optional[int] = None, war: str = "sync") -> dict:
+def circular_buffer(stages: int, prefetch: Optional[int] = None, war: Optional[str] = None,
+                    warp_specialize: bool = False, registers: Optional[tuple[int, int]] = None) -> dict:
     """Options of a circular-buffered loop: ``stages`` S, ``prefetch`` P (default S-1, negative counts
     from S), ``war`` = "sync" (block sync ends each main iteration) or "mbarrier" (empty barriers).
+
+    ``warp_specialize``: a producer warp group of 128 threads, added after the block's threads, issues
+    the loads while the block's own threads (the consumers) compute; WAR protection is then the empty
+    barriers (``war`` defaults to "mbarrier") and the producer runs up to S tiles ahead.
+    ``registers=(producer, consumer)`` adds register sharing (``setmaxnreg``) between the roles.
     The rules check the values and refuse bad ones with a named error."""
-    return {"stages": stages, "prefetch": prefetch, "war": war}
+    opts = {"stages": stages, "prefetch": prefetch,
+            "war": war if war is not None else ("mbarrier" if warp_specialize else "sync")}
+    if warp_specialize or registers is not None:  # absent otherwise: annotations stay as they were
+        opts["warp_specialize"] = warp_specialize
+        opts["registers"] = tuple(registers) if isinstance(registers, (list, tuple)) else registers
+    return opts
 
 
 def _call_site() -> str:

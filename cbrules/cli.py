@@ -51,10 +51,27 @@ def _shape(a, spec: KernelSpec) -> tuple:
     return spec.default_shape
 
 
+def _registers(a) -> Optional[tuple[int, int]]:
+    text = getattr(a, "registers", None)
+    if text is None:
+        return None
+    try:
+        producer, consumer = (int(x) for x in text.split(","))
+    except ValueError:
+        raise CliError(f"--registers {text!r}: give the producer's and the consumers' register counts as two "
+                       "integers separated by a comma, e.g. 40,232") from None
+    return producer, consumer
+
+
+def _warp_options(a) -> dict:
+    """The command line's warp-specialization options (absent when not asked for)."""
+    return {"warp_specialize": True if getattr(a, "warp_specialize", False) else None, "registers": _registers(a)}
+
+
 def _kernel(a, spec: KernelSpec):
     """The kernel with the command line's circular-buffer options."""
     return spec.build(_shape(a, spec), stages=getattr(a, "stages", None), prefetch=getattr(a, "prefetch", None),
-                      war=getattr(a, "war", None))
+                      war=getattr(a, "war", None), **_warp_options(a))
 
 
 def _compile(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
@@ -225,7 +242,12 @@ def _kernel_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("kernel", help="a built-in kernel name (see `cbrules kernels`) or a Python file defining build()")
     p.add_argument("--stages", type=int, help="circular-buffer stages S (>= 2)")
     p.add_argument("--prefetch", type=int, help="prefetch distance P in [0, S) (negative counts from S; default S-1)")
-    p.add_argument("--war", choices=["sync", "mbarrier"], help="WAR protection (default sync)")
+    p.add_argument("--war", choices=["sync", "mbarrier"], help="WAR protection (default sync; mbarrier when "
+                   "warp-specialized)")
+    p.add_argument("--warp-specialize", action="store_true", help="a producer warp group of 128 threads, added "
+                   "after the block's threads, issues the loads; the block's threads compute")
+    p.add_argument("--registers", metavar="P,C", help="with --warp-specialize: registers of each producer and "
+                   "each consumer thread (setmaxnreg), e.g. 40,232")
     p.add_argument("--shape", help="problem shape, e.g. 1048576 or 500,1024 (also picks build-time sizes)")
 
 
