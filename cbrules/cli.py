@@ -217,6 +217,7 @@ def cmd_demo(a) -> int:
 
 def cmd_check(a) -> int:
     from .check import Checker, summary_table, trip_counts
+    from .interp import SCHEDULES
     spec = load_kernel(a.kernel)
     if not spec.pipelined or spec.shape_for_trips is None:
         raise CliError(f"{spec.name}: `cbrules check` needs a built-in circular-buffered kernel with small "
@@ -224,12 +225,16 @@ def cmd_check(a) -> int:
                            n for n, s in sorted(KERNELS.items()) if s.pipelined and s.shape_for_trips) + ")")
     if a.shape:
         raise CliError("check picks a small shape for every trip count itself; drop --shape")
-    stages, war = (a.stages if a.stages is not None else 3), a.war or "sync"
+    ws = _warp_options(a)
+    stages, war = (a.stages if a.stages is not None else 3), a.war or ("mbarrier" if ws["warp_specialize"] else "sync")
     prefetch = "default (S-1)" if a.prefetch is None else a.prefetch
-    print(f"{spec.name}: stages={stages} prefetch={prefetch} war={war}; trip counts 1..{4 * stages}, "
+    roles = (f", warp-specialized (registers {ws['registers'] or 'unchanged'}), roles under schedules "
+             f"{', '.join(SCHEDULES)}") if ws["warp_specialize"] else ""
+    print(f"{spec.name}: stages={stages} prefetch={prefetch} war={war}{roles}; trip counts 1..{4 * stages}, "
           f"{'a sample of' if a.sample else 'all'} blocks; lowered vs before lowering vs numpy, protocol checked")
     checker = Checker(blocks="sample" if a.sample else None, **_lower_options(a))
-    results = [checker.check(spec, t, stages, a.prefetch, war) for t in trip_counts(stages)]
+    results = [checker.check(spec, t, stages, a.prefetch, war, warp_specialize=bool(ws["warp_specialize"]),
+                             registers=ws["registers"]) for t in trip_counts(stages)]
     print(summary_table(results))
     failed = [r for r in results if not r.ok]
     refused = sum(r.status == "refused" for r in results)
