@@ -123,8 +123,11 @@ def ws_table(records: list[dict]) -> str:
                          ("INVALID " if not r.get("valid", True) else "") + _rate(r, op))
         good = [r for r in ws if _ok(r)]
         bw = max(good, key=lambda r: r[key]) if good else None
-        regs = "—" if bw is None else (f"{bw['registers'][0]}/{bw['registers'][1]}" if bw.get("registers") else "none") \
-            + (f" ({_res(bw)})" if bw is not None and _res(bw) else "")
+        if bw is None:
+            regs = "—"
+        else:
+            split = bw.get("registers")
+            regs = (f"{split[0]}/{split[1]}" if split else "none") + (f" ({_res(bw)})" if _res(bw) else "")
         best_p = "—" if bp is None else f"{_rate(bp, op)} (S={bp['stages']})"
         lines.append(f"| {op} | {sl} | {'TFLOP/s' if op == 'matmul' else 'GB/s'} | {best_p} | " + " | ".join(cells)
                      + f" | {_ratio(bw and bw[key], bp and bp[key])} | {regs} |")

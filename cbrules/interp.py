@@ -102,9 +102,10 @@ def run(kernel: Union[KernelLike, Program], args: Mapping[str, Any], symbols: Op
 
     ``blocks``: ``None`` runs the whole grid, ``"sample"`` the first, middle and last block, or a
     list of blocks (linear indices or ``(x, y, z)``). ``schedule`` (``eager``, ``lazy`` or ``random``
-    with ``seed``) interleaves the roles of a warp-specialized kernel. Raises :class:`cbrules.bind.LaunchError` for
-    arguments the launcher would refuse, :class:`cbrules.protocol.ProtocolError` subclasses for
-    protocol violations and :class:`InterpError` for other faults, each naming node and iteration.
+    with ``seed``) interleaves the roles of a warp-specialized kernel. Raises
+    :class:`cbrules.bind.LaunchError` for arguments the launcher would refuse,
+    :class:`cbrules.protocol.ProtocolError` subclasses for protocol violations and
+    :class:`InterpError` for other faults, each naming node and iteration.
     """
     kg = kernel.kg if isinstance(kernel, Program) else kernel.graph if isinstance(kernel, Kernel) else kernel
     check_schedule(schedule)
