@@ -14,6 +14,9 @@ from cbrules.kernels import KERNELS
 MEMORY_SHAPES = ((16384, 16384), (65536, 4096), (4096, 65536), (32768, 32768))
 MATMUL_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192))
 STAGES = (1, 2, 3, 4)
+# warp-specialized variants beside them: (stages, register sharing), measured as impl "generated-ws"
+WS_VARIANTS = ((2, False), (4, False), (2, True), (4, True))
+PRODUCER_REGISTERS = 40
 TRITON_STAGES = (2, 3, 4)
 F32 = 4
 
@@ -107,9 +110,32 @@ def flops(op: str, shape: tuple) -> Optional[float]:
     return 2.0 * m * n * k
 
 
-def build_variant(kernel: str, stages: int, **params):
+def ws_params(params: dict) -> dict:
+    """Build parameters of the warp-specialized variant: a block of 1024 threads (two_pass) has no
+    room for the producer warp group, so it runs on 512 consumers."""
+    return dict(params, threads=512) if params.get("threads", 0) > 896 else dict(params)
+
+
+def ws_registers(consumers: int) -> tuple[int, int]:
+    """(producer, consumer) registers: the producer keeps 40, the consumers share the rest of the
+    65536 (at most 232 each, a multiple of 8)."""
+    per = (65536 - 128 * PRODUCER_REGISTERS) // consumers // 8 * 8
+    return PRODUCER_REGISTERS, min(232, per)
+
+
+def ws_label(stages: int, registers: Optional[tuple]) -> str:
+    return f"WS S={stages}" + (f" regs {registers[0]}/{registers[1]}" if registers else "")
+
+
+def build_variant(kernel: str, stages: int, warp_specialize: bool = False, registers=None, **params):
     """The built-in ``kernel`` with ``stages`` S; S = 1 builds it without its circular_buffer
-    annotation (the shipped single-stage rule lowers it)."""
+    annotation (the shipped single-stage rule lowers it). ``registers=True`` picks the split with
+    :func:`ws_registers`."""
+    if warp_specialize:
+        k = KERNELS[kernel].factory(stages=stages, warp_specialize=True, **params)
+        if registers is True:
+            registers = ws_registers(k.graph.kernel()["block"][0])
+        return KERNELS[kernel].factory(stages=stages, warp_specialize=True, registers=registers or None, **params)
     k = KERNELS[kernel].factory(stages=max(stages, 2), **params)
     if stages == 1:
         for n in k.graph.nodes("for"):
@@ -117,32 +143,37 @@ def build_variant(kernel: str, stages: int, **params):
     return k
 
 
-def build_generated(op: str, shape: tuple, stages: int):
-    """The cbrules Kernel of ``op`` for ``shape`` with ``stages`` S (1: not annotated)."""
+def build_generated(op: str, shape: tuple, stages: int, ws: Optional[bool] = None):
+    """The cbrules Kernel of ``op`` for ``shape`` with ``stages`` S (1: not annotated); ``ws``
+    None: pipelined, False: warp-specialized, True: warp-specialized with register sharing."""
     name, params = OPS[op].generated(shape)
-    return build_variant(name, stages, **params)
+    if ws is None:
+        return build_variant(name, stages, **params)
+    return build_variant(name, stages, warp_specialize=True, registers=ws, **ws_params(params))
 
 
-def compile_generated(op: str, shape: tuple, stages: int, cache: Optional[dict] = None):
-    """(CompiledKernel, seconds) for a variant; kernels whose source does not depend on the shape
-    (all but normalize, whose row length is built in) are compiled once per stage count."""
+def compile_generated(op: str, shape: tuple, stages: int, cache: Optional[dict] = None, ws: Optional[bool] = None):
+    """(CompiledKernel, seconds) for a variant (``ws`` as in :func:`build_generated`); kernels whose
+    source does not depend on the shape (all but normalize, whose row length is built in) are
+    compiled once per variant."""
     import time
 
     from cbrules import api
     name, params = OPS[op].generated(shape)
-    key = (name, stages, tuple(sorted(params.items())))
+    key = (name, stages, ws, tuple(sorted(params.items())))
     if cache is not None and key in cache:
         return cache[key], 0.0
     t0 = time.perf_counter()
-    ck = api.compile(build_generated(op, shape, stages))
+    ck = api.compile(build_generated(op, shape, stages, ws))
     if cache is not None:
         cache[key] = ck
     return ck, time.perf_counter() - t0
 
 
-def describe(op: str, shape: tuple) -> str:
+def describe(op: str, shape: tuple, ws: Optional[bool] = None) -> str:
     """The generated kernel and its build parameters, e.g. ``multi_dim rows=1 width=1024``."""
     name, params = OPS[op].generated(shape)
+    params = params if ws is None else ws_params(params)
     return " ".join([name] + [f"{k}={v}" for k, v in params.items() if k != "row"])
 
 

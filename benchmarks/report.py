@@ -7,7 +7,7 @@ from typing import Optional
 
 from .ops import OPS, shape_label
 
-IMPL_ORDER = {"copy": 0, "torch": 1, "generated": 3, "triton": 4}
+IMPL_ORDER = {"copy": 0, "torch": 1, "generated": 3, "generated-ws": 3.5, "triton": 4}
 
 
 def _ok(r: dict) -> bool:
@@ -103,6 +103,40 @@ def full_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def ws_table(records: list[dict]) -> str:
+    """Warp-specialized variants beside the best pipelined one (S >= 2), per op and shape."""
+    lines = ["| op | shape | unit | best pipelined | " + " | ".join(f"WS S={s}{' regs' if r else ''}"
+                                                                  for s, r in _WS_COLUMNS)
+             + " | best WS / best pipelined | regs of the best WS (entry cap) |",
+             "|---|---|---|---:|" + "---:|" * len(_WS_COLUMNS) + "---:|---|"]
+    for op, sl, rs in groups(records):
+        ws = [r for r in rs if r["impl"] == "generated-ws"]
+        if not ws:
+            continue
+        key = "tflops" if op == "matmul" else "gbps"
+        piped = [r for r in rs if r["impl"] == "generated" and (r.get("stages") or 0) >= 2 and _ok(r)]
+        bp = max(piped, key=lambda r: r[key]) if piped else None
+        cells = []
+        for s, with_regs in _WS_COLUMNS:
+            r = next((x for x in ws if x.get("stages") == s and bool(x.get("registers")) == with_regs), None)
+            cells.append("—" if r is None else "err" if r.get("error") else
+                         ("INVALID " if not r.get("valid", True) else "") + _rate(r, op))
+        good = [r for r in ws if _ok(r)]
+        bw = max(good, key=lambda r: r[key]) if good else None
+        if bw is None:
+            regs = "—"
+        else:
+            split = bw.get("registers")
+            regs = (f"{split[0]}/{split[1]}" if split else "none") + (f" ({_res(bw)})" if _res(bw) else "")
+        best_p = "—" if bp is None else f"{_rate(bp, op)} (S={bp['stages']})"
+        lines.append(f"| {op} | {sl} | {'TFLOP/s' if op == 'matmul' else 'GB/s'} | {best_p} | " + " | ".join(cells)
+                     + f" | {_ratio(bw and bw[key], bp and bp[key])} | {regs} |")
+    return "\n".join(lines)
+
+
+_WS_COLUMNS = ((2, False), (4, False), (2, True), (4, True))
+
+
 def notes_section(records: list[dict], skipped: list[dict]) -> str:
     out = []
     for s in skipped:
@@ -130,7 +164,13 @@ def markdown(records: list[dict], skipped: list[dict], meta: dict) -> str:
              "sub, sqrt, div chain or the fused F.layer_norm; its Triton may be the row-in-registers kernel, "
              "which has no loop). generated kernel: the cbrules kernel and tile parameters measured "
              "(chosen with benchmarks/sweep.py).", ""]
-    return "\n".join(head + ["## Summary", "", summary_table(records), "", "## Notes", "",
+    ws = ws_table(records)
+    ws_part = ["## Warp-specialized beside pipelined", "",
+               "WS: a producer warp group of 128 threads issues the loads, the kernel's threads compute "
+               "(`warp_specialize=True`); regs: register sharing by setmaxnreg (producer 40, consumers the rest). "
+               "Best pipelined: the fastest generated S=2..4 of the same run.", "", ws, ""] \
+        if ws.count("\n") > 1 else []
+    return "\n".join(head + ["## Summary", "", summary_table(records), "", *ws_part, "## Notes", "",
                              notes_section(records, skipped), "", "## Every measurement", "",
                              full_table(records), ""])
 

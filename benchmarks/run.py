@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import report  # noqa: E402
-from benchmarks.ops import (OPS, STAGES, TRITON_STAGES, compile_generated, describe, io_bytes, flops,  # noqa: E402
-                            resources, shape_label)
+from benchmarks.ops import (OPS, STAGES, TRITON_STAGES, WS_VARIANTS, compile_generated, describe,  # noqa: E402
+                            flops, io_bytes, resources, shape_label, ws_label, ws_registers)
 
 MIN_OP_SECONDS = 25  # kept back for each op still to run
 
@@ -79,6 +79,21 @@ def dry_run(ops: list[str], shapes_arg, out: Path, meta: dict) -> int:
                 print(f"  {name} {sl} S={s}: compiled in {secs:.2f} s, {res}", flush=True)
                 fake("generated", f"S={s}", peak * rng.uniform(0.3, 0.97), stages=s, resources=res, compile_s=secs,
                      kernel=describe(name, shape))
+            for s, regs in WS_VARIANTS:
+                try:
+                    ck, secs = compile_generated(name, shape, s, cache, ws=regs)
+                except Exception as e:
+                    failed += 1
+                    records.append(dict(base, impl="generated-ws", variant=ws_label(s, None), stages=s,
+                                        error=f"{type(e).__name__}: {str(e)[:300]}"))
+                    print(f"  {name} {sl} {ws_label(s, None)}{' regs' if regs else ''}: FAILED {type(e).__name__}: "
+                          f"{str(e)[:300]}", flush=True)
+                    continue
+                split = ws_registers(ck.source.block[0] - 128) if regs else None
+                res = resources(ck)
+                print(f"  {name} {sl} {ws_label(s, split)}: compiled in {secs:.2f} s, {res}", flush=True)
+                fake("generated-ws", ws_label(s, split), peak * rng.uniform(0.3, 0.97), stages=s, registers=split,
+                     resources=res, compile_s=secs, kernel=describe(name, shape, ws=regs))
     md = report.write(records, _skipped(ops), meta, out)
     print(md)
     print(f"dry run: {failed} generated variant(s) failed to compile; report of fake numbers in {out}")
@@ -101,7 +116,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3, help="untimed launches before timing (default 3)")
     p.add_argument("--budget", type=float, default=420.0, help="seconds for the whole run (default 420)")
     p.add_argument("--op-cap", type=float, default=100.0, help="seconds one op may take (matmul 1.5x; default 100)")
-    p.add_argument("--impls", default="copy,torch,generated,triton", help="implementations to measure")
+    p.add_argument("--impls", default="copy,torch,generated,generated-ws,triton", help="implementations to measure")
     p.add_argument("--from-json", metavar="RESULTS_JSON", help="no measuring: rewrite results.md/.png/.json "
                    "under --out from an earlier run's results.json")
     p.add_argument("--dry-run", action="store_true", help="no GPU: compile every generated variant, fake numbers")

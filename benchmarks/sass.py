@@ -3,6 +3,10 @@ CUDA source, the cubin, ptxas's resource line and, where a disassembler is on th
 (``cuobjdump``, as on the H200 image), the SASS with an instruction-class count of each loop.
 
     python3 benchmarks/sass.py --op exp --stages 3 --param rows=1 --param width=1024 --out /tmp/sass
+    python3 benchmarks/sass.py --op matmul --stages 4 --warp-specialize --registers 40,232 ...
+
+For a warp-specialized variant it also reports whether ptxas kept the setmaxnreg instructions
+(SASS ``USETMAXREG``) and any local-memory traffic (``LDL``/``STL``: spills or stack arrays).
 
 Needs NVRTC only (no GPU); the disassembly needs the CUDA toolkit's cuobjdump.
 """
@@ -43,7 +47,9 @@ def main(argv=None) -> int:
     p.add_argument("--op", required=True, choices=sorted(OPS))
     p.add_argument("--stages", default="3", help="comma-separated S values (1: not annotated)")
     p.add_argument("--param", action="append", default=[], help="NAME=VALUE build parameter (repeatable)")
-    p.add_argument("--war", default="sync")
+    p.add_argument("--war", default=None)
+    p.add_argument("--warp-specialize", action="store_true", help="the warp-specialized variant")
+    p.add_argument("--registers", help="with --warp-specialize: P,C registers (setmaxnreg)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
 
@@ -54,8 +60,12 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tool = shutil.which("cuobjdump")
     for stages in (int(s) for s in a.stages.split(",")):
-        ck = api.compile(build_variant(OPS[a.op].kernel, stages, war=a.war, **params))
-        stem = f"{a.op}_S{stages}" + "".join(f"_{k}{v}" for k, v in params.items())
+        ws = {"warp_specialize": True, "registers": tuple(int(x) for x in a.registers.split(",")) if a.registers
+              else None} if a.warp_specialize else {}
+        ck = api.compile(build_variant(OPS[a.op].kernel, stages, war=a.war, **ws, **params))
+        stem = f"{a.op}_S{stages}" + ("_ws" if ws else "") + (f"_r{a.registers.replace(',', '-')}" if ws and
+                                                              a.registers else "") \
+            + "".join(f"_{k}{v}" for k, v in params.items())
         (out / f"{stem}.cu").write_text(ck.source.text)
         (out / f"{stem}.cubin").write_bytes(ck.cubin.cubin)
         r = ck.cubin.resources
@@ -66,6 +76,9 @@ def main(argv=None) -> int:
         sass = subprocess.run([tool, "--dump-sass", str(out / f"{stem}.cubin")], capture_output=True,
                               text=True, check=True).stdout
         (out / f"{stem}.sass").write_text(sass)
+        ops = collections.Counter(m.group(3) for m in map(_INSTR.match, sass.splitlines()) if m)
+        print(f"  setmaxnreg in SASS: {ops['USETMAXREG']} USETMAXREG; local memory: {ops['LDL']} LDL, "
+              f"{ops['STL']} STL")
         for i, h in enumerate(loop_histograms(sass)):
             print(f"  loop {i}: {sum(h.values())} instructions: "
                   + ", ".join(f"{op} {n}" for op, n in h.most_common(14)))

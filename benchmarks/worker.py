@@ -20,8 +20,8 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.ops import (OPS, STAGES, compile_generated, describe, flops, io_bytes, resources,  # noqa: E402
-                            shape_label)
+from benchmarks.ops import (OPS, STAGES, WS_VARIANTS, compile_generated, describe, flops, io_bytes,  # noqa: E402
+                            resources, shape_label, ws_label, ws_registers)
 
 
 def _inputs(op: str, shape: tuple, torch, gen) -> dict:
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=25)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--shapes", help="comma-separated AxB[xC] labels (default: the op's shapes)")
-    p.add_argument("--impls", default="copy,torch,generated,triton", help="which implementations")
+    p.add_argument("--impls", default="copy,torch,generated,generated-ws,triton", help="which implementations")
     a = p.parse_args(argv)
 
     import torch
@@ -169,6 +169,21 @@ def main(argv=None) -> int:
                 extra = {"stages": s, "resources": resources(ck), "compile_s": secs,
                          "grid": list(bound.grid), "kernel": describe(a.op, shape)}
                 measure("generated", f"S={s}" + (" (no annotation)" if s == 1 else ""), bound.launch, **extra)
+                del bound
+        if "generated-ws" in impls:
+            for s, regs in WS_VARIANTS:
+                try:
+                    ck, secs = compile_generated(a.op, shape, s, ck_cache, ws=regs)
+                    bound = ck.bind(**t)
+                    split = ws_registers(ck.source.block[0] - 128) if regs else None
+                except Exception as e:
+                    emit(dict(base, impl="generated-ws", variant=ws_label(s, None) + (" regs" if regs else ""),
+                              stages=s, error=f"{type(e).__name__}: {str(e)[:300]}",
+                              traceback=traceback.format_exc()[-2000:]))
+                    continue
+                extra = {"stages": s, "registers": split, "resources": resources(ck), "compile_s": secs,
+                         "grid": list(bound.grid), "kernel": describe(a.op, shape, ws=regs)}
+                measure("generated-ws", ws_label(s, split), bound.launch, **extra)
                 del bound
         if "triton" in impls:
             if tk is None:

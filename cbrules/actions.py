@@ -8,6 +8,7 @@
 | ``(set ?n :key V ...)`` | set attributes (term attributes take terms) |
 | ``(replace ?n T)`` | a new node where ?n was; ?n is erased |
 | ``(wrap ?n T)`` | a new scope from template T where ?n was, with ?n moved inside it |
+| ``(wrap-body ?s T)`` | a new scope from template T (no children) becomes ?s's only child, holding ?s's former body |
 | ``(move ?n :into ?s [:at entry|exit])`` | re-parent ?n |
 | ``(clone ?L [:as ?M] [:set (:k V ...)] [:keep P] [:substitute (P NAME TERM)])`` | copy scope ?L right before it, keeping the leaves matching P, substituting NAME by TERM in the kept nodes matching P |
 | ``(add-edge ?a ?b)`` / ``(remove-edge ?a ?b)`` | depends edges between siblings |
@@ -46,6 +47,7 @@ ACTIONS: dict[str, tuple[int, Optional[int], tuple[str, ...], Optional[int]]] = 
     "insert-before": (2, None, (), 1), "insert-after": (2, None, (), 1),
     "insert-at-entry": (2, None, (), 1), "insert-at-exit": (2, None, (), 1),
     "erase": (1, 1, (), None), "set": (1, 1, None, None), "replace": (2, 2, (), 1), "wrap": (2, 2, (), 1),
+    "wrap-body": (2, 2, (), 1),
     "move": (1, 1, ("into", "at"), None), "clone": (1, 1, ("as", "set", "keep", "substitute"), None),
     "add-edge": (2, 2, (), None), "remove-edge": (2, 2, (), None), "let": (2, 2, (), None),
     "fail": (1, None, (), None),
@@ -253,6 +255,22 @@ class Rewriter:
         else:
             g.add_edge(s, n, kind="contains")
         self.changed.append(n)
+
+    def _wrap_body(self, a, target, t) -> None:
+        s = self.node(target)
+        kg, g = self.kg, self.kg.g
+        if not kg.is_scope(s):
+            raise RuleError(a.pos, f"wrap-body: {kg.describe(s)} is not a scope")
+        if split_keys(t.items, 1)[0]:
+            raise RuleError(t.pos, "wrap-body: the template is an empty scope; the body of the target fills it")
+        body = kg.children(s)
+        new = self.instantiate(t, None)
+        # the body keeps its depends edges: its nodes stay siblings, now inside the new scope
+        for c in body:
+            g.remove_edge(s, c)
+            g.add_edge(new, c, kind="contains")
+        g.add_edge(s, new, kind="contains")
+        self.changed.extend(body)
 
     def _move(self, a, target, *kv) -> None:
         n = self.node(target)

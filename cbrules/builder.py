@@ -127,15 +127,31 @@ def _cb_options(options: Any, where: str) -> dict:
         out["prefetch"] = _int(out["prefetch"], where, "circular_buffer prefetch")
     if "war" in out and not isinstance(out["war"], str):
         raise BuildError(f"{where}: circular_buffer war must be \"sync\" or \"mbarrier\", got {out['war']!r}")
+    if "warp_specialize" in out and not isinstance(out["warp_specialize"], bool):
+        raise BuildError(f"{where}: circular_buffer warp_specialize must be True or False, "
+                         f"got {out['warp_specialize']!r}")
+    if isinstance(out.get("registers"), list):
+        out["registers"] = tuple(out["registers"])  # the rules check the pair and its counts
     return out
 
 
-def circular_buffer(stages: int, prefetch: Optional[int] = None, war: str = "sync") -> dict:
+def circular_buffer(stages: int, prefetch: Optional[int] = None, war: Optional[str] = None,
+                    warp_specialize: bool = False, registers: Optional[tuple[int, int]] = None) -> dict:
     """Options of a circular-buffered loop: ``stages`` S, ``prefetch`` P (default S-1, negative counts
     from S), ``war`` = "sync" (block sync ends each main iteration) or "mbarrier" (empty barriers).
+
+    ``warp_specialize``: a producer warp group of 128 threads, added after the block's threads, issues
+    the loads while the block's own threads (the consumers) compute; WAR protection is then the empty
+    barriers (``war`` defaults to "mbarrier") and the producer runs up to S tiles ahead.
+    ``registers=(producer, consumer)`` adds register sharing (``setmaxnreg``) between the roles.
     Non-int stages or prefetch are a :class:`BuildError` here; the rules check the ranges and
     refuse bad ones with a named error."""
-    return _cb_options({"stages": stages, "prefetch": prefetch, "war": war}, "circular_buffer(...)")
+    opts = {"stages": stages, "prefetch": prefetch,
+            "war": war if war is not None else ("mbarrier" if warp_specialize else "sync")}
+    if warp_specialize or registers is not None:  # absent otherwise: annotations stay as they were
+        opts["warp_specialize"] = warp_specialize
+        opts["registers"] = registers
+    return _cb_options(opts, "circular_buffer(...)")
 
 
 def _call_site() -> str:

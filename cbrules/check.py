@@ -5,7 +5,9 @@ problem whose circular-buffered loop runs ``trips`` times, lowers the kernel, in
 the protocol checks on, interprets the unlowered kernel on the same inputs and compares both with
 the kernel's numpy reference. A trip count below S must be refused with the named error: by the
 ``cb-reject-short-loop`` rule when the trip count is known at lowering time, by the launcher's
-``requires`` check when it is known only at launch.
+``requires`` check when it is known only at launch. A warp-specialized loop takes any trip count
+(its empty barriers bound the producer's lead), and its roles run under every schedule of
+:data:`cbrules.interp.SCHEDULES`.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from . import api
 from .bind import BlocksLike, LaunchError
 from .engine import LoweringError
 from .errors import CbrulesError
-from .interp import Program, prepare, run
+from .interp import SCHEDULES, Program, prepare, run
 from .kernels import KernelSpec
 from .limits import TmaLimitError
 from .protocol import InterpError
@@ -49,6 +51,8 @@ class CaseResult:
     err_numpy: Optional[float] = None
     err_unlowered: Optional[float] = None
     seconds: float = 0.0
+    warp_specialize: bool = False
+    registers: Optional[tuple] = None
 
     @property
     def ok(self) -> bool:
@@ -76,15 +80,16 @@ class Checker:
         self._unlowered: dict = {}
 
     def lower(self, spec: KernelSpec, shape: tuple, trips: int, stages: int, prefetch: Optional[int],
-              war: str) -> Program:
+              war: Optional[str], warp_specialize: bool = False, registers: Optional[tuple] = None) -> Program:
         """The lowered kernel of the case, ready to run (a :class:`LoweringError` is cached and raised
         again)."""
         params = {**spec.build_params(tuple(shape)), **spec.trips_params(trips)}
-        key = (spec.name, stages, prefetch, war, tuple(sorted(params.items())))
+        key = (spec.name, stages, prefetch, war, warp_specialize, registers, tuple(sorted(params.items())))
+        ws = {"warp_specialize": True, "registers": registers} if warp_specialize else {"registers": registers}
         if key not in self._lowered:
             try:
-                self._lowered[key] = prepare(api.lower(spec.build(shape, trips=trips, stages=stages,
-                                                                  prefetch=prefetch, war=war), **self.lower_options))
+                self._lowered[key] = prepare(api.lower(spec.build(shape, trips=trips, stages=stages, prefetch=prefetch,
+                                                                  war=war, **ws), **self.lower_options))
             except LoweringError as e:
                 self._lowered[key] = e
         got = self._lowered[key]
@@ -107,15 +112,19 @@ class Checker:
         return self._unlowered[key]
 
     def check(self, spec: KernelSpec, trips: int, stages: int, prefetch: Optional[int] = None,
-              war: str = "sync", shape: Optional[tuple] = None) -> CaseResult:
+              war: Optional[str] = None, shape: Optional[tuple] = None, warp_specialize: bool = False,
+              registers: Optional[tuple] = None) -> CaseResult:
         """Check one case; never raises for a failure of the kernel (see ``status``/``detail``).
 
         ``shape`` defaults to ``spec.shape_for_trips(trips)``; given, it must make the loop run
-        ``trips`` times (``trips`` also sets the build parameters of ``spec.trips_params``)."""
+        ``trips`` times (``trips`` also sets the build parameters of ``spec.trips_params``).
+        ``war`` None is the default: sync, or mbarrier when warp-specialized."""
         if shape is None and spec.shape_for_trips is None:
             raise ValueError(f"{spec.name}: no small shapes for the CPU checker (KernelSpec.shape_for_trips)")
         shape = tuple(shape if shape is not None else spec.shape_for_trips(trips))
-        res = CaseResult(spec.name, stages, prefetch, war, trips, shape, "FAIL")
+        war = war or ("mbarrier" if warp_specialize else "sync")
+        res = CaseResult(spec.name, stages, prefetch, war, trips, shape, "FAIL", warp_specialize=warp_specialize,
+                         registers=registers)
         t0 = time.perf_counter()
         try:
             self._check(spec, res)
@@ -124,20 +133,31 @@ class Checker:
         return res
 
     def _check(self, spec: KernelSpec, res: CaseResult) -> None:
-        short = res.trips < res.stages
+        short = res.trips < res.stages and not res.warp_specialize
         try:
-            kg = self.lower(spec, res.shape, res.trips, res.stages, res.prefetch, res.war)
+            kg = self.lower(spec, res.shape, res.trips, res.stages, res.prefetch, res.war, res.warp_specialize,
+                            res.registers)
         except LoweringError as e:
             refused = short and SHORT_LOOP_RULE in str(e)
             res.status, res.detail = ("refused" if refused else "FAIL"), f"LoweringError: {e}"
             return
         args = self.inputs(spec, res.shape)
-        try:
-            got = run(kg, args, blocks=self.blocks)
-        except (LaunchError, TmaLimitError, InterpError) as e:
-            refused = short and isinstance(e, LaunchError) and SHORT_LOOP_LAUNCH in str(e)
-            res.status, res.detail = ("refused" if refused else "FAIL"), f"{type(e).__name__}: {e}"
-            return
+        results = []
+        for schedule in (SCHEDULES if res.warp_specialize else SCHEDULES[:1]):  # one role: one schedule
+            try:
+                results.append(run(kg, args, blocks=self.blocks, schedule=schedule, seed=self.seed))
+            except (LaunchError, TmaLimitError, InterpError) as e:
+                refused = short and isinstance(e, LaunchError) and SHORT_LOOP_LAUNCH in str(e)
+                where = f" (schedule {schedule})" if res.warp_specialize else ""
+                res.status, res.detail = ("refused" if refused else "FAIL"), f"{type(e).__name__}{where}: {e}"
+                return
+        got = results[0]
+        for other in results[1:]:  # every interleaving computes the same
+            for name in spec.outputs:
+                if not np.array_equal(got[name], other[name], equal_nan=True):
+                    res.detail = f"{name} depends on the schedule of the roles (max difference " \
+                                 f"{_max_err(got[name], other[name]):.3g})"
+                    return
         if short:
             res.detail = (f"trip count {res.trips} < stages {res.stages} ran instead of being refused "
                           f"by {SHORT_LOOP_RULE} or the launch check")

@@ -127,10 +127,27 @@ def _shape(a, spec: KernelSpec) -> tuple:
     return shape
 
 
+def _registers(a) -> Optional[tuple[int, int]]:
+    text = getattr(a, "registers", None)
+    if text is None:
+        return None
+    try:
+        producer, consumer = (int(x) for x in text.split(","))
+    except ValueError:
+        raise CliError(f"--registers {text!r}: give the producer's and the consumers' register counts as two "
+                       "integers separated by a comma, e.g. 40,232") from None
+    return producer, consumer
+
+
+def _warp_options(a) -> dict:
+    """The command line's warp-specialization options (absent when not asked for)."""
+    return {"warp_specialize": True if getattr(a, "warp_specialize", False) else None, "registers": _registers(a)}
+
+
 def _kernel(a, spec: KernelSpec):
     """The kernel with the command line's circular-buffer options."""
     return spec.build(_shape(a, spec), stages=getattr(a, "stages", None), prefetch=getattr(a, "prefetch", None),
-                      war=getattr(a, "war", None))
+                      war=getattr(a, "war", None), **_warp_options(a))
 
 
 def _compile(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
@@ -286,6 +303,7 @@ def cmd_demo(a) -> int:
 
 def cmd_check(a) -> int:
     from .check import MAX_STAGES, Checker, summary_table, trip_counts
+    from .interp import SCHEDULES
     stages = a.stages if a.stages is not None else 3
     if not 1 <= stages <= MAX_STAGES:
         raise CliError(f"check --stages {stages}: the checker runs 4*S trip counts, so it takes 1 <= S <= "
@@ -297,12 +315,16 @@ def cmd_check(a) -> int:
                            n for n, s in sorted(KERNELS.items()) if s.pipelined and s.shape_for_trips) + ")")
     if a.shape:
         raise CliError("check picks a small shape for every trip count itself; drop --shape")
-    war = a.war or "sync"
+    ws = _warp_options(a)
+    war = a.war or ("mbarrier" if ws["warp_specialize"] else "sync")
     prefetch = "default (S-1)" if a.prefetch is None else a.prefetch
-    print(f"{spec.name}: stages={stages} prefetch={prefetch} war={war}; trip counts 1..{4 * stages}, "
+    roles = (f", warp-specialized (registers {ws['registers'] or 'unchanged'}), roles under schedules "
+             f"{', '.join(SCHEDULES)}") if ws["warp_specialize"] else ""
+    print(f"{spec.name}: stages={stages} prefetch={prefetch} war={war}{roles}; trip counts 1..{4 * stages}, "
           f"{'a sample of' if a.sample else 'all'} blocks; lowered vs before lowering vs numpy, protocol checked")
     checker = Checker(blocks="sample" if a.sample else None, **_lower_options(a))
-    results = [checker.check(spec, t, stages, a.prefetch, war) for t in trip_counts(stages)]
+    results = [checker.check(spec, t, stages, a.prefetch, war, warp_specialize=bool(ws["warp_specialize"]),
+                             registers=ws["registers"]) for t in trip_counts(stages)]
     print(summary_table(results))
     failed = [r for r in results if not r.ok]
     refused = sum(r.status == "refused" for r in results)
@@ -329,7 +351,12 @@ def _kernel_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("kernel", help="a built-in kernel name (see `cbrules kernels`) or a Python file defining build()")
     p.add_argument("--stages", type=int, help="circular-buffer stages S (>= 2)")
     p.add_argument("--prefetch", type=int, help="prefetch distance P in [0, S) (negative counts from S; default S-1)")
-    p.add_argument("--war", choices=["sync", "mbarrier"], help="WAR protection (default sync)")
+    p.add_argument("--war", choices=["sync", "mbarrier"], help="WAR protection (default sync; mbarrier when "
+                   "warp-specialized)")
+    p.add_argument("--warp-specialize", action="store_true", help="a producer warp group of 128 threads, added "
+                   "after the block's threads, issues the loads; the block's threads compute")
+    p.add_argument("--registers", metavar="P,C", help="with --warp-specialize: registers of each producer and "
+                   "each consumer thread (setmaxnreg), e.g. 40,232")
     p.add_argument("--shape", help="problem shape, e.g. 1048576 or 500,1024 (also picks build-time sizes)")
 
 

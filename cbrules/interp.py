@@ -6,14 +6,17 @@ and only active threads write. Each op means what :mod:`codegen.cuda` makes it m
 C arithmetic, ``float`` rounding, ``fmaf``, the warp-shuffle tree of the block reduction,
 ``elect.sync`` on warp 0, TMA boxes with out-of-bounds zero fill. While it runs, the barrier
 protocol is checked by :mod:`cbrules.protocol` (deadlock, RAW, WAR, tx bytes, init/inval, arrival
-counts). Threads of a block run in lockstep, in program order: a protocol that needs some threads
-to run ahead of others (warp specialisation) is reported as a deadlock.
+counts). Threads of a block run in lockstep, in program order, except where an if/else splits them
+into groups of whole warps (warp specialization): from there each group is a role of its own,
+interleaved with the others by a schedule (:mod:`cbrules.interp_roles`), each blocking on the
+mbarrier waits and named barriers it reaches until another role makes them pass.
 
 A ``tma_load`` without a barrier (a kernel before lowering) copies at once: it has no completion
 mechanism yet, so every read after it sees its data.
 """
 from __future__ import annotations
 
+import random
 from typing import Any, Mapping, Optional, Union
 
 import numpy as np
@@ -24,12 +27,13 @@ from .graph import BUILTINS, KernelGraph
 from .hwsim import block_reduce
 from .ops import UNARY
 from .interp_memory import MemoryOps, NonUniform, OutOfBounds
-from .protocol import BlockProtocol, DivergentSync, ElectError, InterpError, Site
+from .interp_roles import SCHEDULES, SWITCH, Blocked, Role, check_schedule, drive
+from .protocol import BlockProtocol, DivergentSync, ElectError, InterpError, ProtocolError, Site
 from .schedule import Step, schedule
 from .terms import Term
 from .vterms import C_BINARY, CACHE, Lanes, TermError, c_div, compile_term
 
-__all__ = ["run", "prepare", "Program", "InterpError", "OutOfBounds", "NonUniform"]
+__all__ = ["run", "prepare", "Program", "InterpError", "OutOfBounds", "NonUniform", "SCHEDULES"]
 
 KernelLike = Union[Kernel, KernelGraph]
 _COMBINE = {"sum": C_BINARY["+"],
@@ -38,6 +42,9 @@ _COMBINE = {"sum": C_BINARY["+"],
 _UNARY_NP = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: x.dtype.type(1) / np.sqrt(x),
              "abs": np.abs, "neg": np.negative}
 _ARITH = {"add": "+", "sub": "-", "mul": "*"}
+# after these a role yields: another role may run next (and may now be able to)
+_SWITCH_OPS = frozenset(("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
+                         "mbarrier_inval", "syncthreads", "bar_sync", "reduce", "tma_load"))
 
 
 class Program:
@@ -88,20 +95,23 @@ def prepare(kernel: KernelLike) -> Program:
 
 
 def run(kernel: Union[KernelLike, Program], args: Mapping[str, Any], symbols: Optional[Mapping[str, int]] = None,
-        blocks: BlocksLike = None) -> dict[str, np.ndarray]:
+        blocks: BlocksLike = None, schedule: str = "eager", seed: int = 0) -> dict[str, np.ndarray]:
     """Interpret ``kernel`` (a kernel, a graph or a :func:`prepare`-d program) on ``args`` (numpy
     arrays by parameter name, symbols optional) and return the tensors it writes (fresh arrays; the
     inputs are not modified).
 
     ``blocks``: ``None`` runs the whole grid, ``"sample"`` the first, middle and last block, or a
-    list of blocks (linear indices or ``(x, y, z)``). Raises :class:`cbrules.bind.LaunchError` for
-    arguments the launcher would refuse, :class:`cbrules.protocol.ProtocolError` subclasses for
-    protocol violations and :class:`InterpError` for other faults, each naming node and iteration.
+    list of blocks (linear indices or ``(x, y, z)``). ``schedule`` (``eager``, ``lazy`` or ``random``
+    with ``seed``) interleaves the roles of a warp-specialized kernel. Raises
+    :class:`cbrules.bind.LaunchError` for arguments the launcher would refuse,
+    :class:`cbrules.protocol.ProtocolError` subclasses for protocol violations and
+    :class:`InterpError` for other faults, each naming node and iteration.
     """
     kg = kernel.kg if isinstance(kernel, Program) else kernel.graph if isinstance(kernel, Kernel) else kernel
+    check_schedule(schedule)
     bound = bind(kg, args, symbols)  # first: a refused launch costs no scheduling
     prog = kernel if isinstance(kernel, Program) else Program(kg)
-    ex = _BlockRunner(prog, bound.tensors, bound.symbols, bound.grid, set(bound.written))
+    ex = _BlockRunner(prog, bound.tensors, bound.symbols, bound.grid, set(bound.written), schedule, seed)
     for b in select_blocks(bound.grid, blocks):
         ex.run_block(b)
     return {n: bound.tensors[n] for n in bound.written}
@@ -111,8 +121,10 @@ class _BlockRunner(MemoryOps):
     """Executes a program block by block: registers, masks, loops and compute ops (memory and
     barrier ops come from :class:`MemoryOps`)."""
 
-    def __init__(self, prog: Program, tensors: dict, symbols: dict, grid: tuple, written: set):
+    def __init__(self, prog: Program, tensors: dict, symbols: dict, grid: tuple, written: set,
+                 schedule: str = "eager", seed: int = 0):
         self.p, self.tensors, self.written = prog, tensors, written
+        self.schedule, self.rng, self.in_roles = schedule, random.Random(seed), False
         self.flat = {n: a.reshape(-1) for n, a in tensors.items()}
         k = prog.root.attrs
         self.bdim = tuple(k["block"])
@@ -136,7 +148,7 @@ class _BlockRunner(MemoryOps):
         self.handlers = {op: getattr(self, "_" + op) for op in
                          ("for", "if", "load", "store", "assign", "fma", "reduce", "tma_load", "tma_store",
                           "mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
-                          "mbarrier_inval", "syncthreads", "bar_sync")}
+                          "mbarrier_inval", "syncthreads", "bar_sync", "setmaxnreg")}
         for op in ("alloc", "fence_proxy_async", "fence_mbarrier_init"):
             self.handlers[op] = lambda s, mask: None
         for op in UNARY:
@@ -155,20 +167,30 @@ class _BlockRunner(MemoryOps):
             self.env[r] = np.zeros(self.T, dt)
         self.regarrays = {n: np.zeros((self.T, int(np.prod(a["shape"]))), NP_DTYPES[a["dtype"]])
                           for n, a in self.p.allocs.items() if a["space"] == "register"}
-        self.exec_body(self.p.root.body, np.ones(self.T, bool))
+        body = self.exec_body(self.p.root.body, np.ones(self.T, bool))
+        for out in body:
+            if isinstance(out, Blocked):  # one thread of control: nothing else can unblock it
+                body.close()
+                raise out.error
         self.step = self.p.root
         self.proto.finish(self.site)
 
-    def exec_body(self, steps, mask: np.ndarray) -> None:
+    def exec_body(self, steps, mask: np.ndarray):
+        """Run ``steps`` on the threads in ``mask``: a generator that yields where a role may give
+        way (:data:`SWITCH`) or must wait (:class:`Blocked`)."""
         for s in steps:
             self.step = s
             handler = self.handlers.get(s.op)
             if handler is None:
                 raise InterpError(f"the interpreter has no meaning for op {s.op!r}", self.site())
             try:
-                handler(s, mask)
+                r = handler(s, mask)  # None, or a generator for scopes and for what may block
+                if r is not None:
+                    yield from r
             except TermError as e:
                 raise InterpError(str(e), self.site()) from None
+            if self.in_roles and s.op in _SWITCH_OPS:
+                yield SWITCH
 
     def site(self) -> Site:
         return self.p.site(self.step, self.block, tuple(tuple(x) for x in self.iters))
@@ -176,16 +198,20 @@ class _BlockRunner(MemoryOps):
     def lanes(self, mask: np.ndarray) -> Lanes:
         return Lanes(mask, self._elect)
 
-    def _elect(self, mask: np.ndarray) -> np.ndarray:
-        cand = mask & self.elect_cond
+    def _elect(self, mask: np.ndarray, warp: Optional[int] = None) -> np.ndarray:
+        if warp is None:
+            what, group, cand = "elect_one()", self.warp0, mask & self.elect_cond
+        else:
+            group = (np.arange(self.T) // 32) == warp
+            what, cand = f"elect_warp({warp})", mask & group
         out = np.zeros(self.T, bool)
         if not cand.any():
             return out
-        if not np.array_equal(cand, self.warp0):
-            missing = np.nonzero(self.warp0 & ~cand)[0]
-            raise ElectError(f"elect_one() (elect.sync with a full mask) is reached by only part of warp 0 "
-                             f"(thread {missing[0] if missing.size else '?'} of the warp does not reach it)",
-                             self.site())
+        if not np.array_equal(cand, group):
+            missing = np.nonzero(group & ~cand)[0]
+            raise ElectError(f"{what} (elect.sync with a full mask) is reached by only part of warp "
+                             f"{0 if warp is None else warp} (thread {missing[0] if missing.size else '?'} of the "
+                             "warp does not reach it)", self.site())
         out[np.argmax(cand)] = True
         return out
 
@@ -227,7 +253,7 @@ class _BlockRunner(MemoryOps):
                 self.iters[-1][1] = v if not isinstance(v, np.ndarray) else "threadIdx"
                 inner = mask & np.asarray(C_BINARY["<"](v, self.ev(s, "stop", mask)), bool)
                 if inner.any():
-                    self.exec_body(s.body, inner)
+                    yield from self.exec_body(s.body, inner)
                 return
             lo = self.uniform(start, mask, f"start of loop {var}")
             st = self.uniform(step, mask, f"step of loop {var}")
@@ -240,7 +266,7 @@ class _BlockRunner(MemoryOps):
                 if st <= 0:
                     raise InterpError(f"loop {var} steps by {st} and would never end", self.site())
                 self.iters[-1][1] = i
-                self.exec_body(s.body, mask)
+                yield from self.exec_body(s.body, mask)
                 self.step = s
                 i += st
         finally:
@@ -250,10 +276,45 @@ class _BlockRunner(MemoryOps):
             else:
                 self.env[var] = saved
 
-    def _if(self, s: Step, mask: np.ndarray) -> None:
-        inner = mask & np.asarray(self.ev(s, "pred", mask), bool)
+    def _if(self, s: Step, mask: np.ndarray):
+        pred = np.asarray(self.ev(s, "pred", mask), bool)
+        inner, rest = mask & pred, mask & ~pred
+        then = [c for c in s.body if c.op != "else"]
+        other = [c for c in s.body if c.op == "else"]
+        if other and not self.in_roles and _whole_warps(inner) and _whole_warps(rest):
+            self._run_roles(((then, inner), (other[0].body, rest)))
+            return
         if inner.any():
-            self.exec_body(s.body, inner)
+            yield from self.exec_body(then, inner)
+        if other and rest.any():
+            yield from self.exec_body(other[0].body, rest)
+
+    def _run_roles(self, branches) -> None:
+        """The branches of an if/else on different warps run as concurrent roles, to their ends."""
+        parent = (self.env, self.iters, self.step)
+        roles = []
+        for steps, mask in branches:
+            producer = any(x.op == "tma_load" for st in steps for x in st.walk())
+            lanes = np.nonzero(mask)[0]
+            name = f"{'producer' if producer else 'consumer'} (threads {lanes[0]}..{lanes[-1]})"
+            roles.append(Role(name, self.exec_body(steps, mask), mask, producer, dict(self.env),
+                              [list(x) for x in self.iters], self.step))
+        self.in_roles = True
+        try:
+            drive(self, roles, self.schedule, self.rng)
+        finally:
+            self.in_roles = False
+            self.env, self.iters, self.step = parent
+        for r in roles:  # registers are per thread: each role's threads keep what they computed
+            for reg in self.p.reg_dtypes:
+                self.env[reg] = np.where(r.mask, r.env[reg], self.env[reg])
+
+    def _setmaxnreg(self, s: Step, mask: np.ndarray) -> None:
+        groups = mask[: self.T // 128 * 128].reshape(-1, 128) if self.T % 128 == 0 else None
+        if groups is None or (groups.any(axis=1) & ~groups.all(axis=1)).any():
+            raise ProtocolError(f"setmaxnreg.{s.attrs['action']} is executed by {int(mask.sum())} thread(s) that "
+                                "are not whole warp groups of 128; each warp group runs it all together",
+                                self.site())
 
     # ---------------------------------------------------------------- compute
     def _assign(self, s: Step, mask: np.ndarray) -> None:
@@ -296,6 +357,9 @@ class _BlockRunner(MemoryOps):
         if a["kind"] == "serial":
             self.set_reg(a["dst"], comb(self.env[a["dst"]], src), mask)
             return
+        if a.get("bar_id") is not None:
+            self._named_reduce(s, src, comb, mask)
+            return
         if not mask.all():
             raise DivergentSync("a block reduction is reached by only some threads", self.site())
         dt = np.dtype(NP_DTYPES[a["dtype"]])
@@ -304,3 +368,25 @@ class _BlockRunner(MemoryOps):
             raise InterpError(f"a block reduction needs whole warps; the block has {self.T} threads", self.site())
         self.set_reg(a["dst"], block_reduce(v, a["combine"], comb), mask)
         self.proto.sync_all()  # the generated reduction passes partial results through __syncthreads
+
+    def _named_reduce(self, s: Step, src, comb, mask: np.ndarray) -> None:
+        """A block reduction over threads 0 .. count-1 through named barrier ``bar_id``."""
+        a = s.attrs
+        count = int(a["count"])
+        if count % 32 or count > self.T or mask.sum() != count or not mask[:count].all():
+            raise DivergentSync(f"a block reduction over threads 0..{count - 1} (named barrier {a['bar_id']}) is "
+                                f"reached by {int(mask.sum())} thread(s)", self.site())
+        dt = np.dtype(NP_DTYPES[a["dtype"]])
+        v = np.broadcast_to(np.asarray(src).astype(dt), (self.T,))[:count]
+        out = np.empty(self.T, dt)
+        out[:count] = block_reduce(np.ascontiguousarray(v), a["combine"], comb)
+        self.set_reg(a["dst"], out, mask)
+        self.proto.clocks.sync_lanes(np.arange(count))  # the reduction passes values through shared memory
+
+
+def _whole_warps(mask: np.ndarray) -> bool:
+    """Some threads, and every warp either wholly in ``mask`` or wholly out of it."""
+    if not mask.any() or mask.size % 32:
+        return False
+    w = mask.reshape(-1, 32)
+    return bool((w.all(axis=1) | ~w.any(axis=1)).all())

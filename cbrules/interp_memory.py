@@ -11,6 +11,7 @@ from typing import Optional
 import numpy as np
 
 from .hwsim import read_box, write_box
+from .interp_roles import Blocked
 from .ops import DTYPE_BYTES
 from .protocol import DivergentSync, InterpError, TmaIssueError
 from .schedule import Step
@@ -142,15 +143,30 @@ class MemoryOps:
         write_box(self.tensors[tmap.tensor], coords, src.data[lo:lo + n].reshape(tmap.box))
 
     # ---------------------------------------------------------------- synchronisation
-    def _syncthreads(self, s: Step, mask: np.ndarray) -> None:
+    def _syncthreads(self, s: Step, mask: np.ndarray):
+        if self.in_roles:  # each role reaches it on its own: barrier 0 waits for the whole block
+            return self._named_barrier(0, self.T, mask)
         if not mask.all():
             raise DivergentSync(f"__syncthreads() is reached by {int(mask.sum())} of {self.T} threads",
                                 self.site())
         self.proto.sync_all()
+        return None
 
-    def _bar_sync(self, s: Step, mask: np.ndarray) -> None:
-        if s.attrs["count"] == self.T and mask.all():
-            self.proto.sync_all()  # a named barrier over the whole block orders like __syncthreads
+    def _bar_sync(self, s: Step, mask: np.ndarray):
+        return self._named_barrier(int(s.attrs["id"]), int(s.attrs["count"]), mask)
+
+    def _named_barrier(self, bar: int, count: int, mask: np.ndarray):
+        """``bar.sync bar, count``: None once it opened, else a generator blocking until it does."""
+        token = self.proto.bar_arrive(bar, count, np.nonzero(mask)[0], self.site)
+        if self.proto.bar_passed(token):
+            return None
+        return self._until(lambda: self.proto.bar_passed(token), lambda: self.proto.bar_error(token, self.site))
+
+    @staticmethod
+    def _until(passed, error):
+        """Block (yield) until ``passed()``; ``error()`` says why, should it never pass."""
+        while not passed():
+            yield Blocked(error())
 
     def _slots(self, s: Step, mask: np.ndarray, extra: Optional[str] = None):
         """(barrier slot id, value of ``extra``, lanes) groups of the active threads."""
@@ -172,9 +188,17 @@ class MemoryOps:
         for sid, _, lanes in self._slots(s, mask):
             self.proto.arrive(sid, lanes, int(s.attrs["bytes"]), self.site)
 
-    def _mbarrier_wait(self, s: Step, mask: np.ndarray) -> None:
-        for sid, parity, lanes in self._slots(s, mask, "parity"):
-            self.proto.wait(sid, lanes, parity % 2, self.site)
+    def _mbarrier_wait(self, s: Step, mask: np.ndarray):
+        """None when every thread's wait succeeds at once, else a generator blocking until they do."""
+        left = [(sid, parity % 2, lanes) for sid, parity, lanes in self._slots(s, mask, "parity")]
+        left = [g for g in left if not self.proto.try_wait(g[0], g[2], g[1], self.site)]
+        if not left:
+            return None
+
+        def passed() -> bool:
+            left[:] = [g for g in left if not self.proto.try_wait(g[0], g[2], g[1], self.site)]
+            return not left
+        return self._until(passed, lambda: self.proto.wait_error(left[0][0], left[0][1], self.site))
 
     def _mbarrier_inval(self, s: Step, mask: np.ndarray) -> None:
         for sid, _, lanes in self._slots(s, mask):

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from .terms import Term
 
-SCOPES = ("kernel", "for", "if")
+SCOPES = ("kernel", "for", "if", "else")
 LOOP_KINDS = ("serial", "unroll", "unswitch", "vectorize",
               "thread-x", "thread-y", "thread-z", "block-x", "block-y", "block-z")
 SPACES = ("global", "shared", "register")
@@ -43,10 +43,15 @@ class OpSpec:
 _BAR = ("barrier", "slot")
 OPS: dict[str, OpSpec] = {
     # requires: (predicate term over symbols, message) pairs the launcher checks before a launch
-    "kernel": OpSpec(("name", "params", "block", "grid"), ("symbols", "requires"), category="scope"),
+    # min_blocks: the kernel's __launch_bounds__ minimum of resident blocks (1 caps registers at entry,
+    # which setmaxnreg needs)
+    "kernel": OpSpec(("name", "params", "block", "grid"), ("symbols", "requires", "min_blocks"), category="scope"),
     "for": OpSpec(("var", "start", "stop", "step", "kind"), ("annotations",),
                   ("start", "stop", "step"), "scope", {"kind": "serial", "step": 1}),
     "if": OpSpec(("pred",), (), ("pred",), "scope"),
+    # the else branch of the enclosing if: at most one, a direct child of the if (its place among the
+    # if's children does not matter; code generation puts it after the then branch)
+    "else": OpSpec((), (), (), "scope"),
     "alloc": OpSpec(("buf", "space", "dtype", "shape"), ("align",), category="memory"),
     # a tma_load without a barrier asks the rules to arrange its completion (circular buffering);
     # box is the hardware box, tile the logical tile it serves (a multiple of the box)
@@ -56,7 +61,8 @@ OPS: dict[str, OpSpec] = {
     "load": OpSpec(("dst", "src", "index", "dtype"), (), ("index",), "memory"),
     "store": OpSpec(("dst", "index", "value"), (), ("index", "value"), "memory"),
     "assign": OpSpec(("dst", "value", "dtype"), (), ("value",)),
-    "reduce": OpSpec(("dst", "src", "kind", "combine", "dtype"), (), ("src",)),
+    # a block reduction with bar_id/count syncs through named barrier bar_id over threads 0..count-1 only
+    "reduce": OpSpec(("dst", "src", "kind", "combine", "dtype"), ("bar_id", "count"), ("src",)),
     "fma": OpSpec(("dst", "args", "dtype"), (), ("args",)),
     "mbarrier_init": OpSpec(_BAR + ("count",), (), ("slot",), "sync"),
     "mbarrier_arrive": OpSpec(_BAR, (), ("slot",), "sync"),
@@ -67,6 +73,8 @@ OPS: dict[str, OpSpec] = {
     "fence_proxy_async": OpSpec((), (), (), "sync"),
     "fence_mbarrier_init": OpSpec((), (), (), "sync"),
     "bar_sync": OpSpec(("id", "count"), (), (), "sync"),
+    # setmaxnreg.inc / .dec: a warp group's register budget becomes count (warp specialization)
+    "setmaxnreg": OpSpec(("action", "count"), (), (), "sync"),
 }
 for _op in UNARY + BINARY:
     OPS[_op] = OpSpec(("dst", "args", "dtype"), (), ("args",))

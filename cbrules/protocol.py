@@ -137,6 +137,13 @@ class Clocks:
         self.known[:] = np.maximum(self.known.max(axis=0), self.now)
         self.now += 1
 
+    def sync_lanes(self, lanes: np.ndarray) -> None:
+        """A barrier among ``lanes`` only (a named barrier): they learn what any of them knew."""
+        vec = self.known[lanes].max(axis=0)
+        vec[lanes] = np.maximum(vec[lanes], self.now[lanes])
+        self.known[lanes] = np.maximum(self.known[lanes], vec)
+        self.now[lanes] += 1
+
     def view_of(self, u: int) -> np.ndarray:
         """Per thread, the latest clock ordered before thread ``u``'s present (its own: now)."""
         v = self.known[u].copy()
@@ -217,6 +224,9 @@ class BlockProtocol:
         """Fresh state for the next block."""
         self.bars.reset()
         self.clocks = Clocks(self.threads)
+        self.named: dict[int, np.ndarray] = {}  # named barrier -> threads waiting in it
+        self.named_count: dict[int, int] = {}
+        self.named_gen: dict[int, int] = {}  # times each named barrier has opened
         self.shared = {n: SharedBuffer(n, dt, size, self.threads, tr) for n, (dt, size, tr) in self.shared_spec.items()}
 
     # ------------------------------------------------------------------ barrier slots
@@ -308,28 +318,84 @@ class BlockProtocol:
         self._maybe_complete(sid, site)
 
     def wait(self, sid: int, lanes: np.ndarray, parity: int, site: SiteFn) -> None:
-        """``try_wait.parity`` until it succeeds: deliver this slot's loads one by one while it cannot."""
+        """``try_wait.parity`` until it succeeds, with nothing else running meanwhile: deliver this
+        slot's loads one by one while it cannot; a wait that still cannot succeed never will."""
+        if not self.try_wait(sid, lanes, parity, site):
+            raise self.wait_error(sid, parity, site)
+
+    def try_wait(self, sid: int, lanes: np.ndarray, parity: int, site: SiteFn) -> bool:
+        """One ``try_wait.parity``: True (and the phase observed) when it succeeds, after delivering
+        as many of this slot's loads as it needs; False when the phase cannot complete yet."""
         b = self.bars
-        buf, slot = b.names[sid]
         self._usable(sid, lanes, site, "wait on")
         while b.current(sid) % 2 == parity and b.inflight[sid]:
             self._deliver(sid, site)
         if b.current(sid) % 2 == parity:
-            if b.pending[sid] == 0 and b.tx[sid] != 0:
-                raise TxMismatch(f"phase {b.current(sid)} of {b.label(sid)} never completes: the arrivals "
-                                 f"expected {b.expected[sid]} transaction bytes, the TMA loads delivered "
-                                 f"{b.delivered[sid]}", site(), buf, slot)
-            raise Deadlock(f"waits for parity {parity} of {b.label(sid)}, but phase {b.current(sid)} (parity "
-                           f"{parity}) is still open with {b.pending[sid]} of {b.count[sid]} arrival(s) and "
-                           f"{b.tx[sid]} transaction byte(s) pending, and nothing left in the block can "
-                           "complete it", site(), buf, slot)
+            return False
         b.observed[sid, lanes] = np.maximum(b.observed[sid, lanes], b.phase[sid])
         self.clocks.acquire(lanes, b.released[sid])
+        return True
+
+    def wait_error(self, sid: int, parity: int, site: SiteFn) -> ProtocolError:
+        """Why a wait that cannot succeed is stuck (raised once nothing in the block can help it)."""
+        b = self.bars
+        buf, slot = b.names[sid]
+        if b.pending[sid] == 0 and b.tx[sid] != 0:
+            return TxMismatch(f"phase {b.current(sid)} of {b.label(sid)} never completes: the arrivals "
+                              f"expected {b.expected[sid]} transaction bytes, the TMA loads delivered "
+                              f"{b.delivered[sid]}", site(), buf, slot)
+        return Deadlock(f"waits for parity {parity} of {b.label(sid)}, but phase {b.current(sid)} (parity "
+                        f"{parity}) is still open with {b.pending[sid]} of {b.count[sid]} arrival(s) and "
+                        f"{b.tx[sid]} transaction byte(s) pending, and nothing left in the block can "
+                        "complete it", site(), buf, slot)
 
     def sync_all(self) -> None:
         """A block sync: orders every access before it, and publishes barrier inits to every thread."""
         self.clocks.sync_all()
         self.bars.visible[self.bars.state == 1] = True
+
+    # ------------------------------------------------------------------ named barriers (bar.sync id, count)
+    def bar_arrive(self, bar: int, count: int, lanes: np.ndarray, site: SiteFn) -> tuple[int, int]:
+        """Threads ``lanes`` reach ``bar.sync bar, count``; returns a token for :meth:`bar_passed`.
+        When ``count`` threads have arrived the barrier opens: they are ordered like a block sync
+        among themselves, and barrier inits any of them could see become visible to all."""
+        label = f"named barrier {bar}"
+        if not (0 <= bar < 16) or count <= 0 or count % 32 or count > self.threads:
+            raise ProtocolError(f"bar.sync {bar}, {count}: the id is 0..15 and the count a multiple of 32 up to "
+                                f"the block's {self.threads} threads", site(), label, bar)
+        arrived = self.named.setdefault(bar, np.zeros(self.threads, bool))
+        if arrived.any() and self.named_count[bar] != count:
+            raise ProtocolError(f"bar.sync {bar}, {count} while threads wait at bar.sync {bar}, "
+                                f"{self.named_count[bar]}: every use of one named barrier needs one count",
+                                site(), label, bar)
+        if arrived[lanes].any():
+            raise ProtocolError(f"thread {lanes[arrived[lanes]][0]} reaches bar.sync {bar} again before it opened",
+                                site(), label, bar)
+        arrived[lanes] = True
+        self.named_count[bar] = count
+        total = int(arrived.sum())
+        if total > count:
+            raise TooManyArrivals(f"{total} threads at bar.sync {bar}, {count}", site(), label, bar)
+        gen = self.named_gen.get(bar, 0)
+        if total == count:
+            who = np.nonzero(arrived)[0]
+            self.clocks.sync_lanes(who)
+            vis = self.bars.visible
+            vis[:, who] |= (vis[:, who].any(axis=1) & (self.bars.state == 1))[:, None]
+            arrived[:] = False
+            self.named_gen[bar] = gen + 1
+        return bar, gen
+
+    def bar_passed(self, token: tuple[int, int]) -> bool:
+        bar, gen = token
+        return self.named_gen.get(bar, 0) > gen
+
+    def bar_error(self, token: tuple[int, int], site: SiteFn) -> Deadlock:
+        bar, _ = token
+        arrived = self.named.get(bar, np.zeros(self.threads, bool))
+        return Deadlock(f"waits at bar.sync {bar}, {self.named_count.get(bar)} with {int(arrived.sum())} thread(s) "
+                        "arrived, and nothing left in the block brings the others", site(), f"named barrier {bar}",
+                        bar)
 
     # ------------------------------------------------------------------ shared memory
     def tma_load(self, sid: Optional[int], node: int, buf: SharedBuffer, lo: int, data: np.ndarray,

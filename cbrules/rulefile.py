@@ -409,10 +409,10 @@ def _check_value(e: Expr, bound: set[str]) -> None:
     from .terms import DEVICE_FUNCTIONS, call_problem
     n = len(e) - 1
     if head in NODE_FUNCTIONS:
-        want = 1 if head == "id" else 2
+        want = 1 if head in ("id", "names") else 2
         if n != want:
             raise RuleError(e.pos, f"({head} ...) takes {want} argument(s), got {n}: "
-                            + ("(id ?node)" if head == "id" else f"({head} ?node KEY)"))
+                            + (f"({head} ?node)" if want == 1 else f"({head} ?node KEY)"))
         _check_value(e.items[1], bound)
         return
     if head not in FUNCTIONS:

@@ -125,6 +125,7 @@ class DeviceFunction:
 
 DEVICE_FUNCTIONS: dict[str, DeviceFunction] = {
     "elect_one": DeviceFunction(0),
+    "elect_warp": DeviceFunction(1),  # one elected thread of warp w (the producer warp group's first warp)
     # ceil_div as the device computes it: (a + b - 1) / b with C's truncating division
     "ceil_div": DeviceFunction(2, lambda a, b: _trunc_div(a + b - 1, b)),
     "min": DeviceFunction(2, min),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from .names import IdentifierError, check_term_name
-from .ops import DTYPE_BYTES
+from .ops import DTYPE_BYTES, term_values
 from .sexpr import Atom, Expr, RuleError
 from .terms import DeviceFunctionError, Term, as_term, call, const, evaluate as eval_term, name
 
@@ -127,6 +127,9 @@ FUNCTIONS: dict[str, tuple[int, int | None, Callable | None]] = {
     "lt": (2, 2, lambda a, b: Term("<", (as_term(a), as_term(b)))),
     "all": (0, None, lambda *xs: _conj(xs)),
     "is-none": (1, 1, lambda x: x is None),
+    "is-tuple": (1, 1, lambda x: isinstance(x, tuple)),
+    "is-int": (1, 1, lambda x: isinstance(x, int) and not isinstance(x, bool)),
+    "member": (2, 2, lambda x, xs: x in xs),
 }
 
 
@@ -141,7 +144,7 @@ def _conj(xs) -> Term:
 
 
 # attribute access on bound nodes lives with the graph; the engine supplies it as ``attr``
-NODE_FUNCTIONS = ("attr", "has", "id")
+NODE_FUNCTIONS = ("attr", "has", "id", "names")  # names: the names a node's terms use
 
 
 class Env:
@@ -187,6 +190,9 @@ def evaluate(e: Expr, env: Env) -> Any:
                 raise RuleError(e.pos, f"({head} ...) needs a node, got {node!r}")
             if head == "id":
                 return node.id
+            if head == "names":
+                attrs = env.node_attrs(node.id)
+                return tuple(sorted({n for t in term_values(attrs["op"], attrs) for n in t.names()}))
             key = args[1].value if isinstance(args[1], Atom) else evaluate(args[1], env)
             attrs = env.node_attrs(node.id)
             return (key in attrs and attrs[key] is not None) if head == "has" else attrs.get(key)

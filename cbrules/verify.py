@@ -74,6 +74,13 @@ def _tree(kg: KernelGraph) -> None:
         if kg.op(parents[0]) not in SCOPES:
             raise GraphError("scope-tree", f"{kg.describe(n)} is contained by {kg.describe(parents[0])}, "
                              "which is not a scope (kernel/for/if)", n)
+    for n in kg.nodes("else"):
+        p = kg.parent(n)
+        if p is None or kg.op(p) != "if":
+            raise GraphError("else-branch", f"{kg.describe(n)} is not directly inside an if; an else branch "
+                             "is a child of the if it completes", n)
+        if len([c for c in kg.children(p) if kg.op(c) == "else"]) > 1:
+            raise GraphError("else-branch", f"{kg.describe(p)} has more than one else branch", n)
     reachable = set(kg.walk())
     lost = sorted(set(kg.g.nodes) - reachable)
     if lost:
@@ -97,9 +104,17 @@ def _attributes(kg: KernelGraph) -> None:
         if d["op"] == "for" and d["kind"] not in LOOP_KINDS:
             raise GraphError("attributes", f"{kg.describe(n)} has loop kind {d['kind']!r}; "
                              f"expected one of {', '.join(LOOP_KINDS)}", n)
+        if d["op"] == "setmaxnreg" and (d["action"] not in ("inc", "dec") or not _register_count(d["count"])):
+            raise GraphError("attributes", f"{kg.describe(n)}: setmaxnreg.{d['action']} {d['count']!r}; the action "
+                             "is inc or dec and the count a multiple of 8 in 24..256", n)
         if d["op"] == "alloc" and (d["space"] not in SPACES or d["dtype"] not in DTYPES):
             raise GraphError("attributes", f"{kg.describe(n)}: space {d['space']!r} / dtype {d['dtype']!r} "
                              "not supported", n)
+
+
+def _register_count(x) -> bool:
+    """A register count setmaxnreg accepts: a multiple of 8 in 24..256."""
+    return isinstance(x, int) and not isinstance(x, bool) and 24 <= x <= 256 and x % 8 == 0
 
 
 def _depends(kg: KernelGraph) -> None:
@@ -288,10 +303,14 @@ def _names(kg: KernelGraph) -> None:
 
 
 def _barriers(kg: KernelGraph, order: list[int]) -> None:
-    """Each barrier array is initialised before any other use and invalidated after the last."""
+    """Each barrier array is initialised before any other use and invalidated after the last.
+
+    Program order says nothing about an else branch run by other threads at the same time (a
+    warp-specialized producer): its uses are left to the protocol checker of the interpreter."""
     uses: dict[str, list[int]] = {}
+    concurrent = {d for e in kg.nodes("else") for d in kg.descendants(e)}
     for n in order:
-        if kg.op(n) in BARRIER_OPS:
+        if kg.op(n) in BARRIER_OPS and n not in concurrent:
             uses.setdefault(kg[n]["barrier"], []).append(n)
     buffers = kg.buffers()
     for bar, ns in uses.items():

@@ -27,8 +27,8 @@ class TermError(CbrulesError):
 class Lanes:
     """The threads a term is evaluated for: the active mask and how to elect one of them.
 
-    ``elect`` is called with the mask of threads that execute ``elect_one()`` and returns the
-    boolean array that is true for the elected thread only.
+    ``elect`` is called with the mask of threads that execute ``elect_one()`` (or ``elect_warp(w)``,
+    with ``w``) and returns the boolean array that is true for the elected thread only.
     """
 
     __slots__ = ("mask", "elect")
@@ -169,8 +169,11 @@ def logical_not(x: Value) -> Value:
     return np.logical_not(x) if isinstance(x, np.ndarray) else not x
 
 
+ELECTS = ("elect_one", "elect_warp")
+
+
 def _has_elect(t: Term) -> bool:
-    return (t.op == "call" and t.value == "elect_one") or any(_has_elect(a) for a in t.args)
+    return (t.op == "call" and t.value in ELECTS) or any(_has_elect(a) for a in t.args)
 
 
 CACHE = "__invariant_values__"  # env key of the per-block cache of invariant subterms
@@ -213,15 +216,15 @@ def _compile(t: Term, invariant: frozenset) -> Compiled:
     args = [compile_term(a, invariant) for a in t.args]
     if t.op == "call":
         fn_name = str(t.value)
-        if fn_name == "elect_one":
+        if fn_name in ELECTS:  # elect_one(): in warp 0; elect_warp(w): in warp w
             def elect(env, lanes):
                 if lanes.elect is None:
-                    raise TermError("elect_one() needs the threads of a block")
-                return lanes.elect(lanes.mask)
+                    raise TermError(f"{fn_name}() needs the threads of a block")
+                return lanes.elect(lanes.mask, *(int(a(env, lanes)) for a in args))
             return elect
         if fn_name not in _CALLS:
             raise TermError(f"term {to_c(t)!r}: the interpreter has no function {fn_name!r}; "
-                            f"known: {', '.join(sorted(_CALLS))}, elect_one")
+                            f"known: {', '.join(sorted(_CALLS))}, {', '.join(ELECTS)}")
         fn = _CALLS[fn_name]
         return lambda env, lanes: fn(*(a(env, lanes) for a in args))
     if len(args) == 1:

@@ -24,6 +24,10 @@ from cbrules.terms import BINARY_OPS, DEVICE_FUNCTIONS, UNARY_OPS, Term, call_pr
 from .errors import CodegenError
 
 PRELUDE = (Path(__file__).with_name("prelude.cu")).read_text()
+# helpers only warp-specialized kernels use: appended when the kernel calls them, so the source of
+# every other kernel stays as it was
+PRELUDE_ROLES = (Path(__file__).with_name("prelude_roles.cu")).read_text()
+_ROLE_HELPERS = ("cb_elect_warp(", "cb_block_reduce_named<")
 REDUCE_SCRATCH_BYTES = 32 * 8
 MAX_SHARED_BYTES = 227 * 1024  # per block on H100/H200 with the opt-in attribute
 _UNARY_C = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "fabs"}
@@ -33,7 +37,8 @@ _COMBINE = {"sum": ("CbSum", "0"), "max": ("CbMax", "-__int_as_float(0x7f800000)
 # CUDA's builtins are unsigned; index arithmetic is signed int (C's mixed-sign rules would bite)
 _BUILTIN_C = {f"{b}.{a}": f"(int){b}.{a}" for b in ("threadIdx", "blockIdx", "blockDim", "gridDim") for a in "xyz"}
 # the prelude helper of every device function a term may call (cbrules.terms.DEVICE_FUNCTIONS)
-_CALL_C = {"elect_one": "cb_elect_one", "ceil_div": "cb_ceil_div", "min": "cb_min", "max": "cb_max"}
+_CALL_C = {"elect_one": "cb_elect_one", "elect_warp": "cb_elect_warp", "ceil_div": "cb_ceil_div", "min": "cb_min",
+           "max": "cb_max"}
 assert set(_CALL_C) == set(DEVICE_FUNCTIONS), "every device function needs its prelude helper"
 _INT_LITERAL_BOUND = 2 ** 63
 
@@ -164,6 +169,31 @@ class _Emitter:
     def emit(self, s: Step, depth: int) -> None:
         pad = "  " * depth
         a = s.attrs
+        note = self._note(s)
+        if s.op == "for":
+            self._for(s, pad, note, depth)
+            return
+        if s.op == "if":
+            self.lines.append(f"{pad}if ({_c_term(a['pred'])}) {{{note}")
+            for c in s.body:
+                if c.op != "else":
+                    self.emit(c, depth + 1)
+            for c in s.body:  # the else branch (at most one) follows the then branch, wherever it is scheduled
+                if c.op == "else":
+                    self.lines.append(f"{pad}}} else {{{self._note(c)}")
+                    for cc in c.body:
+                        self.emit(cc, depth + 1)
+            self.lines.append(f"{pad}}}")
+            return
+        if s.op == "else":
+            raise CodegenError(f"node #{s.node}: an else branch outside an if")
+        stmt = self.statement(s)
+        if stmt:
+            self.lines.append(f"{pad}{stmt}{note}")
+
+    def _note(self, s: Step) -> str:
+        """The trailing comment of a statement: its part, and with ``annotate`` its origin."""
+        a = s.attrs
         note = f"  // {_comment(a['part'])}" if a.get("part") and s.op != "for" else ""
         if self.annotate and s.origin:
             o = s.origin
@@ -171,18 +201,7 @@ class _Emitter:
                              else f"  // build @ {o.get('where', '?')}")
             if o.get("source"):
                 note += _comment(f" (from {o['source']})")
-        if s.op == "for":
-            self._for(s, pad, note, depth)
-            return
-        if s.op == "if":
-            self.lines.append(f"{pad}if ({_c_term(a['pred'])}) {{{note}")
-            for c in s.body:
-                self.emit(c, depth + 1)
-            self.lines.append(f"{pad}}}")
-            return
-        stmt = self.statement(s)
-        if stmt:
-            self.lines.append(f"{pad}{stmt}{note}")
+        return note
 
     def _for(self, s: Step, pad: str, note: str, depth: int) -> None:
         a = s.attrs
@@ -228,9 +247,11 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
     decls = ["  extern __shared__ __align__(1024) unsigned char cb_smem[];"]
     decls += [f"  {t}* {n} = reinterpret_cast<{t}*>(cb_smem + {off});" for n, t, off in e.shared]
     decls += [f"  {_dtype(t)} {r} = 0;" for r, t in e.registers.items()]
+    bounds = f"{bx * by * bz}" + (f", {_int(k['min_blocks'], 'min_blocks', 1)}" if k.get("min_blocks") else "")
+    roles = any(h in line for line in e.lines for h in _ROLE_HELPERS)
     text = "\n".join([
-        PRELUDE, e.elect_one(), "",
-        f'extern "C" __global__ void __launch_bounds__({bx * by * bz}) {_ident(k["name"])}({e.signature()}) {{',
+        PRELUDE, *([PRELUDE_ROLES] if roles else []), e.elect_one(), "",
+        f'extern "C" __global__ void __launch_bounds__({bounds}) {_ident(k["name"])}({e.signature()}) {{',
         *decls, *e.lines, "}", ""])
     if e.smem_bytes > MAX_SHARED_BYTES:
         raise CodegenError(f"kernel {k['name']}: {e.smem_bytes} bytes of shared memory, more than the "
@@ -299,6 +320,10 @@ def _reduce(o, a, e) -> str:
     ctype = DTYPES[a["dtype"]]
     if a["kind"] == "serial":
         return f"{a['dst']} = {functor}()({a['dst']}, {_c_term(a['src'])});"
+    if a.get("bar_id") is not None:  # over the threads before `count` only, through a named barrier
+        return (f"{a['dst']} = cb_block_reduce_named<{ctype}>({_c_term(a['src'])}, ({ctype}){identity}, "
+                f"{functor}(), reinterpret_cast<{ctype}*>(cb_smem + {e.reduce_offset}), {_int(a['bar_id'], 'a named barrier id', 1)}, "
+                f"{_int(a['count'], 'a named barrier thread count', 32)});")
     return (f"{a['dst']} = cb_block_reduce<{ctype}>({_c_term(a['src'])}, ({ctype}){identity}, "
             f"{functor}(), reinterpret_cast<{ctype}*>(cb_smem + {e.reduce_offset}));")
 
@@ -326,4 +351,13 @@ _STATEMENTS = {
     "fence_proxy_async": lambda o, a, e: "cb_fence_proxy_async();",
     "fence_mbarrier_init": lambda o, a, e: "cb_fence_mbarrier_init();",
     "bar_sync": lambda o, a, e: f"cb_bar_sync({a['id']}, {a['count']});",
+    "setmaxnreg": lambda o, a, e: _setmaxnreg(a),
 }
+
+
+def _setmaxnreg(a) -> str:
+    action, count = a["action"], a["count"]
+    if action not in ("inc", "dec") or not isinstance(count, int) or not (24 <= count <= 256 and count % 8 == 0):
+        raise CodegenError(f"setmaxnreg.{action} {count!r}: the action is inc or dec and the count a multiple of 8 "
+                           "in 24..256")
+    return f'asm volatile("setmaxnreg.{action}.sync.aligned.u32 {count};");'

@@ -15,7 +15,7 @@ from cbrules.kernels import KERNELS
 from cbrules.names import IdentifierError, NameClashError
 from cbrules.schedule import schedule
 from cbrules.sexpr import RuleError
-from codegen.cuda import PRELUDE, emit
+from codegen.cuda import PRELUDE, PRELUDE_ROLES, emit
 
 INJECTION = "N\n#define exp(x) 0\n"
 
@@ -255,12 +255,13 @@ def test_the_scan_would_see_an_unchecked_name():
     assert _unchecked_tokens(kg, text.replace("expf(", "sinf(")) == {"sinf"}
 
 
-def test_every_prelude_definition_is_reserved():
+@pytest.mark.parametrize("prelude", [PRELUDE, PRELUDE_ROLES], ids=["prelude", "prelude_roles"])
+def test_every_prelude_definition_is_reserved(prelude):
     defined = set(re.findall(r"\b(?:struct|void|bool|unsigned|int|T)\s+(?:__align__\(\d+\)\s+)?([A-Za-z_]\w*)\s*[({]",
-                             PRELUDE)) - names.C_KEYWORDS
+                             prelude)) - names.C_KEYWORDS
     assert defined and defined <= names.PRELUDE_NAMES, defined - names.PRELUDE_NAMES
-    assert re.findall(r"\b(cb_\w+|Cb\w+|CB_\w+)", PRELUDE) and \
-        set(re.findall(r"\b(cb_\w+|Cb\w+|CB_\w+)", PRELUDE)) <= names.PRELUDE_NAMES
+    assert re.findall(r"\b(cb_\w+|Cb\w+|CB_\w+)", prelude) and \
+        set(re.findall(r"\b(cb_\w+|Cb\w+|CB_\w+)", prelude)) <= names.PRELUDE_NAMES
 
 
 # ------------------------------------------------------------------------------ any text as a name

@@ -49,8 +49,9 @@ class KernelSpec:
 
     def build(self, shape: Optional[tuple] = None, trips: Optional[int] = None, **options) -> Kernel:
         """The kernel for ``shape`` (only kernels specialised at build time look at it) with
-        circular-buffer ``options`` (stages, prefetch, war) where the kernel takes them; ``trips``
-        fixes a trip count that is a build parameter (see ``trips_params``)."""
+        circular-buffer ``options`` (stages, prefetch, war, warp_specialize, registers) where the
+        kernel takes them; ``trips`` fixes a trip count that is a build parameter (see
+        ``trips_params``)."""
         params = self.build_params(tuple(shape or self.default_shape))
         if trips is not None:
             params.update(self.trips_params(trips))

@@ -11,8 +11,8 @@ from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
 BM, BN, BK, PATCH = 64, 64, 16, 4
 
 
-def matmul(stages: int = 3, prefetch=None, war: str = "sync", tile: int = BM, patch: int = PATCH, bk: int = BK,
-           spread: bool = False) -> Kernel:
+def matmul(stages: int = 3, prefetch=None, war=None, tile: int = BM, patch: int = PATCH, bk: int = BK,
+           spread: bool = False, warp_specialize: bool = False, registers=None) -> Kernel:
     """``c[M, N] = a[M, K] @ b[K, N]`` in ``tile`` x ``tile`` blocks, ``patch`` x ``patch`` a thread,
     ``bk`` columns of A a K step. ``spread``: a thread's patch columns lie ``tile / patch`` apart
     instead of side by side, so the 16 column groups of a warp read 16 different shared-memory banks."""
@@ -33,7 +33,8 @@ def matmul(stages: int = 3, prefetch=None, war: str = "sync", tile: int = BM, pa
         return tx + q * side if spread else tx * patch + q
 
     acc = [[k.assign(0.0, dst=f"acc{r}{q}") for q in range(patch)] for r in range(patch)]
-    with k.loop("t", ceil_div(kk, bk), circular_buffer=circular_buffer(stages, prefetch, war)) as t:
+    cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
+    with k.loop("t", ceil_div(kk, bk), circular_buffer=cb) as t:
         k.tma_load(a_map, (blockIdx.y * tile, t * bk), a_tile)  # out of range: zeros, adding nothing
         k.tma_load(b_map, (t * bk, blockIdx.x * tile), b_tile)
         with k.loop("e", bk, kind="unroll") as e:

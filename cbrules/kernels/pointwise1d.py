@@ -11,7 +11,8 @@ from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
 TILE = 256
 
 
-def single_dim(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_block: int = 8) -> Kernel:
+def single_dim(stages: int = 3, prefetch=None, war=None, tiles_per_block: int = 8,
+               warp_specialize: bool = False, registers=None) -> Kernel:
     """``out = exp(x)``; the serial loop over tiles is circular-buffered."""
     k = Kernel("single_dim", block=TILE)
     n = k.symbol("N")
@@ -20,7 +21,8 @@ def single_dim(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_bloc
     k.grid(ceil_div(ceil_div(n, TILE), tiles_per_block))
     tile = k.alloc("tile", "shared", "float32", (TILE,))
     first = blockIdx.x * tiles_per_block
-    with k.loop("i", tiles_per_block, circular_buffer=circular_buffer(stages, prefetch, war)) as i:
+    cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
+    with k.loop("i", tiles_per_block, circular_buffer=cb) as i:
         base = (first + i) * TILE
         k.tma_load(x_map, (base,), tile)
         y = k.exp(k.load(tile, threadIdx.x))
@@ -49,12 +51,13 @@ def _load_stage(k: Kernel, x_map, tile, first, i, unroll: int) -> None:
         k.tma_load(x_map, ((first + i * unroll + u) * TILE,), tile, offset=u * TILE)
 
 
-def single_dim_unroll(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_block: int = 32,
-                      unroll: int = 4) -> Kernel:
+def single_dim_unroll(stages: int = 3, prefetch=None, war=None, tiles_per_block: int = 32,
+                      unroll: int = 4, warp_specialize: bool = False, registers=None) -> Kernel:
     """The tile loop split by ``unroll``: the outer serial loop is circular-buffered, each stage
     holds ``unroll`` tiles loaded by an unrolled inner loop of TMA copies."""
     k, n, out, x_map, tile, first = _staged("single_dim_unroll", tiles_per_block, unroll)
-    with k.loop("i", tiles_per_block // unroll, circular_buffer=circular_buffer(stages, prefetch, war)) as i:
+    cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
+    with k.loop("i", tiles_per_block // unroll, circular_buffer=cb) as i:
         _load_stage(k, x_map, tile, first, i, unroll)
         with k.loop("w", unroll, kind="unroll") as w:
             base = (first + i * unroll + w) * TILE
@@ -64,12 +67,13 @@ def single_dim_unroll(stages: int = 3, prefetch=None, war: str = "sync", tiles_p
     return k
 
 
-def single_dim_unswitch(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_block: int = 32,
-                        unroll: int = 4) -> Kernel:
+def single_dim_unswitch(stages: int = 3, prefetch=None, war=None, tiles_per_block: int = 32,
+                        unroll: int = 4, warp_specialize: bool = False, registers=None) -> Kernel:
     """Like the unrolled kernel, with the store predicate hoisted out of the inner loop: a stage whose
     tiles are all in bounds stores without tests, the others test every element."""
     k, n, out, x_map, tile, first = _staged("single_dim_unswitch", tiles_per_block, unroll)
-    with k.loop("i", tiles_per_block // unroll, circular_buffer=circular_buffer(stages, prefetch, war)) as i:
+    cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
+    with k.loop("i", tiles_per_block // unroll, circular_buffer=cb) as i:
         _load_stage(k, x_map, tile, first, i, unroll)
         stage_end = (first + i * unroll + unroll) * TILE
         with k.if_(stage_end.le(n)):  # the unswitched fast path

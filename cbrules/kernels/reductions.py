@@ -7,7 +7,8 @@ from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes, thread
 COLS = 256
 
 
-def inner_reduction(stages: int = 3, prefetch=None, war: str = "sync", width: int = COLS) -> Kernel:
+def inner_reduction(stages: int = 3, prefetch=None, war=None, width: int = COLS,
+                    warp_specialize: bool = False, registers=None) -> Kernel:
     """``out[m] = sum(x[m, :])``: one block per row, the loop over its N-tiles circular-buffered.
     A tile is ``width`` columns (a multiple of 256; wider tiles arrive as several 256-wide boxes)."""
     if width % COLS:
@@ -19,7 +20,8 @@ def inner_reduction(stages: int = 3, prefetch=None, war: str = "sync", width: in
     tile = k.alloc("tile", "shared", "float32", (1, width))
     k.grid(m)
     acc = k.assign(0.0, dst="acc")
-    with k.loop("j", ceil_div(n, width), circular_buffer=circular_buffer(stages, prefetch, war)) as j:
+    cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
+    with k.loop("j", ceil_div(n, width), circular_buffer=cb) as j:
         k.tma_load(x_map, (blockIdx.x, j * width), tile, tile=(1, width))  # columns past N arrive as zeros
         for lane in lanes(width // COLS, COLS):  # unrolled here: one column of every box
             k.reduce(k.load(tile, lane), kind="serial", dst="acc")
@@ -29,7 +31,8 @@ def inner_reduction(stages: int = 3, prefetch=None, war: str = "sync", width: in
     return k
 
 
-def outer_reduction(stages: int = 3, prefetch=None, war: str = "sync", rows: int = 8, cols: int = COLS) -> Kernel:
+def outer_reduction(stages: int = 3, prefetch=None, war=None, rows: int = 8, cols: int = COLS,
+                    warp_specialize: bool = False, registers=None) -> Kernel:
     """``out[n] = sum(x[:, n])``: a block per ``cols`` columns, the serial loop over M (in tiles of
     ``rows`` rows) circular-buffered. With ``cols`` < 256 the block's 256 threads split each tile's
     rows into 256 / cols groups and add the groups' sums through shared memory at the end (more
@@ -47,7 +50,8 @@ def outer_reduction(stages: int = 3, prefetch=None, war: str = "sync", rows: int
     lane, group = (threadIdx.x, None) if groups == 1 else (threadIdx.x % cols, threadIdx.x / cols)
     col = blockIdx.x * cols + lane
     k.assign(0.0, dst="acc")
-    with k.loop("i", ceil_div(m, rows), circular_buffer=circular_buffer(stages, prefetch, war)) as i:
+    cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
+    with k.loop("i", ceil_div(m, rows), circular_buffer=cb) as i:
         k.tma_load(x_map, (i * rows, blockIdx.x * cols), tile)  # rows past M arrive as zeros
         with k.loop("r", rows // groups, kind="unroll") as r:
             row = r if groups == 1 else r * groups + group
@@ -68,8 +72,8 @@ def outer_reduction(stages: int = 3, prefetch=None, war: str = "sync", rows: int
     return k
 
 
-def persistent(stages: int = 3, prefetch=None, war: str = "sync", row: int = 1024, box: int = 128,
-               width: int = COLS, threads: int = COLS) -> Kernel:
+def persistent(stages: int = 3, prefetch=None, war=None, row: int = 1024, box: int = 128,
+               width: int = COLS, threads: int = COLS, warp_specialize: bool = False, registers=None) -> Kernel:
     """``out = (x - mean) / sqrt(var)`` per row of a [M, row] tensor (``row`` fixed at build time).
 
     One block of ``threads`` per row; each stage brings a ``width``-wide tile as several ``box``-wide
@@ -89,7 +93,8 @@ def persistent(stages: int = 3, prefetch=None, war: str = "sync", row: int = 102
     vals = k.alloc("vals", "register", "float32", (row // threads,))
     k.grid(m)
     k.assign(0.0, dst="s1")
-    with k.loop("j", tiles, circular_buffer=circular_buffer(stages, prefetch, war)) as j:
+    cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
+    with k.loop("j", tiles, circular_buffer=cb) as j:
         k.tma_load(x_map, (blockIdx.x, j * width), tile, tile=(1, width))
         for c, lane in enumerate(lanes(per, threads)):  # unrolled here: one column of every `threads`
             v = k.load(tile, lane)
@@ -107,7 +112,8 @@ def persistent(stages: int = 3, prefetch=None, war: str = "sync", row: int = 102
     return k
 
 
-def two_pass(stages: int = 3, prefetch=None, war: str = "sync", width: int = COLS, threads: int = COLS) -> Kernel:
+def two_pass(stages: int = 3, prefetch=None, war=None, width: int = COLS, threads: int = COLS,
+             warp_specialize: bool = False, registers=None) -> Kernel:
     """``out = (x - mean) / sqrt(var)`` per row of [M, N] for rows too long to keep on chip (N known
     only at launch): one block per row reads it twice, each pass a circular-buffered loop over
     ``width``-wide tiles (the second read comes mostly from DRAM again: see
@@ -125,7 +131,8 @@ def two_pass(stages: int = 3, prefetch=None, war: str = "sync", width: int = COL
     shift = k.load(x, blockIdx.x * n)
     k.assign(0.0, dst="s1")
     k.assign(0.0, dst="s2")
-    with k.loop("j", ceil_div(n, width), circular_buffer=circular_buffer(stages, prefetch, war)) as j:
+    cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
+    with k.loop("j", ceil_div(n, width), circular_buffer=cb) as j:
         k.tma_load(x_map, (blockIdx.x, j * width), tile, tile=(1, width))  # columns past N arrive as zeros
         for lane in lanes(per, threads):
             with k.if_((j * width + lane).lt(n)):
@@ -137,7 +144,8 @@ def two_pass(stages: int = 3, prefetch=None, war: str = "sync", width: int = COL
     var = k.sub(k.mul(k.reduce("s2", kind="block"), inv_n), k.mul(mean_d, mean_d))
     rstd = k.rsqrt(var)
     mean = k.add(mean_d, shift)
-    with k.loop("i", ceil_div(n, width), circular_buffer=circular_buffer(stages, prefetch, war)) as i:
+    cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
+    with k.loop("i", ceil_div(n, width), circular_buffer=cb) as i:
         k.tma_load(x_map, (blockIdx.x, i * width), tile, tile=(1, width))
         for lane in lanes(per, threads):
             y = k.mul(k.sub(k.load(tile, lane), mean), rstd)

@@ -15,8 +15,8 @@ COLS = 256
 ROWS = 4
 
 
-def _pointwise(name: str, inputs: tuple[str, ...], stages: int, prefetch, war: str, rows: int = ROWS,
-               width: int = COLS, per_block: int = 0) -> Kernel:
+def _pointwise(name: str, inputs: tuple[str, ...], stages: int, prefetch, war, rows: int = ROWS,
+               width: int = COLS, per_block: int = 0, warp_specialize: bool = False, registers=None) -> Kernel:
     ROWS = rows  # noqa: N806 (rows of a tile: a tuning parameter)
     if width % COLS:
         raise ValueError(f"{name}: width {width} must be a multiple of {COLS}")
@@ -31,7 +31,8 @@ def _pointwise(name: str, inputs: tuple[str, ...], stages: int, prefetch, war: s
         k.grid(ceil_div(ceil_div(m, ROWS) * across, per_block))
     else:
         k.grid(ceil_div(m, ROWS))
-    with k.loop("j", per_block or across, circular_buffer=circular_buffer(stages, prefetch, war)) as j:
+    cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
+    with k.loop("j", per_block or across, circular_buffer=cb) as j:
         if per_block:  # tiles past the last one lie below M: they arrive as zeros and store nothing
             t = blockIdx.x * per_block + j
             row0, col0 = t / across * ROWS, t % across * width
@@ -49,14 +50,16 @@ def _pointwise(name: str, inputs: tuple[str, ...], stages: int, prefetch, war: s
     return k
 
 
-def multi_dim(stages: int = 3, prefetch=None, war: str = "sync", rows: int = ROWS, width: int = COLS,
-              per_block: int = 0) -> Kernel:
+def multi_dim(stages: int = 3, prefetch=None, war=None, rows: int = ROWS, width: int = COLS,
+              per_block: int = 0, warp_specialize: bool = False, registers=None) -> Kernel:
     """``out = exp(x)`` over [M, N], tiles ``rows`` x ``width`` (default 4 x 256); a block per row
     strip, or per ``per_block`` consecutive tiles."""
-    return _pointwise("multi_dim", ("x",), stages, prefetch, war, rows, width, per_block)
+    return _pointwise("multi_dim", ("x",), stages, prefetch, war, rows, width, per_block,
+                      warp_specialize, registers)
 
 
-def pointwise(stages: int = 3, prefetch=None, war: str = "sync", rows: int = ROWS, width: int = COLS,
-              per_block: int = 0) -> Kernel:
+def pointwise(stages: int = 3, prefetch=None, war=None, rows: int = ROWS, width: int = COLS,
+              per_block: int = 0, warp_specialize: bool = False, registers=None) -> Kernel:
     """``out = x + y``: two TMA buffers on one loop, one barrier per stage with two arrivals."""
-    return _pointwise("pointwise", ("x", "y"), stages, prefetch, war, rows, width, per_block)
+    return _pointwise("pointwise", ("x", "y"), stages, prefetch, war, rows, width, per_block,
+                      warp_specialize, registers)
