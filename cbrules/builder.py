@@ -130,12 +130,15 @@ def _cb_options(options: Any, where: str) -> dict:
     return out
 
 
-def circular_buffer(stages: int, prefetch: Optional[int] = None, war: str = "sync") -> dict:
-    """Options of a circular-buffered loop: ``stages`` S, ``prefetch`` P (default S-1, negative counts
-    from S), ``war`` = "sync" (block sync ends each main iteration) or "mbarrier" (empty barriers).
+def circular_buffer(stages: int, prefetch: Optional[int] = None, war: Optional[str] = None) -> dict:
+    """Options of a circular-buffered loop: ``stages`` S, ``prefetch`` P (negative counts from S),
+    ``war`` = "sync" (block sync ends each main iteration) or "mbarrier" (empty barriers).
+    Only the options given are recorded: the rules fill in the rest (``cb-default-prefetch``: S-1,
+    ``cb-default-war``: "sync"), so a rule folder can change a default.
     Non-int stages or prefetch are a :class:`BuildError` here; the rules check the ranges and
     refuse bad ones with a named error."""
-    return _cb_options({"stages": stages, "prefetch": prefetch, "war": war}, "circular_buffer(...)")
+    given = {"stages": stages, "prefetch": prefetch, "war": war}
+    return _cb_options({k: v for k, v in given.items() if v is not None}, "circular_buffer(...)")
 
 
 def _call_site() -> str:

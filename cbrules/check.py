@@ -41,7 +41,7 @@ class CaseResult:
     kernel: str
     stages: int
     prefetch: Optional[int]
-    war: str
+    war: Optional[str]  # None: the rules' default
     trips: int
     shape: tuple
     status: str  # "ok", "refused" (the expected named error) or "FAIL"
@@ -76,7 +76,7 @@ class Checker:
         self._unlowered: dict = {}
 
     def lower(self, spec: KernelSpec, shape: tuple, trips: int, stages: int, prefetch: Optional[int],
-              war: str) -> Program:
+              war: Optional[str]) -> Program:
         """The lowered kernel of the case, ready to run (a :class:`LoweringError` is cached and raised
         again)."""
         params = {**spec.build_params(tuple(shape)), **spec.trips_params(trips)}
@@ -107,7 +107,7 @@ class Checker:
         return self._unlowered[key]
 
     def check(self, spec: KernelSpec, trips: int, stages: int, prefetch: Optional[int] = None,
-              war: str = "sync", shape: Optional[tuple] = None) -> CaseResult:
+              war: Optional[str] = None, shape: Optional[tuple] = None) -> CaseResult:
         """Check one case; never raises for a failure of the kernel (see ``status``/``detail``).
 
         ``shape`` defaults to ``spec.shape_for_trips(trips)``; given, it must make the loop run

@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from . import api, rulefile, trace
+from . import api, options, rulefile, trace
 from .builder import Kernel
 from .errors import CbrulesError
 from .kernels import KERNELS, KernelSpec, get
@@ -177,7 +177,9 @@ def cmd_kernels(a) -> int:
 
 def cmd_lower(a) -> int:
     spec = load_kernel(a.kernel)
-    kg = api.lower(_kernel(a, spec), **_lower_options(a))
+    built = _kernel(a, spec)
+    kg = api.lower(built, **_lower_options(a))
+    print(options.describe(kg, built.graph))
     print(print_program(schedule(kg)))
     if kg.trace is not None:
         print("\n".join(trace.describe(r) for r in kg.trace.records))
@@ -186,12 +188,15 @@ def cmd_lower(a) -> int:
 
 def cmd_rules(a) -> int:
     _rule_folders(a)
-    dirs = a.dirs or None
-    rs = rulefile.load(rulefile.rule_dirs(a.rules or ()) if dirs is None else dirs,
-                       check_egglog=a.action == "check")
+    # a user folder adds to the shipped rules (its phases and disables refer to them), so it is
+    # always checked together with them
+    dirs = rulefile.rule_dirs([*(a.rules or ()), *(a.dirs or ())])
+    rs = rulefile.load(dirs, check_egglog=a.action == "check")
     if a.action == "check":
         print(f"ok: {len(rs.rules)} graph rules in phases {', '.join(rs.phases) or '(none)'}, "
               f"{len(rs.egg_forms)} egglog forms, {len(rs.files)} files")
+        extra = [str(d) for d in dirs[1:]]
+        print(f"checked: the shipped rules ({rulefile.SHIPPED})" + (" together with " + ", ".join(extra) if extra else ""))
         return 0
     for r in rs.rules:
         off = " (disabled)" if r.name in rs.disabled else ""
@@ -297,18 +302,30 @@ def cmd_check(a) -> int:
                            n for n, s in sorted(KERNELS.items()) if s.pipelined and s.shape_for_trips) + ")")
     if a.shape:
         raise CliError("check picks a small shape for every trip count itself; drop --shape")
-    war = a.war or "sync"
-    prefetch = "default (S-1)" if a.prefetch is None else a.prefetch
-    print(f"{spec.name}: stages={stages} prefetch={prefetch} war={war}; trip counts 1..{4 * stages}, "
+    asked = " ".join(f"--{k} {v}" for k, v in (("stages", a.stages), ("prefetch", a.prefetch), ("war", a.war))
+                     if v is not None)
+    print(f"{spec.name}: options given: {asked or 'none'}; trip counts 1..{4 * stages}, "
           f"{'a sample of' if a.sample else 'all'} blocks; lowered vs before lowering vs numpy, protocol checked")
     checker = Checker(blocks="sample" if a.sample else None, **_lower_options(a))
-    results = [checker.check(spec, t, stages, a.prefetch, war) for t in trip_counts(stages)]
+    print(_check_options(spec, checker, stages, a.prefetch, a.war))
+    results = [checker.check(spec, t, stages, a.prefetch, a.war) for t in trip_counts(stages)]
     print(summary_table(results))
     failed = [r for r in results if not r.ok]
     refused = sum(r.status == "refused" for r in results)
     print(f"{len(results)} trip counts: {len(results) - refused - len(failed)} ok, {refused} refused as "
           f"required (trip count < stages), {len(failed)} failed")
     return 1 if failed else 0
+
+
+def _check_options(spec: KernelSpec, checker, stages: int, prefetch: Optional[int], war: Optional[str]) -> str:
+    """The effective options of the case with trip count S (the defaults filled in by the rules)."""
+    trips = stages
+    built = spec.build(spec.shape_for_trips(trips), trips=trips, stages=stages, prefetch=prefetch, war=war)
+    try:
+        kg = api.lower(built, rules=checker.lower_options["rules"])
+    except CbrulesError as e:
+        return f"effective options: unknown, lowering with trip count {trips} fails ({type(e).__name__})"
+    return options.describe(kg, built.graph)
 
 
 def _count(least: int) -> Callable[[str], int]:
@@ -357,7 +374,8 @@ def parser() -> argparse.ArgumentParser:
     lo.set_defaults(fn=cmd_lower)
     ru = sub.add_parser("rules", help="check or list the rule files")
     ru.add_argument("action", choices=["check", "list"], help="check: read and check only; list: every rule")
-    ru.add_argument("dirs", nargs="*", help="rule folders or files (default: shipped + $CBRULES_RULES + --rules)")
+    ru.add_argument("dirs", nargs="*", help="rule folders or files, checked together with the shipped rules, "
+                    "$CBRULES_RULES and --rules")
     ru.add_argument("--rules", action="append", metavar="DIR", help="add a rule folder (repeatable)")
     ru.set_defaults(fn=cmd_rules)
     tr = sub.add_parser("trace", help="lower in debug mode and query which rule did what")

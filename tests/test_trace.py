@@ -1,7 +1,7 @@
 """Debug-mode trace queries, as a Python API and on the command line."""
 import pytest
 
-from cbrules import api, trace
+from cbrules import api, rulefile, trace
 from cbrules.cli import main
 from cbrules.kernels.exp1d import exp1d_tma
 from rulekit import write_rules
@@ -120,7 +120,9 @@ def test_trace_cli(folder, capsys, tmp_path):
 
 def test_rules_cli(folder, tmp_path, capsys):
     assert main(["rules", "check", str(folder)]) == 0
-    assert "ok: 3 graph rules" in capsys.readouterr().out
+    out = capsys.readouterr().out  # the folder's 3 rules, checked with the shipped ones
+    shipped = len(rulefile.load().rules)
+    assert f"ok: {shipped + 3} graph rules" in out and f"together with {folder}" in out
     assert main(["rules", "list", "--rules", str(folder)]) == 0
     assert "fence-each-sync" in capsys.readouterr().out
     bad = write_rules(tmp_path / "bad", "(phases p)\n(graph-rule x :phase p :match ((lod ?l)) :rewrite ((erase ?l)))\n")

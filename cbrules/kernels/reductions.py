@@ -2,12 +2,14 @@
 inner-persistent normalisation that keeps its row in registers."""
 from __future__ import annotations
 
+from typing import Optional
+
 from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes, threadIdx
 
 COLS = 256
 
 
-def inner_reduction(stages: int = 3, prefetch=None, war: str = "sync", width: int = COLS) -> Kernel:
+def inner_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, width: int = COLS) -> Kernel:
     """``out[m] = sum(x[m, :])``: one block per row, the loop over its N-tiles circular-buffered.
     A tile is ``width`` columns (a multiple of 256; wider tiles arrive as several 256-wide boxes)."""
     if width % COLS:
@@ -29,7 +31,7 @@ def inner_reduction(stages: int = 3, prefetch=None, war: str = "sync", width: in
     return k
 
 
-def outer_reduction(stages: int = 3, prefetch=None, war: str = "sync", rows: int = 8, cols: int = COLS) -> Kernel:
+def outer_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, rows: int = 8, cols: int = COLS) -> Kernel:
     """``out[n] = sum(x[:, n])``: a block per ``cols`` columns, the serial loop over M (in tiles of
     ``rows`` rows) circular-buffered. With ``cols`` < 256 the block's 256 threads split each tile's
     rows into 256 / cols groups and add the groups' sums through shared memory at the end (more
@@ -68,7 +70,7 @@ def outer_reduction(stages: int = 3, prefetch=None, war: str = "sync", rows: int
     return k
 
 
-def persistent(stages: int = 3, prefetch=None, war: str = "sync", row: int = 1024, box: int = 128,
+def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: int = 1024, box: int = 128,
                width: int = COLS, threads: int = COLS) -> Kernel:
     """``out = (x - mean) / sqrt(var)`` per row of a [M, row] tensor (``row`` fixed at build time).
 
@@ -107,7 +109,7 @@ def persistent(stages: int = 3, prefetch=None, war: str = "sync", row: int = 102
     return k
 
 
-def two_pass(stages: int = 3, prefetch=None, war: str = "sync", width: int = COLS, threads: int = COLS) -> Kernel:
+def two_pass(stages: int = 3, prefetch=None, war: Optional[str] = None, width: int = COLS, threads: int = COLS) -> Kernel:
     """``out = (x - mean) / sqrt(var)`` per row of [M, N] for rows too long to keep on chip (N known
     only at launch): one block per row reads it twice, each pass a circular-buffered loop over
     ``width``-wide tiles (the second read comes mostly from DRAM again: see
