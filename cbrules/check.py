@@ -85,10 +85,10 @@ class Checker:
             try:
                 self._lowered[key] = prepare(api.lower(spec.build(shape, trips=trips, stages=stages,
                                                                   prefetch=prefetch, war=war), **self.lower_options))
-            except LoweringError as e:
+            except (LoweringError, InterpError) as e:  # InterpError: a term the interpreter does not model
                 self._lowered[key] = e
         got = self._lowered[key]
-        if isinstance(got, LoweringError):
+        if isinstance(got, Exception):
             raise got
         return got
 
@@ -127,9 +127,9 @@ class Checker:
         short = res.trips < res.stages
         try:
             kg = self.lower(spec, res.shape, res.trips, res.stages, res.prefetch, res.war)
-        except LoweringError as e:
-            refused = short and SHORT_LOOP_RULE in str(e)
-            res.status, res.detail = ("refused" if refused else "FAIL"), f"LoweringError: {e}"
+        except (LoweringError, InterpError) as e:
+            refused = short and isinstance(e, LoweringError) and SHORT_LOOP_RULE in str(e)
+            res.status, res.detail = ("refused" if refused else "FAIL"), f"{type(e).__name__}: {e}"
             return
         args = self.inputs(spec, res.shape)
         try:

@@ -11,9 +11,10 @@ from typing import Optional
 import numpy as np
 
 from .hwsim import read_box, write_box
-from .ops import DTYPE_BYTES
+from .ops import DTYPE_BYTES, MAX_BACKOFF_NS
 from .protocol import DivergentSync, InterpError, TmaIssueError
 from .schedule import Step
+from .verify import attribute_problem
 
 
 class OutOfBounds(InterpError):
@@ -173,6 +174,12 @@ class MemoryOps:
             self.proto.arrive(sid, lanes, int(s.attrs["bytes"]), self.site)
 
     def _mbarrier_wait(self, s: Step, mask: np.ndarray) -> None:
+        # a :backoff sleeps between polls: it changes when the wait returns, never what it observes,
+        # so only its value is checked (codegen prints it into __nanosleep)
+        backoff = s.attrs.get("backoff")
+        why = None if backoff is None else attribute_problem("mbarrier_wait", "backoff", backoff)
+        if why:
+            raise InterpError(f"mbarrier_wait :backoff {why}; give 0..{MAX_BACKOFF_NS} nanoseconds", self.site())
         for sid, parity, lanes in self._slots(s, mask, "parity"):
             self.proto.wait(sid, lanes, parity % 2, self.site)
 

@@ -35,7 +35,13 @@ RELATIONS: dict[str, tuple[int, tuple[str, ...], tuple[str, ...]]] = {
     "nearest": (2, ("around",), ()),  # (nearest ?x PATTERN :around ?n): ?n or its closest enclosing match
     "count": (2, ("in",), ()),      # (count ?k PATTERN :in ?scope): ?k = number of matches
     "sum": (3, ("in",), ()),        # (sum ?k ATTR PATTERN :in ?scope): ATTR summed over one iteration of ?scope
+    # order among the children of one scope, in schedule order (the order codegen prints them)
+    "next": (2, (), ()),            # (next ?a ?b): ?b runs right after ?a, nothing between them
+    "before": (2, (), ()),          # (before ?a ?b): ?a runs before ?b, both children of one scope
+    "between": (3, (), ()),         # (between ?a ?b ?x): ?x runs after ?a and before ?b (?a, ?b bound)
+    "distinct": (2, (), ()),        # (distinct ?a ?b ...): the variables are bound to different nodes
 }
+VARIADIC_RELATIONS = ("distinct",)  # take their count of positional arguments or more
 
 
 class MatchTimeout(Exception):
@@ -290,6 +296,66 @@ class Matcher:
             return list(self.node_matches(e.items[pattern_at], b, among=[n, *self.kg.ancestors(n)]))
         scope = self._scope_of(keys["in"], b)
         return list(self.node_matches(e.items[pattern_at], b, within=scope))
+
+    # ------------------------------------------------------------------ order
+    def _position(self, n: int) -> tuple[list[int], int]:
+        """The schedule order of ``n``'s scope and ``n``'s place in it (the kernel: alone)."""
+        scope = self.kg.parent(n)
+        if scope is None:
+            return [n], 0
+        order = self.order(scope)
+        return order, order.index(n)
+
+    def _node(self, x: Expr, b: dict) -> Optional[int]:
+        """The node ``x`` is bound to (None while unbound); a non-node value is a RuleError."""
+        if not (isinstance(x, Atom) and x.kind == "var" and x.value in b):
+            return None
+        return self._scope_of(x, b)
+
+    def _ordered_pairs(self, e, b, adjacent: bool) -> Iterator[dict]:
+        x, y = e.items[1], e.items[2]
+        nx_, ny = self._node(x, b), self._node(y, b)
+        if nx_ is not None:
+            order, i = self._position(nx_)
+            pairs = [(nx_, m) for m in (order[i + 1:i + 2] if adjacent else order[i + 1:])]
+        elif ny is not None:
+            order, j = self._position(ny)
+            pairs = [(m, ny) for m in (order[max(j - 1, 0):j] if adjacent else order[:j])]
+        else:
+            pairs = []
+            for scope in self._all:
+                if self.kg.is_scope(scope):
+                    order = self.order(scope)
+                    pairs += [(order[i], order[k]) for i in range(len(order))
+                              for k in (range(i + 1, min(i + 2, len(order))) if adjacent else range(i + 1, len(order)))]
+        for m, n in pairs:
+            self._tick()
+            r = self._bind_node(x, m, b)
+            r = self._bind_node(y, n, r) if r is not None else None
+            if r is not None:
+                yield r
+
+    def _rel_next(self, e, b):
+        yield from self._ordered_pairs(e, b, adjacent=True)
+
+    def _rel_before(self, e, b):
+        yield from self._ordered_pairs(e, b, adjacent=False)
+
+    def _rel_between(self, e, b):
+        first, last = self._scope_of(e.items[1], b), self._scope_of(e.items[2], b)
+        if self.kg.parent(first) != self.kg.parent(last):
+            return
+        order, i = self._position(first)
+        j = order.index(last)
+        for n in order[i + 1:j]:
+            r = self._bind_node(e.items[3], n, b)
+            if r is not None:
+                yield r
+
+    def _rel_distinct(self, e, b):
+        nodes = [self._scope_of(x, b) for x in e.items[1:]]
+        if len(set(nodes)) == len(nodes):
+            yield b
 
     def _rel_no(self, e, b):
         if not self._inner(e, 1, b):

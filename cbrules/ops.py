@@ -22,7 +22,9 @@ BINARY = ("add", "sub", "mul", "div", "max", "min")
 REDUCE_COMBINE = ("sum", "max", "min")
 SYNC_TOKEN = "sync"
 # Attributes any node may carry: rules use them to tag nodes (e.g. a pipeline stage) for later rules.
-COMMON_ATTRIBUTES = ("stage", "tag", "part")  # the pseudo-resource that orders memory operations around barriers
+COMMON_ATTRIBUTES = ("stage", "tag", "part")
+# an mbarrier_wait's :backoff: nanoseconds to sleep between polls (PTX nanosleep sleeps at most ~1 ms)
+MAX_BACKOFF_NS = 1_000_000  # the pseudo-resource that orders memory operations around barriers
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ OPS: dict[str, OpSpec] = {
     "mbarrier_init": OpSpec(_BAR + ("count",), (), ("slot",), "sync"),
     "mbarrier_arrive": OpSpec(_BAR, (), ("slot",), "sync"),
     "mbarrier_arrive_expect_tx": OpSpec(_BAR + ("bytes",), (), ("slot",), "sync"),
-    "mbarrier_wait": OpSpec(_BAR + ("parity",), (), ("slot", "parity"), "sync"),
+    "mbarrier_wait": OpSpec(_BAR + ("parity",), ("backoff",), ("slot", "parity"), "sync"),
     "mbarrier_inval": OpSpec(_BAR, (), ("slot",), "sync"),
     "syncthreads": OpSpec((), (), (), "sync"),
     "fence_proxy_async": OpSpec((), (), (), "sync"),

@@ -25,7 +25,7 @@ from typing import Iterable, Optional, Sequence
 
 from .actions import ACTIONS, _settable
 from .egg import EGGLOG_ALLOWED, EGGLOG_REFUSED, EggForm
-from .match import RELATIONS, STRUCTURAL_KEYS, split_keys
+from .match import RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS, split_keys
 from .ops import OPS, SCOPES
 from .sexpr import Atom, Expr, Pos, RuleError, RulePathError, SList, read, read_file, source_text
 from .values import FUNCTIONS, NODE_FUNCTIONS
@@ -459,8 +459,9 @@ def _check_match_element(e: Expr, bound: set[str]) -> None:
         return
     npos, required, optional = RELATIONS[head]
     pos, keys = split_keys(e.items, 1)
-    if len(pos) != npos:
-        raise RuleError(e.pos, f"relation {head} takes {npos} positional argument(s), got {len(pos)}")
+    if len(pos) != npos and not (head in VARIADIC_RELATIONS and len(pos) > npos):
+        more = " or more" if head in VARIADIC_RELATIONS else ""
+        raise RuleError(e.pos, f"relation {head} takes {npos}{more} positional argument(s), got {len(pos)}")
     for k in required:
         if k not in keys:
             raise RuleError(e.pos, f"relation {head} needs :{k}")
@@ -479,12 +480,31 @@ def _check_match_element(e: Expr, bound: set[str]) -> None:
         elif head != "no":
             _check_value_pattern(pos[0], bound, True)
         return
+    if head in ("next", "before", "between", "distinct"):
+        _check_order_relation(head, pos, bound)
+        return
     if head in ("reads", "writes"):
         _check_value(pos[1], bound)
     elif head in ("inside", "child"):
         _check_value(pos[1], bound)
     for p in pos[:1]:
         if isinstance(p, Atom) and p.kind == "var":
+            _bind(bound, p.value)
+
+
+def _check_order_relation(head: str, pos: list, bound: set) -> None:
+    """next/before bind either side; between needs its two ends bound; distinct compares bound ones."""
+    for p in pos:
+        if not (isinstance(p, Atom) and p.kind == "var"):
+            raise RuleError(p.pos, f"relation {head} takes ?variables, got {p}")
+    if head in ("between", "distinct"):
+        for p in pos[:2] if head == "between" else pos:
+            if p.value not in bound:
+                raise UnboundVariable(p.pos, f"relation {head}: {p.value} must be bound by an earlier element"
+                                      + did_you_mean(p.value, bound))
+    binds = {"next": pos, "before": pos, "between": pos[2:], "distinct": []}[head]
+    for p in binds:
+        if p.value not in bound:
             _bind(bound, p.value)
 
 

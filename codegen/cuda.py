@@ -36,6 +36,17 @@ _BUILTIN_C = {f"{b}.{a}": f"(int){b}.{a}" for b in ("threadIdx", "blockIdx", "bl
 _CALL_C = {"elect_one": "cb_elect_one", "ceil_div": "cb_ceil_div", "min": "cb_min", "max": "cb_max"}
 assert set(_CALL_C) == set(DEVICE_FUNCTIONS), "every device function needs its prelude helper"
 _INT_LITERAL_BOUND = 2 ** 63
+# emitted only when a wait has a :backoff, so kernels without one keep their exact source
+BACKOFF_WAIT = r"""// mbarrier_wait :backoff NS: sleep NS nanoseconds between polls of the barrier
+__device__ __forceinline__ void cb_mbar_wait_backoff(unsigned bar, unsigned parity, unsigned ns) {
+  unsigned done;
+  for (;;) {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    if (done) return;
+    __nanosleep(ns);
+  }
+}"""
 
 
 @dataclass(frozen=True)
@@ -122,6 +133,7 @@ class _Emitter:
         self.reg_arrays: dict[str, Step] = {}
         self.smem_bytes = 0
         self.uses_reduce = False
+        self.uses_backoff = False
         self._collect(program)
 
     # -------------------------------------------------------------- declarations
@@ -143,6 +155,8 @@ class _Emitter:
                 self.reg_arrays[_ident(a["buf"])] = s
             elif "dst" in a and s.op not in ("store", "tma_load", "alloc"):
                 self.registers.setdefault(_ident(a["dst"]), a.get("dtype", "float32"))
+            elif s.op == "mbarrier_wait" and a.get("backoff") is not None:
+                self.uses_backoff = True
             if s.op == "reduce" and a["kind"] == "block":
                 self.uses_reduce = True
         if self.uses_reduce:
@@ -229,7 +243,7 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
     decls += [f"  {t}* {n} = reinterpret_cast<{t}*>(cb_smem + {off});" for n, t, off in e.shared]
     decls += [f"  {_dtype(t)} {r} = 0;" for r, t in e.registers.items()]
     text = "\n".join([
-        PRELUDE, e.elect_one(), "",
+        PRELUDE, e.elect_one(), *([BACKOFF_WAIT] if e.uses_backoff else []), "",
         f'extern "C" __global__ void __launch_bounds__({bx * by * bz}) {_ident(k["name"])}({e.signature()}) {{',
         *decls, *e.lines, "}", ""])
     if e.smem_bytes > MAX_SHARED_BYTES:
@@ -320,7 +334,9 @@ _STATEMENTS = {
     "mbarrier_init": lambda o, a, e: f"cb_mbar_init({_bar(a)}, {a['count']});",
     "mbarrier_arrive": lambda o, a, e: f"cb_mbar_arrive({_bar(a)});",
     "mbarrier_arrive_expect_tx": lambda o, a, e: f"cb_mbar_arrive_expect_tx({_bar(a)}, {a['bytes']});",
-    "mbarrier_wait": lambda o, a, e: f"cb_mbar_wait({_bar(a)}, {_c_term(a['parity'])});",
+    "mbarrier_wait": lambda o, a, e: (f"cb_mbar_wait({_bar(a)}, {_c_term(a['parity'])});" if a.get("backoff") is None
+                                      else f"cb_mbar_wait_backoff({_bar(a)}, {_c_term(a['parity'])}, "
+                                           f"{_int(a['backoff'], 'a wait backoff', 0)}u);"),
     "mbarrier_inval": lambda o, a, e: f"cb_mbar_inval({_bar(a)});",
     "syncthreads": lambda o, a, e: "__syncthreads();",
     "fence_proxy_async": lambda o, a, e: "cb_fence_proxy_async();",

@@ -83,7 +83,7 @@ def test_every_silent_mistake_is_reported_at_once_with_its_position(tmp_path):
     lines = str(e.value).splitlines()
     assert [x.split(": ")[0] for x in lines] == [f"{path}:5:21", f"{path}:9:19", f"{path}:13:57", f"{path}:17:21"]
     assert "op 'mbarrier_wait' has no attribute :parrity (did you mean 'parity'?); its attributes: " \
-           ":barrier, :parity, :part, :slot, :stage, :tag" in lines[0]
+           ":backoff, :barrier, :parity, :part, :slot, :stage, :tag" in lines[0]
     assert "{?bb}, but ?bb is not bound" in lines[1]
     assert "'__nanosleep' is not a device function" in lines[2]
     assert "op '_' has no attribute :stagee (did you mean 'stage'?)" in lines[3]
