@@ -7,7 +7,9 @@ saying so (exit 3; ``CBRULES_TRACEBACK=1`` shows the traceback).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import json
 import os
 import runpy
 import statistics
@@ -175,6 +177,18 @@ def cmd_kernels(a) -> int:
     return 0
 
 
+def cmd_ops(a) -> int:
+    from .ops import COMMON_DOC, OP_DOCS, OPS
+    for op, spec in OPS.items():
+        def names(keys):
+            return " ".join(f":{k}" + ("*" if k in spec.terms else "") for k in keys) or "-"
+        print(f"{op:26s} {spec.category:8s} {OP_DOCS[op]}")
+        defaults = "".join(f"; :{k} defaults to {v!r}" for k, v in spec.defaults.items())
+        print(f"{'':35s} required {names(spec.required)}; optional {names(spec.optional)}{defaults}")
+    print(f"\n* the attribute holds a term (an index expression the rules and egglog rewrite)\n{COMMON_DOC}")
+    return 0
+
+
 def cmd_lower(a) -> int:
     spec = load_kernel(a.kernel)
     built = _kernel(a, spec)
@@ -206,34 +220,48 @@ def cmd_rules(a) -> int:
 
 def cmd_trace(a) -> int:
     spec = load_kernel(a.kernel)
-    kg = api.lower(_kernel(a, spec), rules=_rule_folders(a) or None, debug=True, stop_after=a.stop_after)
+    built = _kernel(a, spec)
+    kg = api.lower(built, rules=_rule_folders(a) or None, debug=True, stop_after=a.stop_after,
+                   stop_after_phase=a.stop_after_phase)
     t = kg.trace
+    answer = _trace_query(a, t, kg)
+    if a.json:
+        print(json.dumps({"query": a.query, "options": dict(options.effective(kg)), "answer": answer}, indent=1,
+                         default=str))
+    elif a.query == "dot" and a.output:
+        _write(a.output, answer)
+    else:
+        if a.query not in ("dot", "cuda"):  # those two are meant for other programs
+            print(options.describe(kg, built.graph))
+        print(answer if isinstance(answer, str) else "\n".join(answer))
+    return 0
+
+
+def _trace_query(a, t, kg):
+    """The answer of one trace query: text, or lines (both plain data for --json)."""
     q = a.query
     if q == "counts":
-        for name, n, secs in trace.counts(t):
-            print(f"{name:32s} {n:5d} {secs * 1e3:9.2f} ms")
-    elif q == "log":
-        for r in trace.select(t, a.rule, a.phase, a.node):
-            print(trace.describe(r))
-    elif q == "history":
+        rows = trace.counts(t)
+        if a.json:
+            return [{"rule": name, "applications": n, "seconds": secs} for name, n, secs in rows]
+        return [f"{name:32s} {n:5d} {secs * 1e3:9.2f} ms" for name, n, secs in rows]
+    if q == "log":
+        recs = trace.select(t, a.rule, a.phase, a.node)
+        return [dataclasses.asdict(r) for r in recs] if a.json else [trace.describe(r) for r in recs]
+    if q == "history":
         _need(a, "node")
-        print("\n".join(trace.history(t, a.node)))
-    elif q == "why-not":
+        return trace.history(t, a.node)
+    if q == "why-not":
         _need(a, "rule", "node")
-        print(trace.why_not(t, a.rule, a.node, a.step))
-    elif q == "graph":
-        print(trace.program_at(t, a.step if a.step is not None else max(t.graphs, default=0)))
-    elif q == "dot":
+        w = trace.why_not(t, a.rule, a.node, a.step, getattr(a, "as_var", None))
+        return dataclasses.asdict(w) if a.json else str(w)
+    if q == "graph":
+        return trace.program_at(t, a.step if a.step is not None else max(t.graphs, default=0))
+    if q == "dot":
         _need(a, "step")
-        dot = trace.to_dot(t, a.step)
-        if a.output:
-            _write(a.output, dot)
-        else:
-            print(dot)
-    elif q == "cuda":
-        from codegen.cuda import emit
-        print(emit(schedule(kg), annotate=True).text)
-    return 0
+        return trace.to_dot(t, a.step)
+    from codegen.cuda import emit
+    return emit(schedule(kg), annotate=True).text
 
 
 def _write(path: str, text: str) -> None:
@@ -368,6 +396,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--debug", action="store_true", help="mark each line with the rule that produced it")
     d.set_defaults(fn=cmd_demo)
     sub.add_parser("kernels", help="list the built-in kernels").set_defaults(fn=cmd_kernels)
+    sub.add_parser("ops", help="the node ops rules match and build: attributes, which hold terms, what each "
+                   "does").set_defaults(fn=cmd_ops)
     lo = sub.add_parser("lower", help="print the lowered kernel as a linear program")
     _kernel_options(lo)
     _rule_options(lo)
@@ -390,6 +420,9 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--node", type=_count(0), help="node id")
     tr.add_argument("--step", type=_count(0), help="step number")
     tr.add_argument("--stop-after", type=_count(1), help="stop lowering after this step")
+    tr.add_argument("--stop-after-phase", metavar="PHASE", help="stop lowering once this phase is done")
+    tr.add_argument("--as", dest="as_var", metavar="?VAR", help="why-not: bind --node to this pattern variable")
+    tr.add_argument("--json", action="store_true", help="print the answer as JSON")
     tr.add_argument("-o", "--output", help="write the DOT here (dot)")
     tr.add_argument("--rules", action="append", metavar="DIR", help="add a rule folder (repeatable)")
     tr.set_defaults(fn=cmd_trace)

@@ -44,6 +44,36 @@ RELATIONS: dict[str, tuple[int, tuple[str, ...], tuple[str, ...]]] = {
 VARIADIC_RELATIONS = ("distinct",)  # take their count of positional arguments or more
 
 
+def _vars(e: Expr) -> list[str]:
+    if isinstance(e, Atom):
+        return [e.value] if e.kind == "var" else []
+    return [v for x in e.items for v in _vars(x)]
+
+
+def _short(v: Any, limit: int = 80) -> str:
+    if isinstance(v, str):
+        text = f'"{v}"'
+    elif isinstance(v, dict):
+        text = "{" + ", ".join(f"{k}: {_short(x, limit)}" for k, x in v.items()) + "}"
+    else:
+        text = str(v)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _first_miss(path: str, p: Expr, value: Any, b: dict) -> str:
+    """Expected vs actual at the innermost key of a (:key P ...) pattern that fails."""
+    if isinstance(p, SList) and p.items and isinstance(p.items[0], Atom) and p.items[0].kind == "kw" \
+            and isinstance(value, dict):
+        _, keys = split_keys(p.items, 0)
+        for k, sub in keys.items():
+            got = value.get(k, MISSING)
+            nb = match_value(sub, got, b)
+            if nb is None:
+                return _first_miss(f"{path} :{k}", sub, got, b)
+            b = nb
+    return f"{path}: wants {p}, has {'nothing' if value is MISSING else _short(value)}"
+
+
 class MatchTimeout(Exception):
     """Matching ran past the matcher's deadline (the engine reports it as a LoweringError)."""
 
@@ -115,6 +145,7 @@ class Matcher:
         self._by_op = kg.by_op()
         self._all = kg.nodes()
         self.deepest: tuple[int, str, Any] = (-1, "", None)
+        self.deepest_bindings: dict = {}  # the bindings the deepest failure was tried with
         self.deadline = deadline
         self._ticks = 0
 
@@ -124,6 +155,7 @@ class Matcher:
         m = Matcher.__new__(Matcher)
         m.kg, m._orders, m._by_op, m._all = self.kg, self._orders, self._by_op, self._all
         m.deepest, m.deadline, m._ticks = (-1, "", None), self.deadline, 0
+        m.deepest_bindings = {}
         return m
 
     def _tick(self) -> None:
@@ -140,9 +172,10 @@ class Matcher:
     def env(self, b: dict) -> Env:
         return Env(b, lambda n: self.kg[n])
 
-    def _fail(self, index: int, why: str, where: Any) -> None:
+    def _fail(self, index: int, why: str, where: Any, b: Optional[dict] = None) -> None:
         if index > self.deepest[0]:
             self.deepest = (index, why, where)
+            self.deepest_bindings = b or {}
 
     # ------------------------------------------------------------------ rules
     def matches(self, elements: tuple, guards: tuple, b: Optional[dict] = None) -> Iterator[dict]:
@@ -151,7 +184,7 @@ class Matcher:
             ok = True
             for gi, g in enumerate(guards):
                 if not holds(g, self.env(bound)):
-                    self._fail(len(elements) + gi, "guard is false", g)
+                    self._fail(len(elements) + gi, "guard is false", g, bound)
                     ok = False
                     break
             if ok:
@@ -167,7 +200,7 @@ class Matcher:
             found = True
             yield from self._elements(els, i + 1, b2)
         if not found:
-            self._fail(i, "no node matches" if els[i].head() not in RELATIONS else "relation does not hold", els[i])
+            self._fail(i, "no node matches" if els[i].head() not in RELATIONS else "relation does not hold", els[i], b)
 
     def element(self, e: SList, b: dict) -> Iterator[dict]:
         head = e.head()
@@ -175,6 +208,50 @@ class Matcher:
             yield from getattr(self, "_rel_" + head.replace("-", "_"))(e, b)
         else:
             yield from self.node_pattern(e, b)
+
+    def explain(self) -> str:
+        """The deepest failure in words: for a node pattern the first attribute that no candidate
+        got past (expected vs actual), for a relation or guard the values of its variables."""
+        idx, why, where = self.deepest
+        b = self.deepest_bindings
+        if not isinstance(where, SList):
+            return why
+        if where.head() in RELATIONS or idx >= 0 and why == "guard is false":
+            shown = [f"{v}={_short(b[v])}" for v in dict.fromkeys(_vars(where)) if v in b]
+            return why + (f" with {', '.join(shown)}" if shown else "")
+        return self._explain_pattern(where, b)
+
+    def _explain_pattern(self, e: SList, b: dict) -> str:
+        op = e.head()
+        pos, keys = split_keys(e.items, 1)
+        var = pos[0].value if pos and isinstance(pos[0], Atom) and pos[0].kind == "var" else None
+        if var in b and isinstance(b[var], NodeRef) and b[var].id in self.kg:
+            n = b[var].id
+            if op != "_" and self.kg.op(n) != op:
+                return f"{var}={_short(b[var])} is a {self.kg.op(n)} node, the pattern wants a {op}"
+            pool = [n]
+        else:
+            pool = [n for n in self._all if op == "_" or self.kg.op(n) == op]
+            if not pool:
+                return f"the graph has no {op} node"
+        best = (-1, "")
+        for n in pool:
+            b2: Optional[dict] = b if var is None else {**b, var: NodeRef(n)}
+            for i, (k, p) in enumerate(keys.items()):
+                if k in STRUCTURAL_KEYS:
+                    scope = self._scope_of(p, b2)
+                    ok = scope in self.kg.ancestors(n) if k == "in" else self.kg.parent(n) == scope
+                    miss = f":{k} wants a node inside #{scope}, #{n} is not" if not ok else ""
+                else:
+                    got = self.kg[n].get(k, MISSING)
+                    nb = match_value(p, got, b2)
+                    ok, b2 = nb is not None, nb if nb is not None else b2
+                    miss = f"#{n} " + _first_miss(f":{k}", p, got, b2)
+                if not ok:
+                    if i > best[0]:
+                        best = (i, miss)
+                    break
+        return best[1] or "no node matches"
 
     # ------------------------------------------------------------------ node patterns
     def _scope_of(self, x: Expr, b: dict) -> int:

@@ -73,6 +73,37 @@ OPS: dict[str, OpSpec] = {
 for _op in UNARY + BINARY:
     OPS[_op] = OpSpec(("dst", "args", "dtype"), (), ("args",))
 
+# one sentence per op, for `cbrules ops` and the rule author's guide (rules/README.md)
+OP_DOCS: dict[str, str] = {
+    "kernel": "the root: name, parameters, block and grid; requires holds (predicate, message) pairs the "
+              "launcher checks before every launch",
+    "for": "a loop: var runs from start to stop (exclusive) by step; kind is serial, unroll, unswitch, vectorize "
+           "or a thread/block axis; annotations carry requests such as circular_buffer",
+    "if": "a scope its threads enter only where pred holds",
+    "alloc": "a buffer buf in space global, shared or register, of dtype and shape (align in bytes)",
+    "tma_load": "a TMA copy of one box of tensor map tmap at coords into dst + offset; without a barrier the "
+                "rules arrange its completion (circular_buffer asks them to pipeline it)",
+    "tma_store": "a TMA copy of one box from shared src + offset to tensor map tmap at coords",
+    "load": "dst = src[index] (global, shared or register memory)",
+    "store": "dst[index] = value",
+    "assign": "dst = value",
+    "reduce": "dst = the combine (sum, max, min) of src over the block (kind block) or into dst (kind serial)",
+    "fma": "dst = args[0] * args[1] + args[2]",
+    "mbarrier_init": "the elected thread initialises barrier[slot] to expect count arrivals",
+    "mbarrier_arrive": "this thread arrives on barrier[slot]",
+    "mbarrier_arrive_expect_tx": "this thread arrives on barrier[slot] and arms it for bytes of TMA traffic",
+    "mbarrier_wait": "wait until the phase of barrier[slot] with parity completes; backoff sleeps that many "
+                     "nanoseconds between polls",
+    "mbarrier_inval": "invalidate barrier[slot] so its memory may be reused",
+    "syncthreads": "a block-wide barrier (__syncthreads)",
+    "fence_proxy_async": "order this thread's generic-proxy shared memory accesses before later TMA accesses",
+    "fence_mbarrier_init": "make barrier initialisation visible to the async proxy",
+    "bar_sync": "a named barrier id for count threads",
+    **{u: f"dst = {u}(args[0])" for u in UNARY},
+    **{b: f"dst = {b}(args[0], args[1])" for b in BINARY},
+}
+COMMON_DOC = "stage, tag and part: any node may carry them; rules tag nodes with them for later rules"
+
 
 def term_values(op: str, attrs: Mapping[str, Any]) -> list[Term]:
     """Every term held by a node (tuples of terms flattened)."""

@@ -181,8 +181,8 @@ class _Emitter:
         note = f"  // {_comment(a['part'])}" if a.get("part") and s.op != "for" else ""
         if self.annotate and s.origin:
             o = s.origin
-            note += _comment(f"  // {o['rule']} @ {o.get('at', '?')}" if o.get("rule")
-                             else f"  // build @ {o.get('where', '?')}")
+            note += _comment(f"  // {o['rule']} @ {o.get('at', '?')} #{s.node}" if o.get("rule")
+                             else f"  // build @ {o.get('where', '?')} #{s.node}")
             if o.get("source"):
                 note += _comment(f" (from {o['source']})")
         if s.op == "for":
