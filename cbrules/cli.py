@@ -224,6 +224,16 @@ def cmd_trace(a) -> int:
     kg = api.lower(built, rules=_rule_folders(a) or None, debug=True, stop_after=a.stop_after,
                    stop_after_phase=a.stop_after_phase)
     t = kg.trace
+    if a.html:
+        from codegen.cuda import emit
+        from . import viewer
+        cuda = emit(schedule(kg), annotate=True).text if t.complete else "// lowering stopped early: no CUDA"
+        _write(a.html, viewer.page(t, cuda, f"cbrules trace {spec.name}: {len(t.records)} steps"))
+        print(f"wrote {a.html}: {len(t.records)} steps; open it in a browser")
+        if a.query is None:
+            return 0
+    if a.query is None:
+        raise CliError("trace needs a query (counts, log, history, why-not, graph, dot, cuda) or --html FILE")
     answer = _trace_query(a, t, kg)
     if a.json:
         print(json.dumps({"query": a.query, "options": dict(options.effective(kg)), "answer": answer}, indent=1,
@@ -410,7 +420,7 @@ def parser() -> argparse.ArgumentParser:
     ru.set_defaults(fn=cmd_rules)
     tr = sub.add_parser("trace", help="lower in debug mode and query which rule did what")
     _kernel_options(tr)
-    tr.add_argument("query", choices=["counts", "log", "history", "why-not", "graph", "dot", "cuda"],
+    tr.add_argument("query", nargs="?", choices=["counts", "log", "history", "why-not", "graph", "dot", "cuda"],
                     help="counts: applications and time per rule; log: applications (filter with --rule GLOB, "
                     "--phase, --node); history: how --node came to be; why-not: why --rule did not fire on "
                     "--node; graph: the program after --step; dot: before/after picture of --step; cuda: "
@@ -423,6 +433,8 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--stop-after-phase", metavar="PHASE", help="stop lowering once this phase is done")
     tr.add_argument("--as", dest="as_var", metavar="?VAR", help="why-not: bind --node to this pattern variable")
     tr.add_argument("--json", action="store_true", help="print the answer as JSON")
+    tr.add_argument("--html", metavar="FILE", help="write a self-contained page to step through the lowering: "
+                    "steps, the graph before/after each as SVG, the CUDA linked to nodes and rules")
     tr.add_argument("-o", "--output", help="write the DOT here (dot)")
     tr.add_argument("--rules", action="append", metavar="DIR", help="add a rule folder (repeatable)")
     tr.set_defaults(fn=cmd_trace)
