@@ -219,21 +219,36 @@ def cmd_rules(a) -> int:
 
 
 def cmd_trace(a) -> int:
-    spec = load_kernel(a.kernel)
-    built = _kernel(a, spec)
-    kg = api.lower(built, rules=_rule_folders(a) or None, debug=True, stop_after=a.stop_after,
-                   stop_after_phase=a.stop_after_phase)
-    t = kg.trace
+    from . import tracefile
+    if a.kernel.endswith(tracefile.SUFFIX):  # a saved trace: ask it, do not lower again
+        if a.save or any(getattr(a, k) is not None for k in ("stages", "prefetch", "war", "shape", "stop_after",
+                                                             "stop_after_phase", "rules")):
+            raise CliError(f"{a.kernel} is a saved trace: lowering options (--stages, --rules, --save ...) do not "
+                           "apply to it")
+        t, name, effective = tracefile.load(a.kernel)
+        kg = trace.final_graph(t)
+    else:
+        spec = load_kernel(a.kernel)
+        built = _kernel(a, spec)
+        kg = api.lower(built, rules=_rule_folders(a) or None, debug=True, stop_after=a.stop_after,
+                       stop_after_phase=a.stop_after_phase)
+        t, name, effective = kg.trace, spec.name, options.describe(kg, built.graph)
+        if a.save:
+            tracefile.save(t, a.save, name, effective)
+            print(f"saved the trace to {a.save}: ask it with `cbrules trace {a.save} QUERY ...`")
+            if a.query is None and not a.html:
+                return 0
     if a.html:
         from codegen.cuda import emit
         from . import viewer
         cuda = emit(schedule(kg), annotate=True).text if t.complete else "// lowering stopped early: no CUDA"
-        _write(a.html, viewer.page(t, cuda, f"cbrules trace {spec.name}: {len(t.records)} steps"))
+        _write(a.html, viewer.page(t, cuda, f"cbrules trace {name}: {len(t.records)} steps"))
         print(f"wrote {a.html}: {len(t.records)} steps; open it in a browser")
         if a.query is None:
             return 0
     if a.query is None:
-        raise CliError("trace needs a query (counts, log, history, why-not, graph, dot, cuda) or --html FILE")
+        raise CliError("trace needs a query (counts, log, history, why-not, graph, dot, cuda), --html FILE or "
+                       "--save FILE")
     answer = _trace_query(a, t, kg)
     if a.json:
         print(json.dumps({"query": a.query, "options": dict(options.effective(kg)), "answer": answer}, indent=1,
@@ -242,7 +257,7 @@ def cmd_trace(a) -> int:
         _write(a.output, answer)
     else:
         if a.query not in ("dot", "cuda"):  # those two are meant for other programs
-            print(options.describe(kg, built.graph))
+            print(effective)
         print(answer if isinstance(answer, str) else "\n".join(answer))
     return 0
 
@@ -381,7 +396,8 @@ def _count(least: int) -> Callable[[str], int]:
 
 
 def _kernel_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("kernel", help="a built-in kernel name (see `cbrules kernels`) or a Python file defining build()")
+    p.add_argument("kernel", help="a built-in kernel name (see `cbrules kernels`) or a Python file defining build() "
+                   "(trace: also a saved FILE.cbtrace)")
     p.add_argument("--stages", type=int, help="circular-buffer stages S (>= 2)")
     p.add_argument("--prefetch", type=int, help="prefetch distance P in [0, S) (negative counts from S; default S-1)")
     p.add_argument("--war", choices=["sync", "mbarrier"], help="WAR protection (default sync)")
@@ -433,6 +449,8 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--stop-after-phase", metavar="PHASE", help="stop lowering once this phase is done")
     tr.add_argument("--as", dest="as_var", metavar="?VAR", help="why-not: bind --node to this pattern variable")
     tr.add_argument("--json", action="store_true", help="print the answer as JSON")
+    tr.add_argument("--save", metavar="FILE.cbtrace", help="save the trace; later queries name the file "
+                    "instead of KERNEL and do not lower again")
     tr.add_argument("--html", metavar="FILE", help="write a self-contained page to step through the lowering: "
                     "steps, the graph before/after each as SVG, the CUDA linked to nodes and rules")
     tr.add_argument("-o", "--output", help="write the DOT here (dot)")

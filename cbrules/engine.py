@@ -83,6 +83,7 @@ class Trace:
     rules: dict[str, GraphRule] = field(default_factory=dict)
     phases: list[str] = field(default_factory=list)  # in the order they ran
     complete: bool = False  # lowering ran to the end (no stop_after, no failure)
+    files: list[str] = field(default_factory=list)  # the rule files, in the order they were read
 
 
 @dataclass
@@ -117,7 +118,8 @@ def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: O
                             + f"; the phases are {', '.join(rules.phases)}")
     kg = kg.copy()
     kg.verify()
-    trace = Trace(kg.copy(), rules={r.name: r for r in rules.rules}, phases=list(rules.phases)) if debug else None
+    trace = Trace(kg.copy(), rules={r.name: r for r in rules.rules}, phases=list(rules.phases),
+                  files=list(rules.files)) if debug else None
     run = _Run(rules, trace, debug, stop_after, time_limit, simplify)
     run.stop_after_phase = stop_after_phase
     try:

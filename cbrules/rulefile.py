@@ -242,10 +242,24 @@ def load(dirs: Optional[Sequence[str | os.PathLike]] = None, *, check_egglog: bo
     return rs
 
 
+def from_texts(texts: dict[str, str]) -> RuleSet:
+    """The graph rules, phases and disables of rule files given as ``{path: text}`` (e.g. as a
+    saved trace recorded them), read and checked as :func:`load` reads files; nothing is opened."""
+    rs = RuleSet()
+    errors: list[RuleError] = []
+    for path, text in texts.items():
+        _read_text(rs, text, Path(path), errors)
+    _raise_all(errors)
+    return rs
+
+
 def _read_file(rs: RuleSet, path: Path, errors: list[RuleError]) -> None:
     """Read one file into ``rs``; every error of a form goes to ``errors`` and reading goes on
     with the next form (a syntax error ends the file)."""
-    text = read_file(path)
+    _read_text(rs, read_file(path), path, errors)
+
+
+def _read_text(rs: RuleSet, text: str, path: Path, errors: list[RuleError]) -> None:
     rs.files.append(str(path))
     try:
         forms = read(text, str(path))
