@@ -46,6 +46,8 @@ def select(trace: Trace, rule: Optional[str] = None, phase: Optional[str] = None
     if phase and phase not in trace.phases:
         raise TraceQueryError(f"unknown phase {phase!r}" + did_you_mean(phase, trace.phases)
                               + f"; the phases are {', '.join(trace.phases)}")
+    if node is not None and not any(node in g for g in [trace.initial, *trace.graphs.values()]):
+        raise TraceQueryError(f"no node #{node} in any graph of the trace (ids 0..{_max_id(trace)})")
     out = []
     for r in trace.records:
         if rule and not fnmatch.fnmatchcase(r.rule, rule):

@@ -66,6 +66,7 @@ def test_why_not_respects_phases(mbar):
     (["log", "--rule", "cb-war-x"], "no rule matches 'cb-war-x' (did you mean 'cb-war-sync'?)"),
     (["log", "--phase", "cb-stag"], "unknown phase 'cb-stag' (did you mean 'cb-stage'?)"),
     (["history", "--node", "999"], "no node #999 in any graph of the trace"),
+    (["log", "--node", "999"], "no node #999 in any graph of the trace"),
     (["graph", "--step", "999"], "no step 999"),
     (["why-not", "--rule", "cb-prologue", "--node", "2"], "#2 is not in the final graph: it was erased at step"),
     (["counts", "--stop-after-phase", "cb-stag"], "no phase 'cb-stag' to stop after (did you mean 'cb-stage'?)"),
