@@ -219,7 +219,8 @@ def cmd_rules(a) -> int:
 
 
 def cmd_trace(a) -> int:
-    from . import tracefile
+    from . import tracefile, viewer
+    from .engine import LoweringError
     if a.kernel.endswith(tracefile.SUFFIX):  # a saved trace: ask it, do not lower again
         if a.save or any(getattr(a, k) is not None for k in ("stages", "prefetch", "war", "shape", "stop_after",
                                                              "stop_after_phase", "rules")):
@@ -230,8 +231,15 @@ def cmd_trace(a) -> int:
     else:
         spec = load_kernel(a.kernel)
         built = _kernel(a, spec)
-        kg = api.lower(built, rules=_rule_folders(a) or None, debug=True, stop_after=a.stop_after,
-                       stop_after_phase=a.stop_after_phase)
+        try:
+            kg = api.lower(built, rules=_rule_folders(a) or None, debug=True, stop_after=a.stop_after,
+                           stop_after_phase=a.stop_after_phase)
+        except LoweringError as e:
+            if a.html and e.trace is not None:  # the steps up to the failure are what one wants to see
+                _write(a.html, viewer.page(e.trace, f"// lowering failed: {e}", f"cbrules trace {spec.name}: "
+                                           f"{len(e.trace.records)} steps, then {type(e).__name__}"))
+                print(f"wrote {a.html}: the {len(e.trace.records)} steps before lowering failed")
+            raise
         t, name, effective = kg.trace, spec.name, options.describe(kg, built.graph)
         if a.save:
             tracefile.save(t, a.save, name, effective)
@@ -240,7 +248,6 @@ def cmd_trace(a) -> int:
                 return 0
     if a.html:
         from codegen.cuda import emit
-        from . import viewer
         cuda = emit(schedule(kg), annotate=True).text if t.complete else "// lowering stopped early: no CUDA"
         _write(a.html, viewer.page(t, cuda, f"cbrules trace {name}: {len(t.records)} steps"))
         print(f"wrote {a.html}: {len(t.records)} steps; open it in a browser")

@@ -639,6 +639,7 @@ def _check_action(a: Expr, bound: set[str]) -> None:
             stray, sets = split_keys(_expect_list(v, "(:key value ...)").items, 0)
             if stray:
                 raise RuleError(stray[0].pos, f"action clone: :set takes (:key value ...), got {stray[0]}")
+            _check_set_keys(v, pos[0], sets, bound)  # the copy has the op of the scope it copies
             for sv in sets.values():
                 _check_value(sv, bound)
         else:

@@ -136,3 +136,13 @@ def test_setting_what_a_node_is_is_a_check_error(tmp_path):
     with pytest.raises(RuleError) as e:
         load(rule_dirs([tmp_path / "bad"]))
     assert str(e.value).startswith(f"{path}:2:72: a rule cannot set :op") and "(replace ?n TEMPLATE)" in str(e.value)
+
+
+def test_clone_set_keys_are_the_cloned_scopes_attributes(tmp_path):
+    path = write_rules(tmp_path / "bad", """
+        (phase extra :after cb-pipeline)
+        (graph-rule r :phase extra :match ((for ?L :part "main")) :rewrite ((clone ?L :set (:prat "x"))))
+    """)
+    with pytest.raises(RuleError) as e:
+        load(rule_dirs([tmp_path / "bad"]))
+    assert str(e.value).startswith(f"{path}:2:85: op 'for' has no attribute :prat (did you mean 'part'?)")

@@ -147,3 +147,17 @@ def test_the_page_reports_its_own_errors_in_chromium(tmp_path, capsys):
     assert main(["trace", "single_dim", "--stages", "2", "--html", str(page)]) == 0
     dom = Dom(chromium(page, "--dump-dom", step=999).stdout)  # no such step: the page says so
     assert dom.errors["hidden"] is False and "no step 999" in dom.errors["text"]
+
+
+def test_a_failed_lowering_still_writes_its_steps(tmp_path, capsys):
+    folder = tmp_path / "refuse"
+    write_rules(folder, """
+        (phase late :after cb-stage)
+        (graph-rule refuse :phase late :match ((for ?L :part (absent))) :rewrite ((fail "no thanks: {?L}")))
+    """)
+    page = tmp_path / "failed.html"
+    assert main(["trace", "single_dim", "--stages", "2", "--rules", str(folder), "--html", str(page)]) == 1
+    out, err = capsys.readouterr()
+    assert "steps before lowering failed" in out and "no thanks: #2" in err
+    text = page.read_text()
+    assert "// lowering failed: no thanks: #2" in text and '"rule":"cb-war-sync"' in text
