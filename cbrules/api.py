@@ -31,15 +31,16 @@ def debug_default() -> bool:
 
 
 def lower(kernel: KernelLike, *, rules: RulesLike = None, debug: Optional[bool] = None,
-          stop_after: Optional[int] = None,
+          stop_after: Optional[int] = None, stop_after_phase: Optional[str] = None,
           time_limit: Optional[float] = engine.DEFAULT_TIME_LIMIT) -> KernelGraph:
     """The lowered kernel graph (the input is never modified). With ``debug`` (or
     ``CBRULES_DEBUG=1``) the returned graph's ``trace`` holds every rule application.
     ``time_limit`` bounds the lowering in seconds (None: no limit); past it, or when a rule keeps
-    firing, lowering ends in a :class:`cbrules.engine.LoweringError`."""
+    firing, lowering ends in a :class:`cbrules.engine.LoweringError`. ``stop_after`` (a step) and
+    ``stop_after_phase`` (a phase name) stop early, for debugging."""
     debug = debug_default() if debug is None else debug
     result = engine.lower(_graph(kernel), load_rules(rules), debug=debug, stop_after=stop_after,
-                          time_limit=time_limit)
+                          time_limit=time_limit, stop_after_phase=stop_after_phase)
     result.graph.trace = result.trace
     return result.graph
 

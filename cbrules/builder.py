@@ -137,17 +137,20 @@ def _cb_options(options: Any, where: str) -> dict:
 
 def circular_buffer(stages: int, prefetch: Optional[int] = None, war: Optional[str] = None,
                     warp_specialize: bool = False, registers: Optional[tuple[int, int]] = None) -> dict:
-    """Options of a circular-buffered loop: ``stages`` S, ``prefetch`` P (default S-1, negative counts
-    from S), ``war`` = "sync" (block sync ends each main iteration) or "mbarrier" (empty barriers).
+    """Options of a circular-buffered loop: ``stages`` S, ``prefetch`` P (negative counts from S),
+    ``war`` = "sync" (block sync ends each main iteration) or "mbarrier" (empty barriers).
+    Only the options given are recorded: the rules fill in the rest (``cb-default-prefetch``: S-1,
+    ``cb-default-war``: "sync", or "mbarrier" when warp-specialized), so a rule folder can change a
+    default.
 
     ``warp_specialize``: a producer warp group of 128 threads, added after the block's threads, issues
     the loads while the block's own threads (the consumers) compute; WAR protection is then the empty
-    barriers (``war`` defaults to "mbarrier") and the producer runs up to S tiles ahead.
+    barriers and the producer runs up to S tiles ahead.
     ``registers=(producer, consumer)`` adds register sharing (``setmaxnreg``) between the roles.
     Non-int stages or prefetch are a :class:`BuildError` here; the rules check the ranges and
     refuse bad ones with a named error."""
-    opts = {"stages": stages, "prefetch": prefetch,
-            "war": war if war is not None else ("mbarrier" if warp_specialize else "sync")}
+    given = {"stages": stages, "prefetch": prefetch, "war": war}
+    opts = {k: v for k, v in given.items() if v is not None}
     if warp_specialize or registers is not None:  # absent otherwise: annotations stay as they were
         opts["warp_specialize"] = warp_specialize
         opts["registers"] = registers

@@ -43,7 +43,7 @@ class CaseResult:
     kernel: str
     stages: int
     prefetch: Optional[int]
-    war: str
+    war: Optional[str]  # None: the rules' default
     trips: int
     shape: tuple
     status: str  # "ok", "refused" (the expected named error) or "FAIL"
@@ -90,10 +90,10 @@ class Checker:
             try:
                 self._lowered[key] = prepare(api.lower(spec.build(shape, trips=trips, stages=stages, prefetch=prefetch,
                                                                   war=war, **ws), **self.lower_options))
-            except LoweringError as e:
+            except (LoweringError, InterpError) as e:  # InterpError: a term the interpreter does not model
                 self._lowered[key] = e
         got = self._lowered[key]
-        if isinstance(got, LoweringError):
+        if isinstance(got, Exception):
             raise got
         return got
 
@@ -137,9 +137,9 @@ class Checker:
         try:
             kg = self.lower(spec, res.shape, res.trips, res.stages, res.prefetch, res.war, res.warp_specialize,
                             res.registers)
-        except LoweringError as e:
-            refused = short and SHORT_LOOP_RULE in str(e)
-            res.status, res.detail = ("refused" if refused else "FAIL"), f"LoweringError: {e}"
+        except (LoweringError, InterpError) as e:
+            refused = short and isinstance(e, LoweringError) and SHORT_LOOP_RULE in str(e)
+            res.status, res.detail = ("refused" if refused else "FAIL"), f"{type(e).__name__}: {e}"
             return
         args = self.inputs(spec, res.shape)
         results = []

@@ -7,7 +7,9 @@ saying so (exit 3; ``CBRULES_TRACEBACK=1`` shows the traceback).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import json
 import os
 import runpy
 import statistics
@@ -19,7 +21,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from . import api, rulefile, trace
+from . import api, options, rulefile, trace
 from .builder import Kernel
 from .errors import CbrulesError
 from .kernels import KERNELS, KernelSpec, get
@@ -192,9 +194,23 @@ def cmd_kernels(a) -> int:
     return 0
 
 
+def cmd_ops(a) -> int:
+    from .ops import COMMON_DOC, OP_DOCS, OPS
+    for op, spec in OPS.items():
+        def names(keys):
+            return " ".join(f":{k}" + ("*" if k in spec.terms else "") for k in keys) or "-"
+        print(f"{op:26s} {spec.category:8s} {OP_DOCS[op]}")
+        defaults = "".join(f"; :{k} defaults to {v!r}" for k, v in spec.defaults.items())
+        print(f"{'':35s} required {names(spec.required)}; optional {names(spec.optional)}{defaults}")
+    print(f"\n* the attribute holds a term (an index expression the rules and egglog rewrite)\n{COMMON_DOC}")
+    return 0
+
+
 def cmd_lower(a) -> int:
     spec = load_kernel(a.kernel)
-    kg = api.lower(_kernel(a, spec), **_lower_options(a))
+    built = _kernel(a, spec)
+    kg = api.lower(built, **_lower_options(a))
+    print(options.describe(kg, built.graph))
     print(print_program(schedule(kg)))
     if kg.trace is not None:
         print("\n".join(trace.describe(r) for r in kg.trace.records))
@@ -203,12 +219,15 @@ def cmd_lower(a) -> int:
 
 def cmd_rules(a) -> int:
     _rule_folders(a)
-    dirs = a.dirs or None
-    rs = rulefile.load(rulefile.rule_dirs(a.rules or ()) if dirs is None else dirs,
-                       check_egglog=a.action == "check")
+    # a user folder adds to the shipped rules (its phases and disables refer to them), so it is
+    # always checked together with them
+    dirs = rulefile.rule_dirs([*(a.rules or ()), *(a.dirs or ())])
+    rs = rulefile.load(dirs, check_egglog=a.action == "check")
     if a.action == "check":
         print(f"ok: {len(rs.rules)} graph rules in phases {', '.join(rs.phases) or '(none)'}, "
               f"{len(rs.egg_forms)} egglog forms, {len(rs.files)} files")
+        extra = [str(d) for d in dirs[1:]]
+        print(f"checked: the shipped rules ({rulefile.SHIPPED})" + (" together with " + ", ".join(extra) if extra else ""))
         return 0
     for r in rs.rules:
         off = " (disabled)" if r.name in rs.disabled else ""
@@ -217,35 +236,81 @@ def cmd_rules(a) -> int:
 
 
 def cmd_trace(a) -> int:
-    spec = load_kernel(a.kernel)
-    kg = api.lower(_kernel(a, spec), rules=_rule_folders(a) or None, debug=True, stop_after=a.stop_after)
-    t = kg.trace
+    from . import tracefile, viewer
+    from .engine import LoweringError
+    if a.kernel.endswith(tracefile.SUFFIX):  # a saved trace: ask it, do not lower again
+        if a.save or any(getattr(a, k) is not None for k in ("stages", "prefetch", "war", "shape", "stop_after",
+                                                             "stop_after_phase", "rules")):
+            raise CliError(f"{a.kernel} is a saved trace: lowering options (--stages, --rules, --save ...) do not "
+                           "apply to it")
+        t, name, effective = tracefile.load(a.kernel)
+        kg = trace.final_graph(t)
+    else:
+        spec = load_kernel(a.kernel)
+        built = _kernel(a, spec)
+        try:
+            kg = api.lower(built, rules=_rule_folders(a) or None, debug=True, stop_after=a.stop_after,
+                           stop_after_phase=a.stop_after_phase)
+        except LoweringError as e:
+            if a.html and e.trace is not None:  # the steps up to the failure are what one wants to see
+                _write(a.html, viewer.page(e.trace, f"// lowering failed: {e}", f"cbrules trace {spec.name}: "
+                                           f"{len(e.trace.records)} steps, then {type(e).__name__}"))
+                print(f"wrote {a.html}: the {len(e.trace.records)} steps before lowering failed")
+            raise
+        t, name, effective = kg.trace, spec.name, options.describe(kg, built.graph)
+        if a.save:
+            tracefile.save(t, a.save, name, effective)
+            print(f"saved the trace to {a.save}: ask it with `cbrules trace {a.save} QUERY ...`")
+            if a.query is None and not a.html:
+                return 0
+    if a.html:
+        from codegen.cuda import emit
+        cuda = emit(schedule(kg), annotate=True).text if t.complete else "// lowering stopped early: no CUDA"
+        _write(a.html, viewer.page(t, cuda, f"cbrules trace {name}: {len(t.records)} steps"))
+        print(f"wrote {a.html}: {len(t.records)} steps; open it in a browser")
+        if a.query is None:
+            return 0
+    if a.query is None:
+        raise CliError("trace needs a query (counts, log, history, why-not, graph, dot, cuda), --html FILE or "
+                       "--save FILE")
+    answer = _trace_query(a, t, kg)
+    if a.json:
+        print(json.dumps({"query": a.query, "options": dict(options.effective(kg)), "answer": answer}, indent=1,
+                         default=str))
+    elif a.query == "dot" and a.output:
+        _write(a.output, answer)
+    else:
+        if a.query not in ("dot", "cuda"):  # those two are meant for other programs
+            print(effective)
+        print(answer if isinstance(answer, str) else "\n".join(answer))
+    return 0
+
+
+def _trace_query(a, t, kg):
+    """The answer of one trace query: text, or lines (both plain data for --json)."""
     q = a.query
     if q == "counts":
-        for name, n, secs in trace.counts(t):
-            print(f"{name:32s} {n:5d} {secs * 1e3:9.2f} ms")
-    elif q == "log":
-        for r in trace.select(t, a.rule, a.phase, a.node):
-            print(trace.describe(r))
-    elif q == "history":
+        rows = trace.counts(t)
+        if a.json:
+            return [{"rule": name, "applications": n, "seconds": secs} for name, n, secs in rows]
+        return [f"{name:32s} {n:5d} {secs * 1e3:9.2f} ms" for name, n, secs in rows]
+    if q == "log":
+        recs = trace.select(t, a.rule, a.phase, a.node)
+        return [dataclasses.asdict(r) for r in recs] if a.json else [trace.describe(r) for r in recs]
+    if q == "history":
         _need(a, "node")
-        print("\n".join(trace.history(t, a.node)))
-    elif q == "why-not":
+        return trace.history(t, a.node)
+    if q == "why-not":
         _need(a, "rule", "node")
-        print(trace.why_not(t, a.rule, a.node, a.step))
-    elif q == "graph":
-        print(trace.program_at(t, a.step if a.step is not None else max(t.graphs, default=0)))
-    elif q == "dot":
+        w = trace.why_not(t, a.rule, a.node, a.step, getattr(a, "as_var", None))
+        return dataclasses.asdict(w) if a.json else str(w)
+    if q == "graph":
+        return trace.program_at(t, a.step if a.step is not None else max(t.graphs, default=0))
+    if q == "dot":
         _need(a, "step")
-        dot = trace.to_dot(t, a.step)
-        if a.output:
-            _write(a.output, dot)
-        else:
-            print(dot)
-    elif q == "cuda":
-        from codegen.cuda import emit
-        print(emit(schedule(kg), annotate=True).text)
-    return 0
+        return trace.to_dot(t, a.step)
+    from codegen.cuda import emit
+    return emit(schedule(kg), annotate=True).text
 
 
 def _write(path: str, text: str) -> None:
@@ -316,14 +381,16 @@ def cmd_check(a) -> int:
     if a.shape:
         raise CliError("check picks a small shape for every trip count itself; drop --shape")
     ws = _warp_options(a)
-    war = a.war or ("mbarrier" if ws["warp_specialize"] else "sync")
-    prefetch = "default (S-1)" if a.prefetch is None else a.prefetch
-    roles = (f", warp-specialized (registers {ws['registers'] or 'unchanged'}), roles under schedules "
-             f"{', '.join(SCHEDULES)}") if ws["warp_specialize"] else ""
-    print(f"{spec.name}: stages={stages} prefetch={prefetch} war={war}{roles}; trip counts 1..{4 * stages}, "
-          f"{'a sample of' if a.sample else 'all'} blocks; lowered vs before lowering vs numpy, protocol checked")
+    asked = " ".join(f"--{k} {v}" for k, v in (("stages", a.stages), ("prefetch", a.prefetch), ("war", a.war),
+                                                ("registers", a.registers)) if v is not None)
+    asked += " --warp-specialize" if ws["warp_specialize"] else ""
+    roles = f"; roles under schedules {', '.join(SCHEDULES)}" if ws["warp_specialize"] else ""
+    print(f"{spec.name}: options given: {asked.strip() or 'none'}; trip counts 1..{4 * stages}, "
+          f"{'a sample of' if a.sample else 'all'} blocks{roles}; lowered vs before lowering vs numpy, "
+          "protocol checked")
     checker = Checker(blocks="sample" if a.sample else None, **_lower_options(a))
-    results = [checker.check(spec, t, stages, a.prefetch, war, warp_specialize=bool(ws["warp_specialize"]),
+    print(_check_options(spec, checker, stages, a.prefetch, a.war, ws))
+    results = [checker.check(spec, t, stages, a.prefetch, a.war, warp_specialize=bool(ws["warp_specialize"]),
                              registers=ws["registers"]) for t in trip_counts(stages)]
     print(summary_table(results))
     failed = [r for r in results if not r.ok]
@@ -331,6 +398,18 @@ def cmd_check(a) -> int:
     print(f"{len(results)} trip counts: {len(results) - refused - len(failed)} ok, {refused} refused as "
           f"required (trip count < stages), {len(failed)} failed")
     return 1 if failed else 0
+
+
+def _check_options(spec: KernelSpec, checker, stages: int, prefetch: Optional[int], war: Optional[str],
+                   ws: dict) -> str:
+    """The effective options of the case with trip count S (the defaults filled in by the rules)."""
+    trips = stages
+    built = spec.build(spec.shape_for_trips(trips), trips=trips, stages=stages, prefetch=prefetch, war=war, **ws)
+    try:
+        kg = api.lower(built, rules=checker.lower_options["rules"])
+    except CbrulesError as e:
+        return f"effective options: unknown, lowering with trip count {trips} fails ({type(e).__name__})"
+    return options.describe(kg, built.graph)
 
 
 def _count(least: int) -> Callable[[str], int]:
@@ -348,7 +427,8 @@ def _count(least: int) -> Callable[[str], int]:
 
 
 def _kernel_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("kernel", help="a built-in kernel name (see `cbrules kernels`) or a Python file defining build()")
+    p.add_argument("kernel", help="a built-in kernel name (see `cbrules kernels`) or a Python file defining build() "
+                   "(trace: also a saved FILE.cbtrace)")
     p.add_argument("--stages", type=int, help="circular-buffer stages S (>= 2)")
     p.add_argument("--prefetch", type=int, help="prefetch distance P in [0, S) (negative counts from S; default S-1)")
     p.add_argument("--war", choices=["sync", "mbarrier"], help="WAR protection (default sync; mbarrier when "
@@ -378,18 +458,21 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--debug", action="store_true", help="mark each line with the rule that produced it")
     d.set_defaults(fn=cmd_demo)
     sub.add_parser("kernels", help="list the built-in kernels").set_defaults(fn=cmd_kernels)
+    sub.add_parser("ops", help="the node ops rules match and build: attributes, which hold terms, what each "
+                   "does").set_defaults(fn=cmd_ops)
     lo = sub.add_parser("lower", help="print the lowered kernel as a linear program")
     _kernel_options(lo)
     _rule_options(lo)
     lo.set_defaults(fn=cmd_lower)
     ru = sub.add_parser("rules", help="check or list the rule files")
     ru.add_argument("action", choices=["check", "list"], help="check: read and check only; list: every rule")
-    ru.add_argument("dirs", nargs="*", help="rule folders or files (default: shipped + $CBRULES_RULES + --rules)")
+    ru.add_argument("dirs", nargs="*", help="rule folders or files, checked together with the shipped rules, "
+                    "$CBRULES_RULES and --rules")
     ru.add_argument("--rules", action="append", metavar="DIR", help="add a rule folder (repeatable)")
     ru.set_defaults(fn=cmd_rules)
     tr = sub.add_parser("trace", help="lower in debug mode and query which rule did what")
     _kernel_options(tr)
-    tr.add_argument("query", choices=["counts", "log", "history", "why-not", "graph", "dot", "cuda"],
+    tr.add_argument("query", nargs="?", choices=["counts", "log", "history", "why-not", "graph", "dot", "cuda"],
                     help="counts: applications and time per rule; log: applications (filter with --rule GLOB, "
                     "--phase, --node); history: how --node came to be; why-not: why --rule did not fire on "
                     "--node; graph: the program after --step; dot: before/after picture of --step; cuda: "
@@ -399,6 +482,13 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--node", type=_count(0), help="node id")
     tr.add_argument("--step", type=_count(0), help="step number")
     tr.add_argument("--stop-after", type=_count(1), help="stop lowering after this step")
+    tr.add_argument("--stop-after-phase", metavar="PHASE", help="stop lowering once this phase is done")
+    tr.add_argument("--as", dest="as_var", metavar="?VAR", help="why-not: bind --node to this pattern variable")
+    tr.add_argument("--json", action="store_true", help="print the answer as JSON")
+    tr.add_argument("--save", metavar="FILE.cbtrace", help="save the trace; later queries name the file "
+                    "instead of KERNEL and do not lower again")
+    tr.add_argument("--html", metavar="FILE", help="write a self-contained page to step through the lowering: "
+                    "steps, the graph before/after each as SVG, the CUDA linked to nodes and rules")
     tr.add_argument("-o", "--output", help="write the DOT here (dot)")
     tr.add_argument("--rules", action="append", metavar="DIR", help="add a rule folder (repeatable)")
     tr.set_defaults(fn=cmd_trace)

@@ -81,6 +81,9 @@ class Trace:
     records: list[Application] = field(default_factory=list)
     graphs: dict[int, KernelGraph] = field(default_factory=dict)
     rules: dict[str, GraphRule] = field(default_factory=dict)
+    phases: list[str] = field(default_factory=list)  # in the order they ran
+    complete: bool = False  # lowering ran to the end (no stop_after, no failure)
+    files: list[str] = field(default_factory=list)  # the rule files, in the order they were read
 
 
 @dataclass
@@ -99,16 +102,26 @@ def _show(v) -> str:
 
 
 def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: Optional[int] = None,
-          time_limit: Optional[float] = DEFAULT_TIME_LIMIT, simplify: bool = True) -> Lowered:
+          time_limit: Optional[float] = DEFAULT_TIME_LIMIT, simplify: bool = True,
+          stop_after_phase: Optional[str] = None) -> Lowered:
     """Apply ``rules`` to a copy of ``kg``; the input graph is never modified.
+
+    ``stop_after`` stops after that step, ``stop_after_phase`` once that phase (and its term
+    simplification) is done; an unknown phase is a :class:`LoweringError` naming the phases.
 
     ``time_limit`` (seconds, None for none) bounds the whole lowering; each rule is also bounded
     per phase by :func:`rule_bound`. Either bound, a rule's ``(fail ...)`` or a failed application
     is a :class:`LoweringError`."""
+    if stop_after_phase is not None and stop_after_phase not in rules.phases:
+        from .rulefile import did_you_mean
+        raise LoweringError(f"no phase {stop_after_phase!r} to stop after" + did_you_mean(stop_after_phase, rules.phases)
+                            + f"; the phases are {', '.join(rules.phases)}")
     kg = kg.copy()
     kg.verify()
-    trace = Trace(kg.copy(), rules={r.name: r for r in rules.rules}) if debug else None
+    trace = Trace(kg.copy(), rules={r.name: r for r in rules.rules}, phases=list(rules.phases),
+                  files=list(rules.files)) if debug else None
     run = _Run(rules, trace, debug, stop_after, time_limit, simplify)
+    run.stop_after_phase = stop_after_phase
     try:
         return run.lower(kg)
     except LoweringError as e:
@@ -129,6 +142,7 @@ class _Run:
         self.phase = ""
         self.per_rule: Counter = Counter()  # applications of each rule in the current phase
         self.by_name: dict[str, GraphRule] = {}
+        self.stop_after_phase: Optional[str] = None
 
     def lower(self, kg: KernelGraph) -> Lowered:
         for phase in self.rules.phases:
@@ -166,8 +180,12 @@ class _Run:
                                         f"{e}; rules that fired in the phase: {self._firing()}") from e
                 if self.stop_after is not None and self.step >= self.stop_after:
                     return Lowered(kg, self.trace, self.step)
+            if phase == self.stop_after_phase:
+                return Lowered(kg, self.trace, self.step)
         self._check_time()
         self._verify(kg, "the lowered kernel cannot be generated", ready=True)
+        if self.trace is not None:
+            self.trace.complete = True
         return Lowered(kg, self.trace, self.step)
 
     def _verify(self, kg: KernelGraph, what: str, ready: bool = False) -> None:

@@ -47,6 +47,10 @@ _SWITCH_OPS = frozenset(("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_ex
                          "mbarrier_inval", "syncthreads", "bar_sync", "reduce", "tma_load"))
 
 
+class UnmodelledTerm(InterpError):
+    """A term the interpreter has no meaning for (a function it does not model), found before running."""
+
+
 class Program:
     """A scheduled kernel with its allocations, register types and compiled terms."""
 
@@ -71,9 +75,13 @@ class Program:
                 self.reg_dtypes.setdefault(a["dst"], np.dtype(NP_DTYPES[a.get("dtype", "float32")]))
             if s.op == "tma_load":
                 tma_dsts.add(a["dst"])
-            self.fns[s.node] = {k: self._compile(v, invariant) for k, v in a.items()
-                                if k in ("start", "stop", "step", "pred", "index", "value", "args", "src",
-                                         "coords", "offset", "slot", "parity")}
+            try:
+                self.fns[s.node] = {k: self._compile(v, invariant) for k, v in a.items()
+                                    if k in ("start", "stop", "step", "pred", "index", "value", "args", "src",
+                                             "coords", "offset", "slot", "parity")}
+            except TermError as e:
+                raise UnmodelledTerm(f"{e}; the interpreter cannot run this kernel", self.site(s, (0, 0, 0), ())) \
+                    from None
         self.tma_dsts = tma_dsts
 
     @staticmethod

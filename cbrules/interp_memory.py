@@ -12,9 +12,10 @@ import numpy as np
 
 from .hwsim import read_box, write_box
 from .interp_roles import Blocked
-from .ops import DTYPE_BYTES
+from .ops import DTYPE_BYTES, MAX_BACKOFF_NS
 from .protocol import DivergentSync, InterpError, TmaIssueError
 from .schedule import Step
+from .verify import attribute_problem
 
 
 class OutOfBounds(InterpError):
@@ -190,6 +191,12 @@ class MemoryOps:
 
     def _mbarrier_wait(self, s: Step, mask: np.ndarray):
         """None when every thread's wait succeeds at once, else a generator blocking until they do."""
+        # a :backoff sleeps between polls: it changes when the wait returns, never what it observes,
+        # so only its value is checked (codegen prints it into __nanosleep)
+        backoff = s.attrs.get("backoff")
+        why = None if backoff is None else attribute_problem("mbarrier_wait", "backoff", backoff)
+        if why:
+            raise InterpError(f"mbarrier_wait :backoff {why}; give 0..{MAX_BACKOFF_NS} nanoseconds", self.site())
         left = [(sid, parity % 2, lanes) for sid, parity, lanes in self._slots(s, mask, "parity")]
         left = [g for g in left if not self.proto.try_wait(g[0], g[2], g[1], self.site)]
         if not left:

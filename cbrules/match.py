@@ -35,7 +35,43 @@ RELATIONS: dict[str, tuple[int, tuple[str, ...], tuple[str, ...]]] = {
     "nearest": (2, ("around",), ()),  # (nearest ?x PATTERN :around ?n): ?n or its closest enclosing match
     "count": (2, ("in",), ()),      # (count ?k PATTERN :in ?scope): ?k = number of matches
     "sum": (3, ("in",), ()),        # (sum ?k ATTR PATTERN :in ?scope): ATTR summed over one iteration of ?scope
+    # order among the children of one scope, in schedule order (the order codegen prints them)
+    "next": (2, (), ()),            # (next ?a ?b): ?b runs right after ?a, nothing between them
+    "before": (2, (), ()),          # (before ?a ?b): ?a runs before ?b, both children of one scope
+    "between": (3, (), ()),         # (between ?a ?b ?x): ?x runs after ?a and before ?b (?a, ?b bound)
+    "distinct": (2, (), ()),        # (distinct ?a ?b ...): the variables are bound to different nodes
 }
+VARIADIC_RELATIONS = ("distinct",)  # take their count of positional arguments or more
+
+
+def _vars(e: Expr) -> list[str]:
+    if isinstance(e, Atom):
+        return [e.value] if e.kind == "var" else []
+    return [v for x in e.items for v in _vars(x)]
+
+
+def _short(v: Any, limit: int = 80) -> str:
+    if isinstance(v, str):
+        text = f'"{v}"'
+    elif isinstance(v, dict):
+        text = "{" + ", ".join(f"{k}: {_short(x, limit)}" for k, x in v.items()) + "}"
+    else:
+        text = str(v)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _first_miss(path: str, p: Expr, value: Any, b: dict) -> str:
+    """Expected vs actual at the innermost key of a (:key P ...) pattern that fails."""
+    if isinstance(p, SList) and p.items and isinstance(p.items[0], Atom) and p.items[0].kind == "kw" \
+            and isinstance(value, dict):
+        _, keys = split_keys(p.items, 0)
+        for k, sub in keys.items():
+            got = value.get(k, MISSING)
+            nb = match_value(sub, got, b)
+            if nb is None:
+                return _first_miss(f"{path} :{k}", sub, got, b)
+            b = nb
+    return f"{path}: wants {p}, has {'nothing' if value is MISSING else _short(value)}"
 
 
 class MatchTimeout(Exception):
@@ -109,6 +145,7 @@ class Matcher:
         self._by_op = kg.by_op()
         self._all = kg.nodes()
         self.deepest: tuple[int, str, Any] = (-1, "", None)
+        self.deepest_bindings: dict = {}  # the bindings the deepest failure was tried with
         self.deadline = deadline
         self._ticks = 0
 
@@ -118,6 +155,7 @@ class Matcher:
         m = Matcher.__new__(Matcher)
         m.kg, m._orders, m._by_op, m._all = self.kg, self._orders, self._by_op, self._all
         m.deepest, m.deadline, m._ticks = (-1, "", None), self.deadline, 0
+        m.deepest_bindings = {}
         return m
 
     def _tick(self) -> None:
@@ -134,9 +172,10 @@ class Matcher:
     def env(self, b: dict) -> Env:
         return Env(b, lambda n: self.kg[n])
 
-    def _fail(self, index: int, why: str, where: Any) -> None:
+    def _fail(self, index: int, why: str, where: Any, b: Optional[dict] = None) -> None:
         if index > self.deepest[0]:
             self.deepest = (index, why, where)
+            self.deepest_bindings = b or {}
 
     # ------------------------------------------------------------------ rules
     def matches(self, elements: tuple, guards: tuple, b: Optional[dict] = None) -> Iterator[dict]:
@@ -145,7 +184,7 @@ class Matcher:
             ok = True
             for gi, g in enumerate(guards):
                 if not holds(g, self.env(bound)):
-                    self._fail(len(elements) + gi, "guard is false", g)
+                    self._fail(len(elements) + gi, "guard is false", g, bound)
                     ok = False
                     break
             if ok:
@@ -161,7 +200,7 @@ class Matcher:
             found = True
             yield from self._elements(els, i + 1, b2)
         if not found:
-            self._fail(i, "no node matches" if els[i].head() not in RELATIONS else "relation does not hold", els[i])
+            self._fail(i, "no node matches" if els[i].head() not in RELATIONS else "relation does not hold", els[i], b)
 
     def element(self, e: SList, b: dict) -> Iterator[dict]:
         head = e.head()
@@ -169,6 +208,50 @@ class Matcher:
             yield from getattr(self, "_rel_" + head.replace("-", "_"))(e, b)
         else:
             yield from self.node_pattern(e, b)
+
+    def explain(self) -> str:
+        """The deepest failure in words: for a node pattern the first attribute that no candidate
+        got past (expected vs actual), for a relation or guard the values of its variables."""
+        idx, why, where = self.deepest
+        b = self.deepest_bindings
+        if not isinstance(where, SList):
+            return why
+        if where.head() in RELATIONS or idx >= 0 and why == "guard is false":
+            shown = [f"{v}={_short(b[v])}" for v in dict.fromkeys(_vars(where)) if v in b]
+            return why + (f" with {', '.join(shown)}" if shown else "")
+        return self._explain_pattern(where, b)
+
+    def _explain_pattern(self, e: SList, b: dict) -> str:
+        op = e.head()
+        pos, keys = split_keys(e.items, 1)
+        var = pos[0].value if pos and isinstance(pos[0], Atom) and pos[0].kind == "var" else None
+        if var in b and isinstance(b[var], NodeRef) and b[var].id in self.kg:
+            n = b[var].id
+            if op != "_" and self.kg.op(n) != op:
+                return f"{var}={_short(b[var])} is a {self.kg.op(n)} node, the pattern wants a {op}"
+            pool = [n]
+        else:
+            pool = [n for n in self._all if op == "_" or self.kg.op(n) == op]
+            if not pool:
+                return f"the graph has no {op} node"
+        best = (-1, "")
+        for n in pool:
+            b2: Optional[dict] = b if var is None else {**b, var: NodeRef(n)}
+            for i, (k, p) in enumerate(keys.items()):
+                if k in STRUCTURAL_KEYS:
+                    scope = self._scope_of(p, b2)
+                    ok = scope in self.kg.ancestors(n) if k == "in" else self.kg.parent(n) == scope
+                    miss = f":{k} wants a node inside #{scope}, #{n} is not" if not ok else ""
+                else:
+                    got = self.kg[n].get(k, MISSING)
+                    nb = match_value(p, got, b2)
+                    ok, b2 = nb is not None, nb if nb is not None else b2
+                    miss = f"#{n} " + _first_miss(f":{k}", p, got, b2)
+                if not ok:
+                    if i > best[0]:
+                        best = (i, miss)
+                    break
+        return best[1] or "no node matches"
 
     # ------------------------------------------------------------------ node patterns
     def _scope_of(self, x: Expr, b: dict) -> int:
@@ -290,6 +373,66 @@ class Matcher:
             return list(self.node_matches(e.items[pattern_at], b, among=[n, *self.kg.ancestors(n)]))
         scope = self._scope_of(keys["in"], b)
         return list(self.node_matches(e.items[pattern_at], b, within=scope))
+
+    # ------------------------------------------------------------------ order
+    def _position(self, n: int) -> tuple[list[int], int]:
+        """The schedule order of ``n``'s scope and ``n``'s place in it (the kernel: alone)."""
+        scope = self.kg.parent(n)
+        if scope is None:
+            return [n], 0
+        order = self.order(scope)
+        return order, order.index(n)
+
+    def _node(self, x: Expr, b: dict) -> Optional[int]:
+        """The node ``x`` is bound to (None while unbound); a non-node value is a RuleError."""
+        if not (isinstance(x, Atom) and x.kind == "var" and x.value in b):
+            return None
+        return self._scope_of(x, b)
+
+    def _ordered_pairs(self, e, b, adjacent: bool) -> Iterator[dict]:
+        x, y = e.items[1], e.items[2]
+        nx_, ny = self._node(x, b), self._node(y, b)
+        if nx_ is not None:
+            order, i = self._position(nx_)
+            pairs = [(nx_, m) for m in (order[i + 1:i + 2] if adjacent else order[i + 1:])]
+        elif ny is not None:
+            order, j = self._position(ny)
+            pairs = [(m, ny) for m in (order[max(j - 1, 0):j] if adjacent else order[:j])]
+        else:
+            pairs = []
+            for scope in self._all:
+                if self.kg.is_scope(scope):
+                    order = self.order(scope)
+                    pairs += [(order[i], order[k]) for i in range(len(order))
+                              for k in (range(i + 1, min(i + 2, len(order))) if adjacent else range(i + 1, len(order)))]
+        for m, n in pairs:
+            self._tick()
+            r = self._bind_node(x, m, b)
+            r = self._bind_node(y, n, r) if r is not None else None
+            if r is not None:
+                yield r
+
+    def _rel_next(self, e, b):
+        yield from self._ordered_pairs(e, b, adjacent=True)
+
+    def _rel_before(self, e, b):
+        yield from self._ordered_pairs(e, b, adjacent=False)
+
+    def _rel_between(self, e, b):
+        first, last = self._scope_of(e.items[1], b), self._scope_of(e.items[2], b)
+        if self.kg.parent(first) != self.kg.parent(last):
+            return
+        order, i = self._position(first)
+        j = order.index(last)
+        for n in order[i + 1:j]:
+            r = self._bind_node(e.items[3], n, b)
+            if r is not None:
+                yield r
+
+    def _rel_distinct(self, e, b):
+        nodes = [self._scope_of(x, b) for x in e.items[1:]]
+        if len(set(nodes)) == len(nodes):
+            yield b
 
     def _rel_no(self, e, b):
         if not self._inner(e, 1, b):

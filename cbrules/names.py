@@ -43,6 +43,7 @@ PRELUDE_NAMES = frozenset((
     "cb_mbar_inval", "cb_fence_proxy_async", "cb_fence_mbarrier_init", "cb_bar_sync", "cb_tma_load",
     "cb_tma_store", "cb_tma_store_wait", "cb_block_reduce", "CbSum", "CbMax", "CbMin", "CB_WAIT",
     "cb_elect_warp", "cb_block_reduce_named",  # prelude_roles.cu (warp-specialized kernels)
+    "cb_mbar_wait_backoff",  # codegen.cuda.BACKOFF_WAIT (waits with a :backoff)
 ))
 MATH_FUNCTIONS = frozenset(f + s for f in ("exp", "log", "sqrt", "rsqrt", "fabs", "fma") for s in ("", "f"))
 GENERATED = CUDA_BUILTINS | PRELUDE_NAMES | MATH_FUNCTIONS

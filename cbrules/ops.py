@@ -22,7 +22,9 @@ BINARY = ("add", "sub", "mul", "div", "max", "min")
 REDUCE_COMBINE = ("sum", "max", "min")
 SYNC_TOKEN = "sync"
 # Attributes any node may carry: rules use them to tag nodes (e.g. a pipeline stage) for later rules.
-COMMON_ATTRIBUTES = ("stage", "tag", "part")  # the pseudo-resource that orders memory operations around barriers
+COMMON_ATTRIBUTES = ("stage", "tag", "part")
+# an mbarrier_wait's :backoff: nanoseconds to sleep between polls (PTX nanosleep sleeps at most ~1 ms)
+MAX_BACKOFF_NS = 1_000_000  # the pseudo-resource that orders memory operations around barriers
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ OPS: dict[str, OpSpec] = {
     "mbarrier_init": OpSpec(_BAR + ("count",), (), ("slot",), "sync"),
     "mbarrier_arrive": OpSpec(_BAR, (), ("slot",), "sync"),
     "mbarrier_arrive_expect_tx": OpSpec(_BAR + ("bytes",), (), ("slot",), "sync"),
-    "mbarrier_wait": OpSpec(_BAR + ("parity",), (), ("slot", "parity"), "sync"),
+    "mbarrier_wait": OpSpec(_BAR + ("parity",), ("backoff",), ("slot", "parity"), "sync"),
     "mbarrier_inval": OpSpec(_BAR, (), ("slot",), "sync"),
     "syncthreads": OpSpec((), (), (), "sync"),
     "fence_proxy_async": OpSpec((), (), (), "sync"),
@@ -78,6 +80,41 @@ OPS: dict[str, OpSpec] = {
 }
 for _op in UNARY + BINARY:
     OPS[_op] = OpSpec(("dst", "args", "dtype"), (), ("args",))
+
+# one sentence per op, for `cbrules ops` and the rule author's guide (rules/README.md)
+OP_DOCS: dict[str, str] = {
+    "kernel": "the root: name, parameters, block and grid; requires holds (predicate, message) pairs the "
+              "launcher checks before every launch; min_blocks is the second __launch_bounds__ value",
+    "for": "a loop: var runs from start to stop (exclusive) by step; kind is serial, unroll, unswitch, vectorize "
+           "or a thread/block axis; annotations carry requests such as circular_buffer",
+    "if": "a scope its threads enter only where pred holds",
+    "else": "the last child of an if: a scope the threads where the if's pred fails enter (one role of a "
+            "warp-specialized kernel each)",
+    "alloc": "a buffer buf in space global, shared or register, of dtype and shape (align in bytes)",
+    "tma_load": "a TMA copy of one box of tensor map tmap at coords into dst + offset; without a barrier the "
+                "rules arrange its completion (circular_buffer asks them to pipeline it)",
+    "tma_store": "a TMA copy of one box from shared src + offset to tensor map tmap at coords",
+    "load": "dst = src[index] (global, shared or register memory)",
+    "store": "dst[index] = value",
+    "assign": "dst = value",
+    "reduce": "dst = the combine (sum, max, min) of src over the block (kind block) or into dst (kind serial); "
+              "with bar_id, over the first count threads through named barrier bar_id",
+    "fma": "dst = args[0] * args[1] + args[2]",
+    "mbarrier_init": "the elected thread initialises barrier[slot] to expect count arrivals",
+    "mbarrier_arrive": "this thread arrives on barrier[slot]",
+    "mbarrier_arrive_expect_tx": "this thread arrives on barrier[slot] and arms it for bytes of TMA traffic",
+    "mbarrier_wait": "wait until the phase of barrier[slot] with parity completes; backoff sleeps that many "
+                     "nanoseconds between polls",
+    "mbarrier_inval": "invalidate barrier[slot] so its memory may be reused",
+    "syncthreads": "a block-wide barrier (__syncthreads)",
+    "fence_proxy_async": "order this thread's generic-proxy shared memory accesses before later TMA accesses",
+    "fence_mbarrier_init": "make barrier initialisation visible to the async proxy",
+    "bar_sync": "a named barrier id for count threads",
+    "setmaxnreg": "raise (action inc) or lower (action dec) this warp group's register cap to count",
+    **{u: f"dst = {u}(args[0])" for u in UNARY},
+    **{b: f"dst = {b}(args[0], args[1])" for b in BINARY},
+}
+COMMON_DOC = "stage, tag and part: any node may carry them; rules tag nodes with them for later rules"
 
 
 def term_values(op: str, attrs: Mapping[str, Any]) -> list[Term]:

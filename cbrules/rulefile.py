@@ -18,13 +18,14 @@ from __future__ import annotations
 import difflib
 import heapq
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from .actions import ACTIONS
+from .actions import ACTIONS, _settable
 from .egg import EGGLOG_ALLOWED, EGGLOG_REFUSED, EggForm
-from .match import RELATIONS, STRUCTURAL_KEYS, split_keys
+from .match import RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS, split_keys
 from .ops import OPS, SCOPES
 from .sexpr import Atom, Expr, Pos, RuleError, RulePathError, SList, read, read_file, source_text
 from .values import FUNCTIONS, NODE_FUNCTIONS
@@ -36,6 +37,48 @@ MAX_PHASES = 1000  # the shipped rules use 5; placing a phase scans the list
 RULE_KEYS = ("doc", "phase", "after", "match", "where", "rewrite")
 VALUE_PATTERN_HEADS = ("one-of", "not", "absent")
 FILTER_HEADS = ("not", "any-of")
+
+
+class RuleErrors(RuleError):
+    """Several errors in the rule files, all reported at once: ``errors`` holds each (a
+    :class:`RuleError` with its ``file:line:col``); the message has one line per error."""
+
+    def __init__(self, errors: list[RuleError]):
+        Exception.__init__(self, "\n".join(map(str, errors)))
+        self.errors = errors
+        self.pos = errors[0].pos
+        self.detail = "; ".join(e.detail for e in errors)
+
+
+def _raise_all(errors: list[RuleError]) -> None:
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise RuleErrors(errors)
+
+
+class UnboundVariable(RuleError):
+    """A ?variable used where nothing binds it."""
+
+
+class _Bound(set):
+    """The ?variables bound so far in a rule, with the op of the node each names where known
+    (``_`` for any op), so ``(set ?n :key ...)`` can be checked against the op's attributes."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.ops: dict[str, str] = {}
+
+    def bind(self, var: str, op: str) -> None:
+        self.add(var)
+        self.ops.setdefault(var, op)
+
+
+def _bind(bound: set, var: str, op: str = "_") -> None:
+    if isinstance(bound, _Bound):
+        bound.bind(var, op)
+    else:
+        bound.add(var)
 
 
 @dataclass(frozen=True)
@@ -178,43 +221,82 @@ def rule_files(folder: str | os.PathLike) -> list[Path]:
 def load(dirs: Optional[Sequence[str | os.PathLike]] = None, *, check_egglog: bool = False) -> RuleSet:
     """Read and check every ``*.rules`` file under ``dirs`` (default: :func:`rule_dirs`)."""
     rs = RuleSet()
+    errors: list[RuleError] = []
+    seen: set[str] = set()
     for d in (rule_dirs() if dirs is None else dirs):
         for f in rule_files(d):
-            _read_file(rs, f)
-    _check_names(rs)
+            real = os.path.realpath(f)
+            if real not in seen:  # a folder named twice (e.g. the shipped one) is read once
+                seen.add(real)
+                _read_file(rs, f, errors)
+    _check_names(rs, errors)
     for phase in rs.phases:
-        rs.in_phase(phase)  # refuses :after cycles now, and caches each phase's order
+        try:
+            rs.in_phase(phase)  # refuses :after cycles now, and caches each phase's order
+        except RuleError as e:
+            errors.append(e)
+    _raise_all(errors)
     if check_egglog:
         from .egg import load_check
         load_check(rs.egg_forms)
     return rs
 
 
-def _read_file(rs: RuleSet, path: Path) -> None:
-    text = read_file(path)
+def from_texts(texts: dict[str, str]) -> RuleSet:
+    """The graph rules, phases and disables of rule files given as ``{path: text}`` (e.g. as a
+    saved trace recorded them), read and checked as :func:`load` reads files; nothing is opened."""
+    rs = RuleSet()
+    errors: list[RuleError] = []
+    for path, text in texts.items():
+        _read_text(rs, text, Path(path), errors)
+    _raise_all(errors)
+    return rs
+
+
+def _read_file(rs: RuleSet, path: Path, errors: list[RuleError]) -> None:
+    """Read one file into ``rs``; every error of a form goes to ``errors`` and reading goes on
+    with the next form (a syntax error ends the file)."""
+    _read_text(rs, read_file(path), path, errors)
+
+
+def _read_text(rs: RuleSet, text: str, path: Path, errors: list[RuleError]) -> None:
     rs.files.append(str(path))
-    for form in read(text, str(path)):
-        if not isinstance(form, SList) or not form.head():
-            raise RuleError(form.pos, f"a top-level form must be a list starting with a name, got {form}")
-        head = form.head()
-        if head in EGGLOG_ALLOWED:
-            rs.egg_forms.append(EggForm(source_text(text, form), str(path), form.pos.line, form.pos.col))
-        elif head in EGGLOG_REFUSED:
-            raise RuleError(form.pos, f"egglog form ({head} ...) is not allowed in rule files: {EGGLOG_REFUSED[head]}")
-        elif head == "graph-rule":
-            rs.rules.append(_graph_rule(form))
-        elif head == "phases":
-            for a in form.items[1:]:
-                _declare_phase(rs, a)
-                rs.phases.append(a.value)
-        elif head == "phase":
-            _add_phase(rs, form)
-        elif head == "disable":
-            for a in form.items[1:]:
-                rs.disabled[_name(a)] = a.pos
-        else:
-            raise RuleError(form.pos, f"unknown top-level form {head!r}" + did_you_mean(
-                head, tuple(EGGLOG_ALLOWED) + OWN_HEADS))
+    try:
+        forms = read(text, str(path))
+    except RulePathError:
+        raise
+    except RuleError as e:
+        errors.append(e)
+        return
+    for form in forms:
+        try:
+            _read_form(rs, form, text, path, errors)
+        except RuleError as e:
+            errors.append(e)
+
+
+def _read_form(rs: RuleSet, form: Expr, text: str, path: Path, errors: list[RuleError]) -> None:
+    if not isinstance(form, SList) or not form.head():
+        raise RuleError(form.pos, f"a top-level form must be a list starting with a name, got {form}")
+    head = form.head()
+    if head in EGGLOG_ALLOWED:
+        rs.egg_forms.append(EggForm(source_text(text, form), str(path), form.pos.line, form.pos.col))
+    elif head in EGGLOG_REFUSED:
+        raise RuleError(form.pos, f"egglog form ({head} ...) is not allowed in rule files: {EGGLOG_REFUSED[head]}")
+    elif head == "graph-rule":
+        rs.rules.append(_graph_rule(form, errors))
+    elif head == "phases":
+        for a in form.items[1:]:
+            _declare_phase(rs, a)
+            rs.phases.append(a.value)
+    elif head == "phase":
+        _add_phase(rs, form)
+    elif head == "disable":
+        for a in form.items[1:]:
+            rs.disabled[_name(a)] = a.pos
+    else:
+        raise RuleError(form.pos, f"unknown top-level form {head!r}" + did_you_mean(
+            head, tuple(EGGLOG_ALLOWED) + OWN_HEADS))
 
 
 def _declare_phase(rs: RuleSet, a: Expr) -> str:
@@ -253,7 +335,7 @@ def _add_phase(rs: RuleSet, form: SList) -> None:
     rs.phases.insert(i + 1 if k == "after" else i, name)
 
 
-def _graph_rule(form: SList) -> GraphRule:
+def _graph_rule(form: SList, errors: list[RuleError]) -> GraphRule:
     if len(form) < 2 or not isinstance(form[1], Atom) or form[1].kind != "sym":
         raise RuleError(form.pos, "graph-rule needs a name: (graph-rule NAME :phase P :match (...) :rewrite (...))")
     name = form[1].value
@@ -285,19 +367,39 @@ def _graph_rule(form: SList) -> GraphRule:
     rule = GraphRule(name, _name(keys["phase"]), tuple(keys["match"]), tuple(keys.get("where", ())),
                      tuple(keys["rewrite"]), form.pos, doc.value if doc is not None else "",
                      tuple(keys.get("after", ())))
-    _check_rule(rule)
+    _check_rule(rule, errors)
     return rule
 
 
 # ---------------------------------------------------------------------------- static checks
-def _check_rule(r: GraphRule) -> None:
-    bound: set[str] = set()
-    for el in r.match:
-        _check_match_element(el, bound)
-    for g in r.where:
-        _check_value(g, bound)
-    for a in r.rewrite:
-        _check_action(a, bound)
+def _check_rule(r: GraphRule, errors: list[RuleError]) -> None:
+    """Check every element, guard and action of ``r``, each error to ``errors``; a failed element
+    still binds its ?variables, so one mistake is not reported again at every later use."""
+    bound = _Bound()
+    broken_match = False  # then an unbound variable later is most likely the same mistake
+    for items, check in ((r.match, _check_match_element), (r.where, _check_value), (r.rewrite, _check_action)):
+        for el in items:
+            try:
+                check(el, bound)
+            except RuleError as e:
+                if not (broken_match and isinstance(e, UnboundVariable)):
+                    errors.append(e)
+                broken_match |= items is r.match
+                for v in _vars_in(el):
+                    _bind(bound, v)
+
+
+def _vars_in(e: Expr) -> list[str]:
+    if isinstance(e, Atom):
+        return [e.value] if e.kind == "var" else []
+    return [v for x in e.items for v in _vars_in(x)]
+
+
+def _no_attribute(where: Pos, op: str, key: str, allowed: Iterable[str]) -> RuleError:
+    """\"op X has no attribute :k\", with the op's attributes and the closest one."""
+    allowed = sorted(allowed)
+    return RuleError(where, f"op {op!r} has no attribute :{key}" + did_you_mean(key, allowed)
+                     + f"; its attributes: {', '.join(':' + a for a in allowed)} (see `cbrules ops`)")
 
 
 def _expect_list(e: Expr, what: str) -> SList:
@@ -320,16 +422,20 @@ def _check_node_pattern(e: Expr, bound: set[str], binds: bool = True) -> None:
         if not (isinstance(p, Atom) and p.kind == "var"):
             raise RuleError(p.pos, f"in a node pattern, positional items must be ?variables, got {p}")
         if binds:
-            bound.add(p.value)
-    allowed = set(STRUCTURAL_KEYS) | (set(OPS[op].attributes) if op != "_" else
-                                      {a for s in OPS.values() for a in s.attributes})
+            _bind(bound, p.value, op)
+    allowed = set(STRUCTURAL_KEYS) | _attributes(op)
     for k, v in keys.items():
         if k not in allowed:
-            raise RuleError(_key_pos(e, k), f"op {op!r} has no attribute :{k}" + did_you_mean(k, sorted(allowed)))
+            raise _no_attribute(_key_pos(e, k), op, k, allowed)
         if k in STRUCTURAL_KEYS:
             _check_value(v, bound)
         else:
             _check_value_pattern(v, bound, binds)
+
+
+def _attributes(op: str) -> set[str]:
+    """The attributes a node of ``op`` may have (``_``: any op)."""
+    return set(OPS[op].attributes) if op != "_" else {a for s in OPS.values() for a in s.attributes}
 
 
 def _key_pos(form: SList, key: str) -> Pos:
@@ -367,8 +473,9 @@ def _check_match_element(e: Expr, bound: set[str]) -> None:
         return
     npos, required, optional = RELATIONS[head]
     pos, keys = split_keys(e.items, 1)
-    if len(pos) != npos:
-        raise RuleError(e.pos, f"relation {head} takes {npos} positional argument(s), got {len(pos)}")
+    if len(pos) != npos and not (head in VARIADIC_RELATIONS and len(pos) > npos):
+        more = " or more" if head in VARIADIC_RELATIONS else ""
+        raise RuleError(e.pos, f"relation {head} takes {npos}{more} positional argument(s), got {len(pos)}")
     for k in required:
         if k not in keys:
             raise RuleError(e.pos, f"relation {head} needs :{k}")
@@ -381,8 +488,14 @@ def _check_match_element(e: Expr, bound: set[str]) -> None:
     if head in ("no", "count", "sum", "nearest"):
         pat_at = {"no": 0, "count": 1, "sum": 2, "nearest": 1}[head]
         _check_node_pattern(pos[pat_at], set(bound), binds=True)
-        if head != "no":
+        if head == "nearest" and isinstance(pos[0], Atom) and pos[0].kind == "var":
+            inner = pos[1].head() if isinstance(pos[1], SList) else "_"
+            _bind(bound, pos[0].value, inner if inner in OPS else "_")
+        elif head != "no":
             _check_value_pattern(pos[0], bound, True)
+        return
+    if head in ("next", "before", "between", "distinct"):
+        _check_order_relation(head, pos, bound)
         return
     if head in ("reads", "writes"):
         _check_value(pos[1], bound)
@@ -390,13 +503,29 @@ def _check_match_element(e: Expr, bound: set[str]) -> None:
         _check_value(pos[1], bound)
     for p in pos[:1]:
         if isinstance(p, Atom) and p.kind == "var":
-            bound.add(p.value)
+            _bind(bound, p.value)
+
+
+def _check_order_relation(head: str, pos: list, bound: set) -> None:
+    """next/before bind either side; between needs its two ends bound; distinct compares bound ones."""
+    for p in pos:
+        if not (isinstance(p, Atom) and p.kind == "var"):
+            raise RuleError(p.pos, f"relation {head} takes ?variables, got {p}")
+    if head in ("between", "distinct"):
+        for p in pos[:2] if head == "between" else pos:
+            if p.value not in bound:
+                raise UnboundVariable(p.pos, f"relation {head}: {p.value} must be bound by an earlier element"
+                                      + did_you_mean(p.value, bound))
+    binds = {"next": pos, "before": pos, "between": pos[2:], "distinct": []}[head]
+    for p in binds:
+        if p.value not in bound:
+            _bind(bound, p.value)
 
 
 def _check_value(e: Expr, bound: set[str]) -> None:
     if isinstance(e, Atom):
         if e.kind == "var" and e.value not in bound:
-            raise RuleError(e.pos, f"unbound variable {e.value}" + did_you_mean(e.value, bound))
+            raise UnboundVariable(e.pos, f"unbound variable {e.value}" + did_you_mean(e.value, bound))
         return
     if not len(e):
         return
@@ -450,7 +579,7 @@ def _check_template(t: Expr, bound: set[str]) -> None:
                 raise RuleError(v.pos, ":as takes a ?variable")
             continue
         if k not in spec.attributes:
-            raise RuleError(_key_pos(t, k), f"op {op!r} has no attribute :{k}" + did_you_mean(k, spec.attributes))
+            raise _no_attribute(_key_pos(t, k), op, k, spec.attributes)
         _check_value(v, bound)
     missing = [k for k in spec.required if k not in keys and k not in spec.defaults]
     if missing:
@@ -460,7 +589,7 @@ def _check_template(t: Expr, bound: set[str]) -> None:
     for child in pos:
         _check_template(child, bound)
     if "as" in keys:
-        bound.add(keys["as"].value)
+        _bind(bound, keys["as"].value, op)
 
 
 def _check_action(a: Expr, bound: set[str]) -> None:
@@ -483,6 +612,10 @@ def _check_action(a: Expr, bound: set[str]) -> None:
         for k, v in keys.items():
             if k not in allowed:
                 raise RuleError(_key_pos(a, k), f"action {head} has no key :{k}" + did_you_mean(k, allowed))
+    if head == "set":
+        _check_set_keys(a, pos[0], keys, bound)
+    if head == "fail":
+        _check_message(pos[0], bound)
     for i, p in enumerate(pos):
         if first_template is not None and i >= first_template:
             _check_template(p, bound)
@@ -506,25 +639,48 @@ def _check_action(a: Expr, bound: set[str]) -> None:
             stray, sets = split_keys(_expect_list(v, "(:key value ...)").items, 0)
             if stray:
                 raise RuleError(stray[0].pos, f"action clone: :set takes (:key value ...), got {stray[0]}")
+            _check_set_keys(v, pos[0], sets, bound)  # the copy has the op of the scope it copies
             for sv in sets.values():
                 _check_value(sv, bound)
         else:
             _check_value(v, bound)
 
 
-def _check_names(rs: RuleSet) -> None:
+def _check_set_keys(a: SList, target: Expr, keys: dict, bound: set) -> None:
+    """``(set ?n :key V)``: every key an attribute of the op ``?n`` was bound to."""
+    op = bound.ops.get(target.value, "_") if isinstance(bound, _Bound) and isinstance(target, Atom) else "_"
+    allowed = _attributes(op)
+    for k in keys:
+        if k in ("op", "origin"):
+            _settable(k, Atom(k, "kw", _key_pos(a, k)))
+        if k not in allowed:
+            raise _no_attribute(_key_pos(a, k), op, k, allowed)
+
+
+def _check_message(msg: Expr, bound: set) -> None:
+    """Every ``{?x}`` in a literal ``(fail "...")`` message names a bound variable."""
+    if isinstance(msg, Atom) and msg.kind == "str":
+        for name in re.findall(r"\{(\?[\w-]+)\}", msg.value):
+            if name not in bound:
+                raise RuleError(msg.pos, f"(fail ...): the message uses {{{name}}}, but {name} is not bound"
+                                + did_you_mean(name, bound) + "; bind it in :match or with (let ...), or drop it")
+
+
+def _check_names(rs: RuleSet, errors: list[RuleError]) -> None:
+    """Rule names unique; phases, ``:after`` and ``disable`` naming what exists."""
     seen: dict[str, GraphRule] = {}
     for r in rs.rules:
         if r.name in seen:
-            raise RuleError(r.pos, f"duplicate rule name {r.name!r} (first defined at {seen[r.name].pos})")
-        seen[r.name] = r
+            errors.append(RuleError(r.pos, f"duplicate rule name {r.name!r} (first defined at {seen[r.name].pos})"))
+        seen.setdefault(r.name, r)
     for r in rs.rules:
         if r.phase not in rs.phases:
-            raise RuleError(r.pos, f"rule {r.name}: unknown phase {r.phase!r}" + did_you_mean(r.phase, rs.phases)
-                            + "; declare it with (phases ...) or (phase NAME :after P)")
+            errors.append(RuleError(r.pos, f"rule {r.name}: unknown phase {r.phase!r}" + did_you_mean(
+                r.phase, rs.phases) + "; declare it with (phases ...) or (phase NAME :after P)"))
         for a in r.after:
             if a.value not in seen:
-                raise RuleError(a.pos, f"rule {r.name}: :after names unknown rule {a}" + did_you_mean(str(a), seen))
+                errors.append(RuleError(a.pos, f"rule {r.name}: :after names unknown rule {a}"
+                                        + did_you_mean(str(a), seen)))
     for name, pos in rs.disabled.items():
         if name not in seen:
-            raise RuleError(pos, f"disable: unknown rule {name!r}" + did_you_mean(name, seen))
+            errors.append(RuleError(pos, f"disable: unknown rule {name!r}" + did_you_mean(name, seen)))

@@ -105,11 +105,13 @@ def linear_order(kg: KernelGraph) -> list[int]:
     return [s.node for s in schedule(kg).walk()]
 
 
-def print_program(step: Step, indent: int = 0) -> str:
-    """A readable listing of the linear program (for debugging and tests)."""
+def print_program(step: Step, indent: int = 0, ids: bool = False) -> str:
+    """A readable listing of the linear program (for debugging and tests); ``ids`` starts each
+    line with its node's ``#id``."""
     keys = {k: v for k, v in step.attrs.items() if k not in ("params", "symbols")}
-    line = "  " * indent + f"{step.op} " + " ".join(f"{k}={_fmt(v)}" for k, v in keys.items())
-    return "\n".join([line.rstrip()] + [print_program(s, indent + 1) for s in step.body])
+    line = "  " * indent + (f"#{step.node} " if ids else "") + f"{step.op} " + \
+        " ".join(f"{k}={_fmt(v)}" for k, v in keys.items())
+    return "\n".join([line.rstrip()] + [print_program(s, indent + 1, ids) for s in step.body])
 
 
 def _fmt(v: Any) -> str:

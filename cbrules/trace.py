@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import fnmatch
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Optional
 
 from .engine import Application, Trace
 from .errors import CbrulesError
 from .graph import KernelGraph
-from .match import Matcher, split_keys
-from .rulefile import did_you_mean
+from .match import RELATIONS, Matcher, split_keys
+from .rulefile import GraphRule, did_you_mean
 from .schedule import print_program, schedule
 from .sexpr import Atom
 from .values import NodeRef
@@ -37,7 +38,16 @@ def counts(trace: Trace) -> list[tuple[str, int, float]]:
 
 def select(trace: Trace, rule: Optional[str] = None, phase: Optional[str] = None,
            node: Optional[int] = None) -> list[Application]:
-    """Records whose rule matches the glob ``rule``, in ``phase``, touching ``node``."""
+    """Records whose rule matches the glob ``rule``, in ``phase``, touching ``node``. A glob that
+    names no rule, or an unknown phase, is a :class:`TraceQueryError` with a did-you-mean."""
+    known = [*trace.rules, "egglog"]
+    if rule and not any(fnmatch.fnmatchcase(k, rule) for k in known):
+        raise TraceQueryError(f"no rule matches {rule!r}" + did_you_mean(rule, known))
+    if phase and phase not in trace.phases:
+        raise TraceQueryError(f"unknown phase {phase!r}" + did_you_mean(phase, trace.phases)
+                              + f"; the phases are {', '.join(trace.phases)}")
+    if node is not None and not any(node in g for g in [trace.initial, *trace.graphs.values()]):
+        raise TraceQueryError(f"no node #{node} in any graph of the trace (ids 0..{_max_id(trace)})")
     out = []
     for r in trace.records:
         if rule and not fnmatch.fnmatchcase(r.rule, rule):
@@ -81,7 +91,8 @@ def final_graph(trace: Trace) -> KernelGraph:
 
 
 def history(trace: Trace, node: int) -> list[str]:
-    """How ``node`` came to be: its creating rule, the node it was cloned from, back to the build."""
+    """How ``node`` came to be: its creating rule, the node it was cloned from, back to the build.
+    A node no recorded graph holds is a :class:`TraceQueryError`."""
     lines = []
     seen = set()
     n: Optional[int] = node
@@ -90,6 +101,8 @@ def history(trace: Trace, node: int) -> list[str]:
         g = next((gr for gr in [final_graph(trace), *reversed(list(trace.graphs.values())), trace.initial]
                   if n in gr), None)
         if g is None:
+            if n == node:
+                raise TraceQueryError(f"no node #{n} in any graph of the trace (ids 0..{_max_id(trace)})")
             lines.append(f"#{n}: not in any recorded graph")
             break
         o = g[n]["origin"]
@@ -101,48 +114,134 @@ def history(trace: Trace, node: int) -> list[str]:
         for r in trace.records:
             if n in r.changed:
                 lines.append(f"  changed at step {r.step} by {r.rule} @ {r.at}")
+        erased = next((r for r in trace.records if n in r.erased), None)
+        if erased is not None:
+            lines.append(f"  erased at step {erased.step} by {erased.rule} @ {erased.at}")
         n = o.get("from")
     return lines
 
 
-def why_not(trace: Trace, rule: str, node: int, step: Optional[int] = None) -> str:
+def _max_id(trace: Trace) -> int:
+    return max((max(g.nodes(), default=0) for g in [trace.initial, *trace.graphs.values()]), default=0)
+
+
+def rule_named(trace: Trace, name: str) -> GraphRule:
+    """The rule called ``name``; an unknown name is a :class:`TraceQueryError` with a did-you-mean."""
+    if name not in trace.rules:
+        raise TraceQueryError(f"unknown rule {name!r}" + did_you_mean(name, trace.rules)
+                              + "; `cbrules rules list` lists them")
+    return trace.rules[name]
+
+
+def phase_at(trace: Trace, step: Optional[int]) -> Optional[str]:
+    """The phase that made the graph after ``step`` (None: step 0, before any phase ran)."""
+    if step is None:
+        return trace.records[-1].phase if trace.records else None
+    return next((r.phase for r in reversed(trace.records) if r.step <= step), None)
+
+
+@dataclass
+class WhyNot:
+    """The answer of :func:`why_not`: whether the rule matches, and why (``str()`` reads it)."""
+
+    rule: str
+    node: int
+    var: str
+    matches: bool
+    text: str
+    element: Optional[str] = None  # the first pattern element or guard that failed ...
+    at: Optional[str] = None  # ... and its file:line:col
+    detail: Optional[str] = None  # expected vs actual
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def why_not(trace: Trace, rule: str, node: int, step: Optional[int] = None, as_var: Optional[str] = None) -> WhyNot:
     """Why ``rule`` does not apply to ``node`` in the graph after ``step`` (default: the final graph).
 
-    The node is bound to the first node pattern of the rule's :match whose op fits; the answer is
-    the first pattern element or guard that no continuation got past.
-    """
-    if rule not in trace.rules:
-        raise TraceQueryError(f"unknown rule {rule!r}" + did_you_mean(rule, trace.rules))
-    r = trace.rules[rule]
+    The node is bound to ``as_var`` (default: the variable of the first node pattern of the rule's
+    :match whose op fits); the answer names the first pattern element or guard that no
+    continuation got past, with what it wanted and what the graph has, and says where the graph
+    stands with respect to the rule's phase. A node the graph does not hold is a
+    :class:`TraceQueryError`."""
+    r = rule_named(trace, rule)
     g = final_graph(trace) if step is None else graph_at(trace, step)
+    after = "the final graph" if step is None else f"the graph after step {step}"
     if node not in g:
         gone = next((x for x in trace.records if node in x.erased and (step is None or x.step <= step)), None)
         if gone is not None:
-            return (f"#{node} was erased at step {gone.step} by {gone.rule} @ {gone.at}; ask about the graph "
-                    f"before that with step {gone.step - 1}")
-        return f"#{node} does not exist in the graph{'' if step is None else f' after step {step}'}"
+            raise TraceQueryError(f"#{node} is not in {after}: it was erased at step {gone.step} by {gone.rule} "
+                                  f"@ {gone.at}; ask about an earlier graph with --step {gone.step - 1}")
+        raise TraceQueryError(f"#{node} is not in {after} (ids 0..{max(g.nodes(), default=0)}); "
+                              "`cbrules trace KERNEL graph` shows every node with its #id")
     op = g.op(node)
-    for i, el in enumerate(r.match):
-        pos, _ = split_keys(el.items, 1)
-        if el.head() in (op, "_") and pos and isinstance(pos[0], Atom) and pos[0].kind == "var":
-            var = pos[0].value
-            break
-    else:
+    var = _binding_var(r, op, as_var)
+    if var is None:
         ops = sorted({str(el.head()) for el in r.match})
-        return f"rule {rule} never binds a {op} node: its :match elements are {', '.join(ops)}"
+        return WhyNot(rule, node, "", False, f"rule {rule} never binds a {op} node: its :match elements are "
+                      f"{', '.join(ops)}")
+    phase = _phase_note(trace, r, step)
     m = Matcher(g)
-    for _ in m.matches(r.match, r.where, {var: NodeRef(node)}):
-        return f"rule {rule} does match {g.describe(node)} as {var}" + \
-            (" (it already fired on these nodes, or its phase was over)" if step is None else "")
+    for b in m.matches(r.match, r.where, {var: NodeRef(node)}):
+        fired = [x.step for x in trace.records if x.rule == rule and x.bindings.get(var) == f"#{node}"]
+        when = f"; it fired on it at step {fired[0]}" if fired else ""
+        if phase.startswith(" (its phase") and "has not begun" in phase:
+            return WhyNot(rule, node, var, False, f"rule {rule} is not tried on {after}{phase}; there it would "
+                          f"match {g.describe(node)} as {var}")
+        return WhyNot(rule, node, var, True, f"rule {rule} does match {g.describe(node)} as {var} in {after}"
+                      f"{when}{phase}")
     idx, why, where = m.deepest
     if idx < 0:
-        return f"rule {rule}: {g.describe(node)} fails its first pattern element"
+        return WhyNot(rule, node, var, False, f"rule {rule}: {g.describe(node)} fails its first pattern element{phase}")
     kind = "guard" if idx >= len(r.match) else "pattern element"
-    return f"rule {rule} does not fire on {g.describe(node)} as {var}: {kind} {where} at {where.pos} — {why}"
+    detail = m.explain()
+    return WhyNot(rule, node, var, False, f"rule {rule} does not fire on {g.describe(node)} as {var} in {after}: "
+                  f"{kind} {where} at {where.pos} -- {detail}{phase}", str(where), str(where.pos), detail)
+
+
+def _binding_var(r: GraphRule, op: str, as_var: Optional[str]) -> Optional[str]:
+    """The variable to bind a node of ``op`` to: ``as_var`` (checked), else the first node pattern's
+    variable whose op fits."""
+    for el in r.match:
+        pos, _ = split_keys(el.items, 1)
+        if pos and isinstance(pos[0], Atom) and pos[0].kind == "var" and el.head() not in RELATIONS:
+            if as_var is None and el.head() in (op, "_"):
+                return pos[0].value
+            if as_var == pos[0].value:
+                if el.head() not in (op, "_"):
+                    raise TraceQueryError(f"rule {r.name} binds {as_var} to a {el.head()} node, not a {op}")
+                return as_var
+    if as_var is not None:
+        names = sorted({v for el in r.match for v in _pattern_vars(el)})
+        raise TraceQueryError(f"rule {r.name} has no node pattern binding {as_var}" + did_you_mean(as_var, names)
+                              + f"; its variables: {', '.join(names)}")
+    return None
+
+
+def _pattern_vars(el) -> list[str]:
+    pos, _ = split_keys(el.items, 1)
+    return [p.value for p in pos[:1] if isinstance(p, Atom) and p.kind == "var"]
+
+
+def _phase_note(trace: Trace, r: GraphRule, step: Optional[int]) -> str:
+    """Where the graph asked about stands with respect to the rule's phase."""
+    now = phase_at(trace, step)
+    if r.phase not in trace.phases:
+        return ""
+    mine = trace.phases.index(r.phase)
+    if now is None or trace.phases.index(now) < mine:
+        return (f" (its phase {r.phase} has not begun at {'step 0' if now is None else f'this step, in phase {now}'}:"
+                " the rule is only tried in its phase)")
+    if trace.phases.index(now) > mine or (step is None and trace.complete):
+        last = max((x.step for x in trace.records if x.phase == r.phase), default=None)
+        return f" (its phase {r.phase} is over{f', it ended at step {last}' if last else ''})"
+    return f" (in its phase {r.phase})"
 
 
 def program_at(trace: Trace, step: int) -> str:
-    return print_program(schedule(graph_at(trace, step)))
+    """The program after ``step``, every line starting with its node's ``#id``."""
+    return print_program(schedule(graph_at(trace, step)), ids=True)
 
 
 def to_dot(trace: Trace, step: int) -> str:

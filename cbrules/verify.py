@@ -13,7 +13,7 @@ from typing import Any, Iterator
 from .errors import CbrulesError
 from .graph import BUILTINS, CONTAINS, KernelGraph
 from .names import RULES, problem
-from .ops import DTYPES, LOOP_KINDS, OPS, REDUCE_COMBINE, SCOPES, SPACES, term_values
+from .ops import DTYPES, LOOP_KINDS, MAX_BACKOFF_NS, OPS, REDUCE_COMBINE, SCOPES, SPACES, term_values
 from .schedule import ScheduleError, linear_order, sibling_edges, sibling_order
 from .terms import BINARY_OPS, UNARY_OPS, Term, call_problem
 
@@ -194,7 +194,11 @@ def attribute_problem(op: str, key: str, value: Any) -> str | None:
         if (o, k) == (op, key):
             if many and not isinstance(value, tuple):
                 return f"{value!r} is not a tuple of ints"
-            return next((p for p in map(lambda v: _int_problem(v, low), value if many else (value,)) if p), None)
+            bad = next((p for p in map(lambda v: _int_problem(v, low), value if many else (value,)) if p), None)
+            high = _INT_HIGH.get((op, key))
+            if bad is None and high is not None and value > high:
+                bad = f"{value} is above {high}"
+            return bad
     return None
 
 
@@ -208,7 +212,8 @@ def _int_problem(v: Any, low: int) -> str | None:
 _INT_ATTRS = (("alloc", "shape", 1, True), ("alloc", "align", 1, False), ("mbarrier_init", "count", 1, False),
               ("mbarrier_arrive_expect_tx", "bytes", 0, False), ("tma_load", "bytes", 0, False),
               ("tma_load", "box", 1, True), ("tma_load", "tile", 1, True), ("bar_sync", "id", 0, False),
-              ("bar_sync", "count", 1, False), ("kernel", "block", 1, True))
+              ("bar_sync", "count", 1, False), ("kernel", "block", 1, True), ("mbarrier_wait", "backoff", 0, False))
+_INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS}
 
 
 def _values(kg: KernelGraph) -> None:
@@ -219,7 +224,8 @@ def _values(kg: KernelGraph) -> None:
         for o, key, low, _ in _INT_ATTRS:
             bad = attribute_problem(op, key, d[key]) if o == op and d.get(key) is not None else None
             if bad:
-                raise GraphError("int-valued", f"{kg.describe(n)}: {key} must be int(s) >= {low}: {bad}", n)
+                most = f" and <= {_INT_HIGH[o, key]}" if (o, key) in _INT_HIGH else ""
+                raise GraphError("int-valued", f"{kg.describe(n)}: {key} must be int(s) >= {low}{most}: {bad}", n)
         if op == "alloc" and d.get("align") and d["align"] & (d["align"] - 1):
             raise GraphError("int-valued", f"{kg.describe(n)}: align {d['align']} is not a power of two", n)
         if "dtype" in d and d["dtype"] not in DTYPES:

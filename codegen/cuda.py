@@ -41,6 +41,17 @@ _CALL_C = {"elect_one": "cb_elect_one", "elect_warp": "cb_elect_warp", "ceil_div
            "max": "cb_max"}
 assert set(_CALL_C) == set(DEVICE_FUNCTIONS), "every device function needs its prelude helper"
 _INT_LITERAL_BOUND = 2 ** 63
+# emitted only when a wait has a :backoff, so kernels without one keep their exact source
+BACKOFF_WAIT = r"""// mbarrier_wait :backoff NS: sleep NS nanoseconds between polls of the barrier
+__device__ __forceinline__ void cb_mbar_wait_backoff(unsigned bar, unsigned parity, unsigned ns) {
+  unsigned done;
+  for (;;) {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    if (done) return;
+    __nanosleep(ns);
+  }
+}"""
 
 
 @dataclass(frozen=True)
@@ -127,6 +138,7 @@ class _Emitter:
         self.reg_arrays: dict[str, Step] = {}
         self.smem_bytes = 0
         self.uses_reduce = False
+        self.uses_backoff = False
         self._collect(program)
 
     # -------------------------------------------------------------- declarations
@@ -148,6 +160,8 @@ class _Emitter:
                 self.reg_arrays[_ident(a["buf"])] = s
             elif "dst" in a and s.op not in ("store", "tma_load", "alloc"):
                 self.registers.setdefault(_ident(a["dst"]), a.get("dtype", "float32"))
+            elif s.op == "mbarrier_wait" and a.get("backoff") is not None:
+                self.uses_backoff = True
             if s.op == "reduce" and a["kind"] == "block":
                 self.uses_reduce = True
         if self.uses_reduce:
@@ -197,8 +211,8 @@ class _Emitter:
         note = f"  // {_comment(a['part'])}" if a.get("part") and s.op != "for" else ""
         if self.annotate and s.origin:
             o = s.origin
-            note += _comment(f"  // {o['rule']} @ {o.get('at', '?')}" if o.get("rule")
-                             else f"  // build @ {o.get('where', '?')}")
+            note += _comment(f"  // {o['rule']} @ {o.get('at', '?')} #{s.node}" if o.get("rule")
+                             else f"  // build @ {o.get('where', '?')} #{s.node}")
             if o.get("source"):
                 note += _comment(f" (from {o['source']})")
         return note
@@ -250,7 +264,7 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
     bounds = f"{bx * by * bz}" + (f", {_int(k['min_blocks'], 'min_blocks', 1)}" if k.get("min_blocks") else "")
     roles = any(h in line for line in e.lines for h in _ROLE_HELPERS)
     text = "\n".join([
-        PRELUDE, *([PRELUDE_ROLES] if roles else []), e.elect_one(), "",
+        PRELUDE, *([PRELUDE_ROLES] if roles else []), e.elect_one(), *([BACKOFF_WAIT] if e.uses_backoff else []), "",
         f'extern "C" __global__ void __launch_bounds__({bounds}) {_ident(k["name"])}({e.signature()}) {{',
         *decls, *e.lines, "}", ""])
     if e.smem_bytes > MAX_SHARED_BYTES:
@@ -345,7 +359,9 @@ _STATEMENTS = {
     "mbarrier_init": lambda o, a, e: f"cb_mbar_init({_bar(a)}, {a['count']});",
     "mbarrier_arrive": lambda o, a, e: f"cb_mbar_arrive({_bar(a)});",
     "mbarrier_arrive_expect_tx": lambda o, a, e: f"cb_mbar_arrive_expect_tx({_bar(a)}, {a['bytes']});",
-    "mbarrier_wait": lambda o, a, e: f"cb_mbar_wait({_bar(a)}, {_c_term(a['parity'])});",
+    "mbarrier_wait": lambda o, a, e: (f"cb_mbar_wait({_bar(a)}, {_c_term(a['parity'])});" if a.get("backoff") is None
+                                      else f"cb_mbar_wait_backoff({_bar(a)}, {_c_term(a['parity'])}, "
+                                           f"{_int(a['backoff'], 'a wait backoff', 0)}u);"),
     "mbarrier_inval": lambda o, a, e: f"cb_mbar_inval({_bar(a)});",
     "syncthreads": lambda o, a, e: "__syncthreads();",
     "fence_proxy_async": lambda o, a, e: "cb_fence_proxy_async();",

@@ -213,7 +213,7 @@ def test_process_interrupt_is_quiet():
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        assert p.stdout.readline().startswith("single_dim: stages=16")  # running: past start-up
+        assert p.stdout.readline().startswith("single_dim: options given: --stages 16;")  # running: past start-up
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)
     finally:

@@ -102,7 +102,7 @@ def test_circular_buffer_options_are_ints(options, message):
 
 
 def test_circular_buffer_ranges_stay_with_the_rules():
-    assert circular_buffer(1, -7) == {"stages": 1, "prefetch": -7, "war": "sync"}  # the rules refuse it later
+    assert circular_buffer(1, -7) == {"stages": 1, "prefetch": -7}  # the rules refuse it (and fill in war)
 
 
 @pytest.mark.parametrize("build, message", [

@@ -6,12 +6,14 @@ patches (128 x 128 with 8 x 8, for example) do more multiply-adds per shared-mem
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
 
 BM, BN, BK, PATCH = 64, 64, 16, 4
 
 
-def matmul(stages: int = 3, prefetch=None, war=None, tile: int = BM, patch: int = PATCH, bk: int = BK,
+def matmul(stages: int = 3, prefetch=None, war: Optional[str] = None, tile: int = BM, patch: int = PATCH, bk: int = BK,
            spread: bool = False, warp_specialize: bool = False, registers=None) -> Kernel:
     """``c[M, N] = a[M, K] @ b[K, N]`` in ``tile`` x ``tile`` blocks, ``patch`` x ``patch`` a thread,
     ``bk`` columns of A a K step. ``spread``: a thread's patch columns lie ``tile / patch`` apart

@@ -6,12 +6,14 @@ that TMA fills with zeros and store nothing (the store is predicated).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
 
 TILE = 256
 
 
-def single_dim(stages: int = 3, prefetch=None, war=None, tiles_per_block: int = 8,
+def single_dim(stages: int = 3, prefetch=None, war: Optional[str] = None, tiles_per_block: int = 8,
                warp_specialize: bool = False, registers=None) -> Kernel:
     """``out = exp(x)``; the serial loop over tiles is circular-buffered."""
     k = Kernel("single_dim", block=TILE)
@@ -51,7 +53,7 @@ def _load_stage(k: Kernel, x_map, tile, first, i, unroll: int) -> None:
         k.tma_load(x_map, ((first + i * unroll + u) * TILE,), tile, offset=u * TILE)
 
 
-def single_dim_unroll(stages: int = 3, prefetch=None, war=None, tiles_per_block: int = 32,
+def single_dim_unroll(stages: int = 3, prefetch=None, war: Optional[str] = None, tiles_per_block: int = 32,
                       unroll: int = 4, warp_specialize: bool = False, registers=None) -> Kernel:
     """The tile loop split by ``unroll``: the outer serial loop is circular-buffered, each stage
     holds ``unroll`` tiles loaded by an unrolled inner loop of TMA copies."""
@@ -67,7 +69,7 @@ def single_dim_unroll(stages: int = 3, prefetch=None, war=None, tiles_per_block:
     return k
 
 
-def single_dim_unswitch(stages: int = 3, prefetch=None, war=None, tiles_per_block: int = 32,
+def single_dim_unswitch(stages: int = 3, prefetch=None, war: Optional[str] = None, tiles_per_block: int = 32,
                         unroll: int = 4, warp_specialize: bool = False, registers=None) -> Kernel:
     """Like the unrolled kernel, with the store predicate hoisted out of the inner loop: a stage whose
     tiles are all in bounds stores without tests, the others test every element."""

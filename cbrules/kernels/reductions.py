@@ -2,12 +2,14 @@
 inner-persistent normalisation that keeps its row in registers."""
 from __future__ import annotations
 
+from typing import Optional
+
 from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes, threadIdx
 
 COLS = 256
 
 
-def inner_reduction(stages: int = 3, prefetch=None, war=None, width: int = COLS,
+def inner_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, width: int = COLS,
                     warp_specialize: bool = False, registers=None) -> Kernel:
     """``out[m] = sum(x[m, :])``: one block per row, the loop over its N-tiles circular-buffered.
     A tile is ``width`` columns (a multiple of 256; wider tiles arrive as several 256-wide boxes)."""
@@ -31,7 +33,7 @@ def inner_reduction(stages: int = 3, prefetch=None, war=None, width: int = COLS,
     return k
 
 
-def outer_reduction(stages: int = 3, prefetch=None, war=None, rows: int = 8, cols: int = COLS,
+def outer_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, rows: int = 8, cols: int = COLS,
                     warp_specialize: bool = False, registers=None) -> Kernel:
     """``out[n] = sum(x[:, n])``: a block per ``cols`` columns, the serial loop over M (in tiles of
     ``rows`` rows) circular-buffered. With ``cols`` < 256 the block's 256 threads split each tile's
@@ -72,7 +74,7 @@ def outer_reduction(stages: int = 3, prefetch=None, war=None, rows: int = 8, col
     return k
 
 
-def persistent(stages: int = 3, prefetch=None, war=None, row: int = 1024, box: int = 128,
+def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: int = 1024, box: int = 128,
                width: int = COLS, threads: int = COLS, warp_specialize: bool = False, registers=None) -> Kernel:
     """``out = (x - mean) / sqrt(var)`` per row of a [M, row] tensor (``row`` fixed at build time).
 
@@ -112,7 +114,7 @@ def persistent(stages: int = 3, prefetch=None, war=None, row: int = 1024, box: i
     return k
 
 
-def two_pass(stages: int = 3, prefetch=None, war=None, width: int = COLS, threads: int = COLS,
+def two_pass(stages: int = 3, prefetch=None, war: Optional[str] = None, width: int = COLS, threads: int = COLS,
              warp_specialize: bool = False, registers=None) -> Kernel:
     """``out = (x - mean) / sqrt(var)`` per row of [M, N] for rows too long to keep on chip (N known
     only at launch): one block per row reads it twice, each pass a circular-buffered loop over

@@ -9,6 +9,8 @@ count, many short blocks: an even spread over the SMs whatever the shape).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes
 
 COLS = 256
@@ -50,7 +52,7 @@ def _pointwise(name: str, inputs: tuple[str, ...], stages: int, prefetch, war, r
     return k
 
 
-def multi_dim(stages: int = 3, prefetch=None, war=None, rows: int = ROWS, width: int = COLS,
+def multi_dim(stages: int = 3, prefetch=None, war: Optional[str] = None, rows: int = ROWS, width: int = COLS,
               per_block: int = 0, warp_specialize: bool = False, registers=None) -> Kernel:
     """``out = exp(x)`` over [M, N], tiles ``rows`` x ``width`` (default 4 x 256); a block per row
     strip, or per ``per_block`` consecutive tiles."""
@@ -58,7 +60,7 @@ def multi_dim(stages: int = 3, prefetch=None, war=None, rows: int = ROWS, width:
                       warp_specialize, registers)
 
 
-def pointwise(stages: int = 3, prefetch=None, war=None, rows: int = ROWS, width: int = COLS,
+def pointwise(stages: int = 3, prefetch=None, war: Optional[str] = None, rows: int = ROWS, width: int = COLS,
               per_block: int = 0, warp_specialize: bool = False, registers=None) -> Kernel:
     """``out = x + y``: two TMA buffers on one loop, one barrier per stage with two arrivals."""
     return _pointwise("pointwise", ("x", "y"), stages, prefetch, war, rows, width, per_block,

@@ -1,0 +1,198 @@
+"""Saving a lowering trace to a file and reading it back, so queries need not lower again.
+
+A ``.cbtrace`` file is JSON: the graphs (nodes with their attributes, edges), the records, the
+phases and the text of the rule files whose graph rules the trace names (why-not matches them
+again). Values are tagged (tuples, dictionaries, terms, kernel parameters) and rebuilt only from
+those shapes: reading a trace runs no code from it, and a file that is not a trace this version
+wrote is a :class:`TraceFileError`. Every graph read back passes the structural checks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .engine import Application, Trace
+from .errors import CbrulesError
+from .graph import CONTAINS, DEPENDS, KernelGraph, Param
+from .ops import OPS
+from .rulefile import from_texts
+from .sexpr import MAX_FILE_BYTES, RuleError
+from .terms import BINARY_OPS, UNARY_OPS, Term, call_problem
+from .verify import GraphError
+
+SUFFIX = ".cbtrace"
+FORMAT = "cbrules-trace-1"
+MAX_TRACE_BYTES = 512 * 2 ** 20  # the largest built-in kernel's trace is a few MiB
+
+
+class TraceFileError(CbrulesError):
+    """A trace file that cannot be written, or read back as a trace."""
+
+
+def save(trace: Trace, path: str | os.PathLike, kernel: str, options: str) -> None:
+    """Write ``trace`` (of ``kernel``, lowered with the effective ``options`` line) to ``path``."""
+    if not str(path).endswith(SUFFIX):
+        raise TraceFileError(f"{path}: a saved trace's name ends in {SUFFIX}, so that queries recognise it")
+    texts = {}
+    for f in trace.files:  # in reading order: a folder's phases refer to those read before
+        try:
+            texts[f] = Path(f).read_text(encoding="utf-8")
+        except OSError as e:
+            raise TraceFileError(f"cannot read rule file {f} to save it with the trace: {e.strerror or e}") from None
+    graphs = {"0": _graph(trace.initial), **{str(s): _graph(g) for s, g in trace.graphs.items()}}
+    doc = {"format": FORMAT, "kernel": kernel, "options": options, "phases": trace.phases,
+           "complete": trace.complete, "rules": texts, "graphs": graphs,
+           "records": [_value(dataclasses.asdict(r)) for r in trace.records]}
+    try:
+        Path(path).write_text(json.dumps(doc, separators=(",", ":"), allow_nan=False))
+    except (OSError, ValueError) as e:
+        raise TraceFileError(f"cannot write {path}: {getattr(e, 'strerror', None) or e}") from None
+
+
+def load(path: str | os.PathLike) -> tuple[Trace, str, str]:
+    """(trace, kernel name, effective options line) read back from a file :func:`save` wrote."""
+    where = str(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_TRACE_BYTES + 1)
+    except OSError as e:
+        raise TraceFileError(f"cannot read {where}: {e.strerror or e}") from None
+    if len(data) > MAX_TRACE_BYTES:
+        raise TraceFileError(f"{where}: larger than {MAX_TRACE_BYTES >> 20} MiB; not a trace cbrules wrote")
+    try:
+        doc = json.loads(data.decode("utf-8"))
+        return _trace(doc, where)
+    except TraceFileError:
+        raise
+    except RuleError as e:
+        raise TraceFileError(f"{where}: its rule text does not read: {e}") from None
+    except GraphError as e:
+        raise TraceFileError(f"{where}: a graph in it is not valid: {e}") from None
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as e:
+        raise TraceFileError(f"{where}: not a trace this version of cbrules wrote ({type(e).__name__}: "
+                             f"{str(e)[:200]})") from None
+
+
+# ------------------------------------------------------------------------------ values
+def _value(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, Term):
+        return {"term": [v.op, [_value(a) for a in v.args], v.value]}
+    if isinstance(v, Param):
+        return {"param": _value({f.name: getattr(v, f.name) for f in dataclasses.fields(v)})}  # terms stay terms
+    if isinstance(v, tuple):
+        return {"tuple": [_value(x) for x in v]}
+    if isinstance(v, list):
+        return [_value(x) for x in v]
+    if isinstance(v, dict):
+        return {"dict": [[_value(k), _value(x)] for k, x in v.items()]}
+    raise TraceFileError(f"cannot save a value of type {type(v).__name__} in a trace: {v!r}"[:300])
+
+
+def _unvalue(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, list):
+        return [_unvalue(x) for x in v]
+    if not isinstance(v, dict) or len(v) != 1:
+        raise ValueError(f"unexpected value {str(v)[:80]}")
+    (tag, x), = v.items()
+    if tag == "tuple":
+        return tuple(_unvalue(y) for y in _list(x))
+    if tag == "dict":
+        return {_key(_unvalue(k)): _unvalue(y) for k, y in map(_pair, _list(x))}
+    if tag == "param":
+        fields = _unvalue(x)
+        if not isinstance(fields, dict) or set(fields) - {f.name for f in dataclasses.fields(Param)}:
+            raise ValueError("a kernel parameter with unknown fields")
+        return Param(**fields)
+    if tag == "term":
+        op, args, value = _list(x)
+        return _term(op, [_unvalue(a) for a in _list(args)], value)
+    raise ValueError(f"unknown value tag {tag!r}")
+
+
+def _term(op: Any, args: list, value: Any) -> Term:
+    """A term rebuilt only in the shapes terms have (the generated CUDA checks them again)."""
+    arity = {"const": 0, "name": 0, **{o: 1 for o in UNARY_OPS}, **{o: 2 for o in BINARY_OPS}}
+    if op == "call":
+        bad = call_problem(value, len(args))
+        if bad:
+            raise ValueError(bad)
+    elif op not in arity or len(args) != arity[op]:
+        raise ValueError(f"not a term: {op!r} with {len(args)} operand(s)")
+    if not all(isinstance(a, Term) for a in args) or isinstance(value, (list, dict, tuple)):
+        raise ValueError(f"not a term: {op!r}")
+    return Term(op, tuple(args), value)
+
+
+def _list(x: Any) -> list:
+    if not isinstance(x, list):
+        raise ValueError("expected a list")
+    return x
+
+
+def _pair(x: Any) -> list:
+    if not isinstance(x, list) or len(x) != 2:
+        raise ValueError("expected a [key, value] pair")
+    return x
+
+
+def _key(k: Any) -> Any:
+    if isinstance(k, (list, dict)):
+        raise ValueError("unhashable dictionary key")
+    return k
+
+
+# ------------------------------------------------------------------------------ graphs and traces
+def _graph(kg: KernelGraph) -> dict:
+    return {"root": kg.root, "next": kg._next_id,
+            "nodes": [[n, _value(dict(kg[n]))] for n in kg.nodes()],
+            "edges": [[a, b, k] for a, b, k in kg.g.edges(data="kind")]}
+
+
+def _read_graph(doc: dict) -> KernelGraph:
+    kg = KernelGraph.__new__(KernelGraph)
+    import networkx as nx
+    kg.g, kg.trace = nx.DiGraph(), None
+    for n, attrs in doc["nodes"]:
+        attrs = _unvalue(attrs)
+        if not isinstance(n, int) or not isinstance(attrs, dict) or attrs.get("op") not in OPS \
+                or not isinstance(attrs.get("origin"), dict) or not all(isinstance(k, str) for k in attrs):
+            raise ValueError(f"node {str(n)[:20]} is not a node cbrules wrote")
+        kg.g.add_node(n, **attrs)
+    for a, b, kind in doc["edges"]:
+        if a not in kg.g or b not in kg.g or kind not in (CONTAINS, DEPENDS):
+            raise ValueError(f"edge {a!r} -> {b!r} ({kind!r}) joins no two nodes of the graph")
+        kg.g.add_edge(a, b, kind=kind)
+    kg.root, kg._next_id = doc["root"], doc["next"]
+    if kg.root not in kg.g or not isinstance(kg._next_id, int) or kg._next_id <= max(kg.g, default=-1):
+        raise ValueError("the graph's root or id counter is wrong")
+    kg.verify(structure_only=True)
+    return kg
+
+
+def _trace(doc: dict, where: str) -> tuple[Trace, str, str]:
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise TraceFileError(f"{where}: not a cbrules trace (format {FORMAT}); write one with "
+                             f"`cbrules trace KERNEL --save FILE{SUFFIX}`")
+    texts = doc["rules"]
+    if not isinstance(texts, dict) or not all(isinstance(t, str) and len(t.encode()) <= MAX_FILE_BYTES
+                                              and "\0" not in t for t in texts.values()):
+        raise ValueError("rule texts must be strings of at most 4 MiB without NUL")
+    rules = from_texts(texts)
+    graphs = {int(s): _read_graph(g) for s, g in doc["graphs"].items()}
+    records = []
+    for r in doc["records"]:
+        fields = _unvalue(r)
+        if not isinstance(fields, dict) or set(fields) != {f.name for f in dataclasses.fields(Application)}:
+            raise ValueError("a record with unknown fields")
+        records.append(Application(**fields))
+    phases = [str(p) for p in _list(doc["phases"])]
+    t = Trace(graphs.pop(0), records, graphs, {r.name: r for r in rules.rules}, phases, bool(doc["complete"]),
+              list(texts))
+    return t, str(doc["kernel"]), str(doc["options"])
