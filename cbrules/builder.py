@@ -32,7 +32,8 @@ from .errors import CbrulesError
 from .graph import KernelGraph, Param
 from .limits import TmaBoxError, check_box  # noqa: F401  (TmaBoxError: public via the builder)
 from .names import IdentifierError, NameClashError  # noqa: F401  (public via the builder)
-from .ops import BINARY, DTYPE_BYTES, DTYPES, LOOP_KINDS, REDUCE_COMBINE, SPACES, UNARY, DependenceTracker
+from .ops import (BINARY, DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS, REDUCE_COMBINE, SPACES, UNARY,
+                  DependenceTracker, compute_dtype)
 from .terms import ELECT_ONE, Term, TermLike, as_term, call, name
 
 threadIdx = type("threadIdx", (), {a: name(f"threadIdx.{a}") for a in "xyz"})
@@ -312,6 +313,9 @@ class Kernel:
         where = f"alloc({buf!r}) at {_call_site()}"
         _choice(space, where, "space", [s for s in SPACES if s != "global"])
         _choice(dtype, where, "dtype", list(DTYPES))
+        if space == "register" and dtype in HALF_DTYPES:
+            raise BuildError(f"{where}: a register array of {dtype}; registers compute in float32 (half types "
+                             "are storage types of tensors and shared buffers): allocate it as float32")
         shape = _ints(shape, where, "shape")
         if not shape:
             raise BuildError(f"{where}: shape must have at least one dimension")
@@ -327,21 +331,27 @@ class Kernel:
     def _reg(self, dst: Optional[str], call: str, dtype: Optional[str] = None) -> str:
         """The register a compute call writes: ``dst`` (checked), or the next free ``v<n>``."""
         if dtype is not None:
-            _choice(dtype, f"{call} at {_call_site()}", "dtype", [d for d in DTYPES if d != "mbarrier"])
+            where = f"{call} at {_call_site()}"
+            _choice(dtype, where, "dtype", [d for d in DTYPES if d != "mbarrier"])
+            if dtype in HALF_DTYPES:
+                raise BuildError(f"{where}: a {dtype} register; registers compute in float32 (a load of a "
+                                 f"{dtype} buffer converts, a store rounds): use dtype='float32'")
         if dst is None:
             dst = next(f"v{i}" for i in self._regs if f"v{i}" not in self._names)
         return self._claim(dst, "register", f"{call}(dst={dst!r})", reuse=True)
 
     # ---------------------------------------------------------------- memory
     def load(self, src: Buffer, index: TermLike, dst: Optional[str] = None) -> Term:
-        """Read one element ``src[index]`` (flat index) into a register; returns the register."""
+        """Read one element ``src[index]`` (flat index) into a register; returns the register.
+        A float16/bfloat16 element arrives as float32."""
         src_name = self._known(src, _MEMORY, "load")
         dst = self._reg(dst, "load")
-        self._node("load", dst=dst, src=src_name, index=as_term(index), dtype=src.dtype)
+        self._node("load", dst=dst, src=src_name, index=as_term(index), dtype=compute_dtype(src.dtype))
         return name(dst)
 
     def store(self, dst: Buffer, index: TermLike, value: TermLike) -> None:
-        """Write ``dst[index] = value`` (flat index)."""
+        """Write ``dst[index] = value`` (flat index); a float16/bfloat16 buffer gets the value rounded to
+        nearest even."""
         dst_name = self._known(dst, _MEMORY, "store")
         if dst.space == "global":
             self._mark_written(dst_name)

@@ -66,9 +66,10 @@ def _max_err(a: np.ndarray, b: np.ndarray) -> float:
 class Checker:
     """Runs cases, caching lowered graphs, inputs and unlowered results between them."""
 
-    def __init__(self, blocks: BlocksLike = None, seed: int = 0, **lower_options):
-        """``lower_options`` go to :func:`cbrules.api.lower` (``rules=[folder]`` adds rule folders)."""
-        self.blocks, self.seed, self.lower_options = blocks, seed, dict(lower_options)
+    def __init__(self, blocks: BlocksLike = None, seed: int = 0, dtype: str = "float32", **lower_options):
+        """``dtype``: the kernels' tensor type (inputs are rounded to it, tolerances follow it);
+        ``lower_options`` go to :func:`cbrules.api.lower` (``rules=[folder]`` adds rule folders)."""
+        self.blocks, self.seed, self.dtype, self.lower_options = blocks, seed, dtype, dict(lower_options)
         # read the rule files once, not at every lowering
         self.lower_options["rules"] = api.load_rules(self.lower_options.get("rules"))
         self._lowered: dict = {}
@@ -80,11 +81,11 @@ class Checker:
         """The lowered kernel of the case, ready to run (a :class:`LoweringError` is cached and raised
         again)."""
         params = {**spec.build_params(tuple(shape)), **spec.trips_params(trips)}
-        key = (spec.name, stages, prefetch, war, tuple(sorted(params.items())))
+        key = (spec.name, stages, prefetch, war, self.dtype, tuple(sorted(params.items())))
         if key not in self._lowered:
             try:
-                self._lowered[key] = prepare(api.lower(spec.build(shape, trips=trips, stages=stages,
-                                                                  prefetch=prefetch, war=war), **self.lower_options))
+                self._lowered[key] = prepare(api.lower(spec.build(shape, trips=trips, stages=stages, prefetch=prefetch,
+                                                                  war=war, dtype=self.dtype), **self.lower_options))
             except LoweringError as e:
                 self._lowered[key] = e
         got = self._lowered[key]
@@ -95,14 +96,14 @@ class Checker:
     def inputs(self, spec: KernelSpec, shape: tuple) -> dict:
         key = (spec.name, tuple(shape))
         if key not in self._inputs:
-            self._inputs[key] = spec.inputs(tuple(shape), np.random.default_rng(self.seed))
+            self._inputs[key] = spec.make_inputs(tuple(shape), np.random.default_rng(self.seed), self.dtype)
         return self._inputs[key]
 
     def unlowered(self, spec: KernelSpec, shape: tuple, trips: int) -> dict:
         """Outputs of the kernel before lowering (the same for every S, P and WAR mode)."""
         key = (spec.name, tuple(shape), trips)
         if key not in self._unlowered:
-            kernel = spec.build(shape, trips=trips, stages=2)
+            kernel = spec.build(shape, trips=trips, stages=2, dtype=self.dtype)
             self._unlowered[key] = run(kernel, self.inputs(spec, shape), blocks=self.blocks)
         return self._unlowered[key]
 
@@ -148,23 +149,24 @@ class Checker:
             res.detail = f"the unlowered kernel fails: {type(e).__name__}: {e}"
             return
         problems, res.err_numpy, res.err_unlowered = compare(spec, res.shape, args, got, before,
-                                                             sampled=self.blocks is not None)
+                                                             sampled=self.blocks is not None, dtype=self.dtype)
         res.status, res.detail = ("FAIL", "; ".join(problems)) if problems else ("ok", "")
 
 
 def compare(spec: KernelSpec, shape: tuple, args: dict, got: dict, before: dict,
-            sampled: bool = False) -> tuple[list[str], float, float]:
+            sampled: bool = False, dtype: str = "float32") -> tuple[list[str], float, float]:
     """(problems, max error vs numpy, max error vs the unlowered kernel) of the lowered outputs.
 
     With ``sampled`` (a sample of blocks ran) only the elements the unlowered kernel wrote (the
     outputs start as NaN) are compared with numpy.
     """
-    want = spec.reference(args)
-    rtol, atol = spec.tolerance(tuple(shape))
+    want = spec.expected(args)
+    rtol, atol = spec.tolerances(tuple(shape), dtype)
     problems: list[str] = []
     err_numpy = err_before = 0.0
     for name in spec.outputs:
-        lo, un, ref = got[name], before[name], np.asarray(want[name])
+        # half-precision outputs compared in float64 (bfloat16 has no numpy arithmetic of its own)
+        lo, un, ref = (np.asarray(v).astype(np.float64) for v in (got[name], before[name], want[name]))
         err_before = max(err_before, _max_err(lo, un))
         if not np.allclose(lo, un, rtol=rtol, atol=atol, equal_nan=True):
             problems.append(f"{name} differs from the unlowered kernel (max error {_max_err(lo, un):.3g})")

@@ -23,6 +23,7 @@ from . import api, rulefile, trace
 from .builder import Kernel
 from .errors import CbrulesError
 from .kernels import KERNELS, KernelSpec, get
+from .ops import HALF_DTYPES
 from .schedule import print_program, schedule
 
 TRACEBACK_VAR = "CBRULES_TRACEBACK"
@@ -59,7 +60,7 @@ def load_kernel(ref: str) -> KernelSpec:
         return KernelSpec(path.stem, str(ns.get("__doc__") or ""), _built(path, build),
                           _guarded(path, "calling inputs() of", inputs) if callable(inputs) else None,
                           _guarded(path, "calling reference() of", reference) if callable(reference) else None,
-                          outputs, shape, pipelined=False)
+                          outputs, shape, pipelined=False, dtypes=("float32",))
     try:
         return get(ref)
     except KeyError as e:
@@ -130,7 +131,11 @@ def _shape(a, spec: KernelSpec) -> tuple:
 def _kernel(a, spec: KernelSpec):
     """The kernel with the command line's circular-buffer options."""
     return spec.build(_shape(a, spec), stages=getattr(a, "stages", None), prefetch=getattr(a, "prefetch", None),
-                      war=getattr(a, "war", None))
+                      war=getattr(a, "war", None), dtype=_dtype(a))
+
+
+def _dtype(a) -> str:
+    return getattr(a, "dtype", None) or "float32"
 
 
 def _compile(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
@@ -141,14 +146,14 @@ def _compile(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
                 f"{r.stack_bytes} B stack{' (cached)' if ck.cubin.cached else ''}")
 
 
-def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=sys.stdout) -> bool:
+def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=sys.stdout, dtype: str = "float32") -> bool:
     from codegen import runtime
     if spec.inputs is None or spec.reference is None:
         raise CliError(f"{spec.name}: the kernel file defines no inputs()/reference(), so it cannot be run")
     rng = np.random.default_rng(0)
-    args = spec.inputs(shape, rng)
-    rtol, atol = spec.tolerance(shape)
-    want = spec.reference(args)
+    args = spec.make_inputs(shape, rng, dtype)
+    rtol, atol = spec.tolerances(shape, dtype)
+    want = spec.expected(args)
     bound = ck.bind(**args)
     for name in spec.outputs:  # poison outputs so a kernel that writes nothing cannot pass
         bound.arrays[name].fill_bytes(0xFF)
@@ -156,7 +161,7 @@ def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=sys.stdout) -> bool:
     bound.finish()
     ok = True
     for name in spec.outputs:
-        got = args[name]
+        got = args[name].astype(np.float64)
         err = float(np.max(np.abs(got - want[name]))) if got.size else 0.0
         good = np.allclose(got, want[name], rtol=rtol, atol=atol)
         ok &= good
@@ -265,7 +270,7 @@ def cmd_run(a) -> int:
     if not runtime.gpu_available():
         raise CliError("no compute-capability 9.x GPU here: `cbrules run` needs a Hopper GPU "
                        "(`cbrules compile` works without one)")
-    return 0 if _run(spec, ck, _shape(a, spec), a.reps) else 1
+    return 0 if _run(spec, ck, _shape(a, spec), a.reps, dtype=_dtype(a)) else 1
 
 
 def cmd_demo(a) -> int:
@@ -301,7 +306,7 @@ def cmd_check(a) -> int:
     prefetch = "default (S-1)" if a.prefetch is None else a.prefetch
     print(f"{spec.name}: stages={stages} prefetch={prefetch} war={war}; trip counts 1..{4 * stages}, "
           f"{'a sample of' if a.sample else 'all'} blocks; lowered vs before lowering vs numpy, protocol checked")
-    checker = Checker(blocks="sample" if a.sample else None, **_lower_options(a))
+    checker = Checker(blocks="sample" if a.sample else None, dtype=_dtype(a), **_lower_options(a))
     results = [checker.check(spec, t, stages, a.prefetch, war) for t in trip_counts(stages)]
     print(summary_table(results))
     failed = [r for r in results if not r.ok]
@@ -331,6 +336,8 @@ def _kernel_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefetch", type=int, help="prefetch distance P in [0, S) (negative counts from S; default S-1)")
     p.add_argument("--war", choices=["sync", "mbarrier"], help="WAR protection (default sync)")
     p.add_argument("--shape", help="problem shape, e.g. 1048576 or 500,1024 (also picks build-time sizes)")
+    p.add_argument("--dtype", choices=["float32", *HALF_DTYPES], help="type of the kernel's tensors (default "
+                   "float32; float16/bfloat16 are stored as such and computed in float32)")
 
 
 def _rule_options(p: argparse.ArgumentParser) -> None:

@@ -15,8 +15,18 @@ LOOP_KINDS = ("serial", "unroll", "unswitch", "vectorize",
               "thread-x", "thread-y", "thread-z", "block-x", "block-y", "block-z")
 SPACES = ("global", "shared", "register")
 DTYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long long",
-          "uint32": "unsigned", "uint64": "unsigned long long", "mbarrier": "unsigned long long"}
-DTYPE_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint32": 4, "uint64": 8, "mbarrier": 8}
+          "uint32": "unsigned", "uint64": "unsigned long long", "mbarrier": "unsigned long long",
+          "float16": "cb_half", "bfloat16": "cb_bf16"}
+DTYPE_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint32": 4, "uint64": 8, "mbarrier": 8,
+               "float16": 2, "bfloat16": 2}
+# Storage-only types: tensors and shared buffers hold them, registers compute in float32 (a load
+# converts up, a store rounds to nearest even), as the tensor cores' neighbours do on Hopper.
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+def compute_dtype(dtype: str) -> str:
+    """The register type a load of ``dtype`` produces: float32 for the half types, else ``dtype``."""
+    return "float32" if dtype in HALF_DTYPES else dtype
 UNARY = ("exp", "log", "sqrt", "rsqrt", "neg", "abs")
 BINARY = ("add", "sub", "mul", "div", "max", "min")
 REDUCE_COMBINE = ("sum", "max", "min")

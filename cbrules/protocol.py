@@ -149,7 +149,8 @@ class SharedBuffer:
 
     def __init__(self, name: str, dtype, size: int, threads: int, tracked: bool):
         self.name = name
-        self.data = np.full(size, np.nan, dtype) if np.issubdtype(dtype, np.floating) else np.zeros(size, dtype)
+        # floats (bfloat16 too, which numpy does not class as floating) start as NaN: a read before a write shows
+        self.data = np.full(size, np.nan, dtype) if np.dtype(dtype).kind in "fV" else np.zeros(size, dtype)
         self.tracked = tracked
         if tracked:
             self.w_slot = np.full(size, -1, np.int64)  # barrier slot the last TMA write completes on

@@ -17,13 +17,15 @@ from typing import Any, Optional
 
 from cbrules.graph import Param
 from cbrules.names import BUILTINS, RULES, problem
-from cbrules.ops import DTYPE_BYTES, DTYPES, LOOP_KINDS
+from cbrules.ops import DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS
 from cbrules.schedule import Step
 from cbrules.terms import BINARY_OPS, DEVICE_FUNCTIONS, UNARY_OPS, Term, call_problem, to_c
 
 from .errors import CodegenError
 
 PRELUDE = (Path(__file__).with_name("prelude.cu")).read_text()
+# only kernels that use float16/bfloat16 carry these (every other kernel's text stays as it was)
+HALF_PRELUDE = (Path(__file__).with_name("prelude_half.cu")).read_text()
 REDUCE_SCRATCH_BYTES = 32 * 8
 MAX_SHARED_BYTES = 227 * 1024  # per block on H100/H200 with the opt-in attribute
 _UNARY_C = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "fabs"}
@@ -228,8 +230,10 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
     decls = ["  extern __shared__ __align__(1024) unsigned char cb_smem[];"]
     decls += [f"  {t}* {n} = reinterpret_cast<{t}*>(cb_smem + {off});" for n, t, off in e.shared]
     decls += [f"  {_dtype(t)} {r} = 0;" for r, t in e.registers.items()]
+    dtypes = {p.dtype for p in k["params"]} | {s.attrs["dtype"] for s in program.walk() if s.op == "alloc"}
+    preludes = [PRELUDE] + ([HALF_PRELUDE] if dtypes & set(HALF_DTYPES) else [])
     text = "\n".join([
-        PRELUDE, e.elect_one(), "",
+        *preludes, e.elect_one(), "",
         f'extern "C" __global__ void __launch_bounds__({bx * by * bz}) {_ident(k["name"])}({e.signature()}) {{',
         *decls, *e.lines, "}", ""])
     if e.smem_bytes > MAX_SHARED_BYTES:

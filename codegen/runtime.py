@@ -283,7 +283,12 @@ def as_device_array(obj: Any) -> DeviceArray:
     """
     if isinstance(obj, DeviceArray):
         return obj
-    cai = getattr(obj, "__cuda_array_interface__", None)
+    try:
+        cai = getattr(obj, "__cuda_array_interface__", None)
+    except TypeError:  # torch has no typestr for bfloat16 and raises here: DLPack describes it
+        if not hasattr(obj, "__dlpack__"):
+            raise
+        cai = None
     if cai is not None:
         return _from_cai(obj, cai)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):

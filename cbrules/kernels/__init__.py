@@ -10,14 +10,17 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..bind import NP_DTYPES
 from ..errors import CbrulesError
 from ..builder import Kernel
+from ..ops import HALF_DTYPES
 from . import matmul as _mm
 from . import pointwise1d as _p1
 from . import reductions as _red
 from . import tiled2d as _t2
 from .exp1d import exp1d_tma
 
+UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}  # half an ulp at 1: the rounding of a store
 SHAPES_1D = ((128,), (1024,), (2048,), (500 * 1024,))
 SHAPES_2D = tuple((m, n) for m in (128, 500, 1024) for n in (128, 1024, 2048))
 
@@ -47,15 +50,42 @@ class KernelSpec:
     shape_for_trips: Optional[Callable[[int], tuple]] = None
     trips_params: Callable[[int], dict] = field(default=lambda t: {})
 
-    def build(self, shape: Optional[tuple] = None, trips: Optional[int] = None, **options) -> Kernel:
+    dtypes: tuple[str, ...] = ("float32",) + HALF_DTYPES  # storage types of its tensors
+
+    def build(self, shape: Optional[tuple] = None, trips: Optional[int] = None, dtype: str = "float32",
+              **options) -> Kernel:
         """The kernel for ``shape`` (only kernels specialised at build time look at it) with
         circular-buffer ``options`` (stages, prefetch, war) where the kernel takes them; ``trips``
-        fixes a trip count that is a build parameter (see ``trips_params``)."""
+        fixes a trip count that is a build parameter (see ``trips_params``); ``dtype`` is the type of
+        its tensors (float32, float16 or bfloat16; arithmetic is float32 either way)."""
+        if dtype not in self.dtypes:
+            raise UnsupportedDtypeError(f"kernel {self.name}: dtype {dtype!r} is not supported; it is built for "
+                                        f"{', '.join(self.dtypes)}")
         params = self.build_params(tuple(shape or self.default_shape))
         if trips is not None:
             params.update(self.trips_params(trips))
+        if dtype != "float32":
+            params["dtype"] = dtype
         opts = {k: v for k, v in options.items() if v is not None} if self.pipelined else {}
         return self.factory(**opts, **params)
+
+    def make_inputs(self, shape: tuple, rng: np.random.Generator, dtype: str = "float32") -> dict:
+        """:attr:`inputs` with every float32 array in ``dtype`` (rounded to nearest even)."""
+        args = self.inputs(shape, rng)
+        want = np.dtype(NP_DTYPES[dtype])
+        return {k: v.astype(want) if isinstance(v, np.ndarray) and v.dtype == np.float32 else v
+                for k, v in args.items()}
+
+    def expected(self, args: dict) -> dict:
+        """:attr:`reference` of ``args``, computed from half-precision inputs widened to float32 (exact)."""
+        return self.reference({k: v.astype(np.float32) if isinstance(v, np.ndarray) and v.dtype.name in HALF_DTYPES
+                               else v for k, v in args.items()})
+
+    def tolerances(self, shape: tuple, dtype: str = "float32") -> tuple[float, float]:
+        """(rtol, atol) for outputs of ``dtype``: :attr:`tolerance` (float32 arithmetic) plus twice
+        the unit roundoff of the final rounding to a half type."""
+        rtol, atol = self.tolerance(shape)
+        return rtol + 2 * UNIT_ROUNDOFF.get(dtype, 0.0), atol
 
 
 def _normal(rng, *shape):
@@ -105,7 +135,7 @@ def _sum_tol(n):
 _SPECS = [
     KernelSpec("exp1d_tma", "out = exp(x), 1-D, one TMA tile per iteration under one mbarrier (hand-built, "
                "no pipelining)", lambda: exp1d_tma(), _unary_1d, lambda a: {"out": np.exp(a["x"])}, ("out",),
-               (1 << 20,), SHAPES_1D + ((1 << 24,),), pipelined=False),
+               (1 << 20,), SHAPES_1D + ((1 << 24,),), pipelined=False, dtypes=("float32",)),
     KernelSpec("single_dim", "out = exp(x), 1-D, tile 256, 256 threads; the serial loop over tiles is "
                "circular-buffered", _p1.single_dim, _unary_1d, lambda a: {"out": np.exp(a["x"])}, ("out",),
                (1 << 20,), SHAPES_1D, trips=lambda s: 8,
@@ -133,7 +163,7 @@ _SPECS = [
                "circular-buffered", _red.outer_reduction, _outer,
                lambda a: {"out": a["x"].astype(np.float64).sum(axis=0)}, ("out",), (1024, 2048), SHAPES_2D,
                trips=lambda s: _cdiv(s[0], 8), tolerance=lambda s: _sum_tol(s[0]),
-               shape_for_trips=lambda t: (8 * t - 3, 260)),
+               shape_for_trips=lambda t: (8 * t - 3, 264)),  # rows of 16-byte multiples in every dtype
     KernelSpec("persistent", "out = (x - mean) / sqrt(var) per row, row kept in registers, two TMA boxes "
                "per stage; the loop over N-tiles is circular-buffered", _red.persistent, _unary_2d,
                lambda a: {"out": _normalize(a["x"])}, ("out",), (1024, 2048),
@@ -153,6 +183,10 @@ _SPECS = [
 ]
 KERNELS: dict[str, KernelSpec] = {s.name: s for s in _SPECS}
 SEED_MATRIX = tuple(n for n in KERNELS if KERNELS[n].pipelined)
+
+
+class UnsupportedDtypeError(CbrulesError, ValueError):
+    """A built-in kernel asked for in a dtype it is not built for."""
 
 
 class UnknownKernelError(CbrulesError, KeyError):

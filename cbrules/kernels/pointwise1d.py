@@ -11,14 +11,15 @@ from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
 TILE = 256
 
 
-def single_dim(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_block: int = 8) -> Kernel:
+def single_dim(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_block: int = 8,
+               dtype: str = "float32") -> Kernel:
     """``out = exp(x)``; the serial loop over tiles is circular-buffered."""
     k = Kernel("single_dim", block=TILE)
     n = k.symbol("N")
-    x, out = k.tensor("x", (n,)), k.tensor("out", (n,))
+    x, out = k.tensor("x", (n,), dtype), k.tensor("out", (n,), dtype)
     x_map = k.tensor_map(x, box=(TILE,))
     k.grid(ceil_div(ceil_div(n, TILE), tiles_per_block))
-    tile = k.alloc("tile", "shared", "float32", (TILE,))
+    tile = k.alloc("tile", "shared", dtype, (TILE,))
     first = blockIdx.x * tiles_per_block
     with k.loop("i", tiles_per_block, circular_buffer=circular_buffer(stages, prefetch, war)) as i:
         base = (first + i) * TILE
@@ -29,7 +30,7 @@ def single_dim(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_bloc
     return k
 
 
-def _staged(name: str, tiles_per_block: int, unroll: int):
+def _staged(name: str, tiles_per_block: int, unroll: int, dtype: str):
     """The common part of the unrolled kernels (a stage holds ``unroll`` tiles): the kernel, N, the
     output, the tensor map, the tile buffer and the block's first tile."""
     if tiles_per_block % unroll:
@@ -37,10 +38,10 @@ def _staged(name: str, tiles_per_block: int, unroll: int):
                          "(a stage holds unroll tiles; a remainder would never be loaded)")
     k = Kernel(name, block=TILE)
     n = k.symbol("N")
-    x, out = k.tensor("x", (n,)), k.tensor("out", (n,))
+    x, out = k.tensor("x", (n,), dtype), k.tensor("out", (n,), dtype)
     x_map = k.tensor_map(x, box=(TILE,))
     k.grid(ceil_div(ceil_div(n, TILE), tiles_per_block))
-    tile = k.alloc("tile", "shared", "float32", (unroll, TILE))
+    tile = k.alloc("tile", "shared", dtype, (unroll, TILE))
     return k, n, out, x_map, tile, blockIdx.x * tiles_per_block
 
 
@@ -50,10 +51,10 @@ def _load_stage(k: Kernel, x_map, tile, first, i, unroll: int) -> None:
 
 
 def single_dim_unroll(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_block: int = 32,
-                      unroll: int = 4) -> Kernel:
+                      unroll: int = 4, dtype: str = "float32") -> Kernel:
     """The tile loop split by ``unroll``: the outer serial loop is circular-buffered, each stage
     holds ``unroll`` tiles loaded by an unrolled inner loop of TMA copies."""
-    k, n, out, x_map, tile, first = _staged("single_dim_unroll", tiles_per_block, unroll)
+    k, n, out, x_map, tile, first = _staged("single_dim_unroll", tiles_per_block, unroll, dtype)
     with k.loop("i", tiles_per_block // unroll, circular_buffer=circular_buffer(stages, prefetch, war)) as i:
         _load_stage(k, x_map, tile, first, i, unroll)
         with k.loop("w", unroll, kind="unroll") as w:
@@ -65,10 +66,10 @@ def single_dim_unroll(stages: int = 3, prefetch=None, war: str = "sync", tiles_p
 
 
 def single_dim_unswitch(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_block: int = 32,
-                        unroll: int = 4) -> Kernel:
+                        unroll: int = 4, dtype: str = "float32") -> Kernel:
     """Like the unrolled kernel, with the store predicate hoisted out of the inner loop: a stage whose
     tiles are all in bounds stores without tests, the others test every element."""
-    k, n, out, x_map, tile, first = _staged("single_dim_unswitch", tiles_per_block, unroll)
+    k, n, out, x_map, tile, first = _staged("single_dim_unswitch", tiles_per_block, unroll, dtype)
     with k.loop("i", tiles_per_block // unroll, circular_buffer=circular_buffer(stages, prefetch, war)) as i:
         _load_stage(k, x_map, tile, first, i, unroll)
         stage_end = (first + i * unroll + unroll) * TILE

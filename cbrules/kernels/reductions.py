@@ -7,16 +7,17 @@ from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes, thread
 COLS = 256
 
 
-def inner_reduction(stages: int = 3, prefetch=None, war: str = "sync", width: int = COLS) -> Kernel:
+def inner_reduction(stages: int = 3, prefetch=None, war: str = "sync", width: int = COLS,
+                    dtype: str = "float32") -> Kernel:
     """``out[m] = sum(x[m, :])``: one block per row, the loop over its N-tiles circular-buffered.
     A tile is ``width`` columns (a multiple of 256; wider tiles arrive as several 256-wide boxes)."""
     if width % COLS:
         raise ValueError(f"inner_reduction: width {width} must be a multiple of {COLS}")
     k = Kernel("inner_reduction", block=COLS)
     m, n = k.symbol("M"), k.symbol("N")
-    x, out = k.tensor("x", (m, n)), k.tensor("out", (m,))
+    x, out = k.tensor("x", (m, n), dtype), k.tensor("out", (m,), dtype)
     x_map = k.tensor_map(x, box=(1, COLS))
-    tile = k.alloc("tile", "shared", "float32", (1, width))
+    tile = k.alloc("tile", "shared", dtype, (1, width))
     k.grid(m)
     acc = k.assign(0.0, dst="acc")
     with k.loop("j", ceil_div(n, width), circular_buffer=circular_buffer(stages, prefetch, war)) as j:
@@ -29,7 +30,8 @@ def inner_reduction(stages: int = 3, prefetch=None, war: str = "sync", width: in
     return k
 
 
-def outer_reduction(stages: int = 3, prefetch=None, war: str = "sync", rows: int = 8, cols: int = COLS) -> Kernel:
+def outer_reduction(stages: int = 3, prefetch=None, war: str = "sync", rows: int = 8, cols: int = COLS,
+                    dtype: str = "float32") -> Kernel:
     """``out[n] = sum(x[:, n])``: a block per ``cols`` columns, the serial loop over M (in tiles of
     ``rows`` rows) circular-buffered. With ``cols`` < 256 the block's 256 threads split each tile's
     rows into 256 / cols groups and add the groups' sums through shared memory at the end (more
@@ -40,9 +42,9 @@ def outer_reduction(stages: int = 3, prefetch=None, war: str = "sync", rows: int
     groups = COLS // cols
     k = Kernel("outer_reduction", block=COLS)
     m, n = k.symbol("M"), k.symbol("N")
-    x, out = k.tensor("x", (m, n)), k.tensor("out", (n,))
+    x, out = k.tensor("x", (m, n), dtype), k.tensor("out", (n,), dtype)
     x_map = k.tensor_map(x, box=(rows, cols))
-    tile = k.alloc("tile", "shared", "float32", (rows, cols))
+    tile = k.alloc("tile", "shared", dtype, (rows, cols))
     k.grid(ceil_div(n, cols))
     lane, group = (threadIdx.x, None) if groups == 1 else (threadIdx.x % cols, threadIdx.x / cols)
     col = blockIdx.x * cols + lane
@@ -69,7 +71,7 @@ def outer_reduction(stages: int = 3, prefetch=None, war: str = "sync", rows: int
 
 
 def persistent(stages: int = 3, prefetch=None, war: str = "sync", row: int = 1024, box: int = 128,
-               width: int = COLS, threads: int = COLS) -> Kernel:
+               width: int = COLS, threads: int = COLS, dtype: str = "float32") -> Kernel:
     """``out = (x - mean) / sqrt(var)`` per row of a [M, row] tensor (``row`` fixed at build time).
 
     One block of ``threads`` per row; each stage brings a ``width``-wide tile as several ``box``-wide
@@ -83,9 +85,9 @@ def persistent(stages: int = 3, prefetch=None, war: str = "sync", row: int = 102
     tiles, per = row // width, width // threads  # stages in a row, elements a thread takes per stage
     k = Kernel("persistent", block=threads)
     m = k.symbol("M")
-    x, out = k.tensor("x", (m, row)), k.tensor("out", (m, row))
+    x, out = k.tensor("x", (m, row), dtype), k.tensor("out", (m, row), dtype)
     x_map = k.tensor_map(x, box=(1, box))
-    tile = k.alloc("tile", "shared", "float32", (1, width))
+    tile = k.alloc("tile", "shared", dtype, (1, width))
     vals = k.alloc("vals", "register", "float32", (row // threads,))
     k.grid(m)
     k.assign(0.0, dst="s1")
@@ -107,7 +109,8 @@ def persistent(stages: int = 3, prefetch=None, war: str = "sync", row: int = 102
     return k
 
 
-def two_pass(stages: int = 3, prefetch=None, war: str = "sync", width: int = COLS, threads: int = COLS) -> Kernel:
+def two_pass(stages: int = 3, prefetch=None, war: str = "sync", width: int = COLS, threads: int = COLS,
+             dtype: str = "float32") -> Kernel:
     """``out = (x - mean) / sqrt(var)`` per row of [M, N] for rows too long to keep on chip (N known
     only at launch): one block per row reads it twice, each pass a circular-buffered loop over
     ``width``-wide tiles (the second read comes mostly from DRAM again: see
@@ -118,9 +121,9 @@ def two_pass(stages: int = 3, prefetch=None, war: str = "sync", width: int = COL
     per = width // threads
     k = Kernel("two_pass", block=threads)
     m, n = k.symbol("M"), k.symbol("N")
-    x, out = k.tensor("x", (m, n)), k.tensor("out", (m, n))
+    x, out = k.tensor("x", (m, n), dtype), k.tensor("out", (m, n), dtype)
     x_map = k.tensor_map(x, box=(1, COLS))
-    tile = k.alloc("tile", "shared", "float32", (1, width))
+    tile = k.alloc("tile", "shared", dtype, (1, width))
     k.grid(m)
     shift = k.load(x, blockIdx.x * n)
     k.assign(0.0, dst="s1")

@@ -16,16 +16,16 @@ ROWS = 4
 
 
 def _pointwise(name: str, inputs: tuple[str, ...], stages: int, prefetch, war: str, rows: int = ROWS,
-               width: int = COLS, per_block: int = 0) -> Kernel:
+               width: int = COLS, per_block: int = 0, dtype: str = "float32") -> Kernel:
     ROWS = rows  # noqa: N806 (rows of a tile: a tuning parameter)
     if width % COLS:
         raise ValueError(f"{name}: width {width} must be a multiple of {COLS}")
     k = Kernel(name, block=COLS)
     m, n = k.symbol("M"), k.symbol("N")
-    tensors = [k.tensor(t, (m, n)) for t in inputs]
-    out = k.tensor("out", (m, n))
+    tensors = [k.tensor(t, (m, n), dtype) for t in inputs]
+    out = k.tensor("out", (m, n), dtype)
     maps = [k.tensor_map(t, box=(ROWS, COLS)) for t in tensors]
-    tiles = [k.alloc(f"{t}_tile", "shared", "float32", (ROWS, width)) for t in inputs]
+    tiles = [k.alloc(f"{t}_tile", "shared", dtype, (ROWS, width)) for t in inputs]
     across = ceil_div(n, width)  # tiles in a row strip
     if per_block:
         k.grid(ceil_div(ceil_div(m, ROWS) * across, per_block))
@@ -50,13 +50,13 @@ def _pointwise(name: str, inputs: tuple[str, ...], stages: int, prefetch, war: s
 
 
 def multi_dim(stages: int = 3, prefetch=None, war: str = "sync", rows: int = ROWS, width: int = COLS,
-              per_block: int = 0) -> Kernel:
+              per_block: int = 0, dtype: str = "float32") -> Kernel:
     """``out = exp(x)`` over [M, N], tiles ``rows`` x ``width`` (default 4 x 256); a block per row
     strip, or per ``per_block`` consecutive tiles."""
-    return _pointwise("multi_dim", ("x",), stages, prefetch, war, rows, width, per_block)
+    return _pointwise("multi_dim", ("x",), stages, prefetch, war, rows, width, per_block, dtype)
 
 
 def pointwise(stages: int = 3, prefetch=None, war: str = "sync", rows: int = ROWS, width: int = COLS,
-              per_block: int = 0) -> Kernel:
+              per_block: int = 0, dtype: str = "float32") -> Kernel:
     """``out = x + y``: two TMA buffers on one loop, one barrier per stage with two arrivals."""
-    return _pointwise("pointwise", ("x", "y"), stages, prefetch, war, rows, width, per_block)
+    return _pointwise("pointwise", ("x", "y"), stages, prefetch, war, rows, width, per_block, dtype)
