@@ -66,10 +66,15 @@ def _max_err(a: np.ndarray, b: np.ndarray) -> float:
 class Checker:
     """Runs cases, caching lowered graphs, inputs and unlowered results between them."""
 
-    def __init__(self, blocks: BlocksLike = None, seed: int = 0, dtype: str = "float32", **lower_options):
+    def __init__(self, blocks: BlocksLike = None, seed: int = 0, dtype: str = "float32", tma_store: bool = False,
+                 swizzle: str = "none", **lower_options):
         """``dtype``: the kernels' tensor type (inputs are rounded to it, tolerances follow it);
-        ``lower_options`` go to :func:`cbrules.api.lower` (``rules=[folder]`` adds rule folders)."""
+        ``tma_store``: lowered kernels write their output tiles by TMA store (the unlowered kernel, the
+        reference, stores per thread); ``swizzle``: lowered kernels read swizzled input tiles;
+        ``lower_options`` go to :func:`cbrules.api.lower`
+        (``rules=[folder]`` adds rule folders)."""
         self.blocks, self.seed, self.dtype, self.lower_options = blocks, seed, dtype, dict(lower_options)
+        self.tma_store, self.swizzle = tma_store, swizzle
         # read the rule files once, not at every lowering
         self.lower_options["rules"] = api.load_rules(self.lower_options.get("rules"))
         self._lowered: dict = {}
@@ -81,11 +86,14 @@ class Checker:
         """The lowered kernel of the case, ready to run (a :class:`LoweringError` is cached and raised
         again)."""
         params = {**spec.build_params(tuple(shape)), **spec.trips_params(trips)}
-        key = (spec.name, stages, prefetch, war, self.dtype, tuple(sorted(params.items())))
+        key = (spec.name, stages, prefetch, war, self.dtype, self.tma_store, self.swizzle,
+               tuple(sorted(params.items())))
         if key not in self._lowered:
             try:
                 self._lowered[key] = prepare(api.lower(spec.build(shape, trips=trips, stages=stages, prefetch=prefetch,
-                                                                  war=war, dtype=self.dtype), **self.lower_options))
+                                                                  war=war, dtype=self.dtype, tma_store=self.tma_store,
+                                                                  swizzle=self.swizzle),
+                                                       **self.lower_options))
             except LoweringError as e:
                 self._lowered[key] = e
         got = self._lowered[key]

@@ -131,7 +131,8 @@ def _shape(a, spec: KernelSpec) -> tuple:
 def _kernel(a, spec: KernelSpec):
     """The kernel with the command line's circular-buffer options."""
     return spec.build(_shape(a, spec), stages=getattr(a, "stages", None), prefetch=getattr(a, "prefetch", None),
-                      war=getattr(a, "war", None), dtype=_dtype(a))
+                      war=getattr(a, "war", None), dtype=_dtype(a), tma_store=bool(getattr(a, "tma_store", False)),
+                      swizzle=getattr(a, "swizzle", None) or "none")
 
 
 def _dtype(a) -> str:
@@ -306,7 +307,8 @@ def cmd_check(a) -> int:
     prefetch = "default (S-1)" if a.prefetch is None else a.prefetch
     print(f"{spec.name}: stages={stages} prefetch={prefetch} war={war}; trip counts 1..{4 * stages}, "
           f"{'a sample of' if a.sample else 'all'} blocks; lowered vs before lowering vs numpy, protocol checked")
-    checker = Checker(blocks="sample" if a.sample else None, dtype=_dtype(a), **_lower_options(a))
+    checker = Checker(blocks="sample" if a.sample else None, dtype=_dtype(a), tma_store=a.tma_store,
+                      swizzle=a.swizzle or "none", **_lower_options(a))
     results = [checker.check(spec, t, stages, a.prefetch, war) for t in trip_counts(stages)]
     print(summary_table(results))
     failed = [r for r in results if not r.ok]
@@ -338,6 +340,10 @@ def _kernel_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", help="problem shape, e.g. 1048576 or 500,1024 (also picks build-time sizes)")
     p.add_argument("--dtype", choices=["float32", *HALF_DTYPES], help="type of the kernel's tensors (default "
                    "float32; float16/bfloat16 are stored as such and computed in float32)")
+    p.add_argument("--tma-store", action="store_true", help="write each output tile with one TMA store from a "
+                   "shared staging buffer (kernels whose output leaves in whole tiles)")
+    p.add_argument("--swizzle", choices=["none", "32B", "64B", "128B"], help="shared-memory layout of the input "
+                   "tiles (default none; swizzled boxes are one span wide, reads use the XOR address)")
 
 
 def _rule_options(p: argparse.ArgumentParser) -> None:

@@ -42,6 +42,7 @@ PRELUDE_NAMES = frozenset((
     "cb_elect_one", "cb_mbar_init", "cb_mbar_arrive", "cb_mbar_arrive_expect_tx", "cb_mbar_wait",
     "cb_mbar_inval", "cb_fence_proxy_async", "cb_fence_mbarrier_init", "cb_bar_sync", "cb_tma_load",
     "cb_tma_store", "cb_tma_store_wait", "cb_block_reduce", "CbSum", "CbMax", "CbMin", "CB_WAIT",
+    "cb_half", "cb_bf16", "cb_tma_store_async", "cb_bulk_wait_read", "cb_bulk_wait", "cb_swizzle",
 ))
 MATH_FUNCTIONS = frozenset(f + s for f in ("exp", "log", "sqrt", "rsqrt", "fabs", "fma") for s in ("", "f"))
 GENERATED = CUDA_BUILTINS | PRELUDE_NAMES | MATH_FUNCTIONS

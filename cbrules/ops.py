@@ -60,11 +60,20 @@ OPS: dict[str, OpSpec] = {
     "alloc": OpSpec(("buf", "space", "dtype", "shape"), ("align",), category="memory"),
     # a tma_load without a barrier asks the rules to arrange its completion (circular buffering);
     # box is the hardware box, tile the logical tile it serves (a multiple of the box)
+    # swizzle: the span in bytes (32, 64, 128) of the tensor map's swizzle pattern, absent for none
     "tma_load": OpSpec(("tmap", "coords", "dst", "offset", "bytes", "box"), ("barrier", "slot", "tile",
-                       "circular_buffer"), ("coords", "offset", "slot"), "memory"),
-    "tma_store": OpSpec(("tmap", "coords", "src", "offset"), (), ("coords", "offset"), "memory"),
+                       "circular_buffer", "swizzle"), ("coords", "offset", "slot"), "memory"),
+    # wait="read" (default): the store's bulk group is committed and waited for until its source may
+    # be reused; wait="none": committed only, a later tma_store_wait covers it
+    "tma_store": OpSpec(("tmap", "coords", "src", "offset"), ("wait",), ("coords", "offset"), "memory",
+                        {"wait": "read"}),
+    # cp.async.bulk.wait_group[.read] pending: this thread's bulk stores, all but the newest `pending`
+    # groups, have finished reading shared memory (read) or are complete
+    "tma_store_wait": OpSpec(("pending", "read"), (), (), "sync"),
     "load": OpSpec(("dst", "src", "index", "dtype"), (), ("index",), "memory"),
-    "store": OpSpec(("dst", "index", "value"), (), ("index", "value"), "memory"),
+    # tile: {tensor, map, coords, index, box, dtype}: this element is element `index` of the box of
+    # tensor map `map` at `coords`; the tma-store rules then stage the tile and store it by TMA
+    "store": OpSpec(("dst", "index", "value"), ("tile",), ("index", "value"), "memory"),
     "assign": OpSpec(("dst", "value", "dtype"), (), ("value",)),
     "reduce": OpSpec(("dst", "src", "kind", "combine", "dtype"), (), ("src",)),
     "fma": OpSpec(("dst", "args", "dtype"), (), ("args",)),

@@ -123,12 +123,23 @@ class DeviceFunction:
     host: Optional[Callable[..., object]] = None
 
 
+def swizzle_index(i, esize, span):
+    """The element of a TMA-swizzled tile where logical element ``i`` (dense row-major) lies: its byte
+    offset ``o = i * esize`` with the 16-byte chunk ``(o >> 4) & m`` XORed by the row ``(o >> 7) & m``,
+    ``m = span / 16 - 1`` (span 128, 64 or 32 bytes; the pattern repeats every 8 * span bytes).
+    Works on ints and numpy arrays alike."""
+    o = i * esize
+    return (o ^ (((o >> 7) & (span // 16 - 1)) << 4)) // esize
+
+
 DEVICE_FUNCTIONS: dict[str, DeviceFunction] = {
     "elect_one": DeviceFunction(0),
     # ceil_div as the device computes it: (a + b - 1) / b with C's truncating division
     "ceil_div": DeviceFunction(2, lambda a, b: _trunc_div(a + b - 1, b)),
     "min": DeviceFunction(2, min),
     "max": DeviceFunction(2, max),
+    # swizzle(i, element bytes, span bytes): see swizzle_index
+    "swizzle": DeviceFunction(3, swizzle_index),
 }
 
 

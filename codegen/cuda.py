@@ -26,6 +26,8 @@ from .errors import CodegenError
 PRELUDE = (Path(__file__).with_name("prelude.cu")).read_text()
 # only kernels that use float16/bfloat16 carry these (every other kernel's text stays as it was)
 HALF_PRELUDE = (Path(__file__).with_name("prelude_half.cu")).read_text()
+STORE_PRELUDE = (Path(__file__).with_name("prelude_store.cu")).read_text()  # ... and bulk-group TMA stores
+SWIZZLE_PRELUDE = (Path(__file__).with_name("prelude_swizzle.cu")).read_text()  # ... and swizzled tiles
 REDUCE_SCRATCH_BYTES = 32 * 8
 MAX_SHARED_BYTES = 227 * 1024  # per block on H100/H200 with the opt-in attribute
 _UNARY_C = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "fabs"}
@@ -35,7 +37,8 @@ _COMBINE = {"sum": ("CbSum", "0"), "max": ("CbMax", "-__int_as_float(0x7f800000)
 # CUDA's builtins are unsigned; index arithmetic is signed int (C's mixed-sign rules would bite)
 _BUILTIN_C = {f"{b}.{a}": f"(int){b}.{a}" for b in ("threadIdx", "blockIdx", "blockDim", "gridDim") for a in "xyz"}
 # the prelude helper of every device function a term may call (cbrules.terms.DEVICE_FUNCTIONS)
-_CALL_C = {"elect_one": "cb_elect_one", "ceil_div": "cb_ceil_div", "min": "cb_min", "max": "cb_max"}
+_CALL_C = {"elect_one": "cb_elect_one", "ceil_div": "cb_ceil_div", "min": "cb_min", "max": "cb_max",
+           "swizzle": "cb_swizzle"}
 assert set(_CALL_C) == set(DEVICE_FUNCTIONS), "every device function needs its prelude helper"
 _INT_LITERAL_BOUND = 2 ** 63
 
@@ -231,7 +234,11 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
     decls += [f"  {t}* {n} = reinterpret_cast<{t}*>(cb_smem + {off});" for n, t, off in e.shared]
     decls += [f"  {_dtype(t)} {r} = 0;" for r, t in e.registers.items()]
     dtypes = {p.dtype for p in k["params"]} | {s.attrs["dtype"] for s in program.walk() if s.op == "alloc"}
-    preludes = [PRELUDE] + ([HALF_PRELUDE] if dtypes & set(HALF_DTYPES) else [])
+    async_stores = any(s.op == "tma_store_wait" or (s.op == "tma_store" and s.attrs.get("wait", "read") != "read")
+                       for s in program.walk())
+    preludes = [PRELUDE] + ([HALF_PRELUDE] if dtypes & set(HALF_DTYPES) else []) \
+        + ([STORE_PRELUDE] if async_stores else []) \
+        + ([SWIZZLE_PRELUDE] if any("cb_swizzle(" in line for line in e.lines) else [])
     text = "\n".join([
         *preludes, e.elect_one(), "",
         f'extern "C" __global__ void __launch_bounds__({bx * by * bz}) {_ident(k["name"])}({e.signature()}) {{',
@@ -307,6 +314,20 @@ def _reduce(o, a, e) -> str:
             f"{functor}(), reinterpret_cast<{ctype}*>(cb_smem + {e.reduce_offset}));")
 
 
+def _flag(v: Any, what: str) -> bool:
+    if not isinstance(v, bool):
+        raise CodegenError(f"refusing to print {what} {v!r} into CUDA: it must be True or False")
+    return v
+
+
+def _tma_store(a) -> str:
+    wait = a.get("wait", "read")
+    if wait not in ("read", "none"):
+        raise CodegenError(f"tma_store from {a['src']}: wait {wait!r} is not 'read' or 'none'")
+    fn = "cb_tma_store" if wait == "read" else "cb_tma_store_async"
+    return f"{fn}(&{a['tmap']}, cb_smem_addr({a['src']} + {_c_term(a['offset'])}), {_coords(a)});"
+
+
 _STATEMENTS = {
     "alloc": lambda o, a, e: _register_array(a),
     "load": lambda o, a, e: f"{a['dst']} = {a['src']}[{_c_term(a['index'])}];",
@@ -319,8 +340,9 @@ _STATEMENTS = {
     "reduce": _reduce,
     "tma_load": lambda o, a, e: (f"cb_tma_load(cb_smem_addr({a['dst']} + {_c_term(a['offset'])}), &{a['tmap']}, "
                               f"{_bar(a)}, {_coords(a)});"),
-    "tma_store": lambda o, a, e: (f"cb_tma_store(&{a['tmap']}, cb_smem_addr({a['src']} + {_c_term(a['offset'])}), "
-                               f"{_coords(a)});"),
+    "tma_store": lambda o, a, e: _tma_store(a),
+    "tma_store_wait": lambda o, a, e: (f"cb_bulk_wait{'_read' if _flag(a['read'], 'read') else ''}"
+                                    f"<{_int(a['pending'], 'pending', 0)}>();"),
     "mbarrier_init": lambda o, a, e: f"cb_mbar_init({_bar(a)}, {a['count']});",
     "mbarrier_arrive": lambda o, a, e: f"cb_mbar_arrive({_bar(a)});",
     "mbarrier_arrive_expect_tx": lambda o, a, e: f"cb_mbar_arrive_expect_tx({_bar(a)}, {a['bytes']});",

@@ -51,21 +51,38 @@ class KernelSpec:
     trips_params: Callable[[int], dict] = field(default=lambda t: {})
 
     dtypes: tuple[str, ...] = ("float32",) + HALF_DTYPES  # storage types of its tensors
+    tile_output: bool = False  # its output leaves in whole tiles, one per iteration: it can be TMA-stored
+    swizzles: bool = False  # it can read its inputs from swizzled tiles
 
     def build(self, shape: Optional[tuple] = None, trips: Optional[int] = None, dtype: str = "float32",
-              **options) -> Kernel:
+              tma_store: bool = False, swizzle: str = "none", **options) -> Kernel:
         """The kernel for ``shape`` (only kernels specialised at build time look at it) with
         circular-buffer ``options`` (stages, prefetch, war) where the kernel takes them; ``trips``
         fixes a trip count that is a build parameter (see ``trips_params``); ``dtype`` is the type of
-        its tensors (float32, float16 or bfloat16; arithmetic is float32 either way)."""
+        its tensors (float32, float16 or bfloat16; arithmetic is float32 either way); ``tma_store``
+        writes each output tile with one TMA store (kernels with ``tile_output`` only); ``swizzle``
+        (32B, 64B, 128B) has the input tiles arrive swizzled (kernels with ``swizzles`` only)."""
         if dtype not in self.dtypes:
             raise UnsupportedDtypeError(f"kernel {self.name}: dtype {dtype!r} is not supported; it is built for "
                                         f"{', '.join(self.dtypes)}")
+        if tma_store and not self.tile_output:
+            raise UnsupportedVariantError(
+                f"kernel {self.name}: tma_store needs an output written as whole tiles, one per iteration of its "
+                "serial loop; this kernel's output is not (a row or column result, or stored after its loop): "
+                "drop --tma-store, or use one of " + ", ".join(n for n, s in KERNELS.items() if s.tile_output))
+        if swizzle != "none" and not self.swizzles:
+            raise UnsupportedVariantError(
+                f"kernel {self.name}: swizzle {swizzle} is not supported (its tiles are read as dense rows); "
+                "use one of " + ", ".join(n for n, s in KERNELS.items() if s.swizzles))
         params = self.build_params(tuple(shape or self.default_shape))
         if trips is not None:
             params.update(self.trips_params(trips))
+        if swizzle != "none":
+            params["swizzle"] = swizzle
         if dtype != "float32":
             params["dtype"] = dtype
+        if tma_store:
+            params["tma_store"] = True
         opts = {k: v for k, v in options.items() if v is not None} if self.pipelined else {}
         return self.factory(**opts, **params)
 
@@ -139,7 +156,8 @@ _SPECS = [
     KernelSpec("single_dim", "out = exp(x), 1-D, tile 256, 256 threads; the serial loop over tiles is "
                "circular-buffered", _p1.single_dim, _unary_1d, lambda a: {"out": np.exp(a["x"])}, ("out",),
                (1 << 20,), SHAPES_1D, trips=lambda s: 8,
-               shape_for_trips=lambda t: (256 * t + 100,), trips_params=lambda t: {"tiles_per_block": t}),
+               shape_for_trips=lambda t: (256 * t + 100,), trips_params=lambda t: {"tiles_per_block": t},
+               tile_output=True),
     KernelSpec("single_dim_unroll", "single_dim with the tile loop split by 4, inner part unrolled (4 TMA "
                "boxes per stage)", _p1.single_dim_unroll, _unary_1d, lambda a: {"out": np.exp(a["x"])},
                ("out",), (1 << 20,), SHAPES_1D, trips=lambda s: 8,
@@ -151,10 +169,11 @@ _SPECS = [
     KernelSpec("multi_dim", "out = exp(x), 2-D [M,N], box 4x256, blocks over M; the loop over N-tiles is "
                "circular-buffered", _t2.multi_dim, _unary_2d, lambda a: {"out": np.exp(a["x"])}, ("out",),
                (1024, 2048), SHAPES_2D, trips=lambda s: _cdiv(s[1], 256),
-               shape_for_trips=lambda t: (6, 256 * t - 128)),
+               shape_for_trips=lambda t: (6, 256 * t - 128), tile_output=True, swizzles=True),
     KernelSpec("pointwise", "out = x + y, both [M,N] loaded by TMA (two buffers, one barrier per stage)",
                _t2.pointwise, _binary_2d, lambda a: {"out": a["x"] + a["y"]}, ("out",), (1024, 2048), SHAPES_2D,
-               trips=lambda s: _cdiv(s[1], 256), shape_for_trips=lambda t: (6, 256 * t - 128)),
+               trips=lambda s: _cdiv(s[1], 256), shape_for_trips=lambda t: (6, 256 * t - 128),
+               tile_output=True, swizzles=True),
     KernelSpec("inner_reduction", "out = sum(x, axis=1); the loop over N-tiles is circular-buffered",
                _red.inner_reduction, _inner, lambda a: {"out": a["x"].astype(np.float64).sum(axis=1)},
                ("out",), (1024, 2048), SHAPES_2D, trips=lambda s: _cdiv(s[1], 256),
@@ -174,7 +193,7 @@ _SPECS = [
                "circular-buffered loops over the row (statistics, then the normalised row) sharing one buffer",
                _red.two_pass, _unary_2d, lambda a: {"out": _normalize(a["x"])}, ("out",), (1024, 2048), SHAPES_2D,
                trips=lambda s: _cdiv(s[1], 256), tolerance=lambda s: (1e-4, 1e-4),
-               shape_for_trips=lambda t: (2, 256 * t - 128)),
+               shape_for_trips=lambda t: (2, 256 * t - 128), tile_output=True),
     KernelSpec("matmul", "c = a @ b, a [M,K], b [K,N] (K = N), 64x64 tiles, both operands TMA-loaded; "
                "the K loop is circular-buffered", _mm.matmul, _mm_inputs,
                lambda a: {"c": a["a"].astype(np.float64) @ a["b"].astype(np.float64)}, ("c",), (1024, 1024),
@@ -185,7 +204,11 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in _SPECS}
 SEED_MATRIX = tuple(n for n in KERNELS if KERNELS[n].pipelined)
 
 
-class UnsupportedDtypeError(CbrulesError, ValueError):
+class UnsupportedVariantError(CbrulesError, ValueError):
+    """A built-in kernel asked for in a variant it is not built for (``tma_store`` without a tile output)."""
+
+
+class UnsupportedDtypeError(UnsupportedVariantError):
     """A built-in kernel asked for in a dtype it is not built for."""
 
 

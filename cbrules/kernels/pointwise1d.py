@@ -12,12 +12,14 @@ TILE = 256
 
 
 def single_dim(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_block: int = 8,
-               dtype: str = "float32") -> Kernel:
-    """``out = exp(x)``; the serial loop over tiles is circular-buffered."""
+               dtype: str = "float32", tma_store: bool = False) -> Kernel:
+    """``out = exp(x)``; the serial loop over tiles is circular-buffered. ``tma_store``: each tile of
+    ``out`` is written by one TMA store (rules/tma_store.rules) instead of a store per thread."""
     k = Kernel("single_dim", block=TILE)
     n = k.symbol("N")
     x, out = k.tensor("x", (n,), dtype), k.tensor("out", (n,), dtype)
     x_map = k.tensor_map(x, box=(TILE,))
+    out_map = k.tensor_map(out, box=(TILE,)) if tma_store else None
     k.grid(ceil_div(ceil_div(n, TILE), tiles_per_block))
     tile = k.alloc("tile", "shared", dtype, (TILE,))
     first = blockIdx.x * tiles_per_block
@@ -26,7 +28,7 @@ def single_dim(stages: int = 3, prefetch=None, war: str = "sync", tiles_per_bloc
         k.tma_load(x_map, (base,), tile)
         y = k.exp(k.load(tile, threadIdx.x))
         with k.if_((base + threadIdx.x).lt(n)):
-            k.store(out, base + threadIdx.x, y)
+            k.store(out, base + threadIdx.x, y, tile=(out_map, (base,), threadIdx.x) if tma_store else None)
     return k
 
 

@@ -110,7 +110,7 @@ def persistent(stages: int = 3, prefetch=None, war: str = "sync", row: int = 102
 
 
 def two_pass(stages: int = 3, prefetch=None, war: str = "sync", width: int = COLS, threads: int = COLS,
-             dtype: str = "float32") -> Kernel:
+             dtype: str = "float32", tma_store: bool = False) -> Kernel:
     """``out = (x - mean) / sqrt(var)`` per row of [M, N] for rows too long to keep on chip (N known
     only at launch): one block per row reads it twice, each pass a circular-buffered loop over
     ``width``-wide tiles (the second read comes mostly from DRAM again: see
@@ -118,11 +118,14 @@ def two_pass(stages: int = 3, prefetch=None, war: str = "sync", width: int = COL
     square: shifting by an element of the row keeps the variance E[d^2] - E[d]^2 from cancelling."""
     if width % threads:
         raise ValueError(f"two_pass: width {width} must be a multiple of threads={threads}")
+    if tma_store and width > 256:
+        raise ValueError(f"two_pass: tma_store stores one box a tile: width must be at most 256, got {width}")
     per = width // threads
     k = Kernel("two_pass", block=threads)
     m, n = k.symbol("M"), k.symbol("N")
     x, out = k.tensor("x", (m, n), dtype), k.tensor("out", (m, n), dtype)
     x_map = k.tensor_map(x, box=(1, COLS))
+    out_map = k.tensor_map(out, box=(1, width)) if tma_store else None
     tile = k.alloc("tile", "shared", dtype, (1, width))
     k.grid(m)
     shift = k.load(x, blockIdx.x * n)
@@ -145,5 +148,6 @@ def two_pass(stages: int = 3, prefetch=None, war: str = "sync", width: int = COL
         for lane in lanes(per, threads):
             y = k.mul(k.sub(k.load(tile, lane), mean), rstd)
             with k.if_((i * width + lane).lt(n)):
-                k.store(out, blockIdx.x * n + i * width + lane, y)
+                k.store(out, blockIdx.x * n + i * width + lane, y,
+                        tile=(out_map, (blockIdx.x, i * width), lane) if tma_store else None)
     return k
