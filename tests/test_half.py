@@ -124,6 +124,24 @@ def test_bfloat16_borrow_falls_back_to_dlpack_when_the_array_interface_refuses()
         runtime.as_device_array(TorchLikeBf16())
 
 
+def test_bfloat16_described_as_raw_bytes_goes_through_dlpack():
+    calls = []
+
+    class TorchBf16:  # torch 2.11 describes a bfloat16 tensor as typestr "|V2"
+        __cuda_array_interface__ = {"shape": (4,), "typestr": "|V2", "data": (4096, False), "version": 3}
+
+        def __dlpack_device__(self):
+            calls.append("dlpack")
+            return (1, 0)  # a CPU tensor here, so the DLPack path ends without a capsule
+
+        def __dlpack__(self):
+            raise AssertionError("not reached for a CPU tensor")
+
+    with pytest.raises(TypeError, match="cannot make a DeviceArray from TorchBf16"):
+        runtime.as_device_array(TorchBf16())
+    assert calls == ["dlpack"]
+
+
 def test_cli_compile_and_check_in_half(capsys):
     assert cli.main(["compile", "multi_dim", "--dtype", "float16", "--stages", "2"]) == 0
     assert "const cb_half* __restrict__ x" in capsys.readouterr().out
