@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from cbrules import api, cli, protocol
-from cbrules.builder import BuildError, Kernel, StagingAlignmentError, blockIdx, ceil_div, circular_buffer, threadIdx
+from cbrules.builder import BuildError, Kernel, StagingAlignmentError, blockIdx, ceil_div, threadIdx
 from cbrules.check import Checker
 from cbrules.engine import LoweringError
 from cbrules.interp import run
