@@ -19,6 +19,14 @@ WS_VARIANTS = ((2, False), (4, False), (2, True), (4, True))
 PRODUCER_REGISTERS = 40
 TRITON_STAGES = (2, 3, 4)
 F32 = 4
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# bfloat16 results are compared with torch's bfloat16 results: each is rounded once (2**-8 relative),
+# so two correct answers may be an ulp (2**-7) apart
+HALF_TOL = (1.6e-2, 1e-2)
+# the TMA-store variant of the pointwise ops stores one 4 x 256 box a tile (a one-row tile wider than
+# a box would need a store per box); the reductions' outputs are no tiles, normalize's rows are wider
+TMA_STORE_OPS = ("exp", "add")
+TMA_STORE_PARAMS = {"rows": 4, "width": 256, "per_block": 4}
 
 
 @dataclass(frozen=True)
@@ -37,7 +45,10 @@ class Op:
         """The cbrules kernel and build parameters measured for ``shape``."""
         return self.choose(shape) if self.choose else (self.kernel, dict(self.params))
 
-    def tol(self, shape: tuple) -> tuple[float, float]:
+    def tol(self, shape: tuple, dtype: str = "float32") -> tuple[float, float]:
+        if dtype != "float32":
+            rtol, atol = self.tol(shape)
+            return rtol + HALF_TOL[0], atol + HALF_TOL[1]
         rtol, atol = self.tolerance
         if self.name == "inner_sum":
             return rtol, atol * shape[1]
@@ -93,13 +104,14 @@ OPS: dict[str, Op] = {o.name: o for o in [
 ]}
 
 
-def io_bytes(op: str, shape: tuple) -> int:
+def io_bytes(op: str, shape: tuple, dtype: str = "float32") -> int:
     """Bytes read + written by the algorithm (each input read once, each output written once)."""
+    e = ELEMENT_BYTES[dtype]
     if op == "matmul":
         m, n, k = shape
-        return F32 * (m * k + k * n + m * n)
+        return e * (m * k + k * n + m * n)
     m, n = shape
-    return F32 * {"exp": 2 * m * n, "add": 3 * m * n, "inner_sum": m * n + m, "outer_sum": m * n + n,
+    return e * {"exp": 2 * m * n, "add": 3 * m * n, "inner_sum": m * n + m, "outer_sum": m * n + n,
                   "normalize": 2 * m * n}[op]
 
 
@@ -143,36 +155,51 @@ def build_variant(kernel: str, stages: int, warp_specialize: bool = False, regis
     return k
 
 
-def build_generated(op: str, shape: tuple, stages: int, ws: Optional[bool] = None):
+def variant_params(op: str, shape: tuple, dtype: str = "float32", tma_store: bool = False) -> tuple[str, dict]:
+    """(kernel, build parameters) of a variant: float32 and no TMA store are the kernel's defaults
+    (left out, so those kernels are built exactly as before)."""
+    name, params = OPS[op].generated(shape)
+    if tma_store:
+        if op not in TMA_STORE_OPS:
+            raise ValueError(f"{op}: no TMA-store variant (only {', '.join(TMA_STORE_OPS)})")
+        params = {**params, **TMA_STORE_PARAMS, "tma_store": True}
+    if dtype != "float32":
+        params["dtype"] = dtype
+    return name, params
+
+
+def build_generated(op: str, shape: tuple, stages: int, dtype: str = "float32", tma_store: bool = False,
+                    ws: Optional[bool] = None):
     """The cbrules Kernel of ``op`` for ``shape`` with ``stages`` S (1: not annotated); ``ws``
     None: pipelined, False: warp-specialized, True: warp-specialized with register sharing."""
-    name, params = OPS[op].generated(shape)
+    name, params = variant_params(op, shape, dtype, tma_store)
     if ws is None:
         return build_variant(name, stages, **params)
     return build_variant(name, stages, warp_specialize=True, registers=ws, **ws_params(params))
 
 
-def compile_generated(op: str, shape: tuple, stages: int, cache: Optional[dict] = None, ws: Optional[bool] = None):
+def compile_generated(op: str, shape: tuple, stages: int, cache: Optional[dict] = None, dtype: str = "float32",
+                      tma_store: bool = False, ws: Optional[bool] = None):
     """(CompiledKernel, seconds) for a variant (``ws`` as in :func:`build_generated`); kernels whose
     source does not depend on the shape (all but normalize, whose row length is built in) are
     compiled once per variant."""
     import time
 
     from cbrules import api
-    name, params = OPS[op].generated(shape)
+    name, params = variant_params(op, shape, dtype, tma_store)
     key = (name, stages, ws, tuple(sorted(params.items())))
     if cache is not None and key in cache:
         return cache[key], 0.0
     t0 = time.perf_counter()
-    ck = api.compile(build_generated(op, shape, stages, ws))
+    ck = api.compile(build_generated(op, shape, stages, dtype, tma_store, ws))
     if cache is not None:
         cache[key] = ck
     return ck, time.perf_counter() - t0
 
 
-def describe(op: str, shape: tuple, ws: Optional[bool] = None) -> str:
+def describe(op: str, shape: tuple, dtype: str = "float32", tma_store: bool = False, ws: Optional[bool] = None) -> str:
     """The generated kernel and its build parameters, e.g. ``multi_dim rows=1 width=1024``."""
-    name, params = OPS[op].generated(shape)
+    name, params = variant_params(op, shape, dtype, tma_store)
     params = params if ws is None else ws_params(params)
     return " ".join([name] + [f"{k}={v}" for k, v in params.items() if k != "row"])
 

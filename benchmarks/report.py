@@ -55,16 +55,19 @@ def _res(r: dict) -> str:
 
 
 def summary_table(records: list[dict]) -> str:
+    stores = any(r.get("tma_store") for r in records)  # a column for the TMA-store variants, if measured
     lines = ["| op | shape | unit | generated kernel | copy | torch | best Triton | gen S=1 | gen S=2 | gen S=3 | "
-             "gen S=4 | best gen / copy | best gen / torch | best gen / Triton |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "gen S=4 | " + ("gen TMA store | " if stores else "") + "best gen / copy | best gen / torch | "
+             "best gen / Triton |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if stores else "") + "---:|---:|---:|"]
     for op, sl, rs in groups(records):
         pk = _peers(rs)
         unit = "TFLOP/s" if op == "matmul" else "GB/s"
-        gens = {r.get("stages"): r for r in rs if r["impl"] == "generated"}
+        gens = {r.get("stages"): r for r in rs if r["impl"] == "generated" and not r.get("tma_store")}
         cells = []
-        for s in (1, 2, 3, 4):
-            r = gens.get(s)
+        stored = [r for r in rs if r["impl"] == "generated" and r.get("tma_store")]
+        best_stored = min((r for r in stored if _ok(r)), key=lambda r: r["ms"], default=stored[0] if stored else None)
+        for r in [gens.get(s) for s in (1, 2, 3, 4)] + ([best_stored] if stores else []):
             cells.append("err" if r is not None and r.get("error") else
                          ("INVALID " + _rate(r, op) if r is not None and not r.get("valid", True) else _rate(r, op)))
         tri = pk["triton"]

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import report  # noqa: E402
-from benchmarks.ops import (OPS, STAGES, TRITON_STAGES, WS_VARIANTS, compile_generated, describe,  # noqa: E402
-                            flops, io_bytes, resources, shape_label, ws_label, ws_registers)
+from benchmarks.ops import (OPS, STAGES, TMA_STORE_OPS, TRITON_STAGES, WS_VARIANTS, compile_generated,  # noqa: E402
+                            describe, flops, io_bytes, resources, shape_label, ws_label, ws_registers)
 
 MIN_OP_SECONDS = 25  # kept back for each op still to run
 
@@ -44,7 +44,8 @@ def _skipped(ops: list[str]) -> list[dict]:
     return [{"op": o, "shape": sl, "reason": why} for o in ops for sl, why in OPS[o].skips.items()]
 
 
-def dry_run(ops: list[str], shapes_arg, out: Path, meta: dict) -> int:
+def dry_run(ops: list[str], shapes_arg, out: Path, meta: dict, dtype: str = "float32",
+            stages: tuple = STAGES, tma_store: bool = False) -> int:
     """Build and compile every generated variant (no GPU needed) and write a report of fake numbers,
     to check the harness end to end."""
     rng = random.Random(0)
@@ -52,7 +53,7 @@ def dry_run(ops: list[str], shapes_arg, out: Path, meta: dict) -> int:
     for name in ops:
         op = OPS[name]
         for shape in _shapes(op, shapes_arg):
-            sl, nbytes, nflop = shape_label(shape), io_bytes(name, shape), flops(name, shape)
+            sl, nbytes, nflop = shape_label(shape), io_bytes(name, shape, dtype), flops(name, shape)
             base = {"op": name, "shape": sl, "bytes": nbytes, "flop": nflop}
 
             def fake(impl, variant, speed, **extra):
@@ -66,20 +67,22 @@ def dry_run(ops: list[str], shapes_arg, out: Path, meta: dict) -> int:
             fake("torch", "torch", peak * rng.uniform(0.6, 0.95))
             for s in TRITON_STAGES:
                 fake("triton", f"S={s}", peak * rng.uniform(0.4, 0.9), stages=s)
-            for s in STAGES:
+            stores = (False, True) if tma_store and name in TMA_STORE_OPS else (False,)
+            for s, ts in ((s, ts) for ts in stores for s in stages):
+                label = f"S={s}" + (" TMA store" if ts else "")
                 try:
-                    ck, secs = compile_generated(name, shape, s, cache)
+                    ck, secs = compile_generated(name, shape, s, cache, dtype, ts)
                 except Exception as e:
                     failed += 1
-                    records.append(dict(base, impl="generated", variant=f"S={s}", stages=s,
+                    records.append(dict(base, impl="generated", variant=label, stages=s, tma_store=ts,
                                         error=f"{type(e).__name__}: {str(e)[:300]}"))
-                    print(f"  {name} {sl} S={s}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+                    print(f"  {name} {sl} {label}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
                     continue
                 res = resources(ck)
-                print(f"  {name} {sl} S={s}: compiled in {secs:.2f} s, {res}", flush=True)
-                fake("generated", f"S={s}", peak * rng.uniform(0.3, 0.97), stages=s, resources=res, compile_s=secs,
-                     kernel=describe(name, shape))
-            for s, regs in WS_VARIANTS:
+                print(f"  {name} {sl} {label}: compiled in {secs:.2f} s, {res}", flush=True)
+                fake("generated", label, peak * rng.uniform(0.3, 0.97), stages=s, resources=res, compile_s=secs,
+                     kernel=describe(name, shape, dtype, ts), tma_store=ts)
+            for s, regs in (WS_VARIANTS if dtype == "float32" else ()):
                 try:
                     ck, secs = compile_generated(name, shape, s, cache, ws=regs)
                 except Exception as e:
@@ -120,6 +123,10 @@ def main(argv=None) -> int:
     p.add_argument("--from-json", metavar="RESULTS_JSON", help="no measuring: rewrite results.md/.png/.json "
                    "under --out from an earlier run's results.json")
     p.add_argument("--dry-run", action="store_true", help="no GPU: compile every generated variant, fake numbers")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="element type of every tensor (torch and Triton run in it too)")
+    p.add_argument("--stages", default=",".join(map(str, STAGES)), help="generated stage counts (default 1,2,3,4)")
+    p.add_argument("--tma-store", action="store_true", help="also the generated TMA-store variant (exp, add)")
     a = p.parse_args(argv)
     ops = [o for o in a.ops.split(",") if o]
     unknown = [o for o in ops if o not in OPS]
@@ -133,14 +140,14 @@ def main(argv=None) -> int:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "reps": a.reps, "warmup": a.warmup, "dry_run": a.dry_run, "torch": _version("torch"),
             "triton": _version("triton"), "cuda_bindings": _version("cuda-bindings"),
-            "nvrtc": _version("nvidia-cuda-nvrtc")}
+            "nvrtc": _version("nvidia-cuda-nvrtc"), "dtype": a.dtype}
     if a.from_json:
         old = json.loads(Path(a.from_json).read_text())
         print(report.write(old["records"], old["skipped"], old["meta"], Path(a.out or ROOT / "benchmarks" / "results")))
         return 0
     if a.dry_run:
         meta["device"] = {"name": "none (dry run)"}
-        return dry_run(ops, a.shapes, out, meta)
+        return dry_run(ops, a.shapes, out, meta, a.dtype, [int(s) for s in a.stages.split(",")], a.tma_store)
 
     from codegen import runtime
     if not runtime.gpu_available():
@@ -160,7 +167,8 @@ def main(argv=None) -> int:
             continue
         jsonl = work / f"{name}.jsonl"
         cmd = [sys.executable, str(ROOT / "benchmarks" / "worker.py"), "--op", name, "--jsonl", str(jsonl),
-               "--reps", str(a.reps), "--warmup", str(a.warmup), "--impls", a.impls]
+               "--reps", str(a.reps), "--warmup", str(a.warmup), "--impls", a.impls, "--dtype", a.dtype,
+               "--stages", a.stages] + (["--tma-store"] if a.tma_store else [])
         if a.shapes:
             shapes = _shapes(OPS[name], a.shapes)
             if not shapes:

@@ -18,7 +18,7 @@ def _exp_or_add(x_ptr, y_ptr, out_ptr, offs, mask, ADD: tl.constexpr):
     if ADD:
         v = x + tl.load(y_ptr + offs, mask=mask)
     else:
-        v = tl.exp(x)
+        v = tl.exp(x.to(tl.float32))  # a no-op for float32; Triton's exp takes no bfloat16
     tl.store(out_ptr + offs, v, mask=mask)
 
 
@@ -100,7 +100,7 @@ def _normalize_row(x_ptr, out_ptr, M, N, BLOCK_N: tl.constexpr):
     row = tl.program_id(0)
     base = row.to(tl.int64) * N
     cols = tl.arange(0, BLOCK_N)
-    v = tl.load(x_ptr + base + cols, mask=cols < N, other=0.0)
+    v = tl.load(x_ptr + base + cols, mask=cols < N, other=0.0).to(tl.float32)  # bfloat16 sums in float32
     mean = tl.sum(v, axis=0) / N
     d = tl.where(cols < N, v - mean, 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / N)

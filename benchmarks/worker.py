@@ -20,22 +20,23 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.ops import (OPS, STAGES, WS_VARIANTS, compile_generated, describe, flops, io_bytes,  # noqa: E402
-                            resources, shape_label, ws_label, ws_registers)
+from benchmarks.ops import (OPS, STAGES, TMA_STORE_OPS, WS_VARIANTS, compile_generated, describe, flops,  # noqa: E402
+                            io_bytes, resources, shape_label, ws_label, ws_registers)
 
 
-def _inputs(op: str, shape: tuple, torch, gen) -> dict:
-    f = dict(device="cuda", dtype=torch.float32, generator=gen)
+def _inputs(op: str, shape: tuple, torch, gen, dtype: str = "float32") -> dict:
+    dt = getattr(torch, dtype)
+    f = dict(device="cuda", dtype=dt, generator=gen)
     if op == "matmul":
         m, n, k = shape
         return {"a": torch.randn(m, k, **f), "b": torch.randn(k, n, **f),
-                "c": torch.empty(m, n, device="cuda")}
+                "c": torch.empty(m, n, device="cuda", dtype=dt)}
     m, n = shape
     t = {"x": torch.randn(m, n, **f)}
     if op == "add":
         t["y"] = torch.randn(m, n, **f)
     out_shape = {"inner_sum": (m,), "outer_sum": (n,)}.get(op, (m, n))
-    t["out"] = torch.empty(out_shape, device="cuda")
+    t["out"] = torch.empty(out_shape, device="cuda", dtype=dt)
     return t
 
 
@@ -75,8 +76,14 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=25)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--shapes", help="comma-separated AxB[xC] labels (default: the op's shapes)")
-    p.add_argument("--impls", default="copy,torch,generated,generated-ws,triton", help="which implementations")
+    p.add_argument("--impls", default="copy,torch,generated,generated-ws,triton", help="which implementations "
+                   "(generated-ws: float32 only)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--stages", default=",".join(map(str, STAGES)), help="generated stage counts (default 1,2,3,4)")
+    p.add_argument("--tma-store", action="store_true", help="also measure the TMA-store variant where the "
+                   "generated kernel has a tile output")
     a = p.parse_args(argv)
+    stages = [int(s) for s in a.stages.split(",")]
 
     import torch
 
@@ -106,17 +113,17 @@ def main(argv=None) -> int:
 
     for shape in shapes:
         sl = shape_label(shape)
-        nbytes, nflop = io_bytes(a.op, shape), flops(a.op, shape)
-        base = {"op": a.op, "shape": sl, "bytes": nbytes, "flop": nflop}
+        nbytes, nflop = io_bytes(a.op, shape, a.dtype), flops(a.op, shape)
+        base = {"op": a.op, "shape": sl, "bytes": nbytes, "flop": nflop, "dtype": a.dtype}
         gen = torch.Generator(device="cuda").manual_seed(0)
-        t = _inputs(a.op, shape, torch, gen)
+        t = _inputs(a.op, shape, torch, gen, a.dtype)
         out = t[_out_name(a.op)]
         ref = torch.empty_like(out)
         ref_fn = _torch_impls(a.op, t, torch)[0][2]
         ref_fn()
         ref.copy_(out)
         torch.cuda.synchronize()
-        rtol, atol = op.tol(shape)
+        rtol, atol = op.tol(shape, a.dtype)
 
         def measure(impl: str, variant: str, fn, validate: bool = True, **extra) -> None:
             rec = dict(base, impl=impl, variant=variant, **extra)
@@ -126,8 +133,8 @@ def main(argv=None) -> int:
                     res = fn()
                     got = res if isinstance(res, torch.Tensor) and res.shape == out.shape and res is not out else out
                     torch.cuda.synchronize()
-                    rec["max_abs_err"] = (got - ref).abs().max().item()
-                    rec["valid"] = bool(torch.allclose(got, ref, rtol=rtol, atol=atol))
+                    rec["max_abs_err"] = (got.float() - ref.float()).abs().max().item()
+                    rec["valid"] = bool(torch.allclose(got.float(), ref.float(), rtol=rtol, atol=atol))
                     del res, got
                 for _ in range(a.warmup):
                     fn()
@@ -158,19 +165,21 @@ def main(argv=None) -> int:
             for impl, label, fn in _torch_impls(a.op, t, torch):
                 measure(impl, label, fn)
         if "generated" in impls:
-            for s in STAGES:
+            stores = (False, True) if a.tma_store and a.op in TMA_STORE_OPS else (False,)
+            for s, tma_store in ((s, ts) for ts in stores for s in stages):
+                label = f"S={s}" + (" (no annotation)" if s == 1 else "") + (" TMA store" if tma_store else "")
                 try:
-                    ck, secs = compile_generated(a.op, shape, s, ck_cache)
+                    ck, secs = compile_generated(a.op, shape, s, ck_cache, a.dtype, tma_store)
                     bound = ck.bind(**t)
                 except Exception as e:
-                    emit(dict(base, impl="generated", variant=f"S={s}", stages=s,
+                    emit(dict(base, impl="generated", variant=label, stages=s, tma_store=tma_store,
                               error=f"{type(e).__name__}: {str(e)[:300]}", traceback=traceback.format_exc()[-2000:]))
                     continue
-                extra = {"stages": s, "resources": resources(ck), "compile_s": secs,
-                         "grid": list(bound.grid), "kernel": describe(a.op, shape)}
-                measure("generated", f"S={s}" + (" (no annotation)" if s == 1 else ""), bound.launch, **extra)
+                extra = {"stages": s, "resources": resources(ck), "compile_s": secs, "tma_store": tma_store,
+                         "grid": list(bound.grid), "kernel": describe(a.op, shape, a.dtype, tma_store)}
+                measure("generated", label, bound.launch, **extra)
                 del bound
-        if "generated-ws" in impls:
+        if "generated-ws" in impls and a.dtype == "float32":
             for s, regs in WS_VARIANTS:
                 try:
                     ck, secs = compile_generated(a.op, shape, s, ck_cache, ws=regs)

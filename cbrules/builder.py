@@ -30,9 +30,10 @@ from typing import Any, Iterator, Optional, Sequence
 from . import names
 from .errors import CbrulesError
 from .graph import KernelGraph, Param
-from .limits import TmaBoxError, check_box  # noqa: F401  (TmaBoxError: public via the builder)
+from .limits import SWIZZLE_SPAN, SwizzleError, TmaBoxError, check_box, check_swizzle, swizzle_repeat  # noqa: F401
 from .names import IdentifierError, NameClashError  # noqa: F401  (public via the builder)
-from .ops import BINARY, DTYPE_BYTES, DTYPES, LOOP_KINDS, REDUCE_COMBINE, SPACES, UNARY, DependenceTracker
+from .ops import (BINARY, DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS, REDUCE_COMBINE, SPACES, UNARY,
+                  DependenceTracker, compute_dtype)
 from .terms import ELECT_ONE, Term, TermLike, as_term, call, name
 
 threadIdx = type("threadIdx", (), {a: name(f"threadIdx.{a}") for a in "xyz"})
@@ -69,6 +70,7 @@ class TensorMap:
     name: str
     tensor: Buffer
     box: tuple
+    swizzle: str = "none"
 
     @property
     def box_bytes(self) -> int:
@@ -80,6 +82,10 @@ class TensorMap:
 
 class BuildError(CbrulesError, ValueError):
     """A builder call given a value it cannot use; the message names the call and the fix."""
+
+
+class StagingAlignmentError(BuildError):
+    """A TMA store from a shared buffer that is not aligned as the TMA requires."""
 
 
 def _int(value: Any, where: str, what: str, low: Optional[int] = None) -> int:
@@ -246,8 +252,14 @@ class Kernel:
         self._add_param(Param(tname, "tensor", dtype, shape_t), "tensor", f"tensor({tname!r})")
         return Buffer(tname, dtype, shape_t, "global")
 
-    def tensor_map(self, tensor: Buffer, box: Sequence[int], mname: Optional[str] = None) -> TensorMap:
-        """A TMA tensor map over ``tensor`` with the given box (outermost-first, like the shape)."""
+    def tensor_map(self, tensor: Buffer, box: Sequence[int], mname: Optional[str] = None,
+                   swizzle: str = "none") -> TensorMap:
+        """A TMA tensor map over ``tensor`` with the given box (outermost-first, like the shape).
+
+        ``swizzle`` ("none", "32B", "64B", "128B") is the shared-memory layout its loads write: the 16-byte
+        chunks of each row XORed by the row number (bank-conflict-free column reads); reads of such a
+        tile are given logical indices, which the rules turn into swizzled addresses. The inner box
+        dimension must then span exactly the swizzle width (a :class:`SwizzleError` otherwise)."""
         mname = f"{tensor.name}_tmap" if mname is None else mname
         where = f"tensor_map({mname!r}) at {_call_site()}"
         box = _ints(box, where, "box", low=None)  # the range is check_box's (a TmaBoxError)
@@ -256,9 +268,11 @@ class Kernel:
                              f"the tensor has rank {len(tensor.shape)}")
         names.check(mname, where)
         check_box(mname, box, tensor.dtype)
-        self._add_param(Param(mname, "tmap", tensor.dtype, tensor.shape, tensor.name, box), "tensor map",
+        check_swizzle(mname, box, DTYPE_BYTES[tensor.dtype], swizzle)
+        extra = {} if swizzle == "none" else {"swizzle": swizzle}
+        self._add_param(Param(mname, "tmap", tensor.dtype, tensor.shape, tensor.name, box, **extra), "tensor map",
                         f"tensor_map({mname!r})")
-        return TensorMap(mname, tensor, box)
+        return TensorMap(mname, tensor, box, swizzle)
 
     def grid(self, *dims: TermLike) -> None:
         """Launch grid as terms over symbols (missing dimensions are 1)."""
@@ -331,6 +345,9 @@ class Kernel:
         where = f"alloc({buf!r}) at {_call_site()}"
         _choice(space, where, "space", [s for s in SPACES if s != "global"])
         _choice(dtype, where, "dtype", list(DTYPES))
+        if space == "register" and dtype in HALF_DTYPES:
+            raise BuildError(f"{where}: a register array of {dtype}; registers compute in float32 (half types "
+                             "are storage types of tensors and shared buffers): allocate it as float32")
         shape = _ints(shape, where, "shape")
         if not shape:
             raise BuildError(f"{where}: shape must have at least one dimension")
@@ -346,25 +363,56 @@ class Kernel:
     def _reg(self, dst: Optional[str], call: str, dtype: Optional[str] = None) -> str:
         """The register a compute call writes: ``dst`` (checked), or the next free ``v<n>``."""
         if dtype is not None:
-            _choice(dtype, f"{call} at {_call_site()}", "dtype", [d for d in DTYPES if d != "mbarrier"])
+            where = f"{call} at {_call_site()}"
+            _choice(dtype, where, "dtype", [d for d in DTYPES if d != "mbarrier"])
+            if dtype in HALF_DTYPES:
+                raise BuildError(f"{where}: a {dtype} register; registers compute in float32 (a load of a "
+                                 f"{dtype} buffer converts, a store rounds): use dtype='float32'")
         if dst is None:
             dst = next(f"v{i}" for i in self._regs if f"v{i}" not in self._names)
         return self._claim(dst, "register", f"{call}(dst={dst!r})", reuse=True)
 
     # ---------------------------------------------------------------- memory
     def load(self, src: Buffer, index: TermLike, dst: Optional[str] = None) -> Term:
-        """Read one element ``src[index]`` (flat index) into a register; returns the register."""
+        """Read one element ``src[index]`` (flat index) into a register; returns the register.
+        A float16/bfloat16 element arrives as float32."""
         src_name = self._known(src, _MEMORY, "load")
         dst = self._reg(dst, "load")
-        self._node("load", dst=dst, src=src_name, index=as_term(index), dtype=src.dtype)
+        self._node("load", dst=dst, src=src_name, index=as_term(index), dtype=compute_dtype(src.dtype))
         return name(dst)
 
-    def store(self, dst: Buffer, index: TermLike, value: TermLike) -> None:
-        """Write ``dst[index] = value`` (flat index)."""
+    def store(self, dst: Buffer, index: TermLike, value: TermLike,
+              tile: Optional[tuple[TensorMap, Sequence[TermLike], TermLike]] = None) -> None:
+        """Write ``dst[index] = value`` (flat index); a float16/bfloat16 buffer gets the value rounded to
+        nearest even.
+
+        ``tile=(tmap, coords, element)`` says the element is element ``element`` (row-major) of the box
+        of ``tmap`` (a tensor map over ``dst``) at ``coords``: the rules then write the tile to a shared
+        staging buffer and store it with one TMA store (see rules/tma_store.rules). Every in-bounds
+        element of such a box must be written in each iteration (the interpreter checks it)."""
+        where = f"store at {_call_site()}"
         dst_name = self._known(dst, _MEMORY, "store")
         if dst.space == "global":
             self._mark_written(dst_name)
-        self._node("store", dst=dst_name, index=as_term(index), value=as_term(value))
+        attrs = {}
+        if tile is not None:
+            if not (isinstance(tile, tuple) and len(tile) == 3):
+                raise BuildError(f"{where}: tile must be (tensor map, coords, element), got {tile!r}")
+            tmap, coords, element = tile
+            self._known(tmap, ("tensor map",), "store(tile=...)")
+            if tmap.swizzle != "none":
+                raise SwizzleError(f"{where}: tile stores through swizzled tensor map {tmap.name!r} are not "
+                                   "supported; store through a map without swizzle")
+            if dst.space != "global" or tmap.tensor.name != dst_name:
+                raise BuildError(f"{where}: tile store into {dst_name!r} through tensor map {tmap.name!r}, which "
+                                 f"maps {tmap.tensor.name!r}; a TMA store writes the tensor its map covers: "
+                                 f"map {dst_name!r} itself")
+            if not isinstance(coords, (tuple, list)) or len(coords) != len(tmap.box):
+                raise BuildError(f"{where}: tile coords {coords!r} must give one coordinate per box dimension "
+                                 f"({len(tmap.box)})")
+            attrs["tile"] = {"tensor": dst_name, "map": tmap.name, "coords": tuple(as_term(c) for c in coords),
+                             "index": as_term(element), "box": tmap.box, "dtype": tmap.tensor.dtype}
+        self._node("store", dst=dst_name, index=as_term(index), value=as_term(value), **attrs)
 
     def _mark_written(self, tname: str) -> None:
         k = self.graph.kernel()
@@ -384,19 +432,65 @@ class Kernel:
         attrs = dict(tmap=self._known(tmap, ("tensor map",), "tma_load"), coords=tuple(as_term(c) for c in coords),
                      dst=self._known(dst, ("buffer",), "tma_load"), offset=as_term(offset), bytes=tmap.box_bytes,
                      box=tmap.box, tile=_ints(tmap.box if tile is None else tile, where, "tile"))
+        if tmap.swizzle != "none":
+            self._check_swizzled_tile(tmap, dst, attrs["tile"], where)
+            attrs["swizzle"] = SWIZZLE_SPAN[tmap.swizzle]
         if barrier is not None:
             attrs.update(barrier=self._known(barrier, ("buffer",), "tma_load"), slot=as_term(slot))
         if circular_buffer is not None:
             attrs["circular_buffer"] = _cb_options(circular_buffer, where)
         self._node("tma_load", **attrs)
 
-    def tma_store(self, tmap: TensorMap, coords: Sequence[TermLike], src: Buffer, offset: TermLike = 0) -> None:
-        """Bulk-copy one box from shared ``src + offset`` to global at ``coords`` (waits for completion)."""
+    def _check_swizzled_tile(self, tmap: TensorMap, dst: Buffer, tile: tuple, where: str) -> None:
+        """A swizzled box lands on the pattern only from a base aligned to its repeat (8 rows of the
+        span): the buffer, every box of the tile, and every stage slot must start there."""
+        repeat = swizzle_repeat(tmap.swizzle)
+        alloc = next(self.graph[n] for n in self.graph.nodes() if self.graph.op(n) == "alloc"
+                     and self.graph[n]["buf"] == dst.name)
+        if alloc["align"] < repeat:
+            raise SwizzleError(f"{where}: buffer {dst.name!r} is aligned to {alloc['align']} bytes, but tiles of "
+                               f"swizzle {tmap.swizzle} start on its {repeat}-byte pattern: allocate it with "
+                               f"align={repeat}")
+        box_bytes = tmap.box_bytes
+        if box_bytes % repeat:
+            raise SwizzleError(f"{where}: a box of {tmap.box} spans {box_bytes} bytes, not a multiple of the "
+                               f"{repeat}-byte swizzle {tmap.swizzle} pattern, so the next box or stage slot would "
+                               f"start off the pattern; use a multiple of {repeat // SWIZZLE_SPAN[tmap.swizzle]} "
+                               "rows a box")
+
+    def tma_store(self, tmap: TensorMap, coords: Sequence[TermLike], src: Buffer, offset: TermLike = 0,
+                  wait: str = "read") -> None:
+        """Bulk-copy one box from shared ``src + offset`` to global at ``coords``; parts of the box outside
+        the tensor are not written. ``wait="read"`` commits the store's group and waits until ``src``
+        may be written again; ``wait="none"`` only commits: a later :meth:`tma_store_wait` by the same
+        thread must cover it before ``src`` is rewritten and before the kernel ends."""
+        where = f"tma_store at {_call_site()}"
         tmap_name = self._known(tmap, ("tensor map",), "tma_store")
         src_name = self._known(src, ("buffer",), "tma_store")
+        _choice(wait, where, "wait", ("read", "none"))
+        if tmap.swizzle != "none":
+            raise SwizzleError(f"{where}: TMA stores through swizzled tensor map {tmap.name!r} are not supported; "
+                               "store through a map without swizzle")
+        alloc = next((self.graph[n] for n in self.graph.nodes() if self.graph.op(n) == "alloc"
+                      and self.graph[n]["buf"] == src_name), None)
+        if alloc is None or alloc["space"] != "shared":
+            raise BuildError(f"{where}: the source {src_name!r} of a TMA store must be a shared buffer")
+        if alloc["align"] < 128:
+            raise StagingAlignmentError(f"{where}: staging buffer {src_name!r} is aligned to {alloc['align']} "
+                                        "bytes; the TMA reads shared memory from 128-byte aligned addresses: "
+                                        "allocate it with align=128 (the default for shared buffers)")
         self._mark_written(tmap.tensor.name)
+        extra = {} if wait == "read" else {"wait": wait}  # the default stays implicit (unchanged graphs)
         self._node("tma_store", tmap=tmap_name, coords=tuple(as_term(c) for c in coords), src=src_name,
-                   offset=as_term(offset))
+                   offset=as_term(offset), **extra)
+
+    def tma_store_wait(self, pending: int = 0, read: bool = False) -> None:
+        """``cp.async.bulk.wait_group[.read] pending``: wait until all but this thread's newest
+        ``pending`` TMA-store groups have read their source (``read``) or completed."""
+        where = f"tma_store_wait at {_call_site()}"
+        if not isinstance(read, bool):
+            raise BuildError(f"{where}: read must be True or False, got {read!r}")
+        self._node("tma_store_wait", pending=_int(pending, where, "pending", 0), read=read)
 
     # ---------------------------------------------------------------- compute
     def assign(self, value: TermLike, dtype: str = "float32", dst: Optional[str] = None) -> Term:

@@ -70,9 +70,15 @@ def _max_err(a: np.ndarray, b: np.ndarray) -> float:
 class Checker:
     """Runs cases, caching lowered graphs, inputs and unlowered results between them."""
 
-    def __init__(self, blocks: BlocksLike = None, seed: int = 0, **lower_options):
-        """``lower_options`` go to :func:`cbrules.api.lower` (``rules=[folder]`` adds rule folders)."""
-        self.blocks, self.seed, self.lower_options = blocks, seed, dict(lower_options)
+    def __init__(self, blocks: BlocksLike = None, seed: int = 0, dtype: str = "float32", tma_store: bool = False,
+                 swizzle: str = "none", **lower_options):
+        """``dtype``: the kernels' tensor type (inputs are rounded to it, tolerances follow it);
+        ``tma_store``: lowered kernels write their output tiles by TMA store (the unlowered kernel, the
+        reference, stores per thread); ``swizzle``: lowered kernels read swizzled input tiles;
+        ``lower_options`` go to :func:`cbrules.api.lower`
+        (``rules=[folder]`` adds rule folders)."""
+        self.blocks, self.seed, self.dtype, self.lower_options = blocks, seed, dtype, dict(lower_options)
+        self.tma_store, self.swizzle = tma_store, swizzle
         # read the rule files once, not at every lowering
         self.lower_options["rules"] = api.load_rules(self.lower_options.get("rules"))
         self._lowered: dict = {}
@@ -84,12 +90,15 @@ class Checker:
         """The lowered kernel of the case, ready to run (a :class:`LoweringError` is cached and raised
         again)."""
         params = {**spec.build_params(tuple(shape)), **spec.trips_params(trips)}
-        key = (spec.name, stages, prefetch, war, warp_specialize, registers, tuple(sorted(params.items())))
+        key = (spec.name, stages, prefetch, war, warp_specialize, registers, self.dtype, self.tma_store, self.swizzle,
+               tuple(sorted(params.items())))
         ws = {"warp_specialize": True, "registers": registers} if warp_specialize else {"registers": registers}
         if key not in self._lowered:
             try:
                 self._lowered[key] = prepare(api.lower(spec.build(shape, trips=trips, stages=stages, prefetch=prefetch,
-                                                                  war=war, **ws), **self.lower_options))
+                                                                  war=war, dtype=self.dtype, tma_store=self.tma_store,
+                                                                  swizzle=self.swizzle, **ws),
+                                                       **self.lower_options))
             except (LoweringError, InterpError) as e:  # InterpError: a term the interpreter does not model
                 self._lowered[key] = e
         got = self._lowered[key]
@@ -100,14 +109,14 @@ class Checker:
     def inputs(self, spec: KernelSpec, shape: tuple) -> dict:
         key = (spec.name, tuple(shape))
         if key not in self._inputs:
-            self._inputs[key] = spec.inputs(tuple(shape), np.random.default_rng(self.seed))
+            self._inputs[key] = spec.make_inputs(tuple(shape), np.random.default_rng(self.seed), self.dtype)
         return self._inputs[key]
 
     def unlowered(self, spec: KernelSpec, shape: tuple, trips: int) -> dict:
         """Outputs of the kernel before lowering (the same for every S, P and WAR mode)."""
         key = (spec.name, tuple(shape), trips)
         if key not in self._unlowered:
-            kernel = spec.build(shape, trips=trips, stages=2)
+            kernel = spec.build(shape, trips=trips, stages=2, dtype=self.dtype)
             self._unlowered[key] = run(kernel, self.inputs(spec, shape), blocks=self.blocks)
         return self._unlowered[key]
 
@@ -168,23 +177,24 @@ class Checker:
             res.detail = f"the unlowered kernel fails: {type(e).__name__}: {e}"
             return
         problems, res.err_numpy, res.err_unlowered = compare(spec, res.shape, args, got, before,
-                                                             sampled=self.blocks is not None)
+                                                             sampled=self.blocks is not None, dtype=self.dtype)
         res.status, res.detail = ("FAIL", "; ".join(problems)) if problems else ("ok", "")
 
 
 def compare(spec: KernelSpec, shape: tuple, args: dict, got: dict, before: dict,
-            sampled: bool = False) -> tuple[list[str], float, float]:
+            sampled: bool = False, dtype: str = "float32") -> tuple[list[str], float, float]:
     """(problems, max error vs numpy, max error vs the unlowered kernel) of the lowered outputs.
 
     With ``sampled`` (a sample of blocks ran) only the elements the unlowered kernel wrote (the
     outputs start as NaN) are compared with numpy.
     """
-    want = spec.reference(args)
-    rtol, atol = spec.tolerance(tuple(shape))
+    want = spec.expected(args)
+    rtol, atol = spec.tolerances(tuple(shape), dtype)
     problems: list[str] = []
     err_numpy = err_before = 0.0
     for name in spec.outputs:
-        lo, un, ref = got[name], before[name], np.asarray(want[name])
+        # half-precision outputs compared in float64 (bfloat16 has no numpy arithmetic of its own)
+        lo, un, ref = (np.asarray(v).astype(np.float64) for v in (got[name], before[name], want[name]))
         err_before = max(err_before, _max_err(lo, un))
         if not np.allclose(lo, un, rtol=rtol, atol=atol, equal_nan=True):
             problems.append(f"{name} differs from the unlowered kernel (max error {_max_err(lo, un):.3g})")

@@ -25,6 +25,7 @@ from . import api, options, rulefile, trace
 from .builder import Kernel
 from .errors import CbrulesError
 from .kernels import KERNELS, KernelSpec, get
+from .ops import HALF_DTYPES
 from .schedule import print_program, schedule
 
 TRACEBACK_VAR = "CBRULES_TRACEBACK"
@@ -61,7 +62,7 @@ def load_kernel(ref: str) -> KernelSpec:
         return KernelSpec(path.stem, str(ns.get("__doc__") or ""), _built(path, build),
                           _guarded(path, "calling inputs() of", inputs) if callable(inputs) else None,
                           _guarded(path, "calling reference() of", reference) if callable(reference) else None,
-                          outputs, shape, pipelined=False)
+                          outputs, shape, pipelined=False, dtypes=("float32",))
     try:
         return get(ref)
     except KeyError as e:
@@ -149,7 +150,12 @@ def _warp_options(a) -> dict:
 def _kernel(a, spec: KernelSpec):
     """The kernel with the command line's circular-buffer options."""
     return spec.build(_shape(a, spec), stages=getattr(a, "stages", None), prefetch=getattr(a, "prefetch", None),
-                      war=getattr(a, "war", None), **_warp_options(a))
+                      war=getattr(a, "war", None), dtype=_dtype(a), tma_store=bool(getattr(a, "tma_store", False)),
+                      swizzle=getattr(a, "swizzle", None) or "none", **_warp_options(a))
+
+
+def _dtype(a) -> str:
+    return getattr(a, "dtype", None) or "float32"
 
 
 def _compile(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
@@ -160,14 +166,14 @@ def _compile(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
                 f"{r.stack_bytes} B stack{' (cached)' if ck.cubin.cached else ''}")
 
 
-def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=sys.stdout) -> bool:
+def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=sys.stdout, dtype: str = "float32") -> bool:
     from codegen import runtime
     if spec.inputs is None or spec.reference is None:
         raise CliError(f"{spec.name}: the kernel file defines no inputs()/reference(), so it cannot be run")
     rng = np.random.default_rng(0)
-    args = spec.inputs(shape, rng)
-    rtol, atol = spec.tolerance(shape)
-    want = spec.reference(args)
+    args = spec.make_inputs(shape, rng, dtype)
+    rtol, atol = spec.tolerances(shape, dtype)
+    want = spec.expected(args)
     bound = ck.bind(**args)
     for name in spec.outputs:  # poison outputs so a kernel that writes nothing cannot pass
         bound.arrays[name].fill_bytes(0xFF)
@@ -175,7 +181,7 @@ def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=sys.stdout) -> bool:
     bound.finish()
     ok = True
     for name in spec.outputs:
-        got = args[name]
+        got = args[name].astype(np.float64)
         err = float(np.max(np.abs(got - want[name]))) if got.size else 0.0
         good = np.allclose(got, want[name], rtol=rtol, atol=atol)
         ok &= good
@@ -347,7 +353,7 @@ def cmd_run(a) -> int:
     if not runtime.gpu_available():
         raise CliError("no compute-capability 9.x GPU here: `cbrules run` needs a Hopper GPU "
                        "(`cbrules compile` works without one)")
-    return 0 if _run(spec, ck, _shape(a, spec), a.reps) else 1
+    return 0 if _run(spec, ck, _shape(a, spec), a.reps, dtype=_dtype(a)) else 1
 
 
 def cmd_demo(a) -> int:
@@ -382,13 +388,15 @@ def cmd_check(a) -> int:
         raise CliError("check picks a small shape for every trip count itself; drop --shape")
     ws = _warp_options(a)
     asked = " ".join(f"--{k} {v}" for k, v in (("stages", a.stages), ("prefetch", a.prefetch), ("war", a.war),
-                                                ("registers", a.registers)) if v is not None)
-    asked += " --warp-specialize" if ws["warp_specialize"] else ""
+                                                ("registers", a.registers), ("dtype", a.dtype),
+                                                ("swizzle", a.swizzle)) if v is not None)
+    asked += (" --warp-specialize" if ws["warp_specialize"] else "") + (" --tma-store" if a.tma_store else "")
     roles = f"; roles under schedules {', '.join(SCHEDULES)}" if ws["warp_specialize"] else ""
     print(f"{spec.name}: options given: {asked.strip() or 'none'}; trip counts 1..{4 * stages}, "
           f"{'a sample of' if a.sample else 'all'} blocks{roles}; lowered vs before lowering vs numpy, "
           "protocol checked")
-    checker = Checker(blocks="sample" if a.sample else None, **_lower_options(a))
+    checker = Checker(blocks="sample" if a.sample else None, dtype=_dtype(a), tma_store=a.tma_store,
+                      swizzle=a.swizzle or "none", **_lower_options(a))
     print(_check_options(spec, checker, stages, a.prefetch, a.war, ws))
     results = [checker.check(spec, t, stages, a.prefetch, a.war, warp_specialize=bool(ws["warp_specialize"]),
                              registers=ws["registers"]) for t in trip_counts(stages)]
@@ -404,7 +412,8 @@ def _check_options(spec: KernelSpec, checker, stages: int, prefetch: Optional[in
                    ws: dict) -> str:
     """The effective options of the case with trip count S (the defaults filled in by the rules)."""
     trips = stages
-    built = spec.build(spec.shape_for_trips(trips), trips=trips, stages=stages, prefetch=prefetch, war=war, **ws)
+    built = spec.build(spec.shape_for_trips(trips), trips=trips, stages=stages, prefetch=prefetch, war=war,
+                       dtype=checker.dtype, tma_store=checker.tma_store, swizzle=checker.swizzle, **ws)
     try:
         kg = api.lower(built, rules=checker.lower_options["rules"])
     except CbrulesError as e:
@@ -438,6 +447,12 @@ def _kernel_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--registers", metavar="P,C", help="with --warp-specialize: registers of each producer and "
                    "each consumer thread (setmaxnreg), e.g. 40,232")
     p.add_argument("--shape", help="problem shape, e.g. 1048576 or 500,1024 (also picks build-time sizes)")
+    p.add_argument("--dtype", choices=["float32", *HALF_DTYPES], help="type of the kernel's tensors (default "
+                   "float32; float16/bfloat16 are stored as such and computed in float32)")
+    p.add_argument("--tma-store", action="store_true", help="write each output tile with one TMA store from a "
+                   "shared staging buffer (kernels whose output leaves in whole tiles)")
+    p.add_argument("--swizzle", choices=["none", "32B", "64B", "128B"], help="shared-memory layout of the input "
+                   "tiles (default none; swizzled boxes are one span wide, reads use the XOR address)")
 
 
 def _rule_options(p: argparse.ArgumentParser) -> None:

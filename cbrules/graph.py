@@ -35,6 +35,7 @@ class Param:
     tensor: Optional[str] = None
     box: tuple = ()
     written: bool = False
+    swizzle: str = "none"  # tmap: the shared-memory layout TMA writes (none, 32B, 64B, 128B)
 
 
 class KernelGraph:

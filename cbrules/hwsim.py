@@ -8,6 +8,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .protocol import InterpError
+from .terms import swizzle_index
+
 _IDENTITY = {"sum": 0, "max": -np.inf, "min": np.inf}
 
 
@@ -39,6 +42,26 @@ def write_box(tensor: np.ndarray, coords: Sequence[int], data: np.ndarray) -> No
     part = _clip(coords, data.shape, tensor.shape)
     if part is not None:
         tensor[part[0]] = data[part[1]]
+
+
+def swizzled(data: np.ndarray, itemsize: int, span: int, lo: int, buf: str, site: Callable) -> np.ndarray:
+    """A box (dense row-major ``data``) as a TMA load with a ``span``-byte swizzle lays it out from
+    element ``lo`` of a shared buffer: element i goes to :func:`cbrules.terms.swizzle_index` (i).
+    The pattern is anchored on the buffer, so ``lo`` must be on its repeat (8 x span bytes)."""
+    if (lo * itemsize) % (8 * span):
+        raise InterpError(f"a TMA load with {span}B swizzle writes {buf}[{lo}], {lo * itemsize} bytes into the "
+                          f"buffer: not on the {8 * span}-byte pattern, so the hardware would lay it out on "
+                          "another phase of the pattern", site())
+    out = np.empty_like(data)
+    out[swizzle_index(np.arange(data.size), itemsize, span)] = data
+    return out
+
+
+def inside_box(mask: np.ndarray, coords: Sequence[int], shape: Sequence[int]) -> None:
+    """Set ``mask`` (the box's shape) where the box at ``coords`` lies inside a tensor of ``shape``."""
+    part = _clip(coords, mask.shape, shape)
+    if part is not None:
+        mask[part[1]] = True
 
 
 def block_reduce(v: np.ndarray, combine: str, op: Callable) -> np.ndarray:

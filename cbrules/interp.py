@@ -154,7 +154,7 @@ class _BlockRunner(MemoryOps):
                 shared[name] = (np.dtype(NP_DTYPES[a["dtype"]]), size, name in prog.tma_dsts)
         self.proto = BlockProtocol(T, bars, shared)
         self.handlers = {op: getattr(self, "_" + op) for op in
-                         ("for", "if", "load", "store", "assign", "fma", "reduce", "tma_load", "tma_store",
+                         ("for", "if", "load", "store", "assign", "fma", "reduce", "tma_load", "tma_store", "tma_store_wait",
                           "mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
                           "mbarrier_inval", "syncthreads", "bar_sync", "setmaxnreg")}
         for op in ("alloc", "fence_proxy_async", "fence_mbarrier_init"):

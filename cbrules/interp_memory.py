@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from .hwsim import read_box, write_box
+from .hwsim import inside_box, read_box, swizzled, write_box
 from .interp_roles import Blocked
 from .ops import DTYPE_BYTES, MAX_BACKOFF_NS
 from .protocol import DivergentSync, InterpError, TmaIssueError
@@ -81,7 +81,7 @@ class MemoryOps:
         if kind == "register":
             arr[lanes, idx] = vals
         elif kind == "shared":
-            self.proto.write(arr, idx)
+            self.proto.write(arr, idx, lanes, self.site)
             arr.data[idx] = vals
         else:
             if name not in self.written:
@@ -113,6 +113,8 @@ class MemoryOps:
             self._smem_range(dst, lo, box_elems)
             sid = self.proto.slot_id(a["barrier"], slot, self.site)
             data = read_box(self.tensors[tmap.tensor], coords, box)
+            if a.get("swizzle"):  # the box lands in the swizzled layout the hardware writes
+                data = swizzled(data, itemsize, int(a["swizzle"]), lo, dst.name, self.site)
             self.proto.tma_load(sid, s.node, dst, lo, data, box_elems * itemsize, int(u), self.site)
             return
         # before lowering: the logical load of the whole tile, dense row-major, done at once (the
@@ -140,8 +142,19 @@ class MemoryOps:
         lo = self.uniform(fns["offset"](self.env, ln), mask, "TMA offset")
         n = int(np.prod(tmap.box))
         self._smem_range(src, lo, n)
+        if a.get("wait", "read") != "read":  # a bulk group left in flight: the protocol tracks its reads
+            if lanes.size > 1:
+                raise TmaIssueError(f"{lanes.size} threads issue this TMA store; issue it from one elected thread",
+                                    self.site())
+            tensor = self.tensors[tmap.tensor]
+            inside = np.zeros(tuple(tmap.box), bool)
+            inside_box(inside, coords, tensor.shape)
+            self.proto.bulk_store(s.node, src, lo, lo + n, lo + np.flatnonzero(inside), int(lanes[0]), self.site)
         self.proto.read(src, np.arange(lo, lo + n), np.full(n, lanes[0]), self.site)
         write_box(self.tensors[tmap.tensor], coords, src.data[lo:lo + n].reshape(tmap.box))
+
+    def _tma_store_wait(self, s: Step, mask: np.ndarray) -> None:
+        self.proto.bulk_wait(np.nonzero(mask)[0], int(s.attrs["pending"]), bool(s.attrs["read"]))
 
     # ---------------------------------------------------------------- synchronisation
     def _syncthreads(self, s: Step, mask: np.ndarray):

@@ -42,6 +42,34 @@ class TmaBoxError(TmaLimitError):
         ValueError.__init__(self, message)
 
 
+SWIZZLE_SPAN = {"none": 0, "32B": 32, "64B": 64, "128B": 128}  # bytes of a swizzled row
+
+
+class SwizzleError(TmaBoxError):
+    """A swizzled tensor map, or a tile it fills, that breaks the swizzle's size or alignment rules."""
+
+
+def swizzle_repeat(swizzle: str) -> int:
+    """Bytes after which the swizzle pattern repeats (8 rows of the span): the tile base alignment."""
+    return 8 * SWIZZLE_SPAN[swizzle]
+
+
+def check_swizzle(mname: str, box: Sequence[int], itemsize: int, swizzle: str) -> None:
+    """A swizzled box's inner dimension spans exactly the swizzle width (the hardware allows less;
+    cbrules lays out and reads only full-width rows), so its rows are the pattern's rows."""
+    if swizzle not in SWIZZLE_SPAN:
+        raise SwizzleError(f"tensor map {mname!r}: swizzle {swizzle!r} is not one of {', '.join(SWIZZLE_SPAN)}")
+    span = SWIZZLE_SPAN[swizzle]
+    inner = box[-1] * itemsize
+    if span and inner > span:
+        raise SwizzleError(f"tensor map {mname!r}: the inner box dimension spans {box[-1]} x {itemsize} = {inner} "
+                           f"bytes, more than the {span}-byte span of swizzle {swizzle}; use an inner box of "
+                           f"{span // itemsize} elements (several boxes a tile) or a wider swizzle")
+    if span and inner != span:
+        raise SwizzleError(f"tensor map {mname!r}: the inner box dimension spans {inner} bytes; with swizzle "
+                           f"{swizzle} cbrules needs it to span exactly {span} bytes ({span // itemsize} elements)")
+
+
 def check_box(mname: str, box: tuple, dtype: str) -> None:
     """Box limits known when the kernel is built: rank 1..5, every extent 1..256, inner extent x
     element size a multiple of 16 bytes."""

@@ -44,6 +44,7 @@ PRELUDE_NAMES = frozenset((
     "cb_tma_store", "cb_tma_store_wait", "cb_block_reduce", "CbSum", "CbMax", "CbMin", "CB_WAIT",
     "cb_elect_warp", "cb_block_reduce_named",  # prelude_roles.cu (warp-specialized kernels)
     "cb_mbar_wait_backoff",  # codegen.cuda.BACKOFF_WAIT (waits with a :backoff)
+    "cb_half", "cb_bf16", "cb_tma_store_async", "cb_bulk_wait_read", "cb_bulk_wait", "cb_swizzle",
 ))
 MATH_FUNCTIONS = frozenset(f + s for f in ("exp", "log", "sqrt", "rsqrt", "fabs", "fma") for s in ("", "f"))
 GENERATED = CUDA_BUILTINS | PRELUDE_NAMES | MATH_FUNCTIONS

@@ -15,8 +15,18 @@ LOOP_KINDS = ("serial", "unroll", "unswitch", "vectorize",
               "thread-x", "thread-y", "thread-z", "block-x", "block-y", "block-z")
 SPACES = ("global", "shared", "register")
 DTYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long long",
-          "uint32": "unsigned", "uint64": "unsigned long long", "mbarrier": "unsigned long long"}
-DTYPE_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint32": 4, "uint64": 8, "mbarrier": 8}
+          "uint32": "unsigned", "uint64": "unsigned long long", "mbarrier": "unsigned long long",
+          "float16": "cb_half", "bfloat16": "cb_bf16"}
+DTYPE_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint32": 4, "uint64": 8, "mbarrier": 8,
+               "float16": 2, "bfloat16": 2}
+# Storage-only types: tensors and shared buffers hold them, registers compute in float32 (a load
+# converts up, a store rounds to nearest even), as the tensor cores' neighbours do on Hopper.
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+def compute_dtype(dtype: str) -> str:
+    """The register type a load of ``dtype`` produces: float32 for the half types, else ``dtype``."""
+    return "float32" if dtype in HALF_DTYPES else dtype
 UNARY = ("exp", "log", "sqrt", "rsqrt", "neg", "abs")
 BINARY = ("add", "sub", "mul", "div", "max", "min")
 REDUCE_COMBINE = ("sum", "max", "min")
@@ -57,11 +67,20 @@ OPS: dict[str, OpSpec] = {
     "alloc": OpSpec(("buf", "space", "dtype", "shape"), ("align",), category="memory"),
     # a tma_load without a barrier asks the rules to arrange its completion (circular buffering);
     # box is the hardware box, tile the logical tile it serves (a multiple of the box)
+    # swizzle: the span in bytes (32, 64, 128) of the tensor map's swizzle pattern, absent for none
     "tma_load": OpSpec(("tmap", "coords", "dst", "offset", "bytes", "box"), ("barrier", "slot", "tile",
-                       "circular_buffer"), ("coords", "offset", "slot"), "memory"),
-    "tma_store": OpSpec(("tmap", "coords", "src", "offset"), (), ("coords", "offset"), "memory"),
+                       "circular_buffer", "swizzle"), ("coords", "offset", "slot"), "memory"),
+    # wait="read" (default): the store's bulk group is committed and waited for until its source may
+    # be reused; wait="none": committed only, a later tma_store_wait covers it
+    "tma_store": OpSpec(("tmap", "coords", "src", "offset"), ("wait",), ("coords", "offset"), "memory",
+                        {"wait": "read"}),
+    # cp.async.bulk.wait_group[.read] pending: this thread's bulk stores, all but the newest `pending`
+    # groups, have finished reading shared memory (read) or are complete
+    "tma_store_wait": OpSpec(("pending", "read"), (), (), "sync"),
     "load": OpSpec(("dst", "src", "index", "dtype"), (), ("index",), "memory"),
-    "store": OpSpec(("dst", "index", "value"), (), ("index", "value"), "memory"),
+    # tile: {tensor, map, coords, index, box, dtype}: this element is element `index` of the box of
+    # tensor map `map` at `coords`; the tma-store rules then stage the tile and store it by TMA
+    "store": OpSpec(("dst", "index", "value"), ("tile",), ("index", "value"), "memory"),
     "assign": OpSpec(("dst", "value", "dtype"), (), ("value",)),
     # a block reduction with bar_id/count syncs through named barrier bar_id over threads 0..count-1 only
     "reduce": OpSpec(("dst", "src", "kind", "combine", "dtype"), ("bar_id", "count"), ("src",)),
@@ -93,9 +112,13 @@ OP_DOCS: dict[str, str] = {
     "alloc": "a buffer buf in space global, shared or register, of dtype and shape (align in bytes)",
     "tma_load": "a TMA copy of one box of tensor map tmap at coords into dst + offset; without a barrier the "
                 "rules arrange its completion (circular_buffer asks them to pipeline it)",
-    "tma_store": "a TMA copy of one box from shared src + offset to tensor map tmap at coords",
+    "tma_store": "a TMA copy of one box from shared src + offset to tensor map tmap at coords; wait is what the "
+                 "issuing thread waits for after it (read, or none: a later tma_store_wait)",
+    "tma_store_wait": "the issuing thread waits until at most pending bulk stores are outstanding (read: "
+                      "until their sources may be reused)",
     "load": "dst = src[index] (global, shared or register memory)",
-    "store": "dst[index] = value",
+    "store": "dst[index] = value; tile (tensor map, coords, element) marks an element of an output tile the "
+             "rules may write with one TMA store",
     "assign": "dst = value",
     "reduce": "dst = the combine (sum, max, min) of src over the block (kind block) or into dst (kind serial); "
               "with bar_id, over the first count threads through named barrier bar_id",

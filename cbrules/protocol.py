@@ -115,6 +115,31 @@ class TmaIssueError(ProtocolError):
     """A TMA load with a barrier issued by more than one thread at once."""
 
 
+class StoreOverwrite(ProtocolError):
+    """Shared memory written while a TMA store's bulk group may still be reading it."""
+
+
+class StoreInFlight(ProtocolError):
+    """The block ends while a TMA store's bulk group has not been waited for (``wait_group 0``)."""
+
+
+class PartialTileStore(ProtocolError):
+    """A TMA store sends in-bounds elements of its box that no thread wrote since the last store."""
+
+
+@dataclass
+class BulkStore:
+    """A TMA store committed as a bulk async-group by thread ``issuer``, reading ``buf[lo:hi]``."""
+
+    node: int
+    buf: "SharedBuffer"
+    lo: int
+    hi: int
+    issuer: int
+    read_at: int = -1  # the issuer's clock at the wait that saw the reads done (-1: still reading)
+    done: bool = False  # a non-.read wait saw it complete
+
+
 class Clocks:
     """Vector clocks of the threads of a block (see the module docstring)."""
 
@@ -156,8 +181,10 @@ class SharedBuffer:
 
     def __init__(self, name: str, dtype, size: int, threads: int, tracked: bool):
         self.name = name
-        self.data = np.full(size, np.nan, dtype) if np.issubdtype(dtype, np.floating) else np.zeros(size, dtype)
+        # floats (bfloat16 too, which numpy does not class as floating) start as NaN: a read before a write shows
+        self.data = np.full(size, np.nan, dtype) if np.dtype(dtype).kind in "fV" else np.zeros(size, dtype)
         self.tracked = tracked
+        self.fresh = np.zeros(size, bool)  # written since a TMA store last sent it
         if tracked:
             self.w_slot = np.full(size, -1, np.int64)  # barrier slot the last TMA write completes on
             self.w_phase = np.zeros(size, np.int64)  # ... and the phase (INFLIGHT until delivered)
@@ -227,6 +254,8 @@ class BlockProtocol:
         self.named: dict[int, np.ndarray] = {}  # named barrier -> threads waiting in it
         self.named_count: dict[int, int] = {}
         self.named_gen: dict[int, int] = {}  # times each named barrier has opened
+        self.stores: list[BulkStore] = []  # bulk groups whose reads are not yet known to every thread
+        self.unfinished: list[BulkStore] = []  # ... not yet waited for to completion
         self.shared = {n: SharedBuffer(n, dt, size, self.threads, tr) for n, (dt, size, tr) in self.shared_spec.items()}
 
     # ------------------------------------------------------------------ barrier slots
@@ -412,6 +441,7 @@ class BlockProtocol:
         b = self.bars
         bname, slot = b.names[sid]
         self._usable(sid, np.array([issuer]), site, "issue a TMA load completing on")
+        self._not_being_stored(buf, np.arange(lo, hi), np.array([issuer]), site)
         if buf.tracked:
             busy = np.nonzero(buf.w_phase[lo:hi] == INFLIGHT)[0]
             busy = busy[buf.w_slot[lo + busy] >= 0] if busy.size else busy
@@ -453,14 +483,81 @@ class BlockProtocol:
                                 site(), *self.bars.names[sid])
         buf.readers[idx, lanes] = self.clocks.now[lanes]
 
-    def write(self, buf: SharedBuffer, idx: np.ndarray) -> None:
-        """A plain store: the elements are no longer the product of a TMA load."""
+    def write(self, buf: SharedBuffer, idx: np.ndarray, lanes: Optional[np.ndarray] = None,
+              site: Optional[SiteFn] = None) -> None:
+        """A plain store by ``lanes``: no TMA store may still read the elements; they are no longer the
+        product of a TMA load."""
+        if lanes is not None and site is not None:
+            self._not_being_stored(buf, idx, lanes, site)
+        buf.fresh[idx] = True
         if buf.tracked:
             buf.w_slot[idx] = -1
             buf.readers[idx] = -1
 
+    # ------------------------------------------------------------------ TMA stores (bulk async-groups)
+    def bulk_store(self, node: int, buf: SharedBuffer, lo: int, hi: int, inside: np.ndarray, issuer: int,
+                   site: SiteFn) -> None:
+        """Thread ``issuer`` commits a TMA store of ``buf[lo:hi]`` as a bulk group; ``inside`` are the
+        elements that land inside the tensor, each of which must have been written since the last
+        store sent it."""
+        stale = inside[~buf.fresh[inside]]
+        if stale.size:
+            raise PartialTileStore(f"the TMA store sends {buf.name}[{int(stale[0])}] ({stale.size} in-bounds "
+                                   f"element(s) of {buf.name}[{lo}:{hi}]), which no thread wrote since the last "
+                                   "store sent it: a tile store needs every element of the tile written in each "
+                                   "iteration", site())
+        buf.fresh[lo:hi] = False
+        g = BulkStore(node, buf, lo, hi, issuer)
+        self.stores.append(g)
+        self.unfinished.append(g)
+
+    def bulk_wait(self, lanes: np.ndarray, pending: int, read: bool) -> None:
+        """``cp.async.bulk.wait_group[.read] pending`` by ``lanes``: all but each thread's newest
+        ``pending`` groups have read their source (and, without ``read``, completed)."""
+        for u in map(int, lanes):
+            mine = [g for g in self.unfinished if g.issuer == u]
+            for g in mine[:max(len(mine) - pending, 0)]:
+                if g.read_at < 0:
+                    g.read_at = int(self.clocks.now[u])
+                g.done = g.done or not read
+        self.unfinished = [g for g in self.unfinished if not g.done]
+
+    def _not_being_stored(self, buf: SharedBuffer, idx: np.ndarray, lanes: np.ndarray, site: SiteFn) -> None:
+        """Writers ``lanes`` of ``buf[idx]``: no bulk group may still read those elements, and the wait
+        that saw its reads done must be ordered before every writer."""
+        keep = []
+        for g in self.stores:
+            if g.read_at >= 0 and (self.clocks.known[:, g.issuer] >= g.read_at).all():
+                continue  # every thread is ordered after the wait: it can no longer conflict
+            keep.append(g)
+            if g.buf is not buf:
+                continue
+            hit = (idx >= g.lo) & (idx < g.hi)
+            if not hit.any():
+                continue
+            writers = lanes if lanes.size == idx.size else np.full(idx.size, lanes[0])
+            if g.read_at < 0:
+                k = int(np.argmax(hit))
+                raise StoreOverwrite(f"thread {writers[k]} writes {buf.name}[{int(idx[k])}] while the TMA store "
+                                     f"#{g.node} of {buf.name}[{g.lo}:{g.hi}] committed by thread {g.issuer} may still "
+                                     "read it (no cp.async.bulk.wait_group.read covers it): wait before the buffer "
+                                     "is written again", site())
+            # the issuer itself is ordered after its own wait; every other writer must have learnt of it
+            late = hit & (writers != g.issuer) & (self.clocks.known[writers, g.issuer] < g.read_at)
+            if late.any():
+                k = int(np.argmax(late))
+                raise StoreOverwrite(f"thread {writers[k]} writes {buf.name}[{int(idx[k])}], which the TMA store "
+                                     f"#{g.node} reads, and thread {g.issuer}'s wait for that store is not ordered "
+                                     "before the write (a block sync must follow the wait)", site())
+        self.stores = keep
+
     def finish(self, site: SiteFn) -> None:
-        """End of the block: no load in flight, every initialised barrier invalidated."""
+        """End of the block: no load or store in flight, every initialised barrier invalidated."""
+        if self.unfinished:
+            g = self.unfinished[0]
+            raise StoreInFlight(f"the block ends while the TMA store #{g.node} of {g.buf.name}[{g.lo}:{g.hi}] "
+                                f"committed by thread {g.issuer} is still in flight: wait for it "
+                                "(cp.async.bulk.wait_group 0) before the kernel exits", site())
         b = self.bars
         for sid, q in enumerate(b.inflight):
             if q:

@@ -123,6 +123,15 @@ class DeviceFunction:
     host: Optional[Callable[..., object]] = None
 
 
+def swizzle_index(i, esize, span):
+    """The element of a TMA-swizzled tile where logical element ``i`` (dense row-major) lies: its byte
+    offset ``o = i * esize`` with the 16-byte chunk ``(o >> 4) & m`` XORed by the row ``(o >> 7) & m``,
+    ``m = span / 16 - 1`` (span 128, 64 or 32 bytes; the pattern repeats every 8 * span bytes).
+    Works on ints and numpy arrays alike."""
+    o = i * esize
+    return (o ^ (((o >> 7) & (span // 16 - 1)) << 4)) // esize
+
+
 DEVICE_FUNCTIONS: dict[str, DeviceFunction] = {
     "elect_one": DeviceFunction(0),
     "elect_warp": DeviceFunction(1),  # one elected thread of warp w (the producer warp group's first warp)
@@ -130,6 +139,8 @@ DEVICE_FUNCTIONS: dict[str, DeviceFunction] = {
     "ceil_div": DeviceFunction(2, lambda a, b: _trunc_div(a + b - 1, b)),
     "min": DeviceFunction(2, min),
     "max": DeviceFunction(2, max),
+    # swizzle(i, element bytes, span bytes): see swizzle_index
+    "swizzle": DeviceFunction(3, swizzle_index),
 }
 
 

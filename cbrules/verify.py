@@ -212,7 +212,8 @@ def _int_problem(v: Any, low: int) -> str | None:
 _INT_ATTRS = (("alloc", "shape", 1, True), ("alloc", "align", 1, False), ("mbarrier_init", "count", 1, False),
               ("mbarrier_arrive_expect_tx", "bytes", 0, False), ("tma_load", "bytes", 0, False),
               ("tma_load", "box", 1, True), ("tma_load", "tile", 1, True), ("bar_sync", "id", 0, False),
-              ("bar_sync", "count", 1, False), ("kernel", "block", 1, True), ("mbarrier_wait", "backoff", 0, False))
+              ("bar_sync", "count", 1, False), ("kernel", "block", 1, True), ("mbarrier_wait", "backoff", 0, False),
+              ("tma_store_wait", "pending", 0, False))
 _INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS}
 
 

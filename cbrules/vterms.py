@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Optional
 import numpy as np
 
 from .errors import CbrulesError
-from .terms import Term, to_c
+from .terms import Term, swizzle_index, to_c
 
 Value = Any  # int | float | bool | np.ndarray
 Compiled = Callable[[Mapping[str, Value], "Lanes"], Value]
@@ -158,6 +158,7 @@ _CALLS: dict[str, Callable[..., Value]] = {
     "exp": _float_fn(np.exp), "log": _float_fn(np.log), "sqrt": _float_fn(np.sqrt),
     "rsqrt": _float_fn(lambda x: x.dtype.type(1) / np.sqrt(x)), "fabs": _float_fn(np.abs),
     "abs": _float_fn(np.abs),
+    "swizzle": lambda i, esize, span: swizzle_index(i, int(esize), int(span)),
 }
 
 

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from cbrules.graph import Param
 from cbrules.names import BUILTINS, RULES, problem
-from cbrules.ops import DTYPE_BYTES, DTYPES, LOOP_KINDS
+from cbrules.ops import DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS
 from cbrules.schedule import Step
 from cbrules.terms import BINARY_OPS, DEVICE_FUNCTIONS, UNARY_OPS, Term, call_problem, to_c
 
@@ -28,6 +28,10 @@ PRELUDE = (Path(__file__).with_name("prelude.cu")).read_text()
 # every other kernel stays as it was
 PRELUDE_ROLES = (Path(__file__).with_name("prelude_roles.cu")).read_text()
 _ROLE_HELPERS = ("cb_elect_warp(", "cb_block_reduce_named<")
+# only kernels that use float16/bfloat16 carry these (every other kernel's text stays as it was)
+HALF_PRELUDE = (Path(__file__).with_name("prelude_half.cu")).read_text()
+STORE_PRELUDE = (Path(__file__).with_name("prelude_store.cu")).read_text()  # ... and bulk-group TMA stores
+SWIZZLE_PRELUDE = (Path(__file__).with_name("prelude_swizzle.cu")).read_text()  # ... and swizzled tiles
 REDUCE_SCRATCH_BYTES = 32 * 8
 MAX_SHARED_BYTES = 227 * 1024  # per block on H100/H200 with the opt-in attribute
 _UNARY_C = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "fabs"}
@@ -38,7 +42,7 @@ _COMBINE = {"sum": ("CbSum", "0"), "max": ("CbMax", "-__int_as_float(0x7f800000)
 _BUILTIN_C = {f"{b}.{a}": f"(int){b}.{a}" for b in ("threadIdx", "blockIdx", "blockDim", "gridDim") for a in "xyz"}
 # the prelude helper of every device function a term may call (cbrules.terms.DEVICE_FUNCTIONS)
 _CALL_C = {"elect_one": "cb_elect_one", "elect_warp": "cb_elect_warp", "ceil_div": "cb_ceil_div", "min": "cb_min",
-           "max": "cb_max"}
+           "max": "cb_max", "swizzle": "cb_swizzle"}
 assert set(_CALL_C) == set(DEVICE_FUNCTIONS), "every device function needs its prelude helper"
 _INT_LITERAL_BOUND = 2 ** 63
 # emitted only when a wait has a :backoff, so kernels without one keep their exact source
@@ -263,8 +267,15 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
     decls += [f"  {_dtype(t)} {r} = 0;" for r, t in e.registers.items()]
     bounds = f"{bx * by * bz}" + (f", {_int(k['min_blocks'], 'min_blocks', 1)}" if k.get("min_blocks") else "")
     roles = any(h in line for line in e.lines for h in _ROLE_HELPERS)
+    dtypes = {p.dtype for p in k["params"]} | {s.attrs["dtype"] for s in program.walk() if s.op == "alloc"}
+    async_stores = any(s.op == "tma_store_wait" or (s.op == "tma_store" and s.attrs.get("wait", "read") != "read")
+                       for s in program.walk())
+    preludes = [PRELUDE] + ([HALF_PRELUDE] if dtypes & set(HALF_DTYPES) else []) \
+        + ([STORE_PRELUDE] if async_stores else []) \
+        + ([SWIZZLE_PRELUDE] if any("cb_swizzle(" in line for line in e.lines) else []) \
+        + ([PRELUDE_ROLES] if roles else [])
     text = "\n".join([
-        PRELUDE, *([PRELUDE_ROLES] if roles else []), e.elect_one(), *([BACKOFF_WAIT] if e.uses_backoff else []), "",
+        *preludes, e.elect_one(), *([BACKOFF_WAIT] if e.uses_backoff else []), "",
         f'extern "C" __global__ void __launch_bounds__({bounds}) {_ident(k["name"])}({e.signature()}) {{',
         *decls, *e.lines, "}", ""])
     if e.smem_bytes > MAX_SHARED_BYTES:
@@ -342,6 +353,20 @@ def _reduce(o, a, e) -> str:
             f"{functor}(), reinterpret_cast<{ctype}*>(cb_smem + {e.reduce_offset}));")
 
 
+def _flag(v: Any, what: str) -> bool:
+    if not isinstance(v, bool):
+        raise CodegenError(f"refusing to print {what} {v!r} into CUDA: it must be True or False")
+    return v
+
+
+def _tma_store(a) -> str:
+    wait = a.get("wait", "read")
+    if wait not in ("read", "none"):
+        raise CodegenError(f"tma_store from {a['src']}: wait {wait!r} is not 'read' or 'none'")
+    fn = "cb_tma_store" if wait == "read" else "cb_tma_store_async"
+    return f"{fn}(&{a['tmap']}, cb_smem_addr({a['src']} + {_c_term(a['offset'])}), {_coords(a)});"
+
+
 _STATEMENTS = {
     "alloc": lambda o, a, e: _register_array(a),
     "load": lambda o, a, e: f"{a['dst']} = {a['src']}[{_c_term(a['index'])}];",
@@ -354,8 +379,9 @@ _STATEMENTS = {
     "reduce": _reduce,
     "tma_load": lambda o, a, e: (f"cb_tma_load(cb_smem_addr({a['dst']} + {_c_term(a['offset'])}), &{a['tmap']}, "
                               f"{_bar(a)}, {_coords(a)});"),
-    "tma_store": lambda o, a, e: (f"cb_tma_store(&{a['tmap']}, cb_smem_addr({a['src']} + {_c_term(a['offset'])}), "
-                               f"{_coords(a)});"),
+    "tma_store": lambda o, a, e: _tma_store(a),
+    "tma_store_wait": lambda o, a, e: (f"cb_bulk_wait{'_read' if _flag(a['read'], 'read') else ''}"
+                                    f"<{_int(a['pending'], 'pending', 0)}>();"),
     "mbarrier_init": lambda o, a, e: f"cb_mbar_init({_bar(a)}, {a['count']});",
     "mbarrier_arrive": lambda o, a, e: f"cb_mbar_arrive({_bar(a)});",
     "mbarrier_arrive_expect_tx": lambda o, a, e: f"cb_mbar_arrive_expect_tx({_bar(a)}, {a['bytes']});",

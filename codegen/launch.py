@@ -170,7 +170,7 @@ class CompiledKernel:
             if p.kind == "tensor":
                 args.append(("ptr", arrays[p.name].ptr))
             elif p.kind == "tmap":
-                args.append(("tmap", tma.encode_tensor_map(p.name, arrays[p.tensor], p.box)))
+                args.append(("tmap", tma.encode_tensor_map(p.name, arrays[p.tensor], p.box, swizzle=p.swizzle)))
             else:
                 args.append(("i32", symbols[p.name]))
         return BoundLaunch(fn, grid, self.source.block, self.source.shared_bytes, args,

@@ -273,6 +273,14 @@ def _from_cai(obj: Any, cai: Any) -> DeviceArray:
     return DeviceArray(ptr, shape, dtype, strides, owner=obj, readonly=bool(readonly))
 
 
+def _opaque_typestr(cai: Any) -> bool:
+    """True when the interface's typestr is raw bytes (numpy kind 'V'), which names no element type."""
+    try:
+        return np.dtype(cai["typestr"]).kind == "V"
+    except (KeyError, TypeError, ValueError):
+        return False  # malformed: _from_cai says so
+
+
 def as_device_array(obj: Any) -> DeviceArray:
     """Wrap ``obj`` as a DeviceArray.
 
@@ -283,7 +291,14 @@ def as_device_array(obj: Any) -> DeviceArray:
     """
     if isinstance(obj, DeviceArray):
         return obj
-    cai = getattr(obj, "__cuda_array_interface__", None)
+    try:
+        cai = getattr(obj, "__cuda_array_interface__", None)
+    except TypeError:  # some producers raise for bfloat16, which the interface cannot describe
+        if not hasattr(obj, "__dlpack__"):
+            raise
+        cai = None
+    if cai is not None and hasattr(obj, "__dlpack__") and _opaque_typestr(cai):
+        cai = None  # torch describes bfloat16 as raw bytes ("|V2"): DLPack says what it is
     if cai is not None:
         return _from_cai(obj, cai)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):

@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 from cuda.bindings import driver as cu
 
-from cbrules.limits import TmaLimitError, check_tensor_map
+from cbrules.limits import TmaLimitError, check_swizzle, check_tensor_map
 from .runtime import DeviceArray, _check, _context, as_device_array
 
 _TMA_DTYPES = {np.dtype(t): n for t, n in [
@@ -16,16 +16,18 @@ _TMA_DTYPES = {np.dtype(t): n for t, n in [
     (np.uint64, "UINT64"), (np.int64, "INT64"), (np.float16, "FLOAT16"),
     (np.float32, "FLOAT32"), (np.float64, "FLOAT64")]}
 _L2 = {"none": "NONE", "64B": "L2_64B", "128B": "L2_128B", "256B": "L2_256B"}
+_SWIZZLE = {"none": "NONE", "32B": "32B", "64B": "64B", "128B": "128B"}
 
 
 def encode_tensor_map(name: str, array: DeviceArray, box: Sequence[int], *,
                       elem_strides: Sequence[int] | None = None,
-                      l2_promotion: str = "128B") -> bytes:
+                      l2_promotion: str = "128B", swizzle: str = "none") -> bytes:
     """Encode a tiled CUtensorMap for ``array`` and return its 128 raw bytes.
 
     ``box`` (and ``elem_strides``) are outermost-first like ``array.shape``. No
-    interleave, no swizzle, zero fill out of bounds. The map stores the raw address:
-    keep ``array``'s memory alive while the map is used.
+    interleave, zero fill out of bounds; ``swizzle`` none/32B/64B/128B (the shared-memory layout
+    the kernel's reads expect). The map stores the raw address: keep ``array``'s memory alive
+    while the map is used.
     """
     if isinstance(array, np.ndarray):
         raise TypeError("encode_tensor_map needs device memory, not a numpy array")
@@ -39,6 +41,7 @@ def encode_tensor_map(name: str, array: DeviceArray, box: Sequence[int], *,
     box = [int(b) for b in box]
     es = [int(e) for e in elem_strides] if elem_strides is not None else [1] * len(box)
     check_tensor_map(name, array.shape, array.strides, array.dtype.itemsize, array.ptr, box, es)
+    check_swizzle(name, box, array.dtype.itemsize, swizzle)
     _context()
     # The driver lists axes innermost first and omits the innermost stride.
     u64, u32 = cu.cuuint64_t, cu.cuuint32_t  # plain ints are rejected by the bindings
@@ -50,7 +53,7 @@ def encode_tensor_map(name: str, array: DeviceArray, box: Sequence[int], *,
         [u64(n) for n in reversed(array.shape)], strides,
         [u32(b) for b in reversed(box)], [u32(e) for e in reversed(es)],
         cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+        getattr(cu.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{_SWIZZLE[swizzle]}"),
         getattr(cu.CUtensorMapL2promotion, f"CU_TENSOR_MAP_L2_PROMOTION_{_L2[l2_promotion]}"),
         cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
     # CUtensorMap.opaque is a list of 16 cuuint64_t words.

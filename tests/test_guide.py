@@ -54,8 +54,7 @@ def test_tutorial_backoff(tmp_path, monkeypatch, capsys):
     (tmp_path / "mine").symlink_to(mine)  # the tutorial calls its folder mine
     monkeypatch.chdir(tmp_path)
     assert main(["rules", "check", "mine"]) == 0
-    assert "phases cb-mark, cb-check, cb-normalize, cb-stage, cb-warp-specialize, cb-pipeline, backoff," in \
-        capsys.readouterr().out
+    assert "cb-pipeline, backoff," in capsys.readouterr().out  # the tutorial's phase comes last
     assert main(["trace", "single_dim", "log", "--rule", "consumer-wait-backoff", "--rules", "mine"]) == 0
     assert len([x for x in capsys.readouterr().out.splitlines() if "[backoff] consumer-wait-backoff" in x]) == 2
     test = runpy.run_path(str(mine / "test_backoff.py"))

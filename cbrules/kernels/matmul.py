@@ -13,8 +13,9 @@ from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
 BM, BN, BK, PATCH = 64, 64, 16, 4
 
 
-def matmul(stages: int = 3, prefetch=None, war: Optional[str] = None, tile: int = BM, patch: int = PATCH, bk: int = BK,
-           spread: bool = False, warp_specialize: bool = False, registers=None) -> Kernel:
+def matmul(stages: int = 3, prefetch=None, war: Optional[str] = None, tile: int = BM, patch: int = PATCH,
+           bk: int = BK, spread: bool = False, dtype: str = "float32", warp_specialize: bool = False,
+           registers=None) -> Kernel:
     """``c[M, N] = a[M, K] @ b[K, N]`` in ``tile`` x ``tile`` blocks, ``patch`` x ``patch`` a thread,
     ``bk`` columns of A a K step. ``spread``: a thread's patch columns lie ``tile / patch`` apart
     instead of side by side, so the 16 column groups of a warp read 16 different shared-memory banks."""
@@ -23,10 +24,10 @@ def matmul(stages: int = 3, prefetch=None, war: Optional[str] = None, tile: int 
         raise ValueError(f"matmul: tile {tile} must be a multiple of patch {patch}, with (tile/patch)^2 <= 1024 threads")
     k = Kernel("matmul", block=side * side)
     m, n, kk = k.symbol("M"), k.symbol("N"), k.symbol("K")
-    a, b, c = k.tensor("a", (m, kk)), k.tensor("b", (kk, n)), k.tensor("c", (m, n))
+    a, b, c = k.tensor("a", (m, kk), dtype), k.tensor("b", (kk, n), dtype), k.tensor("c", (m, n), dtype)
     a_map, b_map = k.tensor_map(a, box=(tile, bk)), k.tensor_map(b, box=(bk, tile))
-    a_tile = k.alloc("a_tile", "shared", "float32", (tile, bk))
-    b_tile = k.alloc("b_tile", "shared", "float32", (bk, tile))
+    a_tile = k.alloc("a_tile", "shared", dtype, (tile, bk))
+    b_tile = k.alloc("b_tile", "shared", dtype, (bk, tile))
     k.grid(ceil_div(n, tile), ceil_div(m, tile))
     ty, tx = threadIdx.x / side, threadIdx.x % side
     row0 = blockIdx.y * tile + ty * patch

@@ -14,14 +14,17 @@ TILE = 256
 
 
 def single_dim(stages: int = 3, prefetch=None, war: Optional[str] = None, tiles_per_block: int = 8,
-               warp_specialize: bool = False, registers=None) -> Kernel:
-    """``out = exp(x)``; the serial loop over tiles is circular-buffered."""
+               dtype: str = "float32", tma_store: bool = False, warp_specialize: bool = False,
+               registers=None) -> Kernel:
+    """``out = exp(x)``; the serial loop over tiles is circular-buffered. ``tma_store``: each tile of
+    ``out`` is written by one TMA store (rules/tma_store.rules) instead of a store per thread."""
     k = Kernel("single_dim", block=TILE)
     n = k.symbol("N")
-    x, out = k.tensor("x", (n,)), k.tensor("out", (n,))
+    x, out = k.tensor("x", (n,), dtype), k.tensor("out", (n,), dtype)
     x_map = k.tensor_map(x, box=(TILE,))
+    out_map = k.tensor_map(out, box=(TILE,)) if tma_store else None
     k.grid(ceil_div(ceil_div(n, TILE), tiles_per_block))
-    tile = k.alloc("tile", "shared", "float32", (TILE,))
+    tile = k.alloc("tile", "shared", dtype, (TILE,))
     first = blockIdx.x * tiles_per_block
     cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
     with k.loop("i", tiles_per_block, circular_buffer=cb) as i:
@@ -29,11 +32,11 @@ def single_dim(stages: int = 3, prefetch=None, war: Optional[str] = None, tiles_
         k.tma_load(x_map, (base,), tile)
         y = k.exp(k.load(tile, threadIdx.x))
         with k.if_((base + threadIdx.x).lt(n)):
-            k.store(out, base + threadIdx.x, y)
+            k.store(out, base + threadIdx.x, y, tile=(out_map, (base,), threadIdx.x) if tma_store else None)
     return k
 
 
-def _staged(name: str, tiles_per_block: int, unroll: int):
+def _staged(name: str, tiles_per_block: int, unroll: int, dtype: str):
     """The common part of the unrolled kernels (a stage holds ``unroll`` tiles): the kernel, N, the
     output, the tensor map, the tile buffer and the block's first tile."""
     if tiles_per_block % unroll:
@@ -41,10 +44,10 @@ def _staged(name: str, tiles_per_block: int, unroll: int):
                          "(a stage holds unroll tiles; a remainder would never be loaded)")
     k = Kernel(name, block=TILE)
     n = k.symbol("N")
-    x, out = k.tensor("x", (n,)), k.tensor("out", (n,))
+    x, out = k.tensor("x", (n,), dtype), k.tensor("out", (n,), dtype)
     x_map = k.tensor_map(x, box=(TILE,))
     k.grid(ceil_div(ceil_div(n, TILE), tiles_per_block))
-    tile = k.alloc("tile", "shared", "float32", (unroll, TILE))
+    tile = k.alloc("tile", "shared", dtype, (unroll, TILE))
     return k, n, out, x_map, tile, blockIdx.x * tiles_per_block
 
 
@@ -54,10 +57,10 @@ def _load_stage(k: Kernel, x_map, tile, first, i, unroll: int) -> None:
 
 
 def single_dim_unroll(stages: int = 3, prefetch=None, war: Optional[str] = None, tiles_per_block: int = 32,
-                      unroll: int = 4, warp_specialize: bool = False, registers=None) -> Kernel:
+                      unroll: int = 4, dtype: str = "float32", warp_specialize: bool = False, registers=None) -> Kernel:
     """The tile loop split by ``unroll``: the outer serial loop is circular-buffered, each stage
     holds ``unroll`` tiles loaded by an unrolled inner loop of TMA copies."""
-    k, n, out, x_map, tile, first = _staged("single_dim_unroll", tiles_per_block, unroll)
+    k, n, out, x_map, tile, first = _staged("single_dim_unroll", tiles_per_block, unroll, dtype)
     cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
     with k.loop("i", tiles_per_block // unroll, circular_buffer=cb) as i:
         _load_stage(k, x_map, tile, first, i, unroll)
@@ -70,10 +73,10 @@ def single_dim_unroll(stages: int = 3, prefetch=None, war: Optional[str] = None,
 
 
 def single_dim_unswitch(stages: int = 3, prefetch=None, war: Optional[str] = None, tiles_per_block: int = 32,
-                        unroll: int = 4, warp_specialize: bool = False, registers=None) -> Kernel:
+                        unroll: int = 4, dtype: str = "float32", warp_specialize: bool = False, registers=None) -> Kernel:
     """Like the unrolled kernel, with the store predicate hoisted out of the inner loop: a stage whose
     tiles are all in bounds stores without tests, the others test every element."""
-    k, n, out, x_map, tile, first = _staged("single_dim_unswitch", tiles_per_block, unroll)
+    k, n, out, x_map, tile, first = _staged("single_dim_unswitch", tiles_per_block, unroll, dtype)
     cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
     with k.loop("i", tiles_per_block // unroll, circular_buffer=cb) as i:
         _load_stage(k, x_map, tile, first, i, unroll)

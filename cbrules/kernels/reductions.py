@@ -10,16 +10,16 @@ COLS = 256
 
 
 def inner_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, width: int = COLS,
-                    warp_specialize: bool = False, registers=None) -> Kernel:
+                    dtype: str = "float32", warp_specialize: bool = False, registers=None) -> Kernel:
     """``out[m] = sum(x[m, :])``: one block per row, the loop over its N-tiles circular-buffered.
     A tile is ``width`` columns (a multiple of 256; wider tiles arrive as several 256-wide boxes)."""
     if width % COLS:
         raise ValueError(f"inner_reduction: width {width} must be a multiple of {COLS}")
     k = Kernel("inner_reduction", block=COLS)
     m, n = k.symbol("M"), k.symbol("N")
-    x, out = k.tensor("x", (m, n)), k.tensor("out", (m,))
+    x, out = k.tensor("x", (m, n), dtype), k.tensor("out", (m,), dtype)
     x_map = k.tensor_map(x, box=(1, COLS))
-    tile = k.alloc("tile", "shared", "float32", (1, width))
+    tile = k.alloc("tile", "shared", dtype, (1, width))
     k.grid(m)
     acc = k.assign(0.0, dst="acc")
     cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
@@ -34,7 +34,7 @@ def inner_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, w
 
 
 def outer_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, rows: int = 8, cols: int = COLS,
-                    warp_specialize: bool = False, registers=None) -> Kernel:
+                    dtype: str = "float32", warp_specialize: bool = False, registers=None) -> Kernel:
     """``out[n] = sum(x[:, n])``: a block per ``cols`` columns, the serial loop over M (in tiles of
     ``rows`` rows) circular-buffered. With ``cols`` < 256 the block's 256 threads split each tile's
     rows into 256 / cols groups and add the groups' sums through shared memory at the end (more
@@ -45,9 +45,9 @@ def outer_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, r
     groups = COLS // cols
     k = Kernel("outer_reduction", block=COLS)
     m, n = k.symbol("M"), k.symbol("N")
-    x, out = k.tensor("x", (m, n)), k.tensor("out", (n,))
+    x, out = k.tensor("x", (m, n), dtype), k.tensor("out", (n,), dtype)
     x_map = k.tensor_map(x, box=(rows, cols))
-    tile = k.alloc("tile", "shared", "float32", (rows, cols))
+    tile = k.alloc("tile", "shared", dtype, (rows, cols))
     k.grid(ceil_div(n, cols))
     lane, group = (threadIdx.x, None) if groups == 1 else (threadIdx.x % cols, threadIdx.x / cols)
     col = blockIdx.x * cols + lane
@@ -75,7 +75,8 @@ def outer_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, r
 
 
 def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: int = 1024, box: int = 128,
-               width: int = COLS, threads: int = COLS, warp_specialize: bool = False, registers=None) -> Kernel:
+               width: int = COLS, threads: int = COLS, dtype: str = "float32", warp_specialize: bool = False,
+               registers=None) -> Kernel:
     """``out = (x - mean) / sqrt(var)`` per row of a [M, row] tensor (``row`` fixed at build time).
 
     One block of ``threads`` per row; each stage brings a ``width``-wide tile as several ``box``-wide
@@ -89,9 +90,9 @@ def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: i
     tiles, per = row // width, width // threads  # stages in a row, elements a thread takes per stage
     k = Kernel("persistent", block=threads)
     m = k.symbol("M")
-    x, out = k.tensor("x", (m, row)), k.tensor("out", (m, row))
+    x, out = k.tensor("x", (m, row), dtype), k.tensor("out", (m, row), dtype)
     x_map = k.tensor_map(x, box=(1, box))
-    tile = k.alloc("tile", "shared", "float32", (1, width))
+    tile = k.alloc("tile", "shared", dtype, (1, width))
     vals = k.alloc("vals", "register", "float32", (row // threads,))
     k.grid(m)
     k.assign(0.0, dst="s1")
@@ -115,7 +116,8 @@ def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: i
 
 
 def two_pass(stages: int = 3, prefetch=None, war: Optional[str] = None, width: int = COLS, threads: int = COLS,
-             warp_specialize: bool = False, registers=None) -> Kernel:
+             dtype: str = "float32", tma_store: bool = False, warp_specialize: bool = False,
+             registers=None) -> Kernel:
     """``out = (x - mean) / sqrt(var)`` per row of [M, N] for rows too long to keep on chip (N known
     only at launch): one block per row reads it twice, each pass a circular-buffered loop over
     ``width``-wide tiles (the second read comes mostly from DRAM again: see
@@ -123,12 +125,15 @@ def two_pass(stages: int = 3, prefetch=None, war: Optional[str] = None, width: i
     square: shifting by an element of the row keeps the variance E[d^2] - E[d]^2 from cancelling."""
     if width % threads:
         raise ValueError(f"two_pass: width {width} must be a multiple of threads={threads}")
+    if tma_store and width > 256:
+        raise ValueError(f"two_pass: tma_store stores one box a tile: width must be at most 256, got {width}")
     per = width // threads
     k = Kernel("two_pass", block=threads)
     m, n = k.symbol("M"), k.symbol("N")
-    x, out = k.tensor("x", (m, n)), k.tensor("out", (m, n))
+    x, out = k.tensor("x", (m, n), dtype), k.tensor("out", (m, n), dtype)
     x_map = k.tensor_map(x, box=(1, COLS))
-    tile = k.alloc("tile", "shared", "float32", (1, width))
+    out_map = k.tensor_map(out, box=(1, width)) if tma_store else None
+    tile = k.alloc("tile", "shared", dtype, (1, width))
     k.grid(m)
     shift = k.load(x, blockIdx.x * n)
     k.assign(0.0, dst="s1")
@@ -152,5 +157,6 @@ def two_pass(stages: int = 3, prefetch=None, war: Optional[str] = None, width: i
         for lane in lanes(per, threads):
             y = k.mul(k.sub(k.load(tile, lane), mean), rstd)
             with k.if_((i * width + lane).lt(n)):
-                k.store(out, blockIdx.x * n + i * width + lane, y)
+                k.store(out, blockIdx.x * n + i * width + lane, y,
+                        tile=(out_map, (blockIdx.x, i * width), lane) if tma_store else None)
     return k

@@ -12,22 +12,35 @@ from __future__ import annotations
 from typing import Optional
 
 from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes
+from ..limits import SWIZZLE_SPAN, swizzle_repeat
+from ..ops import DTYPE_BYTES
 
 COLS = 256
-ROWS = 4
+ROWS = ROWS_DEFAULT = 4
 
 
-def _pointwise(name: str, inputs: tuple[str, ...], stages: int, prefetch, war, rows: int = ROWS,
-               width: int = COLS, per_block: int = 0, warp_specialize: bool = False, registers=None) -> Kernel:
-    ROWS = rows  # noqa: N806 (rows of a tile: a tuning parameter)
+def _pointwise(name: str, inputs: tuple[str, ...], stages: int, prefetch, war: Optional[str],
+               rows: Optional[int] = None, width: int = COLS, per_block: int = 0, dtype: str = "float32",
+               tma_store: bool = False, swizzle: str = "none", warp_specialize: bool = False,
+               registers=None) -> Kernel:
+    # rows of a tile: a tuning parameter; a swizzled box has 8 rows, the length of the XOR pattern
+    ROWS = rows or (8 if swizzle != "none" else ROWS_DEFAULT)  # noqa: N806
     if width % COLS:
         raise ValueError(f"{name}: width {width} must be a multiple of {COLS}")
+    if tma_store and width != COLS:
+        raise ValueError(f"{name}: tma_store stores one box a tile: width must be {COLS}, got {width}")
     k = Kernel(name, block=COLS)
     m, n = k.symbol("M"), k.symbol("N")
-    tensors = [k.tensor(t, (m, n)) for t in inputs]
-    out = k.tensor("out", (m, n))
-    maps = [k.tensor_map(t, box=(ROWS, COLS)) for t in tensors]
-    tiles = [k.alloc(f"{t}_tile", "shared", "float32", (ROWS, width)) for t in inputs]
+    tensors = [k.tensor(t, (m, n), dtype) for t in inputs]
+    out = k.tensor("out", (m, n), dtype)
+    # a swizzled map has boxes one swizzle span wide: a tile is `boxes` of them, box-major in shared
+    # memory, each laid out in the XOR pattern (the rules swizzle the reads' addresses)
+    bw = SWIZZLE_SPAN[swizzle] // DTYPE_BYTES[dtype] if swizzle != "none" else COLS
+    boxes = width // bw
+    maps = [k.tensor_map(t, box=(ROWS, bw), swizzle=swizzle) for t in tensors]
+    out_map = k.tensor_map(out, box=(ROWS, COLS)) if tma_store else None
+    align = swizzle_repeat(swizzle) if swizzle != "none" else None
+    tiles = [k.alloc(f"{t}_tile", "shared", dtype, (ROWS, width), align=align) for t in inputs]
     across = ceil_div(n, width)  # tiles in a row strip
     if per_block:
         k.grid(ceil_div(ceil_div(m, ROWS) * across, per_block))
@@ -41,27 +54,37 @@ def _pointwise(name: str, inputs: tuple[str, ...], stages: int, prefetch, war, r
         else:
             row0, col0 = blockIdx.x * ROWS, j * width
         for mp, tile in zip(maps, tiles):
-            k.tma_load(mp, (row0, col0), tile, tile=(ROWS, width))  # past M or N: zeros
+            if swizzle == "none":
+                k.tma_load(mp, (row0, col0), tile, tile=(ROWS, width))  # past M or N: zeros
+            else:
+                with k.loop("u", boxes, kind="unroll") as u:
+                    k.tma_load(mp, (row0, col0 + u * bw), tile, offset=u * (ROWS * bw))
         with k.loop("r", ROWS, kind="unroll") as r:
             for lane in lanes(width // COLS, COLS):  # unrolled here: one column of every box
                 col = col0 + lane
-                vals = [k.load(tile, r * width + lane) for tile in tiles]
+                at = r * width + lane if swizzle == "none" else lane / bw * (ROWS * bw) + r * bw + lane % bw
+                vals = [k.load(tile, at) for tile in tiles]
                 y = k.exp(vals[0]) if len(vals) == 1 else k.add(vals[0], vals[1])
                 with k.if_((row0 + r).lt(m).and_(col.lt(n))):
-                    k.store(out, (row0 + r) * n + col, y)
+                    tile = (out_map, (row0, col0), r * width + lane) if tma_store else None
+                    k.store(out, (row0 + r) * n + col, y, tile=tile)
     return k
 
 
-def multi_dim(stages: int = 3, prefetch=None, war: Optional[str] = None, rows: int = ROWS, width: int = COLS,
-              per_block: int = 0, warp_specialize: bool = False, registers=None) -> Kernel:
-    """``out = exp(x)`` over [M, N], tiles ``rows`` x ``width`` (default 4 x 256); a block per row
-    strip, or per ``per_block`` consecutive tiles."""
-    return _pointwise("multi_dim", ("x",), stages, prefetch, war, rows, width, per_block,
+def multi_dim(stages: int = 3, prefetch=None, war: Optional[str] = None, rows: Optional[int] = None,
+              width: int = COLS, per_block: int = 0, dtype: str = "float32", tma_store: bool = False,
+              swizzle: str = "none", warp_specialize: bool = False, registers=None) -> Kernel:
+    """``out = exp(x)`` over [M, N], tiles ``rows`` x ``width`` (default 4 x 256, 8 rows when swizzled);
+    a block per row strip, or per ``per_block`` consecutive tiles; ``tma_store``: tiles of ``out``
+    leave by TMA; ``swizzle``: the input arrives in swizzled boxes one span wide."""
+    return _pointwise("multi_dim", ("x",), stages, prefetch, war, rows, width, per_block, dtype, tma_store, swizzle,
                       warp_specialize, registers)
 
 
-def pointwise(stages: int = 3, prefetch=None, war: Optional[str] = None, rows: int = ROWS, width: int = COLS,
-              per_block: int = 0, warp_specialize: bool = False, registers=None) -> Kernel:
-    """``out = x + y``: two TMA buffers on one loop, one barrier per stage with two arrivals."""
-    return _pointwise("pointwise", ("x", "y"), stages, prefetch, war, rows, width, per_block,
-                      warp_specialize, registers)
+def pointwise(stages: int = 3, prefetch=None, war: Optional[str] = None, rows: Optional[int] = None,
+              width: int = COLS, per_block: int = 0, dtype: str = "float32", tma_store: bool = False,
+              swizzle: str = "none", warp_specialize: bool = False, registers=None) -> Kernel:
+    """``out = x + y``: two TMA buffers on one loop, one barrier per stage with two arrivals;
+    ``tma_store``: tiles of ``out`` leave by TMA; ``swizzle``: inputs arrive in swizzled boxes."""
+    return _pointwise("pointwise", ("x", "y"), stages, prefetch, war, rows, width, per_block, dtype, tma_store,
+                      swizzle, warp_specialize, registers)
