@@ -79,7 +79,8 @@ def test_queries_about_what_is_not_there_exit_non_zero(argv, needle, capsys):
 
 def test_stop_after_phase():
     kg = api.lower(get("single_dim").build(stages=2), debug=True, stop_after_phase="cb-stage")
-    assert {r.phase for r in kg.trace.records} == {"cb-mark", "cb-check", "cb-normalize", "cb-stage"}
+    phases = api.load_rules().phases
+    assert {r.phase for r in kg.trace.records} == set(phases[:phases.index("cb-stage") + 1])
     assert kg.trace.records[-1].rule == "egglog"  # the phase's simplification ran too
     assert [kg[n].get("part") for n in kg.nodes("for") if kg[n].get("annotations")] == [None]
     with pytest.raises(LoweringError, match="no phase 'nope'"):
