@@ -13,7 +13,7 @@
 | ``(clone ?L [:as ?M] [:set (:k V ...)] [:keep P] [:substitute (P NAME TERM)])`` | copy scope ?L right before it, keeping the leaves matching P, substituting NAME by TERM in the kept nodes matching P |
 | ``(add-edge ?a ?b)`` / ``(remove-edge ?a ?b)`` | depends edges between siblings |
 | ``(let ?x V)`` | bind a value for later actions |
-| ``(fail "message {?x}")`` | refuse the kernel with a named error |
+| ``(fail [:code CODE] "message {?x}")`` | refuse the kernel with a named error; CODE (a word) names the refusal for programs and tests |
 
 A template is ``(OP :key V ... [:as ?x] CHILD-TEMPLATE ...)``; children only for ``for``/``if``.
 Placement: at entry a new node precedes every sibling, at exit it follows every sibling; before ?n
@@ -50,7 +50,7 @@ ACTIONS: dict[str, tuple[int, Optional[int], tuple[str, ...], Optional[int]]] = 
     "wrap-body": (2, 2, (), 1),
     "move": (1, 1, ("into", "at"), None), "clone": (1, 1, ("as", "set", "keep", "substitute"), None),
     "add-edge": (2, 2, (), None), "remove-edge": (2, 2, (), None), "let": (2, 2, (), None),
-    "fail": (1, None, (), None),
+    "fail": (1, None, ("code",), None),
 }
 
 
@@ -60,7 +60,12 @@ MAX_VALUE_DEPTH = 200
 
 
 class RuleFailure(Exception):
-    """A rule's ``(fail ...)``: the kernel asks for something the rules refuse."""
+    """A rule's ``(fail ...)``: the kernel asks for something the rules refuse; ``code`` is the
+    rule's ``:code`` (None when it gave none)."""
+
+    def __init__(self, message: str, code: Optional[str] = None):
+        super().__init__(message)
+        self.code = code
 
 
 class Rewriter:
@@ -385,10 +390,12 @@ class Rewriter:
     def _let(self, a, var, expr) -> None:
         self.b[var.value] = self.value(expr)
 
-    def _fail(self, a, msg, *args) -> None:
+    def _fail(self, a, *args) -> None:
+        pos, keys = split_keys(args, 0)
         text = re.sub(r"\{(\?[\w-]+)\}", lambda m: _show(self.b.get(m.group(1), m.group(1)), self.kg),
-                      str(self.value(msg)))
-        raise RuleFailure(text)
+                      str(self.value(pos[0])))
+        code = str(self.value(keys["code"])) if "code" in keys else None
+        raise RuleFailure(text, code)
 
 
 def _settable(key: str, expr) -> None:

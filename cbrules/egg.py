@@ -488,3 +488,27 @@ def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence
         warnings.warn(result.error, RuntimeWarning, stacklevel=2)
     result.seconds = time.perf_counter() - start
     return result
+
+
+class Oracle:
+    """Decides predicates for the rules' guards (``provably-equal``, ``provably-le``): a predicate
+    holds when egglog simplifies it to ``true`` under the range facts. Answers are cached by the
+    predicate and the ranges of its names, so a guard asked again on every match costs one lookup;
+    an undecided (or budget-stopped) predicate is false, which a guard treats as "not proven"."""
+
+    def __init__(self, forms: Sequence[EggForm]):
+        self.forms = tuple(forms)
+        self._cache: dict[tuple, bool] = {}
+        self.asked = 0  # predicates sent to egglog (cache misses), for the cost figures
+
+    def decide(self, pred: Term, ranges: Mapping[str, Range]) -> bool:
+        """True when ``pred`` is proven true for every value of its names within ``ranges``."""
+        key = (pred, tuple(sorted((n, ranges[n]) for n in pred.names() if n in ranges)))
+        if key not in self._cache:
+            self.asked += 1
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", EggBudgetWarning)
+                warnings.simplefilter("ignore", RuntimeWarning)
+                out = simplify([pred], dict(key[1]), self.forms, time_limit_s=0.5)
+            self._cache[key] = out.error is None and out.budget is None and out.terms[pred] == const(True)
+        return self._cache[key]
