@@ -463,9 +463,17 @@ def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence
     start = time.perf_counter()
     unique = list(dict.fromkeys(terms))
     result = SimplifyResult({t: t for t in unique})
+    key = tuple(forms)
     try:
-        eg = eb.EGraph()
-        info = _load(eg, forms)
+        eg, info = _base(key)
+        eg.run_program(eb.Push(1))  # the terms, facts and rewrites of this call are popped below
+    except EggRuleError:
+        raise
+    except BaseException as e:
+        if _fatal(e):
+            raise
+        return _failed(result, e, start)
+    try:
         enc = _Encoder()
         lets = {t: f"{_LET_PREFIX}{i}" for i, t in enumerate(unique)}
         names = {n for t in unique for n in t.names()} | set(ranges)
@@ -478,14 +486,39 @@ def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence
                           EggBudgetWarning, stacklevel=2)
         else:
             result.terms = _extract(eg, enc, lets, info.costs)
-    except EggRuleError:
-        raise
+        eg.run_program(eb.Pop(_SPAN, 1))
     except BaseException as e:  # pyo3's PanicException derives from BaseException
+        _BASES.pop(key, None)  # a run that failed may have left the e-graph in any state
         if _fatal(e):
             raise
-        result.terms = {t: t for t in unique}
-        result.error = f"egglog failed, terms left unchanged: {type(e).__name__}: {e}"
-        warnings.warn(result.error, RuntimeWarning, stacklevel=2)
+        return _failed(result, e, start)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+_BASES: dict = {}  # forms -> (e-graph holding just the loaded declarations, what they declare)
+_BASES_MAX = 4
+
+
+def _base(forms: tuple) -> tuple[eb.EGraph, "_Loaded"]:
+    """An e-graph with ``forms`` loaded, kept between calls: loading (about 20 ms for the shipped
+    rules) costs more than simplifying a kernel's terms, so each call pushes, works, and pops."""
+    if forms not in _BASES:
+        eg = eb.EGraph()
+        try:
+            info = _load(eg, forms)
+        except _EggPanic as e:
+            raise RuntimeError(str(e)) from e
+        _BASES[forms] = (eg, info)
+        while len(_BASES) > _BASES_MAX:
+            del _BASES[next(iter(_BASES))]
+    return _BASES[forms]
+
+
+def _failed(result: SimplifyResult, e: BaseException, start: float) -> SimplifyResult:
+    result.terms = {t: t for t in result.terms}
+    result.error = f"egglog failed, terms left unchanged: {type(e).__name__}: {e}"
+    warnings.warn(result.error, RuntimeWarning, stacklevel=3)
     result.seconds = time.perf_counter() - start
     return result
 
