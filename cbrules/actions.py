@@ -12,6 +12,7 @@
 | ``(move ?n :into ?s [:at entry|exit])`` | re-parent ?n |
 | ``(clone ?L [:as ?M] [:set (:k V ...)] [:keep P] [:substitute (P NAME TERM)])`` | copy scope ?L right before it, keeping the leaves matching P, substituting NAME by TERM in the kept nodes matching P |
 | ``(add-edge ?a ?b)`` / ``(remove-edge ?a ?b)`` | depends edges between siblings |
+| ``(rewrite-terms ?s FROM TO)`` | every occurrence of term FROM in the terms of the nodes inside ?s becomes TO |
 | ``(let ?x V)`` | bind a value for later actions |
 | ``(fail [:code CODE] "message {?x}")`` | refuse the kernel with a named error; CODE (a word) names the refusal for programs and tests |
 
@@ -50,6 +51,7 @@ ACTIONS: dict[str, tuple[int, Optional[int], tuple[str, ...], Optional[int]]] = 
     "wrap-body": (2, 2, (), 1),
     "move": (1, 1, ("into", "at"), None), "clone": (1, 1, ("as", "set", "keep", "substitute"), None),
     "add-edge": (2, 2, (), None), "remove-edge": (2, 2, (), None), "let": (2, 2, (), None),
+    "rewrite-terms": (3, 3, (), None),
     "fail": (1, None, ("code",), None),
 }
 
@@ -387,6 +389,19 @@ class Rewriter:
         if self.kg.g.has_edge(u, v) and self.kg.g.edges[u, v]["kind"] == "depends":  # never a contains edge
             self.kg.remove_depends(u, v)
 
+    def _rewrite_terms(self, a, scope, old, new) -> None:
+        frm, to = as_term(self.value(old)), as_term(self.value(new))
+        _printable("assign", "value", to, new)
+        for n in self.kg.descendants(self.scope(scope, "rewrite-terms")):
+            attrs = self.kg[n]
+            for key in OPS[attrs["op"]].terms:
+                v = attrs.get(key)
+                nv = tuple(_replace(x, frm, to) for x in v) if isinstance(v, tuple) else \
+                    _replace(v, frm, to) if isinstance(v, Term) else v
+                if nv != v:
+                    attrs[key] = nv
+                    self.changed.append(n)
+
     def _let(self, a, var, expr) -> None:
         self.b[var.value] = self.value(expr)
 
@@ -396,6 +411,17 @@ class Rewriter:
                       str(self.value(pos[0])))
         code = str(self.value(keys["code"])) if "code" in keys else None
         raise RuleFailure(text, code)
+
+
+def _replace(t: Any, frm: Term, to: Term) -> Any:
+    """``t`` with every occurrence of the subterm ``frm`` replaced by ``to``."""
+    if not isinstance(t, Term):
+        return t
+    if t == frm:
+        return to
+    if not t.args:
+        return t
+    return Term(t.op, tuple(_replace(x, frm, to) for x in t.args), t.value)
 
 
 def _settable(key: str, expr) -> None:

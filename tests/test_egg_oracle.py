@@ -162,8 +162,25 @@ def test_prologue_slot_and_parity_fold_to_constants():
     src = api.generate(KERNELS["pointwise"].build(stages=3, war="mbarrier")).text
     pro = src[src.index("// prologue"):src.index("// main")]
     assert "cb_full_3[j]" in pro and "j % 3" not in pro and "cb_mbar_wait(cb_smem_addr(&cb_empty_3[j]), 0)" in pro
-    main = src[src.index("// main"):src.index("// epilogue")]
-    assert "j % 3" in main and "j / 3 % 2" in main  # the main loop's trip count is symbolic
+
+
+
+@pytest.mark.parametrize("war", ["sync", "mbarrier"])
+def test_main_loop_carries_its_slots_and_phase_bits(war):
+    """Strength reduction as rules: a main loop with a symbolic trip count steps registers instead
+    of computing i % S and (i / S) % 2; the interpreter's protocol checks hold it to the formulas."""
+    k = KERNELS["pointwise"].build(stages=3, war=war)
+    src = api.generate(k).text
+    main = src[src.index("for (int j = 0; j < cb_ceil_div(N, 256) - 2"):src.index("// epilogue")]
+    assert "% 3" not in main and "/ 3" not in main, main
+    for reg in ("cb_slot_", "cb_phase_", "cb_pslot_", "cb_pphase_"):
+        assert f"{reg}" in main
+    assert main.count(" == 3) {") == 2  # consumer and producer wrap at S
+    rng = np.random.default_rng(1)
+    shape = (6, 256 * 7 - 100)
+    args = {"x": rng.standard_normal(shape, dtype=np.float32), "y": rng.standard_normal(shape, dtype=np.float32),
+            "out": np.full(shape, np.nan, np.float32)}
+    np.testing.assert_array_equal(interp.run(api.lower(k), args)["out"], args["x"] + args["y"])
 
 
 def test_egglog_runs_once_per_lowering_and_is_cached():
