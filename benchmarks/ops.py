@@ -139,7 +139,16 @@ def ws_label(stages: int, registers: Optional[tuple]) -> str:
     return f"WS S={stages}" + (f" regs {registers[0]}/{registers[1]}" if registers else "")
 
 
-def build_variant(kernel: str, stages: int, warp_specialize: bool = False, registers=None, **params):
+def chosen_stages(op: str, shape: tuple) -> int:
+    """The S the rules choose for ``op`` on ``shape`` with ``stages="auto"`` (the largest over its
+    circular-buffered loops; the benchmark kernels have one, or two of the same size)."""
+    from cbrules import api
+    g = api.lower(build_generated(op, shape, "auto"))
+    return max(g[n]["annotations"]["circular_buffer"]["stages"] for n in g.nodes("for")
+               if g[n].get("part") == "main")
+
+
+def build_variant(kernel: str, stages, warp_specialize: bool = False, registers=None, **params):
     """The built-in ``kernel`` with ``stages`` S; S = 1 builds it without its circular_buffer
     annotation (the shipped single-stage rule lowers it). ``registers=True`` picks the split with
     :func:`ws_registers`."""
@@ -148,7 +157,7 @@ def build_variant(kernel: str, stages: int, warp_specialize: bool = False, regis
         if registers is True:
             registers = ws_registers(k.graph.kernel()["block"][0])
         return KERNELS[kernel].factory(stages=stages, warp_specialize=True, registers=registers or None, **params)
-    k = KERNELS[kernel].factory(stages=max(stages, 2), **params)
+    k = KERNELS[kernel].factory(stages=stages if stages == "auto" else max(stages, 2), **params)
     if stages == 1:
         for n in k.graph.nodes("for"):
             k.graph[n]["annotations"].pop("circular_buffer", None)

@@ -106,6 +106,23 @@ def full_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def auto_table(records: list[dict]) -> str:
+    """stages="auto" (the S the rules choose) beside the best swept S = 2..4 of the same run."""
+    lines = ["| op | shape | unit | auto: S | auto | best swept S | best swept | auto / best swept |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for op, sl, rs in groups(records):
+        auto = next((r for r in rs if r["impl"] == "generated-auto" and _ok(r)), None)
+        if auto is None:
+            continue
+        key = "tflops" if op == "matmul" else "gbps"
+        swept = [r for r in rs if r["impl"] == "generated" and (r.get("stages") or 0) >= 2 and _ok(r)]
+        best = max(swept, key=lambda r: r[key]) if swept else None
+        lines.append(f"| {op} | {sl} | {'TFLOP/s' if op == 'matmul' else 'GB/s'} | {auto['stages']} | "
+                     f"{_rate(auto, op)} | {best['stages'] if best else '—'} | {_rate(best, op) if best else '—'} | "
+                     f"{auto[key] / best[key]:.3f} |" if best else "— |")
+    return "\n".join(lines)
+
+
 def ws_table(records: list[dict]) -> str:
     """Warp-specialized variants beside the best pipelined one (S >= 2), per op and shape."""
     lines = ["| op | shape | unit | best pipelined | " + " | ".join(f"WS S={s}{' regs' if r else ''}"
@@ -173,7 +190,12 @@ def markdown(records: list[dict], skipped: list[dict], meta: dict) -> str:
                "(`warp_specialize=True`); regs: register sharing by setmaxnreg (producer 40, consumers the rest). "
                "Best pipelined: the fastest generated S=2..4 of the same run.", "", ws, ""] \
         if ws.count("\n") > 1 else []
-    return "\n".join(head + ["## Summary", "", summary_table(records), "", *ws_part, "## Notes", "",
+    auto = auto_table(records)
+    auto_part = ["## stages=\"auto\" beside the swept stage counts", "",
+                 "auto: the S the rules choose (`cb-auto-stages`: as many stages as fit in half the shared "
+                 "memory of an SM, at most 4 and at most the trip count, at least 2), measured in the same run "
+                 "as the swept S = 2..4.", "", auto, ""] if auto.count("\n") > 1 else []
+    return "\n".join(head + ["## Summary", "", summary_table(records), "", *auto_part, *ws_part, "## Notes", "",
                              notes_section(records, skipped), "", "## Every measurement", "",
                              full_table(records), ""])
 

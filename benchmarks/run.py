@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import report  # noqa: E402
-from benchmarks.ops import (OPS, STAGES, TMA_STORE_OPS, TRITON_STAGES, WS_VARIANTS, compile_generated,  # noqa: E402
-                            describe, flops, io_bytes, resources, shape_label, ws_label, ws_registers)
+from benchmarks.ops import (OPS, STAGES, TMA_STORE_OPS, TRITON_STAGES, WS_VARIANTS, chosen_stages,  # noqa: E402
+                            compile_generated, describe, flops, io_bytes, resources, shape_label, ws_label,
+                            ws_registers)
 
 MIN_OP_SECONDS = 25  # kept back for each op still to run
 
@@ -82,6 +83,15 @@ def dry_run(ops: list[str], shapes_arg, out: Path, meta: dict, dtype: str = "flo
                 print(f"  {name} {sl} {label}: compiled in {secs:.2f} s, {res}", flush=True)
                 fake("generated", label, peak * rng.uniform(0.3, 0.97), stages=s, resources=res, compile_s=secs,
                      kernel=describe(name, shape, dtype, ts), tma_store=ts)
+            try:
+                s = chosen_stages(name, shape)
+                ck, secs = compile_generated(name, shape, "auto", cache)
+                print(f"  {name} {sl} S=auto ({s}): compiled in {secs:.2f} s", flush=True)
+                fake("generated-auto", f"S=auto ({s})", peak * rng.uniform(0.3, 0.97), stages=s,
+                     resources=resources(ck), compile_s=secs, kernel=describe(name, shape))
+            except Exception as e:
+                failed += 1
+                print(f"  {name} {sl} S=auto: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
             for s, regs in (WS_VARIANTS if dtype == "float32" else ()):
                 try:
                     ck, secs = compile_generated(name, shape, s, cache, ws=regs)
@@ -119,7 +129,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3, help="untimed launches before timing (default 3)")
     p.add_argument("--budget", type=float, default=420.0, help="seconds for the whole run (default 420)")
     p.add_argument("--op-cap", type=float, default=100.0, help="seconds one op may take (matmul 1.5x; default 100)")
-    p.add_argument("--impls", default="copy,torch,generated,generated-ws,triton", help="implementations to measure")
+    p.add_argument("--impls", default="copy,torch,generated,generated-auto,generated-ws,triton",
+                   help="implementations to measure (generated-auto: stages=\"auto\")")
     p.add_argument("--from-json", metavar="RESULTS_JSON", help="no measuring: rewrite results.md/.png/.json "
                    "under --out from an earlier run's results.json")
     p.add_argument("--dry-run", action="store_true", help="no GPU: compile every generated variant, fake numbers")

@@ -20,8 +20,8 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.ops import (OPS, STAGES, TMA_STORE_OPS, WS_VARIANTS, compile_generated, describe, flops,  # noqa: E402
-                            io_bytes, resources, shape_label, ws_label, ws_registers)
+from benchmarks.ops import (OPS, STAGES, TMA_STORE_OPS, WS_VARIANTS, chosen_stages, compile_generated,  # noqa: E402
+                            describe, flops, io_bytes, resources, shape_label, ws_label, ws_registers)
 
 
 def _inputs(op: str, shape: tuple, torch, gen, dtype: str = "float32") -> dict:
@@ -178,6 +178,18 @@ def main(argv=None) -> int:
                 extra = {"stages": s, "resources": resources(ck), "compile_s": secs, "tma_store": tma_store,
                          "grid": list(bound.grid), "kernel": describe(a.op, shape, a.dtype, tma_store)}
                 measure("generated", label, bound.launch, **extra)
+                del bound
+        if "generated-auto" in impls:  # stages="auto": the S the rules choose, beside the swept ones
+            try:
+                s = chosen_stages(a.op, shape)
+                ck, secs = compile_generated(a.op, shape, "auto", ck_cache)
+                bound = ck.bind(**t)
+            except Exception as e:
+                emit(dict(base, impl="generated-auto", variant="S=auto", error=f"{type(e).__name__}: {str(e)[:300]}",
+                          traceback=traceback.format_exc()[-2000:]))
+            else:
+                measure("generated-auto", f"S=auto ({s})", bound.launch, stages=s, resources=resources(ck),
+                        compile_s=secs, grid=list(bound.grid), kernel=describe(a.op, shape))
                 del bound
         if "generated-ws" in impls and a.dtype == "float32":
             for s, regs in WS_VARIANTS:

@@ -12,8 +12,9 @@
 | ``(move ?n :into ?s [:at entry|exit])`` | re-parent ?n |
 | ``(clone ?L [:as ?M] [:set (:k V ...)] [:keep P] [:substitute (P NAME TERM)])`` | copy scope ?L right before it, keeping the leaves matching P, substituting NAME by TERM in the kept nodes matching P |
 | ``(add-edge ?a ?b)`` / ``(remove-edge ?a ?b)`` | depends edges between siblings |
+| ``(rewrite-terms ?s FROM TO)`` | every occurrence of term FROM in the terms of the nodes inside ?s becomes TO |
 | ``(let ?x V)`` | bind a value for later actions |
-| ``(fail "message {?x}")`` | refuse the kernel with a named error |
+| ``(fail [:code CODE] "message {?x}")`` | refuse the kernel with a named error; CODE (a word) names the refusal for programs and tests |
 
 A template is ``(OP :key V ... [:as ?x] CHILD-TEMPLATE ...)``; children only for ``for``/``if``.
 Placement: at entry a new node precedes every sibling, at exit it follows every sibling; before ?n
@@ -50,7 +51,8 @@ ACTIONS: dict[str, tuple[int, Optional[int], tuple[str, ...], Optional[int]]] = 
     "wrap-body": (2, 2, (), 1),
     "move": (1, 1, ("into", "at"), None), "clone": (1, 1, ("as", "set", "keep", "substitute"), None),
     "add-edge": (2, 2, (), None), "remove-edge": (2, 2, (), None), "let": (2, 2, (), None),
-    "fail": (1, None, (), None),
+    "rewrite-terms": (3, 3, (), None),
+    "fail": (1, None, ("code",), None),
 }
 
 
@@ -60,7 +62,12 @@ MAX_VALUE_DEPTH = 200
 
 
 class RuleFailure(Exception):
-    """A rule's ``(fail ...)``: the kernel asks for something the rules refuse."""
+    """A rule's ``(fail ...)``: the kernel asks for something the rules refuse; ``code`` is the
+    rule's ``:code`` (None when it gave none)."""
+
+    def __init__(self, message: str, code: Optional[str] = None):
+        super().__init__(message)
+        self.code = code
 
 
 class Rewriter:
@@ -382,13 +389,39 @@ class Rewriter:
         if self.kg.g.has_edge(u, v) and self.kg.g.edges[u, v]["kind"] == "depends":  # never a contains edge
             self.kg.remove_depends(u, v)
 
+    def _rewrite_terms(self, a, scope, old, new) -> None:
+        frm, to = as_term(self.value(old)), as_term(self.value(new))
+        _printable("assign", "value", to, new)
+        for n in self.kg.descendants(self.scope(scope, "rewrite-terms")):
+            attrs = self.kg[n]
+            for key in OPS[attrs["op"]].terms:
+                v = attrs.get(key)
+                nv = tuple(_replace(x, frm, to) for x in v) if isinstance(v, tuple) else \
+                    _replace(v, frm, to) if isinstance(v, Term) else v
+                if nv != v:
+                    attrs[key] = nv
+                    self.changed.append(n)
+
     def _let(self, a, var, expr) -> None:
         self.b[var.value] = self.value(expr)
 
-    def _fail(self, a, msg, *args) -> None:
+    def _fail(self, a, *args) -> None:
+        pos, keys = split_keys(args, 0)
         text = re.sub(r"\{(\?[\w-]+)\}", lambda m: _show(self.b.get(m.group(1), m.group(1)), self.kg),
-                      str(self.value(msg)))
-        raise RuleFailure(text)
+                      str(self.value(pos[0])))
+        code = str(self.value(keys["code"])) if "code" in keys else None
+        raise RuleFailure(text, code)
+
+
+def _replace(t: Any, frm: Term, to: Term) -> Any:
+    """``t`` with every occurrence of the subterm ``frm`` replaced by ``to``."""
+    if not isinstance(t, Term):
+        return t
+    if t == frm:
+        return to
+    if not t.args:
+        return t
+    return Term(t.op, tuple(_replace(x, frm, to) for x in t.args), t.value)
 
 
 def _settable(key: str, expr) -> None:

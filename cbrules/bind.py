@@ -40,7 +40,10 @@ class Bound:
 
 class LaunchError(CbrulesError, ValueError):
     """Arguments that do not fit the kernel's parameters, or a launch the kernel's ``requires``
-    forbid (the GPU launcher and the interpreter raise the same)."""
+    forbid (the GPU launcher and the interpreter raise the same); ``code`` is the failed
+    requirement's code, if it has one (e.g. ``short-loop``)."""
+
+    code = None
 
 
 def check_symbol(name: str, symbol: str, value: Any) -> int:
@@ -106,7 +109,7 @@ def check_extents(name: str, param, shape: tuple) -> None:
 def bind_symbols(name: str, params: Iterable, requires: Iterable, shapes: Mapping[str, tuple],
                  given: Mapping[str, Any]) -> dict[str, int]:
     """Infer every symbol from the tensors' shapes (or take it from ``given``), check that every
-    extent agrees, and check each ``(predicate, message)`` of ``requires``."""
+    extent agrees, and check each ``(predicate, message[, code])`` of ``requires``."""
     params = list(params)
     declared = {p.name for p in params if p.kind == "symbol"}
     unknown = sorted(map(str, set(given) - declared))
@@ -139,10 +142,12 @@ def bind_symbols(name: str, params: Iterable, requires: Iterable, shapes: Mappin
             raise LaunchError(f"{name}: tensor {p.name!r} has {elements} elements; the generated kernel indexes "
                               f"with 32-bit int, so at most {INT32_LIMIT} are addressable: split the problem "
                               "into launches over smaller views")
-    for pred, message in requires:
+    for pred, message, *code in requires:  # an optional third entry: the refusal's code
         if not _evaluate(name, pred, symbols, "requirement"):
             shown = ", ".join(f"{k}={v}" for k, v in sorted(symbols.items()))
-            raise LaunchError(f"{name}: {message} [{pred} is false for {shown}]")
+            err = LaunchError(f"{name}: {message} [{pred} is false for {shown}]")
+            err.code = str(code[0]) if code else None
+            raise err
     return symbols
 
 

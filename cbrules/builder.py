@@ -25,7 +25,7 @@ import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence, Union
 
 from . import names
 from .errors import CbrulesError
@@ -127,9 +127,9 @@ def _cb_options(options: Any, where: str) -> dict:
     if not isinstance(options, dict):
         raise BuildError(f"{where}: circular_buffer must be a dict from circular_buffer(...), got {options!r}")
     out = dict(options)
-    if "stages" in out:
+    if "stages" in out and out["stages"] != AUTO:
         out["stages"] = _int(out["stages"], where, "circular_buffer stages")
-    if out.get("prefetch") is not None:
+    if out.get("prefetch") is not None and out["prefetch"] != AUTO:
         out["prefetch"] = _int(out["prefetch"], where, "circular_buffer prefetch")
     if "war" in out and not isinstance(out["war"], str):
         raise BuildError(f"{where}: circular_buffer war must be \"sync\" or \"mbarrier\", got {out['war']!r}")
@@ -141,13 +141,18 @@ def _cb_options(options: Any, where: str) -> dict:
     return out
 
 
-def circular_buffer(stages: int, prefetch: Optional[int] = None, war: Optional[str] = None,
+AUTO = "auto"  # stages/prefetch chosen by the rules (cb-auto-stages, cb-auto-prefetch)
+
+
+def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = None, war: Optional[str] = None,
                     warp_specialize: bool = False, registers: Optional[tuple[int, int]] = None) -> dict:
     """Options of a circular-buffered loop: ``stages`` S, ``prefetch`` P (negative counts from S),
     ``war`` = "sync" (block sync ends each main iteration) or "mbarrier" (empty barriers).
     Only the options given are recorded: the rules fill in the rest (``cb-default-prefetch``: S-1,
     ``cb-default-war``: "sync", or "mbarrier" when warp-specialized), so a rule folder can change a
-    default.
+    default. ``stages="auto"`` lets the rules choose S from the bytes a stage loads, the shared memory a
+    block may use at the occupancy target, the trip count when known, and a cap (see the trace for
+    why); ``prefetch="auto"`` is S-1.
 
     ``warp_specialize``: a producer warp group of 128 threads, added after the block's threads, issues
     the loads while the block's own threads (the consumers) compute; WAR protection is then the empty

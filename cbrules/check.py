@@ -3,7 +3,7 @@
 For a built-in kernel, stage count S, prefetch P and WAR mode, :meth:`Checker.check` takes a small
 problem whose circular-buffered loop runs ``trips`` times, lowers the kernel, interprets it with
 the protocol checks on, interprets the unlowered kernel on the same inputs and compares both with
-the kernel's numpy reference. A trip count below S must be refused with the named error: by the
+the kernel's numpy reference. A trip count below S must be refused with code ``short-loop``: by the
 ``cb-reject-short-loop`` rule when the trip count is known at lowering time, by the launcher's
 ``requires`` check when it is known only at launch. A warp-specialized loop takes any trip count
 (its empty barriers bound the producer's lead), and its roles run under every schedule of
@@ -26,8 +26,9 @@ from .kernels import KernelSpec
 from .limits import TmaLimitError
 from .protocol import InterpError
 
-SHORT_LOOP_RULE = "cb-reject-short-loop"
-SHORT_LOOP_LAUNCH = "must be >= stages"
+# the code of the refusal of a trip count below S: the rule's (fail :code short-loop ...) at
+# lowering time, the kernel's `requires` entry with that code at launch
+SHORT_LOOP = "short-loop"
 # 4*S trip counts take up to seconds each on the CPU: S = 16 is already 64 lowerings and interpretations
 MAX_STAGES = 16
 
@@ -48,6 +49,7 @@ class CaseResult:
     shape: tuple
     status: str  # "ok", "refused" (the expected named error) or "FAIL"
     detail: str = ""
+    code: Optional[str] = None  # the code of the refusal (LoweringError / LaunchError ``code``)
     err_numpy: Optional[float] = None
     err_unlowered: Optional[float] = None
     seconds: float = 0.0
@@ -147,8 +149,9 @@ class Checker:
             kg = self.lower(spec, res.shape, res.trips, res.stages, res.prefetch, res.war, res.warp_specialize,
                             res.registers)
         except (LoweringError, InterpError) as e:
-            refused = short and isinstance(e, LoweringError) and SHORT_LOOP_RULE in str(e)
+            refused = short and isinstance(e, LoweringError) and e.code == SHORT_LOOP
             res.status, res.detail = ("refused" if refused else "FAIL"), f"{type(e).__name__}: {e}"
+            res.code = getattr(e, "code", None)
             return
         args = self.inputs(spec, res.shape)
         results = []
@@ -156,9 +159,10 @@ class Checker:
             try:
                 results.append(run(kg, args, blocks=self.blocks, schedule=schedule, seed=self.seed))
             except (LaunchError, TmaLimitError, InterpError) as e:
-                refused = short and isinstance(e, LaunchError) and SHORT_LOOP_LAUNCH in str(e)
+                refused = short and isinstance(e, LaunchError) and e.code == SHORT_LOOP
                 where = f" (schedule {schedule})" if res.warp_specialize else ""
                 res.status, res.detail = ("refused" if refused else "FAIL"), f"{type(e).__name__}{where}: {e}"
+                res.code = getattr(e, "code", None)
                 return
         got = results[0]
         for other in results[1:]:  # every interleaving computes the same
@@ -169,7 +173,7 @@ class Checker:
                     return
         if short:
             res.detail = (f"trip count {res.trips} < stages {res.stages} ran instead of being refused "
-                          f"by {SHORT_LOOP_RULE} or the launch check")
+                          f"with code {SHORT_LOOP} (by the rules or the launch check)")
             return
         try:
             before = self.unlowered(spec, res.shape, res.trips)

@@ -376,6 +376,9 @@ def cmd_check(a) -> int:
     from .check import MAX_STAGES, Checker, summary_table, trip_counts
     from .interp import SCHEDULES
     stages = a.stages if a.stages is not None else 3
+    if stages == "auto":
+        raise CliError("check --stages auto: the checker runs trip counts around a given S; give a number "
+                       "(`cbrules lower KERNEL --stages auto` shows the S the rules choose)")
     if not 1 <= stages <= MAX_STAGES:
         raise CliError(f"check --stages {stages}: the checker runs 4*S trip counts, so it takes 1 <= S <= "
                        f"{MAX_STAGES} (the rules themselves refuse S < 2 with a named error)")
@@ -435,10 +438,21 @@ def _count(least: int) -> Callable[[str], int]:
     return parse
 
 
+def _stages(text: str):
+    """--stages: an integer, or auto (chosen by the rules)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an integer nor auto") from None
+
+
 def _kernel_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("kernel", help="a built-in kernel name (see `cbrules kernels`) or a Python file defining build() "
                    "(trace: also a saved FILE.cbtrace)")
-    p.add_argument("--stages", type=int, help="circular-buffer stages S (>= 2)")
+    p.add_argument("--stages", type=_stages, help="circular-buffer stages S (>= 2), or auto: the rules choose S "
+                   "from the stage's bytes, the shared memory per block, the trip count and a cap (the trace says why)")
     p.add_argument("--prefetch", type=int, help="prefetch distance P in [0, S) (negative counts from S; default S-1)")
     p.add_argument("--war", choices=["sync", "mbarrier"], help="WAR protection (default sync; mbarrier when "
                    "warp-specialized)")

@@ -463,9 +463,17 @@ def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence
     start = time.perf_counter()
     unique = list(dict.fromkeys(terms))
     result = SimplifyResult({t: t for t in unique})
+    key = tuple(forms)
     try:
-        eg = eb.EGraph()
-        info = _load(eg, forms)
+        eg, info = _base(key)
+        eg.run_program(eb.Push(1))  # the terms, facts and rewrites of this call are popped below
+    except EggRuleError:
+        raise
+    except BaseException as e:
+        if _fatal(e):
+            raise
+        return _failed(result, e, start)
+    try:
         enc = _Encoder()
         lets = {t: f"{_LET_PREFIX}{i}" for i, t in enumerate(unique)}
         names = {n for t in unique for n in t.names()} | set(ranges)
@@ -478,13 +486,62 @@ def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence
                           EggBudgetWarning, stacklevel=2)
         else:
             result.terms = _extract(eg, enc, lets, info.costs)
-    except EggRuleError:
-        raise
+        eg.run_program(eb.Pop(_SPAN, 1))
     except BaseException as e:  # pyo3's PanicException derives from BaseException
+        _BASES.pop(key, None)  # a run that failed may have left the e-graph in any state
         if _fatal(e):
             raise
-        result.terms = {t: t for t in unique}
-        result.error = f"egglog failed, terms left unchanged: {type(e).__name__}: {e}"
-        warnings.warn(result.error, RuntimeWarning, stacklevel=2)
+        return _failed(result, e, start)
     result.seconds = time.perf_counter() - start
     return result
+
+
+_BASES: dict = {}  # forms -> (e-graph holding just the loaded declarations, what they declare)
+_BASES_MAX = 4
+
+
+def _base(forms: tuple) -> tuple[eb.EGraph, "_Loaded"]:
+    """An e-graph with ``forms`` loaded, kept between calls: loading (about 20 ms for the shipped
+    rules) costs more than simplifying a kernel's terms, so each call pushes, works, and pops."""
+    if forms not in _BASES:
+        eg = eb.EGraph()
+        try:
+            info = _load(eg, forms)
+        except _EggPanic as e:
+            raise RuntimeError(str(e)) from e
+        _BASES[forms] = (eg, info)
+        while len(_BASES) > _BASES_MAX:
+            del _BASES[next(iter(_BASES))]
+    return _BASES[forms]
+
+
+def _failed(result: SimplifyResult, e: BaseException, start: float) -> SimplifyResult:
+    result.terms = {t: t for t in result.terms}
+    result.error = f"egglog failed, terms left unchanged: {type(e).__name__}: {e}"
+    warnings.warn(result.error, RuntimeWarning, stacklevel=3)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+class Oracle:
+    """Decides predicates for the rules' guards (``provably-equal``, ``provably-le``): a predicate
+    holds when egglog simplifies it to ``true`` under the range facts. Answers are cached by the
+    predicate and the ranges of its names, so a guard asked again on every match costs one lookup;
+    an undecided (or budget-stopped) predicate is false, which a guard treats as "not proven"."""
+
+    def __init__(self, forms: Sequence[EggForm]):
+        self.forms = tuple(forms)
+        self._cache: dict[tuple, bool] = {}
+        self.asked = 0  # predicates sent to egglog (cache misses), for the cost figures
+
+    def decide(self, pred: Term, ranges: Mapping[str, Range]) -> bool:
+        """True when ``pred`` is proven true for every value of its names within ``ranges``."""
+        key = (pred, tuple(sorted((n, ranges[n]) for n in pred.names() if n in ranges)))
+        if key not in self._cache:
+            self.asked += 1
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", EggBudgetWarning)
+                warnings.simplefilter("ignore", RuntimeWarning)
+                out = simplify([pred], dict(key[1]), self.forms, time_limit_s=0.5)
+            self._cache[key] = out.error is None and out.budget is None and out.terms[pred] == const(True)
+        return self._cache[key]

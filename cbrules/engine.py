@@ -1,5 +1,9 @@
 """The driver: apply graph rules phase by phase to a fixpoint, then simplify terms with egglog.
 
+egglog runs once, after the last phase (rules that need an index fact before then ask it through
+the ``provably-*`` guards, see :class:`cbrules.egg.Oracle`); a graph whose term set and ranges
+were simplified before takes the cached result.
+
 Within a phase the first rule (in ``:after``/file order) with matches not applied before fires on
 all of them, each match checked again just before it is applied; then matching starts again from
 the first rule. A match is identified by the rule and the nodes it bound, so a rule fires once
@@ -15,6 +19,7 @@ the whole lowering has a wall-time limit (``time_limit``). Either bound ends in 
 """
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,7 +35,8 @@ from .ops import OPS
 from .rulefile import GraphRule, RuleSet
 from .schedule import ScheduleError
 from .sexpr import RuleError
-from .terms import Term, evaluate
+from .terms import Term, evaluate, substitute
+from .terms import name as name_term
 from .values import NodeRef
 from .verify import GraphError
 
@@ -47,9 +53,12 @@ _RULE_ERRORS = (RuleError, GraphError, ScheduleError, LookupError, ValueError, T
 
 class LoweringError(CbrulesError):
     """Lowering stopped: a rule refused the kernel, failed, or rules kept firing past the bound.
-    In debug mode ``trace`` holds what happened up to the failure."""
+    In debug mode ``trace`` holds what happened up to the failure. ``code`` is the refusing
+    rule's ``(fail :code ...)`` (None for other stops), ``rule`` its name."""
 
     trace = None
+    code: Optional[str] = None
+    rule: Optional[str] = None
 
 
 def rule_bound(nodes: int) -> int:
@@ -143,6 +152,20 @@ class _Run:
         self.per_rule: Counter = Counter()  # applications of each rule in the current phase
         self.by_name: dict[str, GraphRule] = {}
         self.stop_after_phase: Optional[str] = None
+        self.oracle = _oracle(tuple(rules.egg_forms)) if rules.egg_forms else None
+
+    def _decider(self, kg: KernelGraph):
+        """The ``provably-*`` guards' oracle for this graph: egglog under the graph's range facts
+        (computed on the first question; the graph does not change while a matcher looks)."""
+        if self.oracle is None:
+            return None
+        ranges: list = []
+
+        def decide(pred: Term) -> bool:
+            if not ranges:
+                ranges.append(term_ranges(kg))
+            return self.oracle.decide(pred, ranges[0])
+        return decide
 
     def lower(self, kg: KernelGraph) -> Lowered:
         for phase in self.rules.phases:
@@ -170,23 +193,26 @@ class _Run:
                     if self.stop_after is not None and self.step >= self.stop_after:
                         return Lowered(kg, self.trace, self.step)
             self._verify(kg, f"after phase {phase!r} the graph is invalid")
-            if self.simplify and self.rules.egg_forms:
-                self._check_time()
-                self.step += 1
-                try:
-                    kg = _simplify(kg, self.rules, self.step, phase, self.trace)
-                except _RULE_ERRORS as e:
-                    raise LoweringError(f"simplifying the terms after phase {phase!r} failed: {type(e).__name__}: "
-                                        f"{e}; rules that fired in the phase: {self._firing()}") from e
-                if self.stop_after is not None and self.step >= self.stop_after:
-                    return Lowered(kg, self.trace, self.step)
             if phase == self.stop_after_phase:
-                return Lowered(kg, self.trace, self.step)
+                return Lowered(self._simplified(kg), self.trace, self.step)
+        kg = self._simplified(kg)
         self._check_time()
         self._verify(kg, "the lowered kernel cannot be generated", ready=True)
         if self.trace is not None:
             self.trace.complete = True
         return Lowered(kg, self.trace, self.step)
+
+    def _simplified(self, kg: KernelGraph) -> KernelGraph:
+        """``kg`` with its terms simplified by egglog (once a lowering: after the last phase run)."""
+        if not (self.simplify and self.rules.egg_forms):
+            return kg
+        self._check_time()
+        self.step += 1
+        try:
+            return _simplify(kg, self.rules, self.step, self.phase, self.trace)
+        except _RULE_ERRORS as e:
+            raise LoweringError(f"simplifying the terms after phase {self.phase!r} failed: {type(e).__name__}: "
+                                f"{e}; rules that fired in the phase: {self._firing()}") from e
 
     def _verify(self, kg: KernelGraph, what: str, ready: bool = False) -> None:
         try:
@@ -226,7 +252,7 @@ class _Run:
     # ------------------------------------------------------------------ matching
     def _next_batch(self, kg: KernelGraph, rules: list[GraphRule]):
         """The first rule (in order) with matches not applied yet, and all those matches."""
-        index = Matcher(kg, deadline=self.deadline)  # the graph does not change while we look
+        index = Matcher(kg, deadline=self.deadline, decide=self._decider(kg))  # the graph does not change while we look
         for rule in rules:
             try:
                 batch = [b for b in index.fresh().matches(rule.match, rule.where)
@@ -245,7 +271,8 @@ class _Run:
         if any(v.id not in kg for v in nodes.values()):
             return None
         try:
-            for b2 in Matcher(kg, deadline=self.deadline).matches(rule.match, rule.where, nodes):
+            for b2 in Matcher(kg, deadline=self.deadline, decide=self._decider(kg)).matches(rule.match, rule.where,
+                                                                                         nodes):
                 if _match_key(rule, b2) not in self.fired:
                     return b2
         except MatchTimeout:
@@ -274,7 +301,9 @@ def _apply(kg: KernelGraph, rule: GraphRule, b: dict, step: int, phase: str, tra
         if debug:
             work.verify(structure_only=True)
     except RuleFailure as e:
-        raise LoweringError(f"{e} [{where}]") from None
+        err = LoweringError(f"{e} [{where}]")
+        err.code, err.rule = e.code, rule.name
+        raise err from None
     except _RULE_ERRORS as e:
         what = str(e) if isinstance(e, (RuleError, GraphError, ScheduleError)) else f"{type(e).__name__}: {e}"
         raise LoweringError(f"{where} failed on {', '.join(f'{k}={_show(v)}' for k, v in b.items())}: "
@@ -316,24 +345,86 @@ def term_ranges(kg: KernelGraph) -> dict:
     return {k: v for k, v in ranges.items() if k not in BUILTINS or v.lo is not None}
 
 
-def _simplify(kg: KernelGraph, rules: RuleSet, step: int, phase: str, trace: Optional[Trace]) -> KernelGraph:
+@functools.lru_cache(maxsize=8)
+def _oracle(forms: tuple):
+    """One oracle per rule set, so its answers are shared by every lowering with those rules."""
+    from .egg import Oracle
+    return Oracle(forms)
+
+
+_SIMPLIFIED: dict = {}  # (terms, ranges, forms) -> SimplifyResult, most recent last
+_SIMPLIFIED_MAX = 256
+
+
+def _simplify_cached(terms: list, ranges: dict, forms: tuple):
+    """egglog's result for this term set under these ranges and forms; lowering the same kernel
+    again (the checker, the benchmarks, every CLI query) costs a lookup. Results that hit a budget
+    or failed are not kept, so their warning shows every time."""
     from .egg import simplify
+    key = (tuple(dict.fromkeys(terms)), tuple(sorted(ranges.items())), tuple(forms))
+    if key in _SIMPLIFIED:
+        _SIMPLIFIED[key] = _SIMPLIFIED.pop(key)
+        return _SIMPLIFIED[key]
+    result = simplify(terms, ranges, forms)
+    if result.error is None and result.budget is None:
+        _SIMPLIFIED[key] = result
+        while len(_SIMPLIFIED) > _SIMPLIFIED_MAX:
+            del _SIMPLIFIED[next(iter(_SIMPLIFIED))]
+    return result
+
+
+def _loop_names(kg: KernelGraph) -> tuple[dict[int, dict[str, Term]], dict]:
+    """Per node, its enclosing loops' variables renamed after the loop (``i`` in loop #12 becomes
+    ``i@12``), and the range of each renamed variable from its own loop's bounds. The prologue,
+    main loop and epilogue share a variable name but not a range: per loop, the prologue's
+    ``i % S`` (i < P < S) folds to ``i`` and its parity to 0."""
+    from .egg import Range
+    scoped: dict[int, dict[str, Term]] = {}
+    ranges: dict = {}
+
+    def walk(n: int, outer: dict[str, Term]) -> None:
+        scoped[n] = outer
+        d = kg[n]
+        inner = outer
+        if d["op"] == "for":
+            scoped_name = f"{d['var']}@{n}"
+            inner = {**outer, d["var"]: Term("name", (), scoped_name)}
+            lo, hi = _const(substitute(d["start"], outer)), _const(substitute(d["stop"], outer))
+            ranges[scoped_name] = Range(lo, None if hi is None else hi - 1)
+        for c in kg.children(n):
+            walk(c, inner)
+    walk(kg.root, {})
+    return scoped, ranges
+
+
+def _const(t: Term):
+    try:
+        v = evaluate(t, {})
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+    except KeyError:
+        return None
+
+
+def _simplify(kg: KernelGraph, rules: RuleSet, step: int, phase: str, trace: Optional[Trace]) -> KernelGraph:
     t0 = time.perf_counter()
     if trace is not None:
         kg = kg.copy()  # the trace holds the graph of the previous step
+    scoped, loop_ranges = _loop_names(kg)
+    back = {str(t.value): name_term(var) for m in scoped.values() for var, t in m.items()}
     sites = []
     for n in kg.nodes():
         d = kg[n]
         for k in OPS[d["op"]].terms:
             v = d.get(k)
             if isinstance(v, Term):
-                sites.append((n, k, None, v))
+                sites.append((n, k, None, v, substitute(v, scoped[n])))
             elif isinstance(v, tuple):
-                sites.extend((n, k, i, x) for i, x in enumerate(v) if isinstance(x, Term))
-    result = simplify([s[3] for s in sites], term_ranges(kg), rules.egg_forms)
+                sites.extend((n, k, i, x, substitute(x, scoped[n])) for i, x in enumerate(v) if isinstance(x, Term))
+    ranges = {k: r for k, r in term_ranges(kg).items() if k not in {v for m in scoped.values() for v in m}}
+    result = _simplify_cached([s[4] for s in sites], {**ranges, **loop_ranges}, rules.egg_forms)
     changed = set()
-    for n, k, i, t in sites:
-        new = result.terms.get(t, t)
+    for n, k, i, t, mine in sites:
+        new = substitute(result.terms.get(mine, mine), back)
         if new != t:
             changed.add(n)
             if i is None:

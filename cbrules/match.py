@@ -12,9 +12,9 @@ Value patterns: ``?x`` (bind, or compare when bound), ``_``, a literal, ``(one-o
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
-from .graph import KernelGraph
+from .graph import DEPENDS, KernelGraph
 from .schedule import sibling_order
 from .sexpr import Atom, Expr, Pos, RuleError, SList
 from .terms import evaluate as eval_term
@@ -40,6 +40,9 @@ RELATIONS: dict[str, tuple[int, tuple[str, ...], tuple[str, ...]]] = {
     "before": (2, (), ()),          # (before ?a ?b): ?a runs before ?b, both children of one scope
     "between": (3, (), ()),         # (between ?a ?b ?x): ?x runs after ?a and before ?b (?a, ?b bound)
     "distinct": (2, (), ()),        # (distinct ?a ?b ...): the variables are bound to different nodes
+    "ordered": (2, (), ()),         # (ordered ?a ?b): bound siblings that depends edges order (either way)
+    "independent": (2, (), ()),     # (independent ?a ?b): bound siblings no chain of depends edges orders:
+                                    # one may be moved into the other without reordering anything
 }
 VARIADIC_RELATIONS = ("distinct",)  # take their count of positional arguments or more
 
@@ -137,10 +140,13 @@ def match_value(p: Expr, value: Any, b: dict) -> Optional[dict]:
 class Matcher:
     """Matches rules against one graph; remembers the deepest failure for "why not" queries."""
 
-    def __init__(self, kg: KernelGraph, deadline: Optional[float] = None):
+    def __init__(self, kg: KernelGraph, deadline: Optional[float] = None,
+                 decide: Optional[Callable[[Term], bool]] = None):
         """``deadline`` (a ``time.monotonic()`` value): past it, matching raises :class:`MatchTimeout`
-        (a rule with many node patterns can take time exponential in their number)."""
+        (a rule with many node patterns can take time exponential in their number). ``decide``
+        proves predicate terms for the ``provably-*`` guards (the engine's egglog oracle)."""
         self.kg = kg
+        self.decide = decide
         self._orders: dict[int, list[int]] = {}
         self._by_op = kg.by_op()
         self._all = kg.nodes()
@@ -154,6 +160,7 @@ class Matcher:
         failure record."""
         m = Matcher.__new__(Matcher)
         m.kg, m._orders, m._by_op, m._all = self.kg, self._orders, self._by_op, self._all
+        m.decide = self.decide
         m.deepest, m.deadline, m._ticks = (-1, "", None), self.deadline, 0
         m.deepest_bindings = {}
         return m
@@ -170,7 +177,7 @@ class Matcher:
         return self._orders[scope]
 
     def env(self, b: dict) -> Env:
-        return Env(b, lambda n: self.kg[n])
+        return Env(b, lambda n: self.kg[n], self.decide)
 
     def _fail(self, index: int, why: str, where: Any, b: Optional[dict] = None) -> None:
         if index > self.deepest[0]:
@@ -461,6 +468,34 @@ class Matcher:
                                     "lowering time, so per-iteration totals inside it cannot be counted")
                 count *= max(trips, 0)
         return count
+
+    def _dependent(self, e, b) -> Optional[bool]:
+        """Whether a chain of depends edges orders the two bound siblings (None: not siblings)."""
+        a, c = self._scope_of(e.items[1], b), self._scope_of(e.items[2], b)
+        scope = self.kg.parent(a)
+        if scope is None or scope != self.kg.parent(c) or a == c:
+            return None
+        kids = set(self.kg.children(scope))
+
+        def reaches(x: int, y: int) -> bool:
+            seen, todo = {x}, [x]
+            while todo:
+                for s, d in self.kg.g.succ[todo.pop()].items():
+                    if d["kind"] == DEPENDS and s in kids and s not in seen:
+                        if s == y:
+                            return True
+                        seen.add(s)
+                        todo.append(s)
+            return False
+        return reaches(a, c) or reaches(c, a)
+
+    def _rel_ordered(self, e, b):
+        if self._dependent(e, b):
+            yield b
+
+    def _rel_independent(self, e, b):
+        if self._dependent(e, b) is False:
+            yield b
 
     def _rel_count(self, e, b):
         r = match_value(e.items[1], len({n for n, _ in self._inner(e, 2, b)}), b)

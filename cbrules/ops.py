@@ -54,7 +54,7 @@ class OpSpec:
 
 _BAR = ("barrier", "slot")
 OPS: dict[str, OpSpec] = {
-    # requires: (predicate term over symbols, message) pairs the launcher checks before a launch
+    # requires: (predicate term over symbols, message[, code]) entries the launcher checks before a launch
     # min_blocks: the kernel's __launch_bounds__ minimum of resident blocks (1 caps registers at entry,
     # which setmaxnreg needs)
     "kernel": OpSpec(("name", "params", "block", "grid"), ("symbols", "requires", "min_blocks"), category="scope"),

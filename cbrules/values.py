@@ -130,6 +130,8 @@ FUNCTIONS: dict[str, tuple[int, int | None, Callable | None]] = {
     "is-tuple": (1, 1, lambda x: isinstance(x, tuple)),
     "is-int": (1, 1, lambda x: isinstance(x, int) and not isinstance(x, bool)),
     "member": (2, 2, lambda x, xs: x in xs),
+    # proven by egglog under the range facts (see ORACLE_FUNCTIONS): evaluated in `evaluate`
+    "provably-equal": (2, 2, None), "provably-le": (2, 2, None),
 }
 
 
@@ -145,14 +147,33 @@ def _conj(xs) -> Term:
 
 # attribute access on bound nodes lives with the graph; the engine supplies it as ``attr``
 NODE_FUNCTIONS = ("attr", "has", "id", "names")  # names: the names a node's terms use
+# guards decided by egglog under the graph's range facts (the matcher supplies the oracle as
+# ``Env.decide``): true only when proven; equal terms and constants are decided without egglog
+ORACLE_FUNCTIONS = {"provably-equal": "==", "provably-le": "<="}
 
 
 class Env:
     """Bindings of pattern variables plus access to node attributes for ``attr``/``has``."""
 
-    def __init__(self, bindings: Mapping[str, Any], node_attrs: Callable[[int], Mapping[str, Any]]):
+    def __init__(self, bindings: Mapping[str, Any], node_attrs: Callable[[int], Mapping[str, Any]],
+                 decide: Callable[[Term], bool] | None = None):
         self.bindings = dict(bindings)
         self.node_attrs = node_attrs
+        self.decide = decide  # proves a predicate term under the graph's range facts, if given
+
+
+def _provably(op: str, a: Any, b: Any, decide: Callable[[Term], bool] | None) -> bool:
+    """``a op b`` for every value of the names in them: decided structurally or by constants when
+    possible, else by the oracle; never true when neither can prove it."""
+    if isinstance(a, bool) or isinstance(b, bool) or not all(isinstance(x, (int, Term)) for x in (a, b)):
+        raise TypeError(f"needs integers or index terms, got {a!r} and {b!r}")
+    ta, tb = as_term(a), as_term(b)
+    if ta == tb:
+        return True
+    ca, cb = _const_value(ta), _const_value(tb)
+    if ca is not None and cb is not None:
+        return ca == cb if op == "==" else ca <= cb
+    return decide is not None and decide(Term(op, (ta, tb)))
 
 
 def holds(e: Expr, env: Env) -> bool:
@@ -184,6 +205,8 @@ def evaluate(e: Expr, env: Env) -> Any:
             return head == "and"
         if head == "if":
             return evaluate(args[1] if evaluate(args[0], env) else args[2], env)
+        if head in ORACLE_FUNCTIONS:
+            return _provably(ORACLE_FUNCTIONS[head], evaluate(args[0], env), evaluate(args[1], env), env.decide)
         if head in NODE_FUNCTIONS:
             node = evaluate(args[0], env)
             if not isinstance(node, NodeRef):

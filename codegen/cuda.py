@@ -68,7 +68,7 @@ class KernelSource:
     block: tuple[int, int, int]
     grid: tuple[Term, ...]
     shared_bytes: int
-    requires: tuple = ()  # (predicate over symbols, message) pairs to check before each launch
+    requires: tuple = ()  # (predicate over symbols, message[, code]) to check before each launch
 
 
 def _ident(name: Any) -> str:

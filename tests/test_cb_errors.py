@@ -12,12 +12,15 @@ def lower(k):
     return api.lower(k)
 
 
-def refused(k, *needles):
+def refused(k, code, *needles):
+    """Lowering ``k`` is refused with ``code``; the message names the rule (and its file:line) and
+    holds each needle (the values and the fix)."""
     with pytest.raises(LoweringError) as e:
         lower(k)
+    assert e.value.code == code, (e.value.code, str(e.value))
     for n in needles:
         assert n in str(e.value), str(e.value)
-    assert "rule cb-" in str(e.value) or "rule tma-" in str(e.value)  # names the rule (and its file:line)
+    assert f"rule {e.value.rule} (" in str(e.value) and e.value.rule.startswith(("cb-", "tma-"))
     return str(e.value)
 
 
@@ -41,12 +44,12 @@ def one_tile_loop(cb=None, kind="serial", start=0, step=1, stop=8, alloc_inside=
 
 
 def test_stages_below_two():
-    refused(get("single_dim").build(stages=1), "needs stages >= 2, got 1")
+    refused(get("single_dim").build(stages=1), "few-stages", "needs stages >= 2, got 1")
 
 
 @pytest.mark.parametrize("p", [3, 7, -4])
 def test_prefetch_out_of_range(p):
-    refused(get("single_dim").build(stages=3, prefetch=p), f"prefetch {p} is outside [-3, 3)")
+    refused(get("single_dim").build(stages=3, prefetch=p), "prefetch-range", f"prefetch {p} is outside [-3, 3)")
 
 
 @pytest.mark.parametrize("p, main_stop", [(-1, 6), (-3, 8)])
@@ -57,17 +60,18 @@ def test_negative_prefetch_counts_from_stages(p, main_stop):
 
 
 def test_bad_war_mode():
-    refused(get("single_dim").build(stages=3, war="fence"), "war=fence is not a WAR protection")
+    refused(get("single_dim").build(stages=3, war="fence"), "war-mode", "war=fence is not a WAR protection")
 
 
 @pytest.mark.parametrize("kind", ["thread-x", "block-x", "vectorize", "unroll"])
 def test_parallel_or_vectorized_loop(kind):
-    refused(one_tile_loop(circular_buffer(3), kind=kind), f"is a {kind} loop; only a serial loop")
+    refused(one_tile_loop(circular_buffer(3), kind=kind), "parallel-loop", f"is a {kind} loop; only a serial loop")
 
 
 @pytest.mark.parametrize("start, step", [(1, 1), (0, 2)])
 def test_loop_start_and_step(start, step):
-    refused(one_tile_loop(circular_buffer(2), start=start, step=step, stop=16), "needs start 0 and step 1")
+    refused(one_tile_loop(circular_buffer(2), start=start, step=step, stop=16), "loop-bounds",
+            "needs start 0 and step 1")
 
 
 def test_no_serial_loop_around_the_load():
@@ -76,15 +80,16 @@ def test_no_serial_loop_around_the_load():
     x = k.tensor("x", (n,))
     tile = k.alloc("tile", "shared", "float32", (256,))
     k.tma_load(k.tensor_map(x, box=(256,)), (blockIdx.x * 256,), tile, circular_buffer=circular_buffer(2))
-    refused(k, "no serial loop encloses it")
+    refused(k, "no-loop", "no serial loop encloses it")
 
 
 def test_not_loaded_from_global_memory_by_tma():
-    refused(one_tile_loop(circular_buffer(2), tma=False), "no TMA load from global memory")
+    refused(one_tile_loop(circular_buffer(2), tma=False), "no-tma-load", "no TMA load from global memory")
 
 
 def test_buffer_produced_inside_the_loop():
-    refused(one_tile_loop(circular_buffer(2), alloc_inside=True), "is allocated inside circular-buffered loop")
+    refused(one_tile_loop(circular_buffer(2), alloc_inside=True), "buffer-inside-loop",
+            "is allocated inside circular-buffered loop")
 
 
 def test_two_buffers_with_different_options():
@@ -96,7 +101,7 @@ def test_two_buffers_with_different_options():
     with k.loop("i", 8) as i:
         k.tma_load(xm, (i * 256,), a, circular_buffer=circular_buffer(2))
         k.tma_load(ym, (i * 256,), b, circular_buffer=circular_buffer(3))
-    refused(k, "ask for different circular-buffer options")
+    refused(k, "conflicting-options", "ask for different circular-buffer options")
 
 
 def test_marking_the_load_equals_marking_the_loop():
@@ -115,17 +120,20 @@ def test_tma_box_limits(box, message):
 
 
 def test_shared_memory_times_stages_over_the_limit():
-    refused(one_tile_loop(circular_buffer(4), rows=16384), "4 stages need 262144 bytes of shared memory")
+    refused(one_tile_loop(circular_buffer(4), rows=16384), "shared-memory",
+            "4 stages need 262144 bytes of shared memory")
 
 
 def test_trip_count_below_stages_at_lowering_time():
-    refused(get("single_dim").build(stages=4, tiles_per_block=2), "runs 2 iterations, fewer than stages=4")
+    refused(get("single_dim").build(stages=4, tiles_per_block=2), "short-loop",
+            "runs 2 iterations, fewer than stages=4")
 
 
 def test_trip_count_below_stages_at_launch():
     ck = api.compile(get("multi_dim").build(stages=3))
-    with pytest.raises(LaunchError, match=r"trip count ceil_div\(N, 256\) must be >= stages=3"):
+    with pytest.raises(LaunchError, match=r"trip count ceil_div\(N, 256\) must be >= stages=3") as e:
         ck.bind_symbols({"x": (500, 512), "out": (500, 512)}, {})  # 2 tiles < 3 stages
+    assert e.value.code == "short-loop"
     assert ck.bind_symbols({"x": (500, 768), "out": (500, 768)}, {})["N"] == 768
 
 
@@ -153,7 +161,7 @@ def test_wide_tile_of_several_rows_is_refused():
     with k.loop("j", 8, circular_buffer=circular_buffer(2)) as j:
         k.tma_load(k.tensor_map(x, box=(2, 128)), (0, j * 256), tile, tile=(2, 256))
         k.load(tile, threadIdx.x)
-    refused(k, "has more than one row", "rule tma-reject-wide-multirow-tile")
+    refused(k, "tma-wide-multirow-tile", "has more than one row", "rule tma-reject-wide-multirow-tile")
 
 
 def test_unrolled_stage_must_divide_the_tiles():

@@ -46,6 +46,20 @@ def twice(stages, prefetch, war):
     return k
 
 
+def twice_mixed(first, second, war):
+    """Two circular-buffered loops through the same tile buffer with different stage counts: the
+    buffer holds as many slots as the larger count, each slot one tile, for both loops."""
+    k, m, n, xm, tile, out = _kernel("twice_mixed")
+    k.grid(m)
+    for var, stages in (("j", first), ("i", second)):
+        with k.loop(var, ceil_div(n, 256), circular_buffer=circular_buffer(stages, None, war)) as j:
+            _copy_body(k, xm, tile, out, blockIdx.x, j, n)
+    return k
+
+
+MIXED = [(a, b, war) for a, b in ((2, 4), (2, 3), (4, 2)) for war in ("sync", "mbarrier")]
+
+
 def _args(shape):
     x = np.random.default_rng(sum(shape)).standard_normal(shape, dtype=np.float32)
     return {"x": x, "out": np.full_like(x, np.nan)}
@@ -60,11 +74,37 @@ def test_interpreted_with_protocol_checks(build, stages, prefetch, war):
     np.testing.assert_array_equal(got, args["x"] + 1)
 
 
+@pytest.mark.parametrize("first, second, war", MIXED)
+def test_mixed_stages_share_a_buffer(first, second, war):
+    # before the fix the buffer was staged for the first loop only: the second loop's slots were
+    # (its S)-th parts of that allocation, overlapping or past its end or misaligned for TMA
+    g = api.lower(twice_mixed(first, second, war))
+    (tile,) = [g[n] for n in g.nodes("alloc") if g[n]["buf"] == "tile"]
+    assert tile["shape"] == (max(first, second), 1, 256)
+    args = _args((3, 5 * 256 - 100))
+    got = interp.run(g, args)["out"]
+    np.testing.assert_array_equal(got, args["x"] + 1)
+    src = api.generate(twice_mixed(first, second, war)).text
+    for var, stages in (("j", first), ("i", second)):
+        assert f"{var} % {stages} * 256" in src, f"loop {var}: slots of one whole tile (256 floats)"
+
+
 def test_barriers_bracket_each_entry():
     src = api.generate(rows_in_turn(2, 1, "sync")).text
     body = src[src.index("for (int o = 0;"):]
     assert body.index("cb_mbar_init") < body.index("// prologue") < body.index("// epilogue") \
         < body.index("cb_mbar_inval"), "init and inval must lie inside the outer loop around the pipeline"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("first, second, war", MIXED)
+def test_mixed_stages_on_gpu(first, second, war):
+    args = _args((7, 17 * 256 - 36))
+    bound = api.compile(twice_mixed(first, second, war)).bind(**args)
+    bound.arrays["out"].fill_bytes(0xFF)
+    bound.launch()
+    bound.finish()
+    np.testing.assert_array_equal(args["out"], args["x"] + 1)
 
 
 @pytest.mark.gpu

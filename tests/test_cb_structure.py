@@ -5,16 +5,22 @@ from cbrules import api
 from cbrules.terms import evaluate
 from cbmatrix import CASES, case_id, spec
 
-# bytes that each arrive_expect_tx of one stage announces, per kernel (tile bytes of each buffer)
-EXPECT_TX = {"single_dim": [1024], "single_dim_unroll": [4096], "single_dim_unswitch": [4096],
-             "multi_dim": [4096], "pointwise": [4096, 4096], "inner_reduction": [1024],
-             "outer_reduction": [8192], "persistent": [1024], "two_pass": [1024], "matmul": [4096, 4096]}
+# bytes the one arrive_expect_tx of a stage announces, per kernel (tile bytes of all its buffers)
+EXPECT_TX = {"single_dim": 1024, "single_dim_unroll": 4096, "single_dim_unswitch": 4096,
+             "multi_dim": 4096, "pointwise": 8192, "inner_reduction": 1024,
+             "outer_reduction": 8192, "persistent": 1024, "two_pass": 1024, "matmul": 8192}
+BUFFERS = {"pointwise": 2, "matmul": 2}  # circular-buffered tiles of one stage (else 1)
 BOXES_PER_STAGE = {"single_dim_unroll": 4, "single_dim_unswitch": 4, "persistent": 2}
 
 
 def loops_by_part(kg, var):
     return {kg[n]["part"]: n for n in kg.nodes("for")
             if kg[n].get("part") in ("prologue", "main", "epilogue") and kg[n]["var"] == var}
+
+
+def loops_by_var(kg):
+    """The circular-buffered loops of the lowered kernel, by variable (their main parts)."""
+    return {kg[n]["var"] for n in kg.nodes("for") if kg[n].get("part") == "main"}
 
 
 def ops_in(kg, scope, op):
@@ -60,13 +66,24 @@ def check_pipelined_loop(kg, name, S, P, war, var, trip):
         assert set(kg[x]["op"] for x in kg.descendants(parts["prologue"])) <= {
             "if", "for", "tma_load", "mbarrier_arrive_expect_tx", "mbarrier_wait"}
 
-    # barriers: full[S] (+ empty[S]); init counts; every barrier invalidated
+    # barriers: full[S] (+ empty[S]); one arrive-expect-tx per stage for all its buffers, so the
+    # full barrier expects one arrival; every barrier invalidated
     opts = kg[main]["annotations"]["circular_buffer"]
     arrives = ops_in(kg, main, "mbarrier_arrive_expect_tx")
-    assert sorted(kg[a]["bytes"] for a in arrives) == sorted(EXPECT_TX[name])
+    assert [kg[a]["bytes"] for a in arrives] == [EXPECT_TX[name]]
     inits = {kg[i]["barrier"]: kg[i]["count"] for i in kg.nodes("mbarrier_init")}
     full = kg[arrives[0]]["barrier"]
-    assert full == opts["full"] and inits[full] == len(EXPECT_TX[name])
+    assert full == opts["full"] and inits[full] == 1
+    issuers = [x for x in kg.descendants(main) if kg[x].get("tag") == "cb-issue"]
+    assert len(issuers) == 1 and set(ops_in(kg, main, "tma_load")) <= set(kg.descendants(issuers[0]))
+    # one elected init block and one block sync before the loop, one sync and one inval block after
+    # it, for the full and the empty barriers together
+    mine = {full, opts.get("empty")}
+    for op, part in (("mbarrier_init", "pre-prologue"), ("mbarrier_inval", "post-epilogue")):
+        blocks = {list(kg.ancestors(x))[1] for x in kg.nodes(op) if kg[x]["barrier"] in mine}
+        assert len(blocks) == 1 and all(kg[b].get("part") == part for b in blocks)
+        syncs = [x for x in kg.nodes("syncthreads") if kg[x].get("part") == part]
+        assert len(syncs) == len(loops_by_var(kg))
     invals = {kg[x]["barrier"] for x in kg.nodes("mbarrier_inval")}
     if war == "mbarrier":
         empty = opts["empty"]
@@ -76,18 +93,26 @@ def check_pipelined_loop(kg, name, S, P, war, var, trip):
         assert full in invals
         assert any(kg[x].get("stage") == "war" for x in ops_in(kg, main, "syncthreads"))
     loads = ops_in(kg, main, "tma_load")
-    assert len(loads) == len(EXPECT_TX[name]) and all(kg[x]["bytes"] * BOXES_PER_STAGE.get(name, 1)
-                                                       in EXPECT_TX[name] for x in loads)
+    assert len(loads) == BUFFERS.get(name, 1)
+    assert sum(kg[x]["bytes"] * BOXES_PER_STAGE.get(name, 1) for x in loads) == EXPECT_TX[name]
 
-    # slot and parity terms, checked by value over the main loop's iterations
+    # slot and parity terms: a main loop that stays a loop carries them in registers (cb-rotate-slots;
+    # their values are the interpreter's to check), an unrolled one has them as terms of i
     span = range(0, max(n - P, 1))
-    for ld in loads + arrives:
-        assert values(kg[ld]["slot"], var, span) == [(i + P) % S for i in span]
     waits = [w for w in ops_in(kg, main, "mbarrier_wait") if kg[w]["barrier"] == full]
-    assert len(waits) == len(EXPECT_TX[name])  # one before the first read of each buffer
-    for w in waits:
-        assert values(kg[w]["slot"], var, span) == [i % S for i in span]
-        assert values(kg[w]["parity"], var, span) == [(i // S) % 2 for i in span]
+    assert len(waits) == 1  # one per stage and iteration, whatever the number of buffers
+    if kg[main]["kind"] == "serial":
+        names = {f"cb_{r}_{main}" for r in ("slot", "phase", "pslot", "pphase")}
+        assert {x["dst"] for x in map(kg.__getitem__, ops_in(kg, main, "assign"))} >= names
+        for ld in loads + arrives:
+            assert str(kg[ld]["slot"]) == f"cb_pslot_{main}"
+        assert (str(kg[waits[0]]["slot"]), str(kg[waits[0]]["parity"])) == (f"cb_slot_{main}", f"cb_phase_{main}")
+    else:
+        for ld in loads + arrives:
+            assert values(kg[ld]["slot"], var, span) == [(i + P) % S for i in span]
+        for w in waits:
+            assert values(kg[w]["slot"], var, span) == [i % S for i in span]
+            assert values(kg[w]["parity"], var, span) == [(i // S) % 2 for i in span]
     if P:
         tail = range(n - P, n)
         for w in ops_in(kg, parts["epilogue"], "mbarrier_wait"):

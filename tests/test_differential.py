@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from cbrules.check import SHORT_LOOP_LAUNCH, SHORT_LOOP_RULE, Checker, compare
+from cbrules.check import SHORT_LOOP, Checker, compare
 from cbrules.engine import LoweringError
 from cbrules.interp import run
 from cbrules.kernels import KERNELS, SEED_MATRIX
@@ -36,10 +36,10 @@ def test_lowered_matches_unlowered_and_numpy(case):
     for trips in trips_for(name, stages):
         r = CHECKER.check(spec, trips, stages, prefetch, war)
         if trips < stages:
-            # refused with the named error: at lowering time when the trip count is a constant
-            where = SHORT_LOOP_RULE if name in BUILD_TIME_TRIPS else SHORT_LOOP_LAUNCH
-            if r.status != "refused" or where not in r.detail:
-                failures.append(f"trips={trips}: expected a refusal naming {where!r}, got {r.status}: {r.detail}")
+            # refused with the code: at lowering time when the trip count is a constant, else at launch
+            where = "LoweringError" if name in BUILD_TIME_TRIPS else "LaunchError"
+            if r.status != "refused" or r.code != SHORT_LOOP or not r.detail.startswith(where):
+                failures.append(f"trips={trips}: expected a {where} with code {SHORT_LOOP}, got {r.status}: {r.detail}")
         elif r.status != "ok":
             failures.append(f"trips={trips} shape={r.shape}: {r.detail}")
     assert not failures, "\n".join(failures)
@@ -92,13 +92,13 @@ def fuzz_cases(draw):
 
 
 def _must_refuse(stages, prefetch, trips) -> str:
-    """The rule that must refuse these options, or '' if they are valid."""
+    """The code of the refusal these options must meet, or '' if they are valid."""
     if stages < 2:
-        return "cb-reject-few-stages"
+        return "few-stages"
     if prefetch is not None and not -stages <= prefetch < stages:
-        return "cb-reject-prefetch-range"
+        return "prefetch-range"
     if trips < stages:
-        return "short"
+        return SHORT_LOOP
     return ""
 
 
@@ -111,16 +111,16 @@ def fuzz_one(case) -> str:
     try:
         prog = CHECKER.lower(spec, shape, trips, stages, prefetch, war)
     except LoweringError as e:
-        assert "rule cb-" in str(e), str(e)
+        assert e.rule and e.rule.startswith("cb-"), str(e)
         assert expect, f"valid options refused: {e}"
-        assert (SHORT_LOOP_RULE if expect == "short" else expect) in str(e), str(e)
-        return f"refused: {SHORT_LOOP_RULE if expect == 'short' else expect}"
-    assert expect in ("", "short"), f"lowering accepted options that {expect} must refuse"
+        assert e.code == expect, (e.code, str(e))
+        return f"refused: {expect}"
+    assert expect in ("", SHORT_LOOP), f"lowering accepted options that {expect} must refuse"
     args = CHECKER.inputs(spec, shape)
     try:
         got = run(prog, args)
     except LaunchError as e:
-        assert expect == "short" and SHORT_LOOP_LAUNCH in str(e), str(e)
+        assert expect == SHORT_LOOP and e.code == SHORT_LOOP, (e.code, str(e))
         return "refused: launch requires"
     except TmaLimitError as e:
         assert "stride" in str(e) and shape[-1] % 4, str(e)  # rows of N floats with N % 4 != 0

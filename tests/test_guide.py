@@ -83,8 +83,12 @@ def test_example_war_default(tmp_path, capsys):
 def test_example_peephole(tmp_path, capsys):
     tidy = folder(tmp_path, "peephole")
     waits = lambda kg: [n for n in kg.nodes() if kg.op(n) == "mbarrier_wait"]  # noqa: E731
-    assert len(waits(api.lower(get("pointwise").build(stages=3)))) == 4
-    assert len(waits(api.lower(get("pointwise").build(stages=3), rules=[tidy]))) == 2
+    assert len(waits(api.lower(get("pointwise").build(stages=3)))) == 2  # the shipped rules: one a stage
+    off = tmp_path / "off"
+    off.mkdir()
+    (off / "off.rules").write_text("(disable cb-one-wait-per-stage)\n")
+    assert len(waits(api.lower(get("pointwise").build(stages=3), rules=[off]))) == 4  # a wait per buffer
+    assert len(waits(api.lower(get("pointwise").build(stages=3), rules=[tidy]))) == 2  # the peephole's work
     assert main(["check", "pointwise", "--stages", "2", "--sample", "--rules", str(tidy)]) == 0
     assert "0 failed" in capsys.readouterr().out
 

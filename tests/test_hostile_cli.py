@@ -66,7 +66,7 @@ CASES = [
     (["lower", "single_dim", "--shape", "-5"], 2, "sizes must be >= 1"),
     (["lower", "multi_dim", "--shape", "4096"], 2, "multi_dim takes 2 size(s)"),
     (["lower", "single_dim", "--shape", "99999999999"], 2, "elements at most"),
-    (["lower", "single_dim", "--stages", "2.5"], 2, "argument --stages: invalid int value"),
+    (["lower", "single_dim", "--stages", "2.5"], 2, "argument --stages: '2.5' is neither an integer nor auto"),
     (["lower", "single_dim", "--rules", ""], 2, "--rules ''"),
     (["lower", "single_dim", "--rules", "{missing}"], 1, "rule folder does not exist"),
     (["lower", "single_dim", "--rules", "{broken}"], 1, "broken"),

@@ -80,7 +80,8 @@ def test_queries_about_what_is_not_there_exit_non_zero(argv, needle, capsys):
 def test_stop_after_phase():
     kg = api.lower(get("single_dim").build(stages=2), debug=True, stop_after_phase="cb-stage")
     phases = api.load_rules().phases
-    assert {r.phase for r in kg.trace.records} == set(phases[:phases.index("cb-stage") + 1])
+    seen = {r.phase for r in kg.trace.records}
+    assert "cb-stage" in seen and seen <= set(phases[:phases.index("cb-stage") + 1])
     assert kg.trace.records[-1].rule == "egglog"  # the phase's simplification ran too
     assert [kg[n].get("part") for n in kg.nodes("for") if kg[n].get("annotations")] == [None]
     with pytest.raises(LoweringError, match="no phase 'nope'"):
@@ -95,7 +96,7 @@ def test_json_answers(capsys):
     assert main(["trace", "single_dim", "log", "--rule", "cb-main", "--json"]) == 0
     (rec,) = json.loads(capsys.readouterr().out)["answer"]
     assert rec["rule"] == "cb-main" and rec["phase"] == "cb-pipeline" and rec["created"]
-    assert main(["trace", "single_dim", "why-not", "--rule", "cb-war-sync", "--node", "2", "--step", "3",
+    assert main(["trace", "single_dim", "why-not", "--rule", "cb-war-sync", "--node", "2", "--step", "1",
                  "--json"]) == 0
     w = json.loads(capsys.readouterr().out)["answer"]
     assert w["matches"] is False and w["var"] == "?L" and "wants" in w["detail"]

@@ -191,8 +191,9 @@ def test_short_loop_is_no_error_when_warp_specialized():
     """The empty barriers bound the producer's lead, so a loop shorter than S needs no refusal."""
     kg = api.lower(tiny(stages=4, warp_specialize=True))
     assert kg.kernel()["requires"] == ()
-    with pytest.raises(LoweringError, match="cb-reject-short-loop"):
+    with pytest.raises(LoweringError, match="cb-reject-short-loop") as e:
         api.lower(tiny(stages=5))
+    assert e.value.code == "short-loop"
 
 
 # ------------------------------------------------------------------------------ the generic pieces
