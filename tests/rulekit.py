@@ -3,6 +3,8 @@ import textwrap
 from pathlib import Path
 
 from cbrules import rulefile
+from cbrules.builder import Kernel, threadIdx
+from cbrules.graph import KernelGraph
 
 
 def write_rules(folder: Path, text: str, name: str = "test.rules") -> Path:
@@ -15,3 +17,21 @@ def write_rules(folder: Path, text: str, name: str = "test.rules") -> Path:
 def load_only(folder: Path) -> rulefile.RuleSet:
     """Rules of ``folder`` alone (no shipped rules)."""
     return rulefile.load([folder])
+
+
+def two_reader_loop(**loop_annotations) -> KernelGraph:
+    """A small kernel for rule tests: inside loop i (8 trips) load, store, sync, two loads from one
+    shared buffer, a store, a sync -- in this schedule order."""
+    k = Kernel("k", block=64)
+    n = k.symbol("N")
+    x, out = k.tensor("x", (n,)), k.tensor("out", (n,))
+    s = k.alloc("s", "shared", "float32", (64,))
+    with k.loop("i", 8, **loop_annotations) as i:
+        v = k.load(x, i * 64 + threadIdx.x)
+        k.store(s, threadIdx.x, v)
+        k.syncthreads()
+        a = k.load(s, threadIdx.x)
+        b = k.load(s, 63 - threadIdx.x)
+        k.store(out, i * 64 + threadIdx.x, k.add(a, b))
+        k.syncthreads()
+    return k.graph

@@ -10,6 +10,7 @@ import pytest
 from cbrules import api
 from cbrules.bind import LaunchError
 from cbmatrix import CASES, case_id, spec
+from gpucheck import poisoned_run
 
 pytestmark = pytest.mark.gpu
 
@@ -36,17 +37,7 @@ def test_seed_matrix_against_numpy(case):
             refused += 1
             continue
         want = sp.reference(args)
-        bound = ck.bind(**args)
-        for out in sp.outputs:
-            bound.arrays[out].fill_bytes(0xFF)  # NaN: an element the kernel does not write cannot pass
-        bound.launch()
-        bound.finish()
-        rtol, atol = sp.tolerance(shape)
-        for out in sp.outputs:
-            if not np.allclose(args[out], want[out], rtol=rtol, atol=atol):
-                bad = np.argwhere(~np.isclose(args[out], want[out], rtol=rtol, atol=atol))
-                failures.append(f"shape {shape}: {out} differs at {len(bad)} elements, first {bad[0].tolist()}: "
-                                f"{args[out][tuple(bad[0])]} vs {want[out][tuple(bad[0])]}")
+        failures += poisoned_run(ck, args, want, sp.outputs, *sp.tolerance(shape), shape)
         ran += 1
     assert not failures, "\n".join(failures)
     assert ran + refused == len(sp.shapes) and ran > 0

@@ -10,7 +10,7 @@ from cbrules.sexpr import read
 from cbrules.schedule import linear_order, print_program, schedule
 from cbrules.terms import parse
 from cbrules.values import NodeRef
-from rulekit import write_rules
+from rulekit import two_reader_loop, write_rules
 from hostile import within
 
 
@@ -18,19 +18,7 @@ from hostile import within
 
 def kernel():
     """Two loads from one shared buffer inside a loop, a store, a sync."""
-    k = Kernel("k", block=64)
-    n = k.symbol("N")
-    x, out = k.tensor("x", (n,)), k.tensor("out", (n,))
-    s = k.alloc("s", "shared", "float32", (64,))
-    with k.loop("i", 8, stage_hint=1) as i:
-        v = k.load(x, i * 64 + threadIdx.x)
-        k.store(s, threadIdx.x, v)
-        k.syncthreads()
-        a = k.load(s, threadIdx.x)
-        b = k.load(s, 63 - threadIdx.x)
-        k.store(out, i * 64 + threadIdx.x, k.add(a, b))
-        k.syncthreads()
-    return k.graph
+    return two_reader_loop(stage_hint=1)
 
 
 def matches(kg, text, guards=""):

@@ -6,6 +6,7 @@ import pytest
 from cbrules import api
 from cbrules.bind import LaunchError
 from cbrules.kernels import KERNELS, SEED_MATRIX
+from gpucheck import poisoned_run
 
 pytestmark = pytest.mark.gpu
 CASES = [(name, dtype, s) for name in SEED_MATRIX for dtype in ("float16", "bfloat16") for s in (2, 3, 4)]
@@ -32,18 +33,7 @@ def test_half_seed_matrix_against_numpy(case):
                 ck.bind(**args)
             continue
         want = sp.expected(args)
-        bound = ck.bind(**args)
-        for out in sp.outputs:
-            bound.arrays[out].fill_bytes(0xFF)  # NaN in both half types
-        bound.launch()
-        bound.finish()
-        rtol, atol = sp.tolerances(shape, dtype)
-        for out in sp.outputs:
-            got = args[out].astype(np.float64)
-            if not np.allclose(got, want[out], rtol=rtol, atol=atol):
-                bad = np.argwhere(~np.isclose(got, want[out], rtol=rtol, atol=atol))
-                failures.append(f"shape {shape}: {out} differs at {len(bad)} elements, first {bad[0].tolist()}: "
-                                f"{got[tuple(bad[0])]} vs {want[out][tuple(bad[0])]}")
+        failures += poisoned_run(ck, args, want, sp.outputs, *sp.tolerances(shape, dtype), shape)
         ran += 1
     assert not failures, "\n".join(failures)
     assert ran > 0

@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 
 from cbrules import api, interp
-from cbrules.builder import Kernel, threadIdx
 from cbrules.check import Checker
 from cbrules.kernels import get
 from cbrules.match import Matcher
@@ -12,24 +11,12 @@ from cbrules.sexpr import RuleError, read
 from cbrules.terms import DEVICE_FUNCTIONS, Term, call
 from cbrules.verify import GraphError
 from cbrules.vterms import CACHE, Lanes, compile_term
-from rulekit import write_rules
+from rulekit import two_reader_loop, write_rules
 
 
 def body():
     """load, store, sync, load, load, store, sync -- in this schedule order inside loop i."""
-    k = Kernel("k", block=64)
-    n = k.symbol("N")
-    x, out = k.tensor("x", (n,)), k.tensor("out", (n,))
-    s = k.alloc("s", "shared", "float32", (64,))
-    with k.loop("i", 8) as i:
-        v = k.load(x, i * 64 + threadIdx.x)
-        k.store(s, threadIdx.x, v)
-        k.syncthreads()
-        a = k.load(s, threadIdx.x)
-        b = k.load(s, 63 - threadIdx.x)
-        k.store(out, i * 64 + threadIdx.x, k.add(a, b))
-        k.syncthreads()
-    return k.graph
+    return two_reader_loop()
 
 
 def matches(kg, text, var_ops=None):

@@ -9,6 +9,7 @@ from cbrules.bind import LaunchError
 from cbrules.interp import run
 from cbrules.kernels import KERNELS
 from test_swizzle import SPANS, _layout_kernel
+from gpucheck import poisoned_run
 
 pytestmark = pytest.mark.gpu
 NP = {"float32": np.float32, "float16": np.float16}
@@ -46,18 +47,7 @@ def _check(sp, shape, stages, dtype, **variant):
             ck.bind(**args)
         return None
     want = sp.expected(args)
-    bound = ck.bind(**args)
-    for out in sp.outputs:
-        bound.arrays[out].fill_bytes(0xFF)
-    bound.launch()
-    bound.finish()
-    rtol, atol = sp.tolerances(shape, dtype)
-    for out in sp.outputs:
-        got = args[out].astype(np.float64)
-        if not np.allclose(got, want[out], rtol=rtol, atol=atol):
-            bad = np.argwhere(~np.isclose(got, want[out], rtol=rtol, atol=atol))
-            return f"shape {shape}: {out} differs at {len(bad)} elements, first {bad[0].tolist()}"
-    return ""
+    return "\n".join(poisoned_run(ck, args, want, sp.outputs, *sp.tolerances(shape, dtype), shape))
 
 
 STORE_CASES = [(n, d, s) for n in KERNELS if KERNELS[n].tile_output

@@ -1,0 +1,23 @@
+"""The GPU tests' one way to run a compiled kernel: outputs poisoned, launched, compared with numpy."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def poisoned_run(ck, args: dict, want: dict, outputs, rtol: float, atol: float, shape) -> list[str]:
+    """Launch ``ck`` on ``args`` with every output first filled with 0xFF bytes (NaN in every float
+    type: an element the kernel does not write cannot pass), then compare each output with ``want``;
+    returns one line per output that differs."""
+    bound = ck.bind(**args)
+    for out in outputs:
+        bound.arrays[out].fill_bytes(0xFF)
+    bound.launch()
+    bound.finish()
+    failures = []
+    for out in outputs:
+        got = np.asarray(args[out]).astype(np.float64)
+        if not np.allclose(got, want[out], rtol=rtol, atol=atol):
+            bad = np.argwhere(~np.isclose(got, want[out], rtol=rtol, atol=atol))
+            failures.append(f"shape {shape}: {out} differs at {len(bad)} elements, first {bad[0].tolist()}: "
+                            f"{got[tuple(bad[0])]} vs {want[out][tuple(bad[0])]}")
+    return failures
