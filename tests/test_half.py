@@ -68,7 +68,8 @@ def test_float32_text_has_no_half_prelude_and_half_text_does():
     assert "const cb_bf16* __restrict__ x" in bf and "cb_bf16* x_tile" in bf
     assert "cvt.rn.bf16.f32" in bf and "#include" not in bf  # NVRTC ships no cuda_bf16.h
     assert "float v0 = 0;" in bf  # arithmetic stays float32
-    assert "cb_mbar_arrive_expect_tx(cb_smem_addr(&cb_full_3[j % 2]), 2048)" in bf  # 4 x 256 x 2 bytes
+    # one arrive-expect-tx a stage covers both tiles: 2 x 4 x 256 x 2 bytes
+    assert "cb_mbar_arrive_expect_tx(cb_smem_addr(&cb_full_3[j]), 4096)" in bf
 
 
 @pytest.mark.parametrize("dtype", HALF)
