@@ -4,8 +4,10 @@ Within a phase the first rule (in ``:after``/file order) with matches not applie
 all of them, each match checked again just before it is applied; then matching starts again from
 the first rule. A match is identified by the rule and the nodes it bound, so a rule fires once
 per set of nodes. Lowering works on a private copy of the user's graph, so a failure leaves the
-graph as it was. ``verify()`` runs after each phase; in debug mode the structural checks also run
-after each application.
+graph as it was. ``verify()`` runs after each phase that changed the graph (a phase that applied
+nothing, after a simplification that changed nothing, leaves a graph that already passed); in
+debug mode the structural checks also run after each application. ``Lowered.match_work`` counts
+the matcher's search steps, the measure of matching cost the scaling tests compare across sizes.
 
 Lowering is bounded: in a phase one rule may fire at most ``RULE_FIRINGS_PER_NODE`` times the
 number of nodes the graph had when the phase began, plus ``RULE_FIRINGS_EXTRA`` (the shipped rules
@@ -91,6 +93,7 @@ class Lowered:
     graph: KernelGraph
     trace: Optional[Trace]
     steps: int
+    match_work: int = 0  # matcher search steps (candidates and pattern elements tried): grows with the graph
 
 
 def _match_key(rule: GraphRule, b: dict) -> tuple:
@@ -143,8 +146,11 @@ class _Run:
         self.per_rule: Counter = Counter()  # applications of each rule in the current phase
         self.by_name: dict[str, GraphRule] = {}
         self.stop_after_phase: Optional[str] = None
+        self.match_work = 0
+        self.verified = False  # the graph is unchanged since it last passed verify()
 
     def lower(self, kg: KernelGraph) -> Lowered:
+        self.verified = True  # lower() verified the copy it hands over
         for phase in self.rules.phases:
             ordered = self.rules.in_phase(phase)  # once a phase: the order does not change while it runs
             self.phase, self.per_rule = phase, Counter()
@@ -167,26 +173,34 @@ class _Run:
                     self.step += 1
                     self.per_rule[rule.name] += 1
                     kg = _apply(kg, rule, b, self.step, phase, self.trace, self.debug)
+                    self.verified = False
                     if self.stop_after is not None and self.step >= self.stop_after:
-                        return Lowered(kg, self.trace, self.step)
-            self._verify(kg, f"after phase {phase!r} the graph is invalid")
+                        return self._done(kg)
+            if not self.verified:  # verify() is a pure check: an unchanged graph passes it again
+                self._verify(kg, f"after phase {phase!r} the graph is invalid")
+                self.verified = True
             if self.simplify and self.rules.egg_forms:
                 self._check_time()
                 self.step += 1
+                before = _term_values(kg)
                 try:
                     kg = _simplify(kg, self.rules, self.step, phase, self.trace)
                 except _RULE_ERRORS as e:
                     raise LoweringError(f"simplifying the terms after phase {phase!r} failed: {type(e).__name__}: "
                                         f"{e}; rules that fired in the phase: {self._firing()}") from e
+                self.verified = self.verified and _same(_term_values(kg), before)
                 if self.stop_after is not None and self.step >= self.stop_after:
-                    return Lowered(kg, self.trace, self.step)
+                    return self._done(kg)
             if phase == self.stop_after_phase:
-                return Lowered(kg, self.trace, self.step)
+                return self._done(kg)
         self._check_time()
         self._verify(kg, "the lowered kernel cannot be generated", ready=True)
         if self.trace is not None:
             self.trace.complete = True
-        return Lowered(kg, self.trace, self.step)
+        return self._done(kg)
+
+    def _done(self, kg: KernelGraph) -> Lowered:
+        return Lowered(kg, self.trace, self.step, self.match_work)
 
     def _verify(self, kg: KernelGraph, what: str, ready: bool = False) -> None:
         try:
@@ -228,13 +242,15 @@ class _Run:
         """The first rule (in order) with matches not applied yet, and all those matches."""
         index = Matcher(kg, deadline=self.deadline)  # the graph does not change while we look
         for rule in rules:
+            m = index.fresh()
             try:
-                batch = [b for b in index.fresh().matches(rule.match, rule.where)
-                         if _match_key(rule, b) not in self.fired]
+                batch = [b for b in m.matches(rule.match, rule.where) if _match_key(rule, b) not in self.fired]
             except MatchTimeout:
                 raise self._time_error(rule) from None
             except _RULE_ERRORS as e:
                 raise _rule_error(rule, "matching", e) from e
+            finally:
+                self.match_work += m.ticks
             if batch:
                 return rule, batch
         return None
@@ -244,15 +260,28 @@ class _Run:
         nodes = {k: v for k, v in b.items() if isinstance(v, NodeRef)}
         if any(v.id not in kg for v in nodes.values()):
             return None
+        m = Matcher(kg, deadline=self.deadline)
         try:
-            for b2 in Matcher(kg, deadline=self.deadline).matches(rule.match, rule.where, nodes):
+            for b2 in m.matches(rule.match, rule.where, nodes):
                 if _match_key(rule, b2) not in self.fired:
                     return b2
         except MatchTimeout:
             raise self._time_error(rule) from None
         except _RULE_ERRORS as e:
             raise _rule_error(rule, "matching", e) from e
+        finally:
+            self.match_work += m.ticks
         return None
+
+
+def _term_values(kg: KernelGraph) -> list:
+    """Every term-valued attribute of every node, to tell (by identity) whether simplification
+    changed any: it replaces the terms it rewrites and leaves the others as they were."""
+    return [d.get(k) for d in kg.g._node.values() for k in OPS[d["op"]].terms]
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def _rule_error(rule: GraphRule, doing: str, e: Exception) -> LoweringError:
