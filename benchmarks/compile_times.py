@@ -9,7 +9,8 @@ scheduling, CUDA emission, NVRTC cold (a fresh cache folder) and warm (a cache h
 are the median of ``--repeat`` runs after one warm-up. Scaling: a kernel whose circular-buffered
 loop holds a chain of elementwise ops ("long body"), and one with many circular-buffered loops
 ("many loops"), of about 100, 1,000 and 10,000 nodes as built; each size runs in its own process
-under ``--scale-timeout`` seconds. Writes compile_times.json, compile_times.md and compile_times.svg (time against nodes, log-log).
+under ``--scale-timeout`` seconds. Writes compile_times.json, compile_times.md and compile_times.svg
+(time against nodes, log-log).
 """
 from __future__ import annotations
 
