@@ -9,7 +9,8 @@ scheduling, CUDA emission, NVRTC cold (a fresh cache folder) and warm (a cache h
 are the median of ``--repeat`` runs after one warm-up. Scaling: a kernel whose circular-buffered
 loop holds a chain of elementwise ops ("long body"), and one with many circular-buffered loops
 ("many loops"), of about 100, 1,000 and 10,000 nodes as built; each size runs in its own process
-under ``--scale-timeout`` seconds. Writes compile_times.json and compile_times.md.
+under ``--scale-timeout`` seconds. Writes compile_times.json, compile_times.md and compile_times.svg
+(time against nodes, log-log).
 """
 from __future__ import annotations
 
@@ -114,14 +115,16 @@ def scale_case(family: str, nodes: int) -> dict:
     t0 = time.perf_counter()
     k = synthetic(family, nodes)
     t_build = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     plain = engine.lower(k.graph, rules, simplify=False, time_limit=None)  # big graphs take minutes
-    t_rules = time.perf_counter() - t0
+    t_rules, c_rules = time.perf_counter() - t0, time.process_time() - c0
     t0 = time.perf_counter()
     lowered = api.lower(k, rules=rules, time_limit=None)
     t_lower = time.perf_counter() - t0
     return {"family": family, "target_nodes": nodes, "nodes_built": len(k.graph), "nodes_lowered": len(lowered),
-            "rule_applications": plain.steps, "build_s": t_build, "rules_s": t_rules, "lower_s": t_lower}
+            "rule_applications": plain.steps, "match_work": plain.match_work, "build_s": t_build, "rules_s": t_rules,
+            "rules_cpu_s": c_rules,
+            "lower_s": t_lower}
 
 
 def scaling(sizes: list[int], loop_sizes: list[int], timeout: float) -> list[dict]:
@@ -133,7 +136,7 @@ def scaling(sizes: list[int], loop_sizes: list[int], timeout: float) -> list[dic
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
                 if p.returncode:
-                    row = {"family": family, "target_nodes": n, "error": p.stderr.strip().splitlines()[-1][:300]}
+                    row = {"family": family, "target_nodes": n, "error": p.stderr.strip().splitlines()[-1]}
                 else:
                     row = json.loads(p.stdout.strip().splitlines()[-1])
             except subprocess.TimeoutExpired:
@@ -153,7 +156,8 @@ def _f(v, unit="s") -> str:
 def markdown(kernels: list[dict], scale: list[dict], meta: dict) -> str:
     lines = ["# cbrules compile times", "",
              f"{meta['cpu']}; Python {meta['python']}; NVRTC {meta['nvrtc']}; egglog {meta['egglog']}; "
-             f"median of {meta['repeat']} runs (NVRTC cold: one run, fresh cache folder). "
+             f"median of {meta['repeat']} runs (NVRTC cold: one run, fresh cache folder); load average at the "
+             f"start (1 / 5 / 15 min): {meta.get('load', '?')}: on a shared machine wall times stretch with it. "
              f"Command: `{meta['command']}`.", "",
              "rules = `engine.lower(simplify=False)` (matching + rewriting, the `provably-*` guards' egglog "
              "questions included); lower = the whole `engine.lower` with egglog's result cache emptied before "
@@ -172,27 +176,84 @@ def markdown(kernels: list[dict], scale: list[dict], meta: dict) -> str:
     lines += ["", "## Engine scaling (synthetic kernels)", "",
               "long body: one circular-buffered loop whose body is a chain of elementwise ops; many loops: "
               "N/8 circular-buffered loops of 8 nodes each. build = the builder (`cbrules.builder`) making the "
-              "graph; rules = `engine.lower(simplify=False)`; lower = `api.lower` (with egglog). Many loops at "
-              "10,000 nodes (1,250 circular-buffered loops) is not attempted: it takes minutes (the engine re-matches the "
-              "whole graph after each application).", "",
-              "| family | nodes built → lowered | rule applications | build | rules | lower (with egglog) |",
-              "|---|---|---:|---:|---:|---:|"]
+              "graph; rules = `engine.lower(simplify=False)`; lower = `api.lower` (with egglog); match work = "
+              "the matcher's search steps (`Lowered.match_work`: candidates and pattern elements tried); rules CPU = "
+              "the process's CPU seconds for rules (less stretched than wall time by other work on the machine; the "
+              "plot shows it). Each size runs in its own process. Many loops of about 700 nodes or more stop at "
+              "cb-require-trip-count: the kernel's :requires list (one entry per loop) passes the bound on a rule's "
+              "values (`actions.MAX_VALUE_SIZE` parts, characters counted).", "",
+              "![time against nodes](compile_times.svg)", "",
+              "| family | nodes built → lowered | rule applications | match work | build | rules | rules CPU | "
+              "lower (with egglog) |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in scale:
         if "error" in r:
-            lines.append(f"| {r['family']} | ~{r['target_nodes']} | — | — | — | {r['error']} |")
+            e = r["error"]  # the exception's line: its head (what failed) and its tail (why)
+            e = e if len(e) <= 300 else e[:90] + " … " + e[-200:]
+            lines.append(f"| {r['family']} | ~{r['target_nodes']} | — | — | — | — | — | {e} |")
         else:
             lines.append(f"| {r['family']} | {r['nodes_built']} → {r['nodes_lowered']} | {r['rule_applications']} | "
-                         f"{_f(r['build_s'])} | {_f(r['rules_s'])} | {_f(r['lower_s'])} |")
+                         f"{r.get('match_work', '—')} | {_f(r['build_s'])} | {_f(r['rules_s'])} | "
+                         f"{_f(r.get('rules_cpu_s'))} | {_f(r['lower_s'])} |")
     return "\n".join(lines) + "\n"
+
+
+def svg_plot(scale: list[dict]) -> str:
+    """Seconds against nodes built, both axes logarithmic, one line per family and measure (matplotlib
+    is not a dependency: the SVG is written by hand). Dotted grey: slope 1 (linear) from the first point."""
+    import math
+    series = {}
+    for r in scale:
+        if "error" not in r:
+            for key, label in (("rules_cpu_s", "rules CPU"), ("lower_s", "lower, wall")):
+                series.setdefault(f"{r['family']}, {label}", []).append((r["nodes_built"], r[key]))
+    points = [p for ps in series.values() for p in ps]
+    if not points:
+        return ""
+    w, h, m = 640, 420, 60
+    xs = [math.log10(x) for x, _ in points]
+    ys = [math.log10(max(y, 1e-3)) for _, y in points]
+    x0, x1 = math.floor(min(xs)), math.ceil(max(xs))
+    y0, y1 = math.floor(min(ys)), math.ceil(max(ys))
+    x1, y1 = max(x1, x0 + 1), max(y1, y0 + 1)
+
+    def px(x, y):
+        return (m + (math.log10(x) - x0) / (x1 - x0) * (w - 2 * m),
+                h - m - (math.log10(max(y, 1e-3)) - y0) / (y1 - y0) * (h - 2 * m))
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
+           'font-size="12">', f'<rect width="{w}" height="{h}" fill="white"/>']
+    for e in range(x0, x1 + 1):
+        x, _ = px(10 ** e, 10 ** y0)
+        out.append(f'<line x1="{x:.1f}" y1="{m}" x2="{x:.1f}" y2="{h - m}" stroke="#ddd"/>'
+                   f'<text x="{x:.1f}" y="{h - m + 16}" text-anchor="middle">{10 ** e:,}</text>')
+    for e in range(y0, y1 + 1):
+        _, y = px(10 ** x0, 10 ** e)
+        out.append(f'<line x1="{m}" y1="{y:.1f}" x2="{w - m}" y2="{y:.1f}" stroke="#ddd"/>'
+                   f'<text x="{m - 6}" y="{y + 4:.1f}" text-anchor="end">{10.0 ** e:g} s</text>')
+    out.append(f'<text x="{w / 2}" y="{h - 16}" text-anchor="middle">nodes built</text>')
+    colours = ["#1f77b4", "#aec7e8", "#d62728", "#ff9896"]
+    for i, (name, ps) in enumerate(sorted(series.items())):
+        ps = sorted(ps)
+        (ax, ay), (bx, by) = px(*ps[0]), px(ps[-1][0], ps[0][1] * ps[-1][0] / ps[0][0])
+        out.append(f'<line x1="{ax:.1f}" y1="{ay:.1f}" x2="{bx:.1f}" y2="{by:.1f}" stroke="#999" '
+                   'stroke-dasharray="2,3"/>')
+        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in (px(*p) for p in ps))
+        c = colours[i % len(colours)]
+        out.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="2"/>')
+        out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{c}"/>' for x, y in (px(*p) for p in ps)]
+        out.append(f'<text x="{m + 10}" y="{m + 14 + 14 * i}" fill="{c}">{name}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--sizes", default="100,1000,10000")
-    p.add_argument("--loop-sizes", default="100,1000", help="sizes of the many-loops family (10,000 nodes is "
-                   "1,250 circular-buffered loops: minutes of lowering)")
+    p.add_argument("--sizes", default="100,1000,3000,10000")
+    p.add_argument("--loop-sizes", default="100,300,600,1000", help="sizes of the many-loops family (from about "
+                   "700 nodes the kernel's :requires list outgrows the rule value bound)")
     p.add_argument("--scale-timeout", type=float, default=1500.0)
     p.add_argument("--skip-kernels", action="store_true", help="only the scaling part")
     p.add_argument("--scale-case", help=argparse.SUPPRESS)
@@ -207,7 +268,8 @@ def main(argv=None) -> int:
     meta = {"command": "python3 benchmarks/compile_times.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
             "python": platform.python_version(), "nvrtc": ".".join(map(str, nvrtc_version())),
-            "egglog": metadata.version("egglog"), "repeat": a.repeat}
+            "egglog": metadata.version("egglog"), "repeat": a.repeat,
+            "load": " / ".join(f"{x:.1f}" for x in os.getloadavg())}
     kernels = [] if a.skip_kernels else kernel_times(a.repeat)
     scale = scaling([int(s) for s in a.sizes.split(",") if s], [int(s) for s in a.loop_sizes.split(",") if s],
                     a.scale_timeout)
@@ -215,6 +277,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     md = markdown(kernels, scale, meta)
     (out / "compile_times.md").write_text(md)
+    (out / "compile_times.svg").write_text(svg_plot(scale))
     (out / "compile_times.json").write_text(json.dumps({"meta": meta, "kernels": kernels, "scaling": scale},
                                                        indent=1))
     print(md)

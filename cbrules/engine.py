@@ -8,8 +8,10 @@ Within a phase the first rule (in ``:after``/file order) with matches not applie
 all of them, each match checked again just before it is applied; then matching starts again from
 the first rule. A match is identified by the rule and the nodes it bound, so a rule fires once
 per set of nodes. Lowering works on a private copy of the user's graph, so a failure leaves the
-graph as it was. ``verify()`` runs after each phase; in debug mode the structural checks also run
-after each application.
+graph as it was. ``verify()`` runs after each phase that changed the graph (a phase that applied
+nothing, after a simplification that changed nothing, leaves a graph that already passed); in
+debug mode the structural checks also run after each application. ``Lowered.match_work`` counts
+the matcher's search steps, the measure of matching cost the scaling tests compare across sizes.
 
 Lowering is bounded: in a phase one rule may fire at most ``RULE_FIRINGS_PER_NODE`` times the
 number of nodes the graph had when the phase began, plus ``RULE_FIRINGS_EXTRA`` (the shipped rules
@@ -100,6 +102,7 @@ class Lowered:
     graph: KernelGraph
     trace: Optional[Trace]
     steps: int
+    match_work: int = 0  # matcher search steps (candidates and pattern elements tried): grows with the graph
 
 
 def _match_key(rule: GraphRule, b: dict) -> tuple:
@@ -152,6 +155,8 @@ class _Run:
         self.per_rule: Counter = Counter()  # applications of each rule in the current phase
         self.by_name: dict[str, GraphRule] = {}
         self.stop_after_phase: Optional[str] = None
+        self.match_work = 0
+        self.verified = False  # the graph is unchanged since it last passed verify()
         self.oracle = _oracle(tuple(rules.egg_forms)) if rules.egg_forms else None
 
     def _decider(self, kg: KernelGraph):
@@ -168,6 +173,7 @@ class _Run:
         return decide
 
     def lower(self, kg: KernelGraph) -> Lowered:
+        self.verified = True  # lower() verified the copy it hands over
         for phase in self.rules.phases:
             ordered = self.rules.in_phase(phase)  # once a phase: the order does not change while it runs
             self.phase, self.per_rule = phase, Counter()
@@ -190,17 +196,23 @@ class _Run:
                     self.step += 1
                     self.per_rule[rule.name] += 1
                     kg = _apply(kg, rule, b, self.step, phase, self.trace, self.debug)
+                    self.verified = False
                     if self.stop_after is not None and self.step >= self.stop_after:
-                        return Lowered(kg, self.trace, self.step)
-            self._verify(kg, f"after phase {phase!r} the graph is invalid")
+                        return self._done(kg)
+            if not self.verified:  # verify() is a pure check: an unchanged graph passes it again
+                self._verify(kg, f"after phase {phase!r} the graph is invalid")
+                self.verified = True
             if phase == self.stop_after_phase:
-                return Lowered(self._simplified(kg), self.trace, self.step)
+                return self._done(self._simplified(kg))
         kg = self._simplified(kg)
         self._check_time()
         self._verify(kg, "the lowered kernel cannot be generated", ready=True)
         if self.trace is not None:
             self.trace.complete = True
-        return Lowered(kg, self.trace, self.step)
+        return self._done(kg)
+
+    def _done(self, kg: KernelGraph) -> Lowered:
+        return Lowered(kg, self.trace, self.step, self.match_work)
 
     def _simplified(self, kg: KernelGraph) -> KernelGraph:
         """``kg`` with its terms simplified by egglog (once a lowering: after the last phase run)."""
@@ -254,13 +266,15 @@ class _Run:
         """The first rule (in order) with matches not applied yet, and all those matches."""
         index = Matcher(kg, deadline=self.deadline, decide=self._decider(kg))  # the graph does not change while we look
         for rule in rules:
+            m = index.fresh()
             try:
-                batch = [b for b in index.fresh().matches(rule.match, rule.where)
-                         if _match_key(rule, b) not in self.fired]
+                batch = [b for b in m.matches(rule.match, rule.where) if _match_key(rule, b) not in self.fired]
             except MatchTimeout:
                 raise self._time_error(rule) from None
             except _RULE_ERRORS as e:
                 raise _rule_error(rule, "matching", e) from e
+            finally:
+                self.match_work += m.ticks
             if batch:
                 return rule, batch
         return None
@@ -270,15 +284,17 @@ class _Run:
         nodes = {k: v for k, v in b.items() if isinstance(v, NodeRef)}
         if any(v.id not in kg for v in nodes.values()):
             return None
+        m = Matcher(kg, deadline=self.deadline, decide=self._decider(kg))
         try:
-            for b2 in Matcher(kg, deadline=self.deadline, decide=self._decider(kg)).matches(rule.match, rule.where,
-                                                                                         nodes):
+            for b2 in m.matches(rule.match, rule.where, nodes):
                 if _match_key(rule, b2) not in self.fired:
                     return b2
         except MatchTimeout:
             raise self._time_error(rule) from None
         except _RULE_ERRORS as e:
             raise _rule_error(rule, "matching", e) from e
+        finally:
+            self.match_work += m.ticks
         return None
 
 

@@ -46,6 +46,7 @@ class KernelGraph:
         grid = tuple(const(g) if isinstance(g, int) else g for g in (grid or (1, 1, 1)))
         self.g = nx.DiGraph()
         self._next_id = 0
+        self._effects: dict = {}  # node -> (its attribute items, reads, writes): see effects()
         self.trace = None  # set by lowering in debug mode
         self.root = self.add("kernel", None, origin={"by": "build"}, name=name, params=params,
                              block=block, grid=grid, symbols=symbols, requires=())
@@ -84,8 +85,10 @@ class KernelGraph:
                 self.add_depends(p, n)
 
     # ---------------------------------------------------------------------------- queries
+    # queries read networkx's adjacency dicts directly (``_node``, ``_succ``, ``_pred``): its view
+    # objects cost more than the lookups themselves, and the engine asks millions of them
     def __getitem__(self, n: int) -> dict:
-        return self.g.nodes[n]
+        return self.g._node[n]
 
     def __contains__(self, n: int) -> bool:
         return n in self.g
@@ -94,30 +97,30 @@ class KernelGraph:
         return self.g.number_of_nodes()
 
     def op(self, n: int) -> str:
-        return self.g.nodes[n]["op"]
+        return self.g._node[n]["op"]
 
     def attrs(self, n: int) -> dict:
         """The node's attributes without ``op`` and ``origin``."""
-        return {k: v for k, v in self.g.nodes[n].items() if k not in ("op", "origin")}
+        return {k: v for k, v in self.g._node[n].items() if k not in ("op", "origin")}
 
     def nodes(self, op: Optional[str] = None) -> list[int]:
-        return sorted(n for n, d in self.g.nodes(data=True) if op is None or d["op"] == op)
+        return sorted(n for n, d in self.g._node.items() if op is None or d["op"] == op)
 
     def by_op(self) -> dict[str, list[int]]:
         """Node ids grouped by op, each list sorted (one pass; matchers index with it)."""
         out: dict[str, list[int]] = {}
-        for n in sorted(self.g.nodes):
-            out.setdefault(self.g.nodes[n]["op"], []).append(n)
+        for n, d in sorted(self.g._node.items()):
+            out.setdefault(d["op"], []).append(n)
         return out
 
     def parent(self, n: int) -> Optional[int]:
-        for p, d in self.g.pred[n].items():
+        for p, d in self.g._pred[n].items():
             if d["kind"] == CONTAINS:
                 return p
         return None
 
     def children(self, n: int) -> list[int]:
-        return sorted(c for c, d in self.g.succ[n].items() if d["kind"] == CONTAINS)
+        return sorted(c for c, d in self.g._succ[n].items() if d["kind"] == CONTAINS)
 
     def depends_edges(self) -> list[tuple[int, int]]:
         return sorted((a, b) for a, b, k in self.g.edges(data="kind") if k == DEPENDS)
@@ -130,24 +133,45 @@ class KernelGraph:
             p = self.parent(p)
 
     def descendants(self, n: int) -> list[int]:
-        out, stack = [], list(self.children(n))
+        """Every node inside ``n``, in id order."""
+        return sorted(self._inside(n))
+
+    def _inside(self, n: int) -> Iterator[int]:
+        """Every node inside ``n``, in no particular order (one sort, or none, for the caller)."""
+        succ, stack = self.g._succ, [n]
         while stack:
-            c = stack.pop()
-            out.append(c)
-            stack.extend(self.children(c))
-        return sorted(out)
+            for c, d in succ[stack.pop()].items():
+                if d["kind"] == CONTAINS:
+                    yield c
+                    stack.append(c)
 
     def is_scope(self, n: int) -> bool:
-        return self.op(n) in SCOPES
+        return self.g._node[n]["op"] in SCOPES
 
     def effects(self, n: int) -> tuple[set[str], set[str]]:
         """Reads and writes of a node, including everything inside it when it is a scope."""
-        reads, writes = effects(self.op(n), self.g.nodes[n])
-        for d in (self.descendants(n) if self.is_scope(n) else ()):
-            r, w = effects(self.op(d), self.g.nodes[d])
+        r, w = self._own_effects(n)
+        reads, writes = set(r), set(w)
+        for d in (self._inside(n) if self.g._node[n]["op"] in SCOPES else ()):  # a union: order does not matter
+            r, w = self._own_effects(d)
             reads |= r
             writes |= w
         return reads, writes
+
+    def _own_effects(self, n: int) -> tuple[set[str], set[str]]:
+        """One node's own effects (callers must not change the sets), remembered: placing a node
+        asks for the effects of every sibling, so a scope of k children costs O(k) per placement,
+        not O(k) times the term walks. Attribute values are never changed in place (see copy()),
+        so the same value objects under the same keys mean the same effects."""
+        d = self.g._node[n]
+        cache = vars(self).setdefault("_effects", {})  # a graph made by __new__ (trace files) starts one
+        seen = cache.get(n)
+        if seen is not None and len(seen[0]) == len(d) and all(
+                k == k2 and v is v2 for (k, v), (k2, v2) in zip(seen[0], d.items())):
+            return seen[1], seen[2]
+        r, w = effects(d["op"], d)
+        cache[n] = (tuple(d.items()), r, w)
+        return r, w
 
     def kernel(self) -> dict:
         return self.g.nodes[self.root]
@@ -177,7 +201,7 @@ class KernelGraph:
         # one level deep is enough: attribute values are immutable (terms, tuples, strings) or, like
         # annotation and origin dicts, replaced rather than changed in place by builder and rules
         new.g = self.g.copy()
-        new._next_id, new.root, new.trace = self._next_id, self.root, None
+        new._next_id, new.root, new.trace, new._effects = self._next_id, self.root, None, {}
         return new
 
     def verify(self, ready: bool = False, structure_only: bool = False) -> None:
@@ -188,10 +212,11 @@ class KernelGraph:
 
     def walk(self, n: Optional[int] = None) -> Iterable[int]:
         """Every node of a subtree, parents before children, in id order."""
-        n = self.root if n is None else n
-        yield n
-        for c in self.children(n):
-            yield from self.walk(c)
+        stack = [self.root if n is None else n]
+        while stack:  # a stack, not recursion: a chain of generators costs its depth at every node
+            n = stack.pop()
+            yield n
+            stack.extend(reversed(self.children(n)))
 
 
 def _plain(v: Any) -> str:

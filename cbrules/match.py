@@ -148,27 +148,45 @@ class Matcher:
         self.kg = kg
         self.decide = decide
         self._orders: dict[int, list[int]] = {}
-        self._by_op = kg.by_op()
-        self._all = kg.nodes()
+        self._index: Optional[dict[str, list[int]]] = None  # op -> nodes, built on first use
+        self._within: dict[tuple[int, str], list[int]] = {}  # (scope, op) -> nodes inside, on first use
         self.deepest: tuple[int, str, Any] = (-1, "", None)
         self.deepest_bindings: dict = {}  # the bindings the deepest failure was tried with
         self.deadline = deadline
-        self._ticks = 0
+        self.ticks = 0  # search steps so far: candidates and pattern elements tried
 
     def fresh(self) -> "Matcher":
         """A matcher over the same (unchanged) graph sharing this one's indexes, with its own
         failure record."""
         m = Matcher.__new__(Matcher)
-        m.kg, m._orders, m._by_op, m._all = self.kg, self._orders, self._by_op, self._all
+        m.kg, m._orders, m._index, m._within = self.kg, self._orders, self.by_op(), self._within
         m.decide = self.decide
-        m.deepest, m.deadline, m._ticks = (-1, "", None), self.deadline, 0
+        m.deepest, m.deadline, m.ticks = (-1, "", None), self.deadline, 0
         m.deepest_bindings = {}
         return m
 
+    def by_op(self) -> dict[str, list[int]]:
+        """Node ids by op (``"_"``: every node), each sorted; built once, on first use, so that a
+        matcher for an anchored match (every node bound) costs nothing proportional to the graph."""
+        if self._index is None:
+            self._index = self.kg.by_op()
+            self._index["_"] = sorted(self.kg.g.nodes)
+        return self._index
+
+    def inside(self, scope: int, op: str) -> list[int]:
+        """The nodes of ``op`` (``"_"``: any) inside ``scope``, in id order; remembered, as the graph
+        does not change while a matcher is in use (a join over loops asks once per outer binding)."""
+        key = (scope, op)
+        got = self._within.get(key)
+        if got is None:
+            pool = self.kg.descendants(scope)
+            got = self._within[key] = pool if op == "_" else [n for n in pool if self.kg.op(n) == op]
+        return got
+
     def _tick(self) -> None:
         """Count a step of the search; look at the clock every 1024 steps."""
-        self._ticks += 1
-        if self.deadline is not None and not self._ticks & 1023 and time.monotonic() >= self.deadline:
+        self.ticks += 1
+        if self.deadline is not None and not self.ticks & 1023 and time.monotonic() >= self.deadline:
             raise MatchTimeout()
 
     def order(self, scope: int) -> list[int]:
@@ -238,7 +256,7 @@ class Matcher:
                 return f"{var}={_short(b[var])} is a {self.kg.op(n)} node, the pattern wants a {op}"
             pool = [n]
         else:
-            pool = [n for n in self._all if op == "_" or self.kg.op(n) == op]
+            pool = list(self.by_op().get(op, ()))
             if not pool:
                 return f"the graph has no {op} node"
         best = (-1, "")
@@ -277,13 +295,13 @@ class Matcher:
         elif among is not None:
             pool = among
         elif within is not None:
-            pool = self.kg.descendants(within)
+            return list(self.inside(within, op))
         elif "child-of" in keys:
             pool = self.kg.children(self._scope_of(keys["child-of"], b))
         elif "in" in keys:
-            pool = self.kg.descendants(self._scope_of(keys["in"], b))
+            return list(self.inside(self._scope_of(keys["in"], b), op))
         else:  # the whole graph: the op index, built once per matcher
-            return list(self._all if op == "_" else self._by_op.get(op, ()))
+            return list(self.by_op().get(op, ()))
         return [n for n in pool if op == "_" or self.kg.op(n) == op]
 
     def node_pattern(self, e: SList, b: dict, within: Optional[int] = None) -> Iterator[dict]:
@@ -407,7 +425,7 @@ class Matcher:
             pairs = [(m, ny) for m in (order[max(j - 1, 0):j] if adjacent else order[:j])]
         else:
             pairs = []
-            for scope in self._all:
+            for scope in self.by_op()["_"]:
                 if self.kg.is_scope(scope):
                     order = self.order(scope)
                     pairs += [(order[i], order[k]) for i in range(len(order))

@@ -275,6 +275,7 @@ def _names(kg: KernelGraph) -> None:
     buffers = kg.buffers()
     written_bufs = {kg[n]["dst"] for n in kg.nodes() if kg.op(n) in ("tma_load", "store")}
     registers = {kg[n]["dst"] for n in kg.nodes() if OPS[kg.op(n)].category == "compute" or kg.op(n) == "load"}
+    builtins = set(BUILTINS)
     for n in kg.nodes():
         d, op = kg[n], kg.op(n)
         for key in ("src", "dst", "barrier"):
@@ -301,10 +302,10 @@ def _names(kg: KernelGraph) -> None:
         loop_vars = {kg[a]["var"] for a in kg.ancestors(n) if kg.op(a) == "for"}
         if op == "for":
             loop_vars.discard(d["var"])
-        known = loop_vars | symbols | set(BUILTINS) | registers
         for t in term_values(op, d):
             for name in t.names():
-                if name not in known:
+                # four lookups, not a union per node: the registers alone grow with the graph
+                if name not in loop_vars and name not in symbols and name not in builtins and name not in registers:
                     raise GraphError("name-defined", f"{kg.describe(n)} uses {name!r} in {t}, which is not a "
                                      "loop variable in scope, a symbol, a builtin or a register", n)
 
