@@ -7,7 +7,7 @@ the kernel's numpy reference. A trip count below S must be refused with the name
 ``cb-reject-short-loop`` rule when the trip count is known at lowering time, by the launcher's
 ``requires`` check when it is known only at launch. A warp-specialized loop takes any trip count
 (its empty barriers bound the producer's lead), and its roles run under every schedule of
-:data:`cbrules.interp.SCHEDULES`.
+:data:`cbrules.reference.interp.SCHEDULES`.
 """
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from typing import Optional
 import numpy as np
 
 from . import api
-from .bind import BlocksLike, LaunchError
-from .engine import LoweringError
+from .ir.bind import BlocksLike, LaunchError
+from .rewrite.engine import LoweringError
 from .errors import CbrulesError
-from .interp import SCHEDULES, Program, prepare, run
+from .reference.interp import SCHEDULES, Program, prepare, run
 from .kernels import KernelSpec
-from .limits import TmaLimitError
-from .protocol import InterpError
+from .ir.limits import TmaLimitError
+from .reference.protocol import InterpError
 
 SHORT_LOOP_RULE = "cb-reject-short-loop"
 SHORT_LOOP_LAUNCH = "must be >= stages"

@@ -21,11 +21,12 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from . import api, options, rulefile, trace
-from .builder import Kernel
+from . import api, options, trace
+from .rewrite import rulefile
+from .ir.builder import Kernel
 from .errors import CbrulesError
 from .kernels import KERNELS, KernelSpec, get
-from .ops import HALF_DTYPES
+from .ir.ops import HALF_DTYPES
 from .schedule import print_program, schedule
 
 TRACEBACK_VAR = "CBRULES_TRACEBACK"
@@ -167,7 +168,7 @@ def _compile(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
 
 
 def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=sys.stdout, dtype: str = "float32") -> bool:
-    from codegen import runtime
+    from .codegen import runtime
     if spec.inputs is None or spec.reference is None:
         raise CliError(f"{spec.name}: the kernel file defines no inputs()/reference(), so it cannot be run")
     rng = np.random.default_rng(0)
@@ -201,7 +202,7 @@ def cmd_kernels(a) -> int:
 
 
 def cmd_ops(a) -> int:
-    from .ops import COMMON_DOC, OP_DOCS, OPS
+    from .ir.ops import COMMON_DOC, OP_DOCS, OPS
     for op, spec in OPS.items():
         def names(keys):
             return " ".join(f":{k}" + ("*" if k in spec.terms else "") for k in keys) or "-"
@@ -243,7 +244,7 @@ def cmd_rules(a) -> int:
 
 def cmd_trace(a) -> int:
     from . import tracefile, viewer
-    from .engine import LoweringError
+    from .rewrite.engine import LoweringError
     if a.kernel.endswith(tracefile.SUFFIX):  # a saved trace: ask it, do not lower again
         if a.save or any(getattr(a, k) is not None for k in ("stages", "prefetch", "war", "shape", "stop_after",
                                                              "stop_after_phase", "rules")):
@@ -270,7 +271,7 @@ def cmd_trace(a) -> int:
             if a.query is None and not a.html:
                 return 0
     if a.html:
-        from codegen.cuda import emit
+        from .codegen.cuda import emit
         cuda = emit(schedule(kg), annotate=True).text if t.complete else "// lowering stopped early: no CUDA"
         _write(a.html, viewer.page(t, cuda, f"cbrules trace {name}: {len(t.records)} steps"))
         print(f"wrote {a.html}: {len(t.records)} steps; open it in a browser")
@@ -315,7 +316,7 @@ def _trace_query(a, t, kg):
     if q == "dot":
         _need(a, "step")
         return trace.to_dot(t, a.step)
-    from codegen.cuda import emit
+    from .codegen.cuda import emit
     return emit(schedule(kg), annotate=True).text
 
 
@@ -346,7 +347,7 @@ def cmd_compile(a) -> int:
 
 
 def cmd_run(a) -> int:
-    from codegen import runtime
+    from .codegen import runtime
     spec = load_kernel(a.kernel)
     ck, summary = _compile(spec, _kernel(a, spec), **_lower_options(a))
     print(summary)
@@ -357,7 +358,7 @@ def cmd_run(a) -> int:
 
 
 def cmd_demo(a) -> int:
-    from codegen import runtime
+    from .codegen import runtime
     spec = get("single_dim")
     kernel = spec.build(stages=3)
     ck, summary = _compile(spec, kernel, annotate=a.debug)
@@ -374,7 +375,7 @@ def cmd_demo(a) -> int:
 
 def cmd_check(a) -> int:
     from .check import MAX_STAGES, Checker, summary_table, trip_counts
-    from .interp import SCHEDULES
+    from .reference.interp import SCHEDULES
     stages = a.stages if a.stages is not None else 3
     if not 1 <= stages <= MAX_STAGES:
         raise CliError(f"check --stages {stages}: the checker runs 4*S trip counts, so it takes 1 <= S <= "

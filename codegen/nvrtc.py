@@ -156,7 +156,7 @@ def compile_cuda(
     ``entry`` must be an ``extern "C"`` kernel; the file name NVRTC sees is
     ``f"{entry}.cu"``. Extra ``options`` follow the defaults
     (``--gpu-architecture``, ``-std=c++17``, ``-Xptxas=-v``). Results are
-    cached on disk (see :func:`default_cache_dir` and :mod:`codegen.cache`) keyed
+    cached on disk (see :func:`default_cache_dir` and :mod:`cbrules.codegen.cache`) keyed
     by source, arch, options and NVRTC version; a cache that cannot be used is a
     CacheWarning and a fresh compile. Raises CompileError on compilation failure.
     """

@@ -14,7 +14,7 @@ settings.load_profile("cbrules")
 
 
 def pytest_collection_modifyitems(config, items):
-    from codegen.runtime import gpu_available
+    from cbrules.codegen.runtime import gpu_available
     if gpu_available():
         return
     skip = pytest.mark.skip(reason="needs a compute-capability 9.x GPU (none found)")

@@ -2,7 +2,7 @@
 import textwrap
 from pathlib import Path
 
-from cbrules import rulefile
+from cbrules.rewrite import rulefile
 
 
 def write_rules(folder: Path, text: str, name: str = "test.rules") -> Path:

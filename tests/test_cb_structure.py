@@ -2,7 +2,7 @@
 import pytest
 
 from cbrules import api
-from cbrules.terms import evaluate
+from cbrules.ir.terms import evaluate
 from cbmatrix import CASES, case_id, spec
 
 # bytes that each arrive_expect_tx of one stage announces, per kernel (tile bytes of each buffer)

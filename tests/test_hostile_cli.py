@@ -8,7 +8,8 @@ import textwrap
 
 import pytest
 
-from cbrules import api, cli, engine
+from cbrules import api, cli
+from cbrules.rewrite import engine
 from rulekit import write_rules
 from hostile import within
 
@@ -26,7 +27,7 @@ def files(tmp_path_factory):
         "buildfails.py": "def build():\n    return {}['missing']\n",
         "notkernel.py": "def build():\n    return 42\n",
         "badshape.py": textwrap.dedent('''
-            from cbrules.builder import Kernel
+            from cbrules.ir.builder import Kernel
             SHAPE = "not a shape"
             def build():
                 return Kernel("k", block=32)

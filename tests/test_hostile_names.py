@@ -8,14 +8,16 @@ from hypothesis import strategies as st
 from rulekit import write_rules
 
 from benchmarks.ops import OPS, build_variant
-from cbrules import api, names, rulefile
-from cbrules.builder import BuildError, Kernel, circular_buffer, threadIdx
-from cbrules.engine import LoweringError
+from cbrules import api
+from cbrules.ir import names
+from cbrules.rewrite import rulefile
+from cbrules.ir.builder import BuildError, Kernel, circular_buffer, threadIdx
+from cbrules.rewrite.engine import LoweringError
 from cbrules.kernels import KERNELS
-from cbrules.names import IdentifierError, NameClashError
+from cbrules.ir.names import IdentifierError, NameClashError
 from cbrules.schedule import schedule
-from cbrules.sexpr import RuleError
-from codegen.cuda import PRELUDE, PRELUDE_ROLES, emit
+from cbrules.rewrite.sexpr import RuleError
+from cbrules.codegen.cuda import PRELUDE, PRELUDE_ROLES, emit
 
 INJECTION = "N\n#define exp(x) 0\n"
 

@@ -10,10 +10,10 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..bind import NP_DTYPES
+from ..ir.bind import NP_DTYPES
 from ..errors import CbrulesError
-from ..builder import Kernel
-from ..ops import HALF_DTYPES
+from ..ir.builder import Kernel
+from ..ir.ops import HALF_DTYPES
 from . import matmul as _mm
 from . import pointwise1d as _p1
 from . import reductions as _red

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from .errors import CbrulesError
+from ..errors import CbrulesError
 from .ops import DTYPE_BYTES
 
 
