@@ -63,3 +63,10 @@ def compile(kernel: KernelLike, *, annotate: bool = False, options: Sequence[str
     from .codegen.nvrtc import compile_cuda
     src = generate(kernel, annotate=annotate, **lower_options)
     return CompiledKernel(src, compile_cuda(src.text, src.name, options=options, cache_dir=cache_dir))
+
+
+def ptx(kernel: KernelLike, *, annotate: bool = False, options: Sequence[str] = (), **lower_options) -> str:
+    """Lower, generate and NVRTC-compile to PTX for compute_90a; returns the PTX text."""
+    from .codegen.nvrtc import compile_ptx
+    src = generate(kernel, annotate=annotate, **lower_options)
+    return compile_ptx(src.text, src.name, options=options)

@@ -23,13 +23,13 @@ from .rewrite.engine import LoweringError
 from .errors import CbrulesError
 from .reference.interp import SCHEDULES, Program, prepare, run
 from .kernels import KernelSpec
-from .ir.limits import TmaLimitError
+from .ir.limits import MAX_CHECK_STAGES, TmaLimitError
 from .reference.protocol import InterpError
 
 SHORT_LOOP_RULE = "cb-reject-short-loop"
 SHORT_LOOP_LAUNCH = "must be >= stages"
 # 4*S trip counts take up to seconds each on the CPU: S = 16 is already 64 lowerings and interpretations
-MAX_STAGES = 16
+MAX_STAGES = MAX_CHECK_STAGES  # 4*S trip counts per case (cbrules.ir.limits)
 
 
 class CheckLimitError(CbrulesError, ValueError):
@@ -213,11 +213,16 @@ def trip_counts(stages: int) -> range:
     return range(1, 4 * stages + 1)
 
 
+TABLE_HEADER = f"{'trips':>5}  {'shape':<12} {'result':<8} {'vs numpy':>9} {'vs before':>9} {'time':>7}  detail"
+
+
+def table_row(r: CaseResult) -> str:
+    """One trip count's line of the results table (under :data:`TABLE_HEADER`)."""
+    fmt = lambda x: "-" if x is None else f"{x:.2g}"  # noqa: E731
+    return (f"{r.trips:>5}  {'x'.join(map(str, r.shape)):<12} {r.status:<8} {fmt(r.err_numpy):>9} "
+            f"{fmt(r.err_unlowered):>9} {r.seconds:>6.2f}s  {r.detail}")
+
+
 def summary_table(results: list[CaseResult]) -> str:
     """The results as a fixed-width table, one line per trip count."""
-    lines = [f"{'trips':>5}  {'shape':<12} {'result':<8} {'vs numpy':>9} {'vs before':>9} {'time':>7}  detail"]
-    for r in results:
-        fmt = lambda x: "-" if x is None else f"{x:.2g}"  # noqa: E731
-        lines.append(f"{r.trips:>5}  {'x'.join(map(str, r.shape)):<12} {r.status:<8} {fmt(r.err_numpy):>9} "
-                     f"{fmt(r.err_unlowered):>9} {r.seconds:>6.2f}s  {r.detail}")
-    return "\n".join(lines)
+    return "\n".join([TABLE_HEADER, *(table_row(r) for r in results)])

@@ -237,7 +237,9 @@ def _variants():
     for name, spec in KERNELS.items():
         yield name, spec.build
     for op in OPS.values():
-        for kname, params in {(op.generated(s)[0], tuple(op.generated(s)[1].items())) for s in op.shapes}:
+        # sorted: a set's order differs per process, and parallel workers must collect the same tests
+        for kname, params in sorted({(op.generated(s)[0], tuple(op.generated(s)[1].items())) for s in op.shapes},
+                                    key=repr):
             for stages in (1, 3):
                 yield f"bench-{op.name}-{kname}-{dict(params)}-S{stages}", \
                     lambda kname=kname, params=params, stages=stages: build_variant(kname, stages, **dict(params))

@@ -12,6 +12,9 @@ from typing import Any, Sequence
 from ..errors import CbrulesError
 from .ops import DTYPE_BYTES
 
+# the CPU checker (`cbrules check`) runs 4*S trip counts per case: S is bounded so a check ends in minutes
+MAX_CHECK_STAGES = 16
+
 
 class TmaLimitError(CbrulesError, ValueError):
     """A TMA tensor-map limit is violated.
