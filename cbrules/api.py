@@ -59,9 +59,16 @@ def generate(kernel: KernelLike, annotate: bool = False, **lower_options):
 def compile(kernel: KernelLike, *, annotate: bool = False, options: Sequence[str] = (),
             cache_dir: Optional[str] = None, **lower_options):
     """Lower, generate and NVRTC-compile; returns a launchable :class:`cbrules.codegen.launch.CompiledKernel`."""
+    return compile_lowered(lower(kernel, **lower_options), annotate=annotate, options=options, cache_dir=cache_dir)
+
+
+def compile_lowered(kg: KernelGraph, *, annotate: bool = False, options: Sequence[str] = (),
+                    cache_dir: Optional[str] = None):
+    """Generate and NVRTC-compile a graph :func:`lower` returned (without lowering it again)."""
+    from .codegen.cuda import emit
     from .codegen.launch import CompiledKernel
     from .codegen.nvrtc import compile_cuda
-    src = generate(kernel, annotate=annotate, **lower_options)
+    src = emit(schedule(kg), annotate=annotate)
     return CompiledKernel(src, compile_cuda(src.text, src.name, options=options, cache_dir=cache_dir))
 
 

@@ -148,7 +148,7 @@ def test_fifo_is_refused_without_blocking(tmp_path):
     folder = tmp_path / "r"
     folder.mkdir()
     os.mkfifo(folder / "x.rules")
-    code = ("import sys\nfrom cbrules import rulefile\n"
+    code = ("import sys\nfrom cbrules.rewrite import rulefile\n"
             "for d in (sys.argv[1], sys.argv[1] + '/x.rules'):\n"
             "    try:\n        rulefile.load([d])\n"
             "    except rulefile.RulePathError as e:\n        print(e)\n")
