@@ -38,11 +38,12 @@ def _median_time(fn, repeat: int):
 
 
 def kernel_times(repeat: int) -> list[dict]:
-    from cbrules import api, engine
+    from cbrules import api
+    from cbrules.rewrite import engine
     from cbrules.kernels import KERNELS
     from cbrules.schedule import schedule
-    from codegen.cuda import emit
-    from codegen.nvrtc import compile_cuda
+    from cbrules.codegen.cuda import emit
+    from cbrules.codegen.nvrtc import compile_cuda
 
     rules = api.load_rules()
     api.lower(KERNELS["single_dim"].build(stages=3))  # warm-up: imports, egglog start-up
@@ -83,7 +84,7 @@ def kernel_times(repeat: int) -> list[dict]:
 
 def synthetic(family: str, nodes: int):
     """A kernel of about ``nodes`` nodes as built."""
-    from cbrules.builder import Kernel, ceil_div, circular_buffer, threadIdx
+    from cbrules.ir.builder import Kernel, ceil_div, circular_buffer, threadIdx
     k = Kernel(f"synthetic_{family.replace(' ', '_')}", block=256)
     n = k.symbol("N")
     x, out = k.tensor("x", (n,)), k.tensor("out", (n,))
@@ -109,7 +110,8 @@ def synthetic(family: str, nodes: int):
 
 
 def scale_case(family: str, nodes: int) -> dict:
-    from cbrules import api, engine
+    from cbrules import api
+    from cbrules.rewrite import engine
     rules = api.load_rules()
     api.lower(synthetic(family, 100))  # warm-up
     t0 = time.perf_counter()
@@ -164,7 +166,7 @@ def markdown(kernels: list[dict], scale: list[dict], meta: dict) -> str:
              "each run (egglog simplifies once, after the last phase; its rule file is loaded once per process); "
              "lower, cached = the same with the cache of simplified term sets warm (lowering the same kernel "
              "again: the checker, the CLI, the benchmarks); egglog = the egglog record's seconds in a debug-mode "
-             "trace (cache emptied); schedule = `cbrules.schedule.schedule`; codegen = `codegen.cuda.emit`.", "",
+             "trace (cache emptied); schedule = `cbrules.schedule.schedule`; codegen = `cbrules.codegen.cuda.emit`.", "",
              "| kernel | nodes built → lowered | rule applications | rules | egglog | lower (rules + egglog) | "
              "lower, cached | egglog / lower | schedule | codegen | NVRTC cold | NVRTC warm (cache hit) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -175,7 +177,7 @@ def markdown(kernels: list[dict], scale: list[dict], meta: dict) -> str:
                      f"{_f(r['codegen_s'], 'ms')} | {_f(r['nvrtc_cold_s'])} | {_f(r['nvrtc_warm_s'], 'ms')} |")
     lines += ["", "## Engine scaling (synthetic kernels)", "",
               "long body: one circular-buffered loop whose body is a chain of elementwise ops; many loops: "
-              "N/8 circular-buffered loops of 8 nodes each. build = the builder (`cbrules.builder`) making the "
+              "N/8 circular-buffered loops of 8 nodes each. build = the builder (`cbrules.ir.builder`) making the "
               "graph; rules = `engine.lower(simplify=False)`; lower = `api.lower` (with egglog); match work = "
               "the matcher's search steps (`Lowered.match_work`: candidates and pattern elements tried); rules CPU = "
               "the process's CPU seconds for rules (less stretched than wall time by other work on the machine; the "
@@ -264,7 +266,7 @@ def main(argv=None) -> int:
         return 0
     import platform
     from importlib import metadata
-    from codegen.nvrtc import nvrtc_version
+    from cbrules.codegen.nvrtc import nvrtc_version
     meta = {"command": "python3 benchmarks/compile_times.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
             "python": platform.python_version(), "nvrtc": ".".join(map(str, nvrtc_version())),

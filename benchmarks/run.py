@@ -160,7 +160,7 @@ def main(argv=None) -> int:
         meta["device"] = {"name": "none (dry run)"}
         return dry_run(ops, a.shapes, out, meta, a.dtype, [int(s) for s in a.stages.split(",")], a.tma_store)
 
-    from codegen import runtime
+    from cbrules.codegen import runtime
     if not runtime.gpu_available():
         print("no compute-capability 9.x GPU here; use --dry-run to check the harness", file=sys.stderr)
         return 2

@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     import torch
     from cbrules import api
     from cbrules.kernels import KERNELS
-    from codegen import runtime
+    from cbrules.codegen import runtime
 
     torch.backends.cuda.matmul.allow_tf32 = False
     m, n = (int(v) for v in a.shape.split("x")[:2])

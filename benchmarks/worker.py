@@ -6,7 +6,7 @@ still leaves what it measured.
 
 Each implementation is validated (output poisoned with NaN, one launch, ``torch.allclose``
 against the torch result on the device) before it is timed: ``warmup`` launches, then ``reps``
-launches each between two CUDA events (``codegen.runtime.time_launch``), median reported.
+launches each between two CUDA events (``cbrules.codegen.runtime.time_launch``), median reported.
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from codegen import runtime
+    from cbrules.codegen import runtime
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")

@@ -7,7 +7,7 @@ the kernel's numpy reference. A trip count below S must be refused with code ``s
 ``cb-reject-short-loop`` rule when the trip count is known at lowering time, by the launcher's
 ``requires`` check when it is known only at launch. A warp-specialized loop takes any trip count
 (its empty barriers bound the producer's lead), and its roles run under every schedule of
-:data:`cbrules.interp.SCHEDULES`.
+:data:`cbrules.reference.interp.SCHEDULES`.
 """
 from __future__ import annotations
 
@@ -18,19 +18,19 @@ from typing import Optional
 import numpy as np
 
 from . import api
-from .bind import BlocksLike, LaunchError
-from .engine import LoweringError
+from .ir.bind import BlocksLike, LaunchError
+from .rewrite.engine import LoweringError
 from .errors import CbrulesError
-from .interp import SCHEDULES, Program, prepare, run
+from .reference.interp import SCHEDULES, Program, prepare, run
 from .kernels import KernelSpec
-from .limits import TmaLimitError
-from .protocol import InterpError
+from .ir.limits import MAX_CHECK_STAGES, TmaLimitError
+from .reference.protocol import InterpError
 
 # the code of the refusal of a trip count below S: the rule's (fail :code short-loop ...) at
 # lowering time, the kernel's `requires` entry with that code at launch
 SHORT_LOOP = "short-loop"
 # 4*S trip counts take up to seconds each on the CPU: S = 16 is already 64 lowerings and interpretations
-MAX_STAGES = 16
+MAX_STAGES = MAX_CHECK_STAGES  # 4*S trip counts per case (cbrules.ir.limits)
 
 
 class CheckLimitError(CbrulesError, ValueError):
@@ -217,11 +217,16 @@ def trip_counts(stages: int) -> range:
     return range(1, 4 * stages + 1)
 
 
+TABLE_HEADER = f"{'trips':>5}  {'shape':<12} {'result':<8} {'vs numpy':>9} {'vs before':>9} {'time':>7}  detail"
+
+
+def table_row(r: CaseResult) -> str:
+    """One trip count's line of the results table (under :data:`TABLE_HEADER`)."""
+    fmt = lambda x: "-" if x is None else f"{x:.2g}"  # noqa: E731
+    return (f"{r.trips:>5}  {'x'.join(map(str, r.shape)):<12} {r.status:<8} {fmt(r.err_numpy):>9} "
+            f"{fmt(r.err_unlowered):>9} {r.seconds:>6.2f}s  {r.detail}")
+
+
 def summary_table(results: list[CaseResult]) -> str:
     """The results as a fixed-width table, one line per trip count."""
-    lines = [f"{'trips':>5}  {'shape':<12} {'result':<8} {'vs numpy':>9} {'vs before':>9} {'time':>7}  detail"]
-    for r in results:
-        fmt = lambda x: "-" if x is None else f"{x:.2g}"  # noqa: E731
-        lines.append(f"{r.trips:>5}  {'x'.join(map(str, r.shape)):<12} {r.status:<8} {fmt(r.err_numpy):>9} "
-                     f"{fmt(r.err_unlowered):>9} {r.seconds:>6.2f}s  {r.detail}")
-    return "\n".join(lines)
+    return "\n".join([TABLE_HEADER, *(table_row(r) for r in results)])

@@ -1,6 +1,7 @@
-"""The ``cbrules`` command line: demo, kernels, lower, compile, run, check.
+"""The ``cbrules`` command line: demo, kernels, ops, lower, rules, trace, compile, run, check.
 
-User errors never end in a Python traceback: a named error prints one line (exit 1), a wrong
+Each command imports what it uses (numpy, networkx, egglog, CUDA load only where needed), so
+``--help``, ``--version``, ``kernels``, ``ops`` and ``rules`` start fast. User errors never end in a Python traceback: a named error prints one line (exit 1), a wrong
 command line prints one line (exit 2), anything else is a bug in cbrules and prints one line
 saying so (exit 3; ``CBRULES_TRACEBACK=1`` shows the traceback).
 """
@@ -10,6 +11,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import math
 import os
 import runpy
 import statistics
@@ -17,16 +19,16 @@ import sys
 import traceback
 import warnings
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-import numpy as np
-
-from . import api, options, rulefile, trace
-from .builder import Kernel
+from . import __version__
 from .errors import CbrulesError
-from .kernels import KERNELS, KernelSpec, get
-from .ops import HALF_DTYPES
-from .schedule import print_program, schedule
+from .ir.limits import MAX_CHECK_STAGES
+from .ir.ops import HALF_DTYPES
+from .rewrite import rulefile
+
+if TYPE_CHECKING:
+    from .kernels.specs import KernelSpec
 
 TRACEBACK_VAR = "CBRULES_TRACEBACK"
 MAX_ELEMENTS = 2 ** 31  # the launcher refuses tensors past 2**31 elements: refuse such shapes up front
@@ -45,6 +47,7 @@ def load_kernel(ref: str) -> KernelSpec:
 
     A kernel file that fails (a syntax error, any exception while it runs or builds, no ``build``)
     is a :class:`CliError` naming the file, the line and the exception."""
+    from .kernels import KernelSpec, get
     if ref.endswith(".py") or Path(ref).is_file():
         path = Path(ref)
         if not path.is_file():
@@ -62,7 +65,7 @@ def load_kernel(ref: str) -> KernelSpec:
         return KernelSpec(path.stem, str(ns.get("__doc__") or ""), _built(path, build),
                           _guarded(path, "calling inputs() of", inputs) if callable(inputs) else None,
                           _guarded(path, "calling reference() of", reference) if callable(reference) else None,
-                          outputs, shape, pipelined=False, dtypes=("float32",))
+                          outputs, shape, pipelined=_takes_options(build), dtypes=("float32",))
     try:
         return get(ref)
     except KeyError as e:
@@ -83,7 +86,19 @@ def _guarded(path: Path, doing: str, fn: Callable) -> Callable:
     return call
 
 
+def _takes_options(build: Callable) -> bool:
+    """Whether a kernel file's build() takes the circular-buffer options (as keywords)."""
+    import inspect
+    try:
+        params = inspect.signature(build).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind == p.VAR_KEYWORD or p.name == "stages" for p in params)
+
+
 def _built(path: Path, build: Callable) -> Callable:
+    from .ir.builder import Kernel
+
     def factory(**options):
         k = _guarded(path, "calling build() of", build)(**options)
         if not isinstance(k, Kernel):
@@ -125,7 +140,7 @@ def _shape(a, spec: KernelSpec) -> tuple:
     if len(shape) != len(spec.default_shape):
         raise CliError(f"--shape {a.shape!r}: {spec.name} takes {len(spec.default_shape)} size(s), e.g. "
                        + ",".join(map(str, spec.default_shape)))
-    if any(x < 1 for x in shape) or int(np.prod(shape, dtype=object)) > MAX_ELEMENTS:
+    if any(x < 1 for x in shape) or math.prod(shape) > MAX_ELEMENTS:
         raise CliError(f"--shape {a.shape!r}: sizes must be >= 1 and {MAX_ELEMENTS} elements at most")
     return shape
 
@@ -148,7 +163,13 @@ def _warp_options(a) -> dict:
 
 
 def _kernel(a, spec: KernelSpec):
-    """The kernel with the command line's circular-buffer options."""
+    """The kernel with the command line's circular-buffer options; options it cannot take are an error."""
+    given = [k for k in ("stages", "prefetch", "war", "registers") if getattr(a, k, None) is not None]
+    given += ["warp-specialize"] if getattr(a, "warp_specialize", False) else []
+    if given and not spec.pipelined:
+        raise CliError(f"{spec.name}: its build() takes no circular-buffer options, so "
+                       f"{', '.join('--' + k for k in given)} would be ignored; drop them, or give build() "
+                       "keyword parameters (stages=None, prefetch=None, war=None, ...) and pass them on")
     return spec.build(_shape(a, spec), stages=getattr(a, "stages", None), prefetch=getattr(a, "prefetch", None),
                       war=getattr(a, "war", None), dtype=_dtype(a), tma_store=bool(getattr(a, "tma_store", False)),
                       swizzle=getattr(a, "swizzle", None) or "none", **_warp_options(a))
@@ -159,6 +180,7 @@ def _dtype(a) -> str:
 
 
 def _compile(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
+    from . import api
     ck = api.compile(kernel, annotate=annotate, **lower_options)
     r = ck.cubin.resources
     return ck, (f"{ck.name}: {r.registers} registers, {ck.source.shared_bytes} B dynamic shared memory, "
@@ -167,7 +189,9 @@ def _compile(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
 
 
 def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=sys.stdout, dtype: str = "float32") -> bool:
-    from codegen import runtime
+    import numpy as np
+
+    from .codegen import runtime
     if spec.inputs is None or spec.reference is None:
         raise CliError(f"{spec.name}: the kernel file defines no inputs()/reference(), so it cannot be run")
     rng = np.random.default_rng(0)
@@ -195,13 +219,14 @@ def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=sys.stdout, dtype: s
 
 
 def cmd_kernels(a) -> int:
-    for name, spec in sorted(KERNELS.items()):
-        print(f"{name:16s} {spec.doc}")
+    from .kernels import CATALOG
+    for name, doc in sorted(CATALOG.items()):
+        print(f"{name:16s} {doc}")
     return 0
 
 
 def cmd_ops(a) -> int:
-    from .ops import COMMON_DOC, OP_DOCS, OPS
+    from .ir.ops import COMMON_DOC, OP_DOCS, OPS
     for op, spec in OPS.items():
         def names(keys):
             return " ".join(f":{k}" + ("*" if k in spec.terms else "") for k in keys) or "-"
@@ -213,6 +238,8 @@ def cmd_ops(a) -> int:
 
 
 def cmd_lower(a) -> int:
+    from . import api, options, trace
+    from .schedule import print_program, schedule
     spec = load_kernel(a.kernel)
     built = _kernel(a, spec)
     kg = api.lower(built, **_lower_options(a))
@@ -242,8 +269,9 @@ def cmd_rules(a) -> int:
 
 
 def cmd_trace(a) -> int:
-    from . import tracefile, viewer
-    from .engine import LoweringError
+    from . import api, options, trace, tracefile, viewer
+    from .schedule import schedule
+    from .rewrite.engine import LoweringError
     if a.kernel.endswith(tracefile.SUFFIX):  # a saved trace: ask it, do not lower again
         if a.save or any(getattr(a, k) is not None for k in ("stages", "prefetch", "war", "shape", "stop_after",
                                                              "stop_after_phase", "rules")):
@@ -270,7 +298,7 @@ def cmd_trace(a) -> int:
             if a.query is None and not a.html:
                 return 0
     if a.html:
-        from codegen.cuda import emit
+        from .codegen.cuda import emit
         cuda = emit(schedule(kg), annotate=True).text if t.complete else "// lowering stopped early: no CUDA"
         _write(a.html, viewer.page(t, cuda, f"cbrules trace {name}: {len(t.records)} steps"))
         print(f"wrote {a.html}: {len(t.records)} steps; open it in a browser")
@@ -294,6 +322,8 @@ def cmd_trace(a) -> int:
 
 def _trace_query(a, t, kg):
     """The answer of one trace query: text, or lines (both plain data for --json)."""
+    from . import trace
+    from .schedule import schedule
     q = a.query
     if q == "counts":
         rows = trace.counts(t)
@@ -315,7 +345,7 @@ def _trace_query(a, t, kg):
     if q == "dot":
         _need(a, "step")
         return trace.to_dot(t, a.step)
-    from codegen.cuda import emit
+    from .codegen.cuda import emit
     return emit(schedule(kg), annotate=True).text
 
 
@@ -336,17 +366,23 @@ def _need(a, *names: str) -> None:
 
 def cmd_compile(a) -> int:
     spec = load_kernel(a.kernel)
-    ck, summary = _compile(spec, _kernel(a, spec), annotate=a.annotate, **_lower_options(a))
+    kernel = _kernel(a, spec)
+    ck, summary = _compile(spec, kernel, annotate=a.annotate, **_lower_options(a))
+    if a.ptx:
+        from . import api
+        text = api.ptx(kernel, annotate=a.annotate, **_lower_options(a))
+    else:
+        text = ck.source.text
     if a.output:
-        _write(a.output, ck.source.text)
+        _write(a.output, text)
     elif not a.quiet:
-        print(ck.source.text)
+        print(text)
     print(summary)
     return 0
 
 
 def cmd_run(a) -> int:
-    from codegen import runtime
+    from .codegen import runtime
     spec = load_kernel(a.kernel)
     ck, summary = _compile(spec, _kernel(a, spec), **_lower_options(a))
     print(summary)
@@ -357,10 +393,11 @@ def cmd_run(a) -> int:
 
 
 def cmd_demo(a) -> int:
-    from codegen import runtime
+    from .codegen import runtime
+    from .kernels import get
     spec = get("single_dim")
     kernel = spec.build(stages=3)
-    ck, summary = _compile(spec, kernel, annotate=a.debug)
+    ck, summary = _compile(spec, kernel, annotate=a.annotate)
     if not a.quiet:
         print(ck.source.text.split("// cbrules prelude")[0] + ck.source.text[ck.source.text.index('extern "C"'):])
     print(summary)
@@ -373,22 +410,21 @@ def cmd_demo(a) -> int:
 
 
 def cmd_check(a) -> int:
-    from .check import MAX_STAGES, Checker, summary_table, trip_counts
-    from .interp import SCHEDULES
     stages = a.stages if a.stages is not None else 3
     if stages == "auto":
         raise CliError("check --stages auto: the checker runs trip counts around a given S; give a number "
                        "(`cbrules lower KERNEL --stages auto` shows the S the rules choose)")
-    if not 1 <= stages <= MAX_STAGES:
+    if not 1 <= stages <= MAX_CHECK_STAGES:
         raise CliError(f"check --stages {stages}: the checker runs 4*S trip counts, so it takes 1 <= S <= "
-                       f"{MAX_STAGES} (the rules themselves refuse S < 2 with a named error)")
+                       f"{MAX_CHECK_STAGES} (the rules themselves refuse S < 2 with a named error)")
+    from .check import TABLE_HEADER, Checker, table_row, trip_counts
+    from .kernels import KERNELS
+    from .reference.interp import SCHEDULES
     spec = load_kernel(a.kernel)
     if not spec.pipelined or spec.shape_for_trips is None:
         raise CliError(f"{spec.name}: `cbrules check` needs a built-in circular-buffered kernel with small "
                        "shapes for the CPU checker (one of: " + ", ".join(
                            n for n, s in sorted(KERNELS.items()) if s.pipelined and s.shape_for_trips) + ")")
-    if a.shape:
-        raise CliError("check picks a small shape for every trip count itself; drop --shape")
     ws = _warp_options(a)
     asked = " ".join(f"--{k} {v}" for k, v in (("stages", a.stages), ("prefetch", a.prefetch), ("war", a.war),
                                                 ("registers", a.registers), ("dtype", a.dtype),
@@ -401,9 +437,15 @@ def cmd_check(a) -> int:
     checker = Checker(blocks="sample" if a.sample else None, dtype=_dtype(a), tma_store=a.tma_store,
                       swizzle=a.swizzle or "none", **_lower_options(a))
     print(_check_options(spec, checker, stages, a.prefetch, a.war, ws))
-    results = [checker.check(spec, t, stages, a.prefetch, a.war, warp_specialize=bool(ws["warp_specialize"]),
-                             registers=ws["registers"]) for t in trip_counts(stages)]
-    print(summary_table(results))
+    print(TABLE_HEADER, flush=True)
+    trips = trip_counts(stages)
+    results = []
+    for i, t in enumerate(trips):
+        _progress(f"check {spec.name}: trip count {t} ({i + 1}/{len(trips)}) ...")
+        results.append(checker.check(spec, t, stages, a.prefetch, a.war, warp_specialize=bool(ws["warp_specialize"]),
+                                     registers=ws["registers"]))
+        _progress("")
+        print(table_row(results[-1]), flush=True)  # each row as it finishes: a long check shows it is alive
     failed = [r for r in results if not r.ok]
     refused = sum(r.status == "refused" for r in results)
     print(f"{len(results)} trip counts: {len(results) - refused - len(failed)} ok, {refused} refused as "
@@ -411,9 +453,20 @@ def cmd_check(a) -> int:
     return 1 if failed else 0
 
 
+def _progress(text: str) -> None:
+    """A progress line on a terminal's stderr, overwritten by the next (nothing when stderr is a file or pipe)."""
+    try:
+        if sys.stderr.isatty():
+            sys.stderr.write("\r" + text.ljust(79)[:79] + ("" if text else "\r"))
+            sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
 def _check_options(spec: KernelSpec, checker, stages: int, prefetch: Optional[int], war: Optional[str],
                    ws: dict) -> str:
     """The effective options of the case with trip count S (the defaults filled in by the rules)."""
+    from . import api, options
     trips = stages
     built = spec.build(spec.shape_for_trips(trips), trips=trips, stages=stages, prefetch=prefetch, war=war,
                        dtype=checker.dtype, tma_store=checker.tma_store, swizzle=checker.swizzle, **ws)
@@ -448,9 +501,12 @@ def _stages(text: str):
         raise argparse.ArgumentTypeError(f"{text!r} is neither an integer nor auto") from None
 
 
-def _kernel_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("kernel", help="a built-in kernel name (see `cbrules kernels`) or a Python file defining build() "
-                   "(trace: also a saved FILE.cbtrace)")
+def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
+    if check:  # the CPU checker needs a built-in kernel's small shapes per trip count, and picks them itself
+        p.add_argument("kernel", help="a built-in circular-buffered kernel name (see `cbrules kernels`)")
+    else:
+        p.add_argument("kernel", help="a built-in kernel name (see `cbrules kernels`) or a Python file defining "
+                       "build() (trace: also a saved FILE.cbtrace)")
     p.add_argument("--stages", type=_stages, help="circular-buffer stages S (>= 2), or auto: the rules choose S "
                    "from the stage's bytes, the shared memory per block, the trip count and a cap (the trace says why)")
     p.add_argument("--prefetch", type=int, help="prefetch distance P in [0, S) (negative counts from S; default S-1)")
@@ -460,7 +516,8 @@ def _kernel_options(p: argparse.ArgumentParser) -> None:
                    "after the block's threads, issues the loads; the block's threads compute")
     p.add_argument("--registers", metavar="P,C", help="with --warp-specialize: registers of each producer and "
                    "each consumer thread (setmaxnreg), e.g. 40,232")
-    p.add_argument("--shape", help="problem shape, e.g. 1048576 or 500,1024 (also picks build-time sizes)")
+    if not check:
+        p.add_argument("--shape", help="problem shape, e.g. 1048576 or 500,1024 (also picks build-time sizes)")
     p.add_argument("--dtype", choices=["float32", *HALF_DTYPES], help="type of the kernel's tensors (default "
                    "float32; float16/bfloat16 are stored as such and computed in float32)")
     p.add_argument("--tma-store", action="store_true", help="write each output tile with one TMA store from a "
@@ -469,29 +526,34 @@ def _kernel_options(p: argparse.ArgumentParser) -> None:
                    "tiles (default none; swizzled boxes are one span wide, reads use the XOR address)")
 
 
-def _rule_options(p: argparse.ArgumentParser) -> None:
+def _rule_options(p: argparse.ArgumentParser, debug: bool = False) -> None:
     p.add_argument("--rules", action="append", metavar="DIR", help="add a rule folder (repeatable; also "
                    f"${rulefile.ENV_VAR})")
-    p.add_argument("--debug", action="store_true", help="record every rule application (also CBRULES_DEBUG=1)")
+    if debug:  # one meaning wherever it appears: list the rule applications (`trace` queries them)
+        p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+
+
+DEBUG_HELP = "record every rule application and print them after the program (also CBRULES_DEBUG=1)"
 
 
 def parser() -> argparse.ArgumentParser:
-    from .check import MAX_STAGES
+    """The command line: one sub-parser per command (README's command table lists the same)."""
     p = argparse.ArgumentParser(prog="cbrules", description="Declarative rules that turn GPU kernels into "
                                 "TMA circular-buffered Hopper kernels.", epilog=EXIT_CODES)
+    p.add_argument("--version", action="version", version=f"cbrules {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="build, print, compile and (on a Hopper GPU) run the default kernel")
     d.add_argument("--size", type=_count(1), default=1 << 26, help="elements (default 2**26)")
     d.add_argument("--reps", type=_count(1), default=50, help="timed launches (default 50)")
     d.add_argument("--quiet", action="store_true", help="do not print the CUDA source")
-    d.add_argument("--debug", action="store_true", help="mark each line with the rule that produced it")
+    d.add_argument("--annotate", action="store_true", help="mark each statement with what produced it")
     d.set_defaults(fn=cmd_demo)
     sub.add_parser("kernels", help="list the built-in kernels").set_defaults(fn=cmd_kernels)
     sub.add_parser("ops", help="the node ops rules match and build: attributes, which hold terms, what each "
                    "does").set_defaults(fn=cmd_ops)
     lo = sub.add_parser("lower", help="print the lowered kernel as a linear program")
     _kernel_options(lo)
-    _rule_options(lo)
+    _rule_options(lo, debug=True)
     lo.set_defaults(fn=cmd_lower)
     ru = sub.add_parser("rules", help="check or list the rule files")
     ru.add_argument("action", choices=["check", "list"], help="check: read and check only; list: every rule")
@@ -525,7 +587,9 @@ def parser() -> argparse.ArgumentParser:
     _kernel_options(c)
     _rule_options(c)
     c.add_argument("--annotate", action="store_true", help="mark each statement with what produced it")
-    c.add_argument("-o", "--output", help="write the CUDA source to this file instead of stdout")
+    c.add_argument("--ptx", action="store_true", help="print NVRTC's PTX (compute_90a) instead of the CUDA source")
+    c.add_argument("-o", "--output", help="write the CUDA source (or with --ptx the PTX) to this file instead of "
+                   "stdout")
     c.add_argument("--quiet", action="store_true", help="print only the resource summary")
     c.set_defaults(fn=cmd_compile)
     r = sub.add_parser("run", help="compile, run on the GPU and compare with numpy")
@@ -534,10 +598,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--reps", type=_count(1), default=20, help="timed launches (default 20)")
     r.set_defaults(fn=cmd_run)
     about = ("lower, then interpret on the CPU for trip counts 1..4*S with the barrier protocol checked, "
-             f"comparing with the kernel before lowering and with numpy (S <= {MAX_STAGES}: a larger --stages "
+             f"comparing with the kernel before lowering and with numpy (S <= {MAX_CHECK_STAGES}: a larger --stages "
              "is refused before any work)")
     ch = sub.add_parser("check", help=about, description=about)
-    _kernel_options(ch)
+    _kernel_options(ch, check=True)
     _rule_options(ch)
     ch.add_argument("--sample", action="store_true", help="run only the first, middle and last block of each grid")
     ch.set_defaults(fn=cmd_check)

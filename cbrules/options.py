@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .graph import KernelGraph
+from .ir.graph import KernelGraph
 
 OPTION_KEYS = ("stages", "prefetch", "war", "warp_specialize", "registers")
 

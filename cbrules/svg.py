@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from html import escape
 
-from .graph import KernelGraph
+from .ir.graph import KernelGraph
 from .schedule import Step, schedule
 
 ROW = 20  # px per row

@@ -1,6 +1,6 @@
 """Debug-mode queries over a lowering trace: which rule did what, to which node, and why not.
 
-All functions take the :class:`cbrules.engine.Trace` that ``lower(..., debug=True)`` records.
+All functions take the :class:`cbrules.rewrite.engine.Trace` that ``lower(..., debug=True)`` records.
 """
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Optional
 
-from .engine import Application, Trace
+from .rewrite.engine import Application, Trace
 from .errors import CbrulesError
-from .graph import KernelGraph
-from .match import RELATIONS, Matcher, split_keys
-from .rulefile import GraphRule, did_you_mean
+from .ir.graph import KernelGraph
+from .rewrite.match import RELATIONS, Matcher, split_keys
+from .rewrite.rulefile import GraphRule, did_you_mean
 from .schedule import print_program, schedule
-from .sexpr import Atom
-from .values import NodeRef
+from .rewrite.sexpr import Atom
+from .rewrite.values import NodeRef
 
 
 class TraceQueryError(CbrulesError, KeyError):

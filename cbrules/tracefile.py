@@ -14,14 +14,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .engine import Application, Trace
+from .rewrite.engine import Application, Trace
 from .errors import CbrulesError
-from .graph import CONTAINS, DEPENDS, KernelGraph, Param
-from .ops import OPS
-from .rulefile import from_texts
-from .sexpr import MAX_FILE_BYTES, RuleError
-from .terms import BINARY_OPS, UNARY_OPS, Term, call_problem
-from .verify import GraphError
+from .ir.graph import CONTAINS, DEPENDS, KernelGraph, Param
+from .ir.ops import OPS
+from .rewrite.rulefile import from_texts
+from .rewrite.sexpr import MAX_FILE_BYTES, RuleError
+from .ir.terms import BINARY_OPS, UNARY_OPS, Term, call_problem
+from .ir.verify import GraphError
 
 SUFFIX = ".cbtrace"
 FORMAT = "cbrules-trace-1"

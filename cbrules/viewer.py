@@ -14,12 +14,12 @@ import re
 from html import escape
 from typing import Optional
 
-from .engine import Trace
-from .graph import KernelGraph
+from .rewrite.engine import Trace
+from .ir.graph import KernelGraph
 from .svg import graph_svg
 from .trace import final_graph, graph_at
 
-# an annotated CUDA line ends in "... @ file:line #ID" or "... #ID (from ...)" (codegen.cuda)
+# an annotated CUDA line ends in "... @ file:line #ID" or "... #ID (from ...)" (cbrules.codegen.cuda)
 _NODE_NOTE = re.compile(r" #(\d+)(?: \(from .*\))?$")
 
 

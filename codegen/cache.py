@@ -1,4 +1,4 @@
-"""The on-disk cubin cache of :mod:`codegen.nvrtc`: one file per compile key in one folder.
+"""The on-disk cubin cache of :mod:`cbrules.codegen.nvrtc`: one file per compile key in one folder.
 
 An entry is ``MAGIC | SHA-256 | u32 metadata length | JSON metadata (key, log, ...) | cubin``; the
 SHA-256 covers every byte after it and the magic is compared exactly, so any damage to the header,
@@ -6,7 +6,7 @@ the log or the cubin is detected. Entries are written to a temporary file and re
 so concurrent writers and readers see a whole entry or none.
 
 The cache is a convenience: a damaged entry, a folder that cannot be created, read or written, or a
-path that is not a plain file is a :class:`codegen.errors.CacheWarning` and the caller compiles
+path that is not a plain file is a :class:`cbrules.codegen.errors.CacheWarning` and the caller compiles
 afresh; nothing here raises. Only ``<folder>/<64 hex digits>.cubin`` and temporary files beside it
 are ever touched: keys are checked, links are not followed and only regular files are read.
 """

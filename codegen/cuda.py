@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from cbrules.graph import Param
-from cbrules.names import BUILTINS, RULES, problem
-from cbrules.ops import DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS
-from cbrules.schedule import Step
-from cbrules.terms import BINARY_OPS, DEVICE_FUNCTIONS, UNARY_OPS, Term, call_problem, to_c
+from ..ir.graph import Param
+from ..ir.names import BUILTINS, RULES, problem
+from ..ir.ops import DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS
+from ..schedule import Step
+from ..ir.terms import BINARY_OPS, DEVICE_FUNCTIONS, UNARY_OPS, Term, call_problem, to_c
 
 from .errors import CodegenError
 
@@ -40,7 +40,7 @@ _COMBINE = {"sum": ("CbSum", "0"), "max": ("CbMax", "-__int_as_float(0x7f800000)
             "min": ("CbMin", "__int_as_float(0x7f800000)")}
 # CUDA's builtins are unsigned; index arithmetic is signed int (C's mixed-sign rules would bite)
 _BUILTIN_C = {f"{b}.{a}": f"(int){b}.{a}" for b in ("threadIdx", "blockIdx", "blockDim", "gridDim") for a in "xyz"}
-# the prelude helper of every device function a term may call (cbrules.terms.DEVICE_FUNCTIONS)
+# the prelude helper of every device function a term may call (cbrules.ir.terms.DEVICE_FUNCTIONS)
 _CALL_C = {"elect_one": "cb_elect_one", "elect_warp": "cb_elect_warp", "ceil_div": "cb_ceil_div", "min": "cb_min",
            "max": "cb_max", "swizzle": "cb_swizzle"}
 assert set(_CALL_C) == set(DEVICE_FUNCTIONS), "every device function needs its prelude helper"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from cbrules.errors import CbrulesError
+from ..errors import CbrulesError
 
 # NVRTC reports errors as `name.cu(LINE): error: ...` (also "catastrophic error",
 # "fatal error"); warnings use the same shape and are deliberately not matched.
@@ -110,4 +110,4 @@ class NoGpuError(CodegenError):
 
 
 # A TMA limit is a fact about the hardware shared with the builder and the interpreter.
-from cbrules.limits import TmaLimitError  # noqa: E402,F401
+from ..ir.limits import TmaLimitError  # noqa: E402,F401

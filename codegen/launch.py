@@ -7,7 +7,7 @@ DLPack) are used in place.
 
 Every argument is checked before anything reaches the driver (values, shapes, layouts, tensor
 maps, grid), so a refused launch is a :class:`LaunchError` (or a
-:class:`cbrules.limits.TmaLimitError`) on any machine, GPU or not.
+:class:`cbrules.ir.limits.TmaLimitError`) on any machine, GPU or not.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typing import Any, Mapping, Optional, Union
 
 import numpy as np
 
-from cbrules.bind import LaunchError, bind_symbols, check_arguments, check_dtype, launch_grid
-from cbrules.limits import check_tensor_map
+from ..ir.bind import LaunchError, bind_symbols, check_arguments, check_dtype, launch_grid
+from ..ir.limits import check_tensor_map
 
 from . import runtime, tma
 from .cuda import KernelSource
@@ -25,7 +25,7 @@ from .errors import CodegenError
 from .nvrtc import Cubin
 from .runtime import DeviceArray
 
-# LaunchError lives in cbrules.bind; it is re-exported here for callers of the launcher
+# LaunchError lives in cbrules.ir.bind; it is re-exported here for callers of the launcher
 __all__ = ["BoundLaunch", "CompiledKernel", "LaunchError", "borrow", "check_layout"]
 
 HostOrDevice = Union[np.ndarray, DeviceArray]
@@ -131,7 +131,7 @@ class CompiledKernel:
 
     def bind_symbols(self, shapes: Mapping[str, tuple], given: Mapping[str, int]) -> dict[str, int]:
         """Infer every symbol from the tensors' shapes (or take it from ``given``) and check them
-        and the kernel's ``requires`` (see :func:`cbrules.bind.bind_symbols`)."""
+        and the kernel's ``requires`` (see :func:`cbrules.ir.bind.bind_symbols`)."""
         return bind_symbols(self.name, self.source.params, self.source.requires, shapes, given)
 
     def check(self, **kwargs: Any) -> tuple[dict[str, HostOrDevice], dict[str, int], tuple[int, int, int]]:

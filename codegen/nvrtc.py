@@ -101,8 +101,8 @@ def parse_resources(log: str, entry: str) -> Resources:
     )
 
 
-def _run_nvrtc(source: str, filename: str, options: Sequence[str]) -> tuple[object, str, bytes]:
-    """One NVRTC run: (result code, log, cubin or b"")."""
+def _run_nvrtc(source: str, filename: str, options: Sequence[str], ptx: bool = False) -> tuple[object, str, bytes]:
+    """One NVRTC run: (result code, log, cubin (or with ``ptx`` the PTX) or b"")."""
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], [])
     _check(err, "nvrtcCreateProgram")
     try:
@@ -115,22 +115,24 @@ def _run_nvrtc(source: str, filename: str, options: Sequence[str]) -> tuple[obje
         log = bytes(buf).rstrip(b"\0").decode(errors="replace")
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             return result, log, b""
-        err, size = nvrtc.nvrtcGetCUBINSize(prog)
-        _check(err, "nvrtcGetCUBINSize")
-        cubin = bytearray(size)
-        _check(nvrtc.nvrtcGetCUBIN(prog, cubin)[0], "nvrtcGetCUBIN")
-        return result, log, bytes(cubin)
+        get_size, get = (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX) if ptx else \
+            (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
+        err, size = get_size(prog)
+        _check(err, get_size.__name__)
+        out = bytearray(size)
+        _check(get(prog, out)[0], get.__name__)
+        return result, log, bytes(out)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def _nvrtc_compile(source: str, filename: str, options: Sequence[str]) -> tuple[bytes, str]:
-    """Compile; return (cubin, log) or raise CompileError with the log."""
-    result, log, cubin = _run_nvrtc(source, filename, [*options, *_NO_DRIVER_CACHE])
+def _nvrtc_compile(source: str, filename: str, options: Sequence[str], ptx: bool = False) -> tuple[bytes, str]:
+    """Compile; return (cubin or PTX, log) or raise CompileError with the log."""
+    result, log, cubin = _run_nvrtc(source, filename, [*options, *_NO_DRIVER_CACHE], ptx)
     if (result == nvrtc.nvrtcResult.NVRTC_ERROR_INVALID_OPTION and _NO_DRIVER_CACHE
             and _NO_DRIVER_CACHE[0] in log):
         _NO_DRIVER_CACHE.clear()  # an NVRTC older than its driver cache
-        result, log, cubin = _run_nvrtc(source, filename, options)
+        result, log, cubin = _run_nvrtc(source, filename, options, ptx)
     if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise CompileError(log, source, filename)
     return cubin, log
@@ -156,7 +158,7 @@ def compile_cuda(
     ``entry`` must be an ``extern "C"`` kernel; the file name NVRTC sees is
     ``f"{entry}.cu"``. Extra ``options`` follow the defaults
     (``--gpu-architecture``, ``-std=c++17``, ``-Xptxas=-v``). Results are
-    cached on disk (see :func:`default_cache_dir` and :mod:`codegen.cache`) keyed
+    cached on disk (see :func:`default_cache_dir` and :mod:`cbrules.codegen.cache`) keyed
     by source, arch, options and NVRTC version; a cache that cannot be used is a
     CacheWarning and a fresh compile. Raises CompileError on compilation failure.
     """
@@ -181,3 +183,12 @@ def compile_cuda(
     elif use_cache:  # an entry without a ptxas report would stay "unknown" for good
         cache.store(key, cubin, log, nvrtc_version=list(nvrtc_version()))
     return Cubin(entry, cubin, log, resources, opts, cached=False)
+
+
+def compile_ptx(source: str, entry: str, *, arch: str = "compute_90a", options: Sequence[str] = ()) -> str:
+    """The PTX NVRTC makes of ``source`` for the virtual architecture ``arch`` (``cbrules compile --ptx``).
+
+    Not cached: it is read by people, once. Raises CompileError on compilation failure."""
+    opts = (f"--gpu-architecture={arch}", "-std=c++17", *options)
+    ptx, _ = _nvrtc_compile(source, f"{entry}.cu", opts, ptx=True)
+    return ptx.rstrip(b"\0").decode()

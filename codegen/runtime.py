@@ -406,7 +406,7 @@ class Module:
     """A cubin loaded into the process-wide context (cuModuleLoadData)."""
 
     def __init__(self, cubin: Any):
-        image = bytes(getattr(cubin, "cubin", cubin))  # also accepts a codegen.nvrtc.Cubin
+        image = bytes(getattr(cubin, "cubin", cubin))  # also accepts a cbrules.codegen.nvrtc.Cubin
         _context()
         self.handle = _check(cu.cuModuleLoadData(image), "cuModuleLoadData")
 

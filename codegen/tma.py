@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 from cuda.bindings import driver as cu
 
-from cbrules.limits import TmaLimitError, check_swizzle, check_tensor_map
+from ..ir.limits import TmaLimitError, check_swizzle, check_tensor_map
 from .runtime import DeviceArray, _check, _context, as_device_array
 
 _TMA_DTYPES = {np.dtype(t): n for t, n in [

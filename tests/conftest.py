@@ -13,8 +13,17 @@ settings.register_profile("cbrules", database=DirectoryBasedExampleDatabase(Path
 settings.load_profile("cbrules")
 
 
+# The rule author's quick subset (`pytest -m quick`, README "Tests"): reading and checking rule files,
+# the rule language, firing rules, the guide's examples, the pipelined loops interpreted on the CPU.
+QUICK_FILES = {"test_rules_reader.py", "test_rule_language.py", "test_guide.py", "test_authoring.py",
+               "test_engine.py", "test_cb_loops.py"}
+
+
 def pytest_collection_modifyitems(config, items):
-    from codegen.runtime import gpu_available
+    for item in items:
+        if item.path.name in QUICK_FILES:
+            item.add_marker(pytest.mark.quick)
+    from cbrules.codegen.runtime import gpu_available
     if gpu_available():
         return
     skip = pytest.mark.skip(reason="needs a compute-capability 9.x GPU (none found)")

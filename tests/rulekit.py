@@ -2,9 +2,9 @@
 import textwrap
 from pathlib import Path
 
-from cbrules import rulefile
-from cbrules.builder import Kernel, threadIdx
-from cbrules.graph import KernelGraph
+from cbrules.ir.builder import Kernel, threadIdx
+from cbrules.ir.graph import KernelGraph
+from cbrules.rewrite import rulefile
 
 
 def write_rules(folder: Path, text: str, name: str = "test.rules") -> Path:

@@ -2,11 +2,11 @@
 import pytest
 
 from cbrules import api, options
-from cbrules.builder import circular_buffer
+from cbrules.ir.builder import circular_buffer
 from cbrules.cli import main
 from cbrules.kernels import get
-from cbrules.rulefile import RuleErrors, load, rule_dirs
-from cbrules.sexpr import RuleError
+from cbrules.rewrite.rulefile import RuleErrors, load, rule_dirs
+from cbrules.rewrite.sexpr import RuleError
 from rulekit import write_rules
 
 MBARRIER_DEFAULT = """

@@ -2,10 +2,10 @@
 import pytest
 
 from cbrules import api
-from cbrules.builder import Kernel, TmaBoxError, blockIdx, circular_buffer, threadIdx
-from cbrules.engine import LoweringError
+from cbrules.ir.builder import Kernel, TmaBoxError, blockIdx, circular_buffer, threadIdx
+from cbrules.rewrite.engine import LoweringError
 from cbrules.kernels import get
-from cbrules.bind import LaunchError
+from cbrules.ir.bind import LaunchError
 
 
 def lower(k):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cbrules import api
-from cbrules.bind import LaunchError
+from cbrules.ir.bind import LaunchError
 from cbmatrix import CASES, case_id, spec
 from gpucheck import poisoned_run
 

@@ -5,8 +5,9 @@ its slots. Checked by the protocol interpreter on the CPU and on a Hopper GPU.""
 import numpy as np
 import pytest
 
-from cbrules import api, interp
-from cbrules.builder import Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
+from cbrules import api
+from cbrules.reference import interp
+from cbrules.ir.builder import Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
 
 CASES = [(2, 1, "sync"), (2, 0, "sync"), (3, 2, "sync"), (3, 1, "mbarrier"), (4, 3, "mbarrier"), (3, 0, "mbarrier")]
 

@@ -40,7 +40,7 @@ def test_lower_and_compile(capsys):
 def test_kernel_from_a_python_file(tmp_path, capsys):
     f = tmp_path / "mine.py"
     f.write_text(textwrap.dedent('''
-        from cbrules.builder import Kernel, threadIdx
+        from cbrules.ir.builder import Kernel, threadIdx
         def build():
             k = Kernel("mine", block=32)
             n = k.symbol("N")
@@ -55,7 +55,7 @@ def test_kernel_from_a_python_file(tmp_path, capsys):
 
 
 def test_demo_without_gpu_exits_zero():
-    from codegen.runtime import gpu_available
+    from cbrules.codegen.runtime import gpu_available
     if gpu_available():
         pytest.skip("a GPU is present; the GPU test covers the demo")
     r = run("demo", "--quiet")

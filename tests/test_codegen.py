@@ -4,12 +4,12 @@ import re
 import pytest
 
 from cbrules import api
-from cbrules.builder import Kernel, threadIdx
+from cbrules.ir.builder import Kernel, threadIdx
 from cbrules.kernels.exp1d import exp1d_tma
-from cbrules.terms import Term, name
-from codegen.cuda import emit
-from codegen.errors import CodegenError, CompileError
-from codegen.nvrtc import compile_cuda
+from cbrules.ir.terms import Term, name
+from cbrules.codegen.cuda import emit
+from cbrules.codegen.errors import CodegenError, CompileError
+from cbrules.codegen.nvrtc import compile_cuda
 
 
 def test_demo_kernel_text_structure():

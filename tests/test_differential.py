@@ -7,12 +7,12 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from cbrules.check import SHORT_LOOP, Checker, compare
-from cbrules.engine import LoweringError
-from cbrules.interp import run
+from cbrules.rewrite.engine import LoweringError
+from cbrules.reference.interp import run
 from cbrules.kernels import KERNELS, SEED_MATRIX
 from cbmatrix import CASES, case_id
-from cbrules.limits import TmaLimitError
-from cbrules.bind import LaunchError
+from cbrules.ir.limits import TmaLimitError
+from cbrules.ir.bind import LaunchError
 
 CHECKER = Checker()  # one for the module: lowered graphs, inputs and unlowered results are cached
 # kernels whose trip count is fixed when the kernel is built: every trip count is a fresh lowering

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from cbrules import egg
-from cbrules.egg import EggRuleError, Range, forms_from_file, load_check, simplify
-from cbrules.terms import Term, const, evaluate, name, parse
+from cbrules.rewrite import egg
+from cbrules.rewrite.egg import EggRuleError, Range, forms_from_file, load_check, simplify
+from cbrules.ir.terms import Term, const, evaluate, name, parse
 
 LIMIT = 30000  # evaluation points per term; every point of the ranges when there are fewer
 RANGES = {"i": Range(0, 100), "k": Range(0, 1000)}

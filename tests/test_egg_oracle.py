@@ -4,14 +4,16 @@ stages="auto", and refusals with codes."""
 import numpy as np
 import pytest
 
-from cbrules import api, engine, interp, rulefile
-from cbrules.builder import Kernel, circular_buffer, threadIdx
-from cbrules.egg import Oracle, Range, SHIPPED_RULES, forms_from_file
+from cbrules import api
+from cbrules.reference import interp
+from cbrules.rewrite import engine, rulefile
+from cbrules.ir.builder import Kernel, circular_buffer, threadIdx
+from cbrules.rewrite.egg import Oracle, Range, SHIPPED_RULES, forms_from_file
 from cbrules.kernels import KERNELS, SEED_MATRIX
-from cbrules.match import Matcher
-from cbrules.sexpr import read
-from cbrules.terms import Term, parse
-from cbrules.values import Env, evaluate
+from cbrules.rewrite.match import Matcher
+from cbrules.rewrite.sexpr import read
+from cbrules.ir.terms import Term, parse
+from cbrules.rewrite.values import Env, evaluate
 from rulekit import write_rules
 
 FORMS = forms_from_file(SHIPPED_RULES)
@@ -92,7 +94,7 @@ def test_order_relations():
     (st,) = kg.nodes("store")
 
     def rel(text, **b):
-        from cbrules.values import NodeRef
+        from cbrules.rewrite.values import NodeRef
         return list(Matcher(kg).matches(tuple(read(text)), (), {k: NodeRef(v) for k, v in b.items()}))
 
     assert rel("(before ?a ?b)", **{"?a": la, "?b": st}) and not rel("(before ?a ?b)", **{"?a": st, "?b": la})
@@ -224,7 +226,7 @@ def test_auto_stages_respect_the_trip_count_and_big_stages():
 
 
 def test_auto_is_the_only_word_stages_take():
-    from cbrules.builder import BuildError
+    from cbrules.ir.builder import BuildError
     with pytest.raises(BuildError):
         circular_buffer("many")
 

@@ -3,13 +3,14 @@ import re
 
 import pytest
 
-from cbrules import api, engine, rulefile
-from cbrules.builder import Kernel, threadIdx
-from cbrules.match import Matcher
-from cbrules.sexpr import read
+from cbrules import api
+from cbrules.rewrite import engine, rulefile
+from cbrules.ir.builder import Kernel, threadIdx
+from cbrules.rewrite.match import Matcher
+from cbrules.rewrite.sexpr import read
 from cbrules.schedule import linear_order, print_program, schedule
-from cbrules.terms import parse
-from cbrules.values import NodeRef
+from cbrules.ir.terms import parse
+from cbrules.rewrite.values import NodeRef
 from rulekit import two_reader_loop, write_rules
 from hostile import within
 

@@ -3,7 +3,8 @@
 import pytest
 
 from benchmarks.compile_times import synthetic
-from cbrules import api, engine
+from cbrules import api
+from cbrules.rewrite import engine
 
 
 @pytest.fixture(scope="module")

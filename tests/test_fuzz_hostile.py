@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from cbrules import api, cli, rulefile
+from cbrules import api, cli
+from cbrules.rewrite import rulefile
 from cbrules.kernels import KERNELS
 from hostile import NAMED_ERRORS, identifiers_in_body, within
 
@@ -111,7 +112,7 @@ _hostile_text = st.one_of(
 @FUZZ
 @given(_hostile_text, st.sampled_from(["kernel", "symbol", "tensor", "loop", "alloc"]))
 def test_hostile_name_is_refused_or_reaches_cuda_as_a_plain_identifier(text, where):
-    from cbrules.builder import Kernel, blockIdx, threadIdx
+    from cbrules.ir.builder import Kernel, blockIdx, threadIdx
     try:
         with within(TIME_BOUND_S):
             k = Kernel(text if where == "kernel" else "fuzz", block=256)

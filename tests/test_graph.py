@@ -1,12 +1,12 @@
 """Graph building and every invariant that verify() checks."""
 import pytest
 
-from cbrules.builder import Buffer, BuildError, Kernel, threadIdx
-from cbrules.graph import KernelGraph
+from cbrules.ir.builder import Buffer, BuildError, Kernel, threadIdx
+from cbrules.ir.graph import KernelGraph
 from cbrules.kernels.exp1d import exp1d_tma
-from cbrules.names import IdentifierError, NameClashError
-from cbrules.terms import Term, name, parse
-from cbrules.verify import GraphError
+from cbrules.ir.names import IdentifierError, NameClashError
+from cbrules.ir.terms import Term, name, parse
+from cbrules.ir.verify import GraphError
 
 
 def small():

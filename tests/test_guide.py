@@ -8,9 +8,9 @@ import pytest
 from cbrules import api
 from cbrules.cli import main
 from cbrules.kernels import get
-from cbrules.ops import OPS
-from cbrules.rulefile import SHIPPED, load, rule_dirs
-from cbrules.sexpr import RuleError
+from cbrules.ir.ops import OPS
+from cbrules.rewrite.rulefile import SHIPPED, load, rule_dirs
+from cbrules.rewrite.sexpr import RuleError
 
 GUIDE = SHIPPED / "README.md"
 

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 
 from cbrules import api, cli
-from cbrules.bind import LaunchError
-from cbrules.builder import BuildError, Kernel, TmaBoxError, threadIdx
+from cbrules.ir.bind import LaunchError
+from cbrules.ir.builder import BuildError, Kernel, TmaBoxError, threadIdx
 from cbrules.check import Checker
-from cbrules.interp import run
+from cbrules.reference.interp import run
 from cbrules.kernels import KERNELS, SEED_MATRIX, UnsupportedDtypeError
-from codegen import runtime
+from cbrules.codegen import runtime
 
 HALF = ("float16", "bfloat16")
 

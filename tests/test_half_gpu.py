@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from cbrules import api
-from cbrules.bind import LaunchError
+from cbrules.ir.bind import LaunchError
 from cbrules.kernels import KERNELS, SEED_MATRIX
 from gpucheck import poisoned_run
 

@@ -19,16 +19,16 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from cbrules import api
-from cbrules.bind import LaunchError, bind, bind_symbols, launch_grid
-from cbrules.graph import Param
+from cbrules.ir.bind import LaunchError, bind, bind_symbols, launch_grid
+from cbrules.ir.graph import Param
 from cbrules.kernels import KERNELS
-from cbrules.limits import TmaLimitError
-from cbrules.terms import parse
-from codegen import cache as cache_module
-from codegen import runtime
-from codegen.cache import MAGIC, CubinCache, encode_entry
-from codegen.errors import CacheWarning
-from codegen.nvrtc import compile_cuda
+from cbrules.ir.limits import TmaLimitError
+from cbrules.ir.terms import parse
+from cbrules.codegen import cache as cache_module
+from cbrules.codegen import runtime
+from cbrules.codegen.cache import MAGIC, CubinCache, encode_entry
+from cbrules.codegen.errors import CacheWarning
+from cbrules.codegen.nvrtc import compile_cuda
 from hostile import within
 
 

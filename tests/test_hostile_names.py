@@ -8,14 +8,16 @@ from hypothesis import strategies as st
 from rulekit import write_rules
 
 from benchmarks.ops import OPS, build_variant
-from cbrules import api, names, rulefile
-from cbrules.builder import BuildError, Kernel, circular_buffer, threadIdx
-from cbrules.engine import LoweringError
+from cbrules import api
+from cbrules.ir import names
+from cbrules.rewrite import rulefile
+from cbrules.ir.builder import BuildError, Kernel, circular_buffer, threadIdx
+from cbrules.rewrite.engine import LoweringError
 from cbrules.kernels import KERNELS
-from cbrules.names import IdentifierError, NameClashError
+from cbrules.ir.names import IdentifierError, NameClashError
 from cbrules.schedule import schedule
-from cbrules.sexpr import RuleError
-from codegen.cuda import PRELUDE, PRELUDE_ROLES, emit
+from cbrules.rewrite.sexpr import RuleError
+from cbrules.codegen.cuda import PRELUDE, PRELUDE_ROLES, emit
 
 INJECTION = "N\n#define exp(x) 0\n"
 
@@ -235,7 +237,9 @@ def _variants():
     for name, spec in KERNELS.items():
         yield name, spec.build
     for op in OPS.values():
-        for kname, params in {(op.generated(s)[0], tuple(op.generated(s)[1].items())) for s in op.shapes}:
+        # sorted: a set's order differs per process, and parallel workers must collect the same tests
+        for kname, params in sorted({(op.generated(s)[0], tuple(op.generated(s)[1].items())) for s in op.shapes},
+                                    key=repr):
             for stages in (1, 3):
                 yield f"bench-{op.name}-{kname}-{dict(params)}-S{stages}", \
                     lambda kname=kname, params=params, stages=stages: build_variant(kname, stages, **dict(params))

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from cbrules import api, rulefile
-from cbrules.egg import EGGLOG_REFUSED, EggRuleError
-from cbrules.sexpr import MAX_DEPTH, RuleError, RulePathError
+from cbrules import api
+from cbrules.rewrite import rulefile
+from cbrules.rewrite.egg import EGGLOG_REFUSED, EggRuleError
+from cbrules.rewrite.sexpr import MAX_DEPTH, RuleError, RulePathError
 from rulekit import write_rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,7 +148,7 @@ def test_fifo_is_refused_without_blocking(tmp_path):
     folder = tmp_path / "r"
     folder.mkdir()
     os.mkfifo(folder / "x.rules")
-    code = ("import sys\nfrom cbrules import rulefile\n"
+    code = ("import sys\nfrom cbrules.rewrite import rulefile\n"
             "for d in (sys.argv[1], sys.argv[1] + '/x.rules'):\n"
             "    try:\n        rulefile.load([d])\n"
             "    except rulefile.RulePathError as e:\n        print(e)\n")
@@ -317,9 +318,9 @@ def test_growing_user_rules_stop_at_a_budget_with_terms_unchanged(tmp_path):
     """))
     code = textwrap.dedent(f"""
         import warnings
-        from cbrules import rulefile
-        from cbrules.egg import EggBudgetWarning, simplify
-        from cbrules.terms import parse
+        from cbrules.rewrite import rulefile
+        from cbrules.rewrite.egg import EggBudgetWarning, simplify
+        from cbrules.ir.terms import parse
         rs = rulefile.load(rulefile.rule_dirs([{str(folder)!r}]), check_egglog=True)
         terms = [parse(f"i{{k}} + {{k}}") for k in range(10)]
         with warnings.catch_warnings(record=True) as caught:
@@ -344,7 +345,7 @@ def test_load_check_never_runs_rules(tmp_path):
 
 def test_egglog_form_read_as_two_commands_is_refused(tmp_path):
     """Defence in depth: one form must be one egglog command whatever the reader thought."""
-    from cbrules.egg import EggForm, load_check
+    from cbrules.rewrite.egg import EggForm, load_check
     target = tmp_path / "created.txt"
     with pytest.raises(EggRuleError, match=r"^f.rules:3:1: egglog read this form as 2 commands"):
         load_check([EggForm(f'(ruleset a) (output "{target}" (Num 1))', "f.rules", 3, 1)])

@@ -3,11 +3,12 @@ meaning), argument binding, and every protocol failure provoked on purpose."""
 import numpy as np
 import pytest
 
-from cbrules import api, protocol
-from cbrules.builder import Kernel, threadIdx
-from cbrules.interp import NonUniform, OutOfBounds, run
+from cbrules import api
+from cbrules.reference import protocol
+from cbrules.ir.builder import Kernel, threadIdx
+from cbrules.reference.interp import NonUniform, OutOfBounds, run
 from cbrules.kernels import get
-from cbrules.bind import LaunchError
+from cbrules.ir.bind import LaunchError
 
 T = 64
 F32 = np.float32
@@ -237,7 +238,7 @@ def test_a_tile_wider_than_its_box_loads_dense_before_lowering():
 
 
 def test_tensor_map_limits_are_checked_at_launch():
-    from cbrules.limits import TmaLimitError
+    from cbrules.ir.limits import TmaLimitError
     with pytest.raises(TmaLimitError, match="stride"):
         run(_box_kernel((0, 0)), {"x": np.zeros((5, 11), F32), "out": np.zeros((4, 8), F32)})
 

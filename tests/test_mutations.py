@@ -7,8 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from cbrules import api, protocol
-from cbrules.interp import run
+from cbrules import api
+from cbrules.reference import protocol
+from cbrules.reference.interp import run
 from cbrules.kernels import KERNELS, SEED_MATRIX
 from rulekit import write_rules
 

@@ -5,10 +5,10 @@ import warnings
 
 import pytest
 
-from codegen import nvrtc as nvrtc_module
-from codegen.cache import MAGIC
-from codegen.errors import CacheWarning, CodegenError, CompileError
-from codegen.nvrtc import (UNKNOWN_RESOURCES, Cubin, Resources, compile_cuda, nvrtc_version,
+from cbrules.codegen import nvrtc as nvrtc_module
+from cbrules.codegen.cache import MAGIC
+from cbrules.codegen.errors import CacheWarning, CodegenError, CompileError
+from cbrules.codegen.nvrtc import (UNKNOWN_RESOURCES, Cubin, Resources, compile_cuda, nvrtc_version,
                            parse_resources)
 
 TINY = r"""

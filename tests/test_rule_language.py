@@ -2,15 +2,16 @@
 import numpy as np
 import pytest
 
-from cbrules import api, interp
+from cbrules import api
+from cbrules.reference import interp
 from cbrules.check import Checker
 from cbrules.kernels import get
-from cbrules.match import Matcher
-from cbrules.rulefile import load, rule_dirs
-from cbrules.sexpr import RuleError, read
-from cbrules.terms import DEVICE_FUNCTIONS, Term, call
-from cbrules.verify import GraphError
-from cbrules.vterms import CACHE, Lanes, compile_term
+from cbrules.rewrite.match import Matcher
+from cbrules.rewrite.rulefile import load, rule_dirs
+from cbrules.rewrite.sexpr import RuleError, read
+from cbrules.ir.terms import DEVICE_FUNCTIONS, Term, call
+from cbrules.ir.verify import GraphError
+from cbrules.reference.vterms import CACHE, Lanes, compile_term
 from rulekit import two_reader_loop, write_rules
 
 

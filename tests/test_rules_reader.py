@@ -3,9 +3,9 @@ import re
 
 import pytest
 
-from cbrules import rulefile
-from cbrules.egg import EggRuleError
-from cbrules.sexpr import RuleError, read
+from cbrules.rewrite import rulefile
+from cbrules.rewrite.egg import EggRuleError
+from cbrules.rewrite.sexpr import RuleError, read
 from rulekit import load_only, write_rules
 
 GOOD = """
@@ -115,10 +115,10 @@ def test_reader_keeps_positions():
 
 
 def test_rule_loading_never_executes_python():
-    import cbrules.egg as eg
-    import cbrules.rulefile as rf
-    import cbrules.sexpr as sx
-    import cbrules.values as va
+    import cbrules.rewrite.egg as eg
+    import cbrules.rewrite.rulefile as rf
+    import cbrules.rewrite.sexpr as sx
+    import cbrules.rewrite.values as va
     for mod in (rf, sx, va, eg):
         src = open(mod.__file__).read()
         assert not re.search(r"(?<!re\.)\b(eval|exec|pickle|compile)\(|\bimport pickle", src), mod.__name__

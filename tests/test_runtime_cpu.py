@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from cuda.bindings import driver as cu
 
-from codegen import runtime as rt
-from codegen.errors import CudaError, NoGpuError, TmaLimitError
-from codegen.runtime import DeviceArray, as_device_array
-from codegen.tma import check_tensor_map, encode_tensor_map
+from cbrules.codegen import runtime as rt
+from cbrules.codegen.errors import CudaError, NoGpuError, TmaLimitError
+from cbrules.codegen.runtime import DeviceArray, as_device_array
+from cbrules.codegen.tma import check_tensor_map, encode_tensor_map
 
 GOOD = dict(shape=(64, 128), strides_bytes=(512, 4), itemsize=4, ptr=0x10000, box=(32, 64))
 
@@ -189,7 +189,7 @@ def test_launch_refuses_tensors_past_32_bit_indexing():
     """Generated indices are C int: a tensor of more than 2**31 elements must be refused before
     launch (checked from shapes alone, nothing allocated)."""
     from cbrules import api
-    from cbrules.bind import LaunchError, bind_symbols
+    from cbrules.ir.bind import LaunchError, bind_symbols
     from cbrules.kernels import KERNELS
     src = api.generate(KERNELS["multi_dim"].build(stages=2))
     ok = bind_symbols("multi_dim", src.params, src.requires, {"x": (32768, 65536), "out": (32768, 65536)}, {})

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from codegen import runtime as rt
-from codegen.errors import CodegenError, CudaError
-from codegen.nvrtc import compile_cuda
-from codegen.runtime import DeviceArray, Module, as_device_array
-from codegen.tma import encode_tensor_map
+from cbrules.codegen import runtime as rt
+from cbrules.codegen.errors import CodegenError, CudaError
+from cbrules.codegen.nvrtc import compile_cuda
+from cbrules.codegen.runtime import DeviceArray, Module, as_device_array
+from cbrules.codegen.tma import encode_tensor_map
 
 pytestmark = pytest.mark.gpu
 

@@ -1,8 +1,8 @@
 """The scheduler derives sibling order from depends edges only, deterministically."""
 import pytest
 
-from cbrules.builder import Kernel, threadIdx
-from cbrules.graph import KernelGraph
+from cbrules.ir.builder import Kernel, threadIdx
+from cbrules.ir.graph import KernelGraph
 from cbrules.schedule import ScheduleError, linear_order, print_program, schedule
 from cbrules.kernels.exp1d import exp1d_tma
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from cbrules import api
-from cbrules.bind import LaunchError
-from cbrules.interp import run
+from cbrules.ir.bind import LaunchError
+from cbrules.reference.interp import run
 from cbrules.kernels import KERNELS
 from test_swizzle import SPANS, _layout_kernel
 from gpucheck import poisoned_run

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from cbrules import api, cli
-from cbrules.builder import Kernel, SwizzleError, threadIdx
+from cbrules.ir.builder import Kernel, SwizzleError, threadIdx
 from cbrules.check import Checker
-from cbrules.interp import run
+from cbrules.reference.interp import run
 from cbrules.kernels import KERNELS, UnsupportedVariantError
-from cbrules.terms import swizzle_index
+from cbrules.ir.terms import swizzle_index
 from rulekit import write_rules
 
 SPANS = {"32B": 32, "64B": 64, "128B": 128}

@@ -1,6 +1,6 @@
 import pytest
 
-from cbrules.terms import (DEVICE_FUNCTIONS, DeviceFunctionError, Term, TermSyntaxError, as_term, call, evaluate, name,
+from cbrules.ir.terms import (DEVICE_FUNCTIONS, DeviceFunctionError, Term, TermSyntaxError, as_term, call, evaluate, name,
                            parse, substitute, to_c)
 
 

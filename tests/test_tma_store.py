@@ -4,11 +4,12 @@ the interpreter."""
 import numpy as np
 import pytest
 
-from cbrules import api, cli, protocol
-from cbrules.builder import BuildError, Kernel, StagingAlignmentError, blockIdx, ceil_div, threadIdx
+from cbrules import api, cli
+from cbrules.reference import protocol
+from cbrules.ir.builder import BuildError, Kernel, StagingAlignmentError, blockIdx, ceil_div, threadIdx
 from cbrules.check import Checker
-from cbrules.engine import LoweringError
-from cbrules.interp import run
+from cbrules.rewrite.engine import LoweringError
+from cbrules.reference.interp import run
 from cbrules.kernels import KERNELS, UnsupportedVariantError
 from rulekit import write_rules
 

@@ -1,7 +1,8 @@
 """Debug-mode trace queries, as a Python API and on the command line."""
 import pytest
 
-from cbrules import api, rulefile, trace
+from cbrules import api, trace
+from cbrules.rewrite import rulefile
 from cbrules.cli import main
 from cbrules.kernels.exp1d import exp1d_tma
 from rulekit import write_rules

@@ -6,7 +6,7 @@ import pytest
 
 from cbrules import api, trace
 from cbrules.cli import main
-from cbrules.engine import LoweringError
+from cbrules.rewrite.engine import LoweringError
 from cbrules.kernels import get
 
 

@@ -3,7 +3,8 @@ barrier protocol checked, against numpy (the GPU matrix runs the default tiles).
 import numpy as np
 import pytest
 
-from cbrules import api, interp
+from cbrules import api
+from cbrules.reference import interp
 from cbrules.kernels import matmul, reductions, tiled2d
 
 
@@ -54,7 +55,7 @@ def test_pointwise_tilings(op, stages, prefetch, war, rows, width, per_block):
 
 
 def test_wide_multirow_pointwise_tile_is_refused():
-    from cbrules.engine import LoweringError
+    from cbrules.rewrite.engine import LoweringError
     with pytest.raises(LoweringError, match="more than one row"):
         api.lower(tiled2d.multi_dim(3, rows=2, width=512))
 

@@ -6,10 +6,10 @@ import sys
 import pytest
 
 from cbrules import api
-from cbrules.builder import Kernel, circular_buffer, threadIdx
-from cbrules.engine import LoweringError
+from cbrules.ir.builder import Kernel, circular_buffer, threadIdx
+from cbrules.rewrite.engine import LoweringError
 from cbrules.kernels import KERNELS, SEED_MATRIX
-from cbrules.terms import call, evaluate
+from cbrules.ir.terms import call, evaluate
 from rulekit import write_rules
 
 WS_CASES = [(name, s, regs) for name in SEED_MATRIX for s in (2, 3, 4) for regs in (None, (40, 232))]
@@ -95,7 +95,7 @@ def test_warp_specialized_structure_and_compile(case):
     inc = [kg[n]["count"] for n in in_cons if kg.op(n) == "setmaxnreg" and kg[n]["action"] == "inc"]
     assert (dec, inc) == (([regs[0]], [regs[1]]) if regs else ([], []))
     assert kg.kernel().get("min_blocks") == (1 if regs else None)
-    ck = api.compile(kernel)
+    ck = api.compile_lowered(kg)  # the graph checked above, not a second lowering
     text, r = ck.source.text, ck.cubin.resources
     assert "} else {" in text and ("__launch_bounds__(%d, 1)" % (consumers + 128) in text) == bool(regs)
     assert ("setmaxnreg.dec.sync.aligned.u32 40;" in text) == bool(regs)
@@ -219,7 +219,7 @@ def test_wrap_body_action_from_a_user_rule(tmp_path):
 
 
 def test_else_outside_an_if_is_a_graph_error():
-    from cbrules.verify import GraphError
+    from cbrules.ir.verify import GraphError
     k = Kernel("bad", block=32)
     k.graph.add("else", k.graph.root, origin={})
     with pytest.raises(GraphError, match="else-branch"):

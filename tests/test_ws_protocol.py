@@ -8,10 +8,11 @@ import sys
 import numpy as np
 import pytest
 
-from cbrules import api, protocol
+from cbrules import api
+from cbrules.reference import protocol
 from cbrules.check import Checker, trip_counts
-from cbrules.interp import SCHEDULES, run
-from cbrules.interp_roles import UnknownSchedule
+from cbrules.reference.interp import SCHEDULES, run
+from cbrules.reference.interp_roles import UnknownSchedule
 from cbrules.kernels import KERNELS, SEED_MATRIX
 from rulekit import write_rules
 
@@ -107,7 +108,7 @@ def test_checker_passes_every_trip_count_and_schedule(kernel):
 def test_schedules_interleave_differently():
     """eager lets the producer fill every slot before a consumer reads; lazy issues each load only
     when a consumer waits for it. Seen from the number of loads in flight at a consumer's wait."""
-    from cbrules import interp_memory
+    from cbrules.reference import interp_memory
     spec, shape, kg, args = lowered("single_dim", trips=TRIPS)
     seen = {}
     original = interp_memory.MemoryOps._mbarrier_wait

@@ -1,232 +1,38 @@
-"""Built-in kernels (the seed's test matrix, and the hand-built TMA demo), each with inputs of a
-given shape, a numpy reference, tolerances and the trip count of its circular-buffered loop.
+"""Built-in kernels (the seed's test matrix, and the hand-built TMA demo).
 
-``get(name)`` looks one up; an unknown name is an error that lists the known ones.
+:data:`CATALOG` names each with one line and loads nothing else, so listing kernels is fast; the
+specifications (builders, inputs, numpy references, tolerances, trip counts) live in
+:mod:`cbrules.kernels.specs`, which ``from cbrules.kernels import KERNELS, get, ...`` loads on first use.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Optional
+import importlib
+from typing import Any
 
-import numpy as np
-
-from ..bind import NP_DTYPES
-from ..errors import CbrulesError
-from ..builder import Kernel
-from ..ops import HALF_DTYPES
-from . import matmul as _mm
-from . import pointwise1d as _p1
-from . import reductions as _red
-from . import tiled2d as _t2
-from .exp1d import exp1d_tma
-
-UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}  # half an ulp at 1: the rounding of a store
-SHAPES_1D = ((128,), (1024,), (2048,), (500 * 1024,))
-SHAPES_2D = tuple((m, n) for m in (128, 500, 1024) for n in (128, 1024, 2048))
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+CATALOG: dict[str, str] = {
+    "exp1d_tma": "out = exp(x), 1-D, one TMA tile per iteration under one mbarrier (hand-built, no pipelining)",
+    "single_dim": "out = exp(x), 1-D, tile 256, 256 threads; the serial loop over tiles is circular-buffered",
+    "single_dim_unroll": "single_dim with the tile loop split by 4, inner part unrolled (4 TMA boxes per stage)",
+    "single_dim_unswitch": "single_dim_unroll with the store predicate hoisted out of the inner loop",
+    "multi_dim": "out = exp(x), 2-D [M,N], box 4x256, blocks over M; the loop over N-tiles is circular-buffered",
+    "pointwise": "out = x + y, both [M,N] loaded by TMA (two buffers, one barrier per stage)",
+    "inner_reduction": "out = sum(x, axis=1); the loop over N-tiles is circular-buffered",
+    "outer_reduction": "out = sum(x, axis=0); the serial loop over M (8 rows a tile) is circular-buffered",
+    "persistent": "out = (x - mean) / sqrt(var) per row, row kept in registers, two TMA boxes per stage; the loop "
+                  "over N-tiles is circular-buffered",
+    "two_pass": "out = (x - mean) / sqrt(var) per row for rows too long to keep on chip: two circular-buffered loops "
+                "over the row (statistics, then the normalised row) sharing one buffer",
+    "matmul": "c = a @ b, a [M,K], b [K,N] (K = N), 64x64 tiles, both operands TMA-loaded; the K loop is "
+              "circular-buffered",
+}
 
 
-@dataclass(frozen=True)
-class KernelSpec:
-    """A named kernel: how to build it, inputs for a shape, the numpy answer, and its matrix."""
-
-    name: str
-    doc: str
-    factory: Callable[..., Kernel]
-    inputs: Optional[Callable[[tuple, np.random.Generator], dict]]
-    reference: Optional[Callable[[dict], dict]]
-    outputs: tuple[str, ...]
-    default_shape: tuple
-    shapes: tuple = ()
-    trips: Callable[[tuple], int] = lambda shape: 1 << 30  # iterations of the circular-buffered loop
-    tolerance: Callable[[tuple], tuple[float, float]] = lambda shape: (1e-5, 1e-6)  # (rtol, atol)
-    build_params: Callable[[tuple], dict] = field(default=lambda shape: {})
-    pipelined: bool = True
-    # the CPU checker's problems: a small shape whose circular-buffered loop runs t times, and the
-    # build parameters that set t where the trip count is fixed when the kernel is built
-    shape_for_trips: Optional[Callable[[int], tuple]] = None
-    trips_params: Callable[[int], dict] = field(default=lambda t: {})
-
-    dtypes: tuple[str, ...] = ("float32",) + HALF_DTYPES  # storage types of its tensors
-    tile_output: bool = False  # its output leaves in whole tiles, one per iteration: it can be TMA-stored
-    swizzles: bool = False  # it can read its inputs from swizzled tiles
-
-    def build(self, shape: Optional[tuple] = None, trips: Optional[int] = None, dtype: str = "float32",
-              tma_store: bool = False, swizzle: str = "none", **options) -> Kernel:
-        """The kernel for ``shape`` (only kernels specialised at build time look at it) with
-        circular-buffer ``options`` (stages, prefetch, war, warp_specialize, registers) where the
-        kernel takes them; ``trips`` fixes a trip count that is a build parameter (see
-        ``trips_params``); ``dtype`` is the type of its tensors (float32, float16 or bfloat16;
-        arithmetic is float32 either way); ``tma_store`` writes each output tile with one TMA store
-        (kernels with ``tile_output`` only); ``swizzle`` (32B, 64B, 128B) has the input tiles arrive
-        swizzled (kernels with ``swizzles`` only)."""
-        if dtype not in self.dtypes:
-            raise UnsupportedDtypeError(f"kernel {self.name}: dtype {dtype!r} is not supported; it is built for "
-                                        f"{', '.join(self.dtypes)}")
-        if tma_store and not self.tile_output:
-            raise UnsupportedVariantError(
-                f"kernel {self.name}: tma_store needs an output written as whole tiles, one per iteration of its "
-                "serial loop; this kernel's output is not (a row or column result, or stored after its loop): "
-                "drop --tma-store, or use one of " + ", ".join(n for n, s in KERNELS.items() if s.tile_output))
-        if swizzle != "none" and not self.swizzles:
-            raise UnsupportedVariantError(
-                f"kernel {self.name}: swizzle {swizzle} is not supported (its tiles are read as dense rows); "
-                "use one of " + ", ".join(n for n, s in KERNELS.items() if s.swizzles))
-        params = self.build_params(tuple(shape or self.default_shape))
-        if trips is not None:
-            params.update(self.trips_params(trips))
-        if swizzle != "none":
-            params["swizzle"] = swizzle
-        if dtype != "float32":
-            params["dtype"] = dtype
-        if tma_store:
-            params["tma_store"] = True
-        opts = {k: v for k, v in options.items() if v is not None} if self.pipelined else {}
-        return self.factory(**opts, **params)
-
-    def make_inputs(self, shape: tuple, rng: np.random.Generator, dtype: str = "float32") -> dict:
-        """:attr:`inputs` with every float32 array in ``dtype`` (rounded to nearest even)."""
-        args = self.inputs(shape, rng)
-        want = np.dtype(NP_DTYPES[dtype])
-        return {k: v.astype(want) if isinstance(v, np.ndarray) and v.dtype == np.float32 else v
-                for k, v in args.items()}
-
-    def expected(self, args: dict) -> dict:
-        """:attr:`reference` of ``args``, computed from half-precision inputs widened to float32 (exact)."""
-        return self.reference({k: v.astype(np.float32) if isinstance(v, np.ndarray) and v.dtype.name in HALF_DTYPES
-                               else v for k, v in args.items()})
-
-    def tolerances(self, shape: tuple, dtype: str = "float32") -> tuple[float, float]:
-        """(rtol, atol) for outputs of ``dtype``: :attr:`tolerance` (float32 arithmetic) plus twice
-        the unit roundoff of the final rounding to a half type."""
-        rtol, atol = self.tolerance(shape)
-        return rtol + 2 * UNIT_ROUNDOFF.get(dtype, 0.0), atol
-
-
-def _normal(rng, *shape):
-    return rng.standard_normal(shape, dtype=np.float32)
-
-
-def _nan(*shape):
-    return np.full(shape, np.nan, np.float32)
-
-
-def _unary_1d(shape, rng):
-    (n,) = shape
-    return {"x": _normal(rng, n), "out": _nan(n)}
-
-
-def _unary_2d(shape, rng):
-    return {"x": _normal(rng, *shape), "out": _nan(*shape)}
-
-
-def _binary_2d(shape, rng):
-    return {"x": _normal(rng, *shape), "y": _normal(rng, *shape), "out": _nan(*shape)}
-
-
-def _inner(shape, rng):
-    return {"x": _normal(rng, *shape), "out": _nan(shape[0])}
-
-
-def _outer(shape, rng):
-    return {"x": _normal(rng, *shape), "out": _nan(shape[1])}
-
-
-def _mm_inputs(shape, rng):
-    m, n = shape  # K = N
-    return {"a": _normal(rng, m, n), "b": _normal(rng, n, n), "c": _nan(m, n)}
-
-
-def _normalize(x):
-    x64 = x.astype(np.float64)
-    mean = x64.mean(axis=1, keepdims=True)
-    return ((x64 - mean) / np.sqrt(((x64 - mean) ** 2).mean(axis=1, keepdims=True))).astype(np.float32)
-
-
-def _sum_tol(n):
-    return 1e-4, 3e-6 * n  # float32 accumulation of n normal values
-
-
-_SPECS = [
-    KernelSpec("exp1d_tma", "out = exp(x), 1-D, one TMA tile per iteration under one mbarrier (hand-built, "
-               "no pipelining)", lambda: exp1d_tma(), _unary_1d, lambda a: {"out": np.exp(a["x"])}, ("out",),
-               (1 << 20,), SHAPES_1D + ((1 << 24,),), pipelined=False, dtypes=("float32",)),
-    KernelSpec("single_dim", "out = exp(x), 1-D, tile 256, 256 threads; the serial loop over tiles is "
-               "circular-buffered", _p1.single_dim, _unary_1d, lambda a: {"out": np.exp(a["x"])}, ("out",),
-               (1 << 20,), SHAPES_1D, trips=lambda s: 8,
-               shape_for_trips=lambda t: (256 * t + 100,), trips_params=lambda t: {"tiles_per_block": t},
-               tile_output=True),
-    KernelSpec("single_dim_unroll", "single_dim with the tile loop split by 4, inner part unrolled (4 TMA "
-               "boxes per stage)", _p1.single_dim_unroll, _unary_1d, lambda a: {"out": np.exp(a["x"])},
-               ("out",), (1 << 20,), SHAPES_1D, trips=lambda s: 8,
-               shape_for_trips=lambda t: (1024 * t + 300,), trips_params=lambda t: {"tiles_per_block": 4 * t}),
-    KernelSpec("single_dim_unswitch", "single_dim_unroll with the store predicate hoisted out of the inner "
-               "loop", _p1.single_dim_unswitch, _unary_1d, lambda a: {"out": np.exp(a["x"])}, ("out",),
-               (1 << 20,), SHAPES_1D, trips=lambda s: 8,
-               shape_for_trips=lambda t: (1024 * t + 300,), trips_params=lambda t: {"tiles_per_block": 4 * t}),
-    KernelSpec("multi_dim", "out = exp(x), 2-D [M,N], box 4x256, blocks over M; the loop over N-tiles is "
-               "circular-buffered", _t2.multi_dim, _unary_2d, lambda a: {"out": np.exp(a["x"])}, ("out",),
-               (1024, 2048), SHAPES_2D, trips=lambda s: _cdiv(s[1], 256),
-               shape_for_trips=lambda t: (6, 256 * t - 128), tile_output=True, swizzles=True),
-    KernelSpec("pointwise", "out = x + y, both [M,N] loaded by TMA (two buffers, one barrier per stage)",
-               _t2.pointwise, _binary_2d, lambda a: {"out": a["x"] + a["y"]}, ("out",), (1024, 2048), SHAPES_2D,
-               trips=lambda s: _cdiv(s[1], 256), shape_for_trips=lambda t: (6, 256 * t - 128),
-               tile_output=True, swizzles=True),
-    KernelSpec("inner_reduction", "out = sum(x, axis=1); the loop over N-tiles is circular-buffered",
-               _red.inner_reduction, _inner, lambda a: {"out": a["x"].astype(np.float64).sum(axis=1)},
-               ("out",), (1024, 2048), SHAPES_2D, trips=lambda s: _cdiv(s[1], 256),
-               tolerance=lambda s: _sum_tol(s[1]), shape_for_trips=lambda t: (3, 256 * t - 128)),
-    KernelSpec("outer_reduction", "out = sum(x, axis=0); the serial loop over M (8 rows a tile) is "
-               "circular-buffered", _red.outer_reduction, _outer,
-               lambda a: {"out": a["x"].astype(np.float64).sum(axis=0)}, ("out",), (1024, 2048), SHAPES_2D,
-               trips=lambda s: _cdiv(s[0], 8), tolerance=lambda s: _sum_tol(s[0]),
-               shape_for_trips=lambda t: (8 * t - 3, 264)),  # rows of 16-byte multiples in every dtype
-    KernelSpec("persistent", "out = (x - mean) / sqrt(var) per row, row kept in registers, two TMA boxes "
-               "per stage; the loop over N-tiles is circular-buffered", _red.persistent, _unary_2d,
-               lambda a: {"out": _normalize(a["x"])}, ("out",), (1024, 2048),
-               tuple(s for s in SHAPES_2D if s[1] % 256 == 0), trips=lambda s: s[1] // 256,
-               tolerance=lambda s: (1e-4, 1e-4), build_params=lambda s: {"row": s[1]},
-               shape_for_trips=lambda t: (2, 256 * t)),
-    KernelSpec("two_pass", "out = (x - mean) / sqrt(var) per row for rows too long to keep on chip: two "
-               "circular-buffered loops over the row (statistics, then the normalised row) sharing one buffer",
-               _red.two_pass, _unary_2d, lambda a: {"out": _normalize(a["x"])}, ("out",), (1024, 2048), SHAPES_2D,
-               trips=lambda s: _cdiv(s[1], 256), tolerance=lambda s: (1e-4, 1e-4),
-               shape_for_trips=lambda t: (2, 256 * t - 128), tile_output=True),
-    KernelSpec("matmul", "c = a @ b, a [M,K], b [K,N] (K = N), 64x64 tiles, both operands TMA-loaded; "
-               "the K loop is circular-buffered", _mm.matmul, _mm_inputs,
-               lambda a: {"c": a["a"].astype(np.float64) @ a["b"].astype(np.float64)}, ("c",), (1024, 1024),
-               SHAPES_2D, trips=lambda s: _cdiv(s[1], 16), tolerance=lambda s: (1e-4, 2e-5 * s[1]),
-               shape_for_trips=lambda t: (40, 16 * t - 8)),
-]
-KERNELS: dict[str, KernelSpec] = {s.name: s for s in _SPECS}
-SEED_MATRIX = tuple(n for n in KERNELS if KERNELS[n].pipelined)
-
-
-class UnsupportedVariantError(CbrulesError, ValueError):
-    """A built-in kernel asked for in a variant it is not built for (``tma_store`` without a tile output)."""
-
-
-class UnsupportedDtypeError(UnsupportedVariantError):
-    """A built-in kernel asked for in a dtype it is not built for."""
-
-
-class UnknownKernelError(CbrulesError, KeyError):
-    """A kernel name that is not built in."""
-
-    def __str__(self) -> str:
-        return self.args[0]
-
-
-def get(name: str) -> KernelSpec:
-    """The built-in kernel called ``name``."""
-    if name not in KERNELS:
-        raise UnknownKernelError(f"unknown kernel {name!r}; known kernels: {', '.join(sorted(KERNELS))}")
-    return KERNELS[name]
-
-
-def prefetch_values(stages: int) -> list[int]:
-    """Every valid prefetch for ``stages``: 0 .. S-1."""
-    return list(range(stages))
+def __getattr__(name: str) -> Any:
+    # everything but the catalog comes from the specifications, loaded on first use (numpy, the builder)
+    if name.startswith("__"):
+        raise AttributeError(name)
+    specs = importlib.import_module(".specs", __name__)
+    try:
+        return getattr(specs, name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

@@ -6,8 +6,8 @@ phase parity ``i % 2``, computes ``exp`` and stores; a block sync protects the t
 """
 from __future__ import annotations
 
-from ..builder import Kernel, blockIdx, ceil_div, threadIdx
-from ..terms import call
+from ..ir.builder import Kernel, blockIdx, ceil_div, threadIdx
+from ..ir.terms import call
 
 TILE = 256
 

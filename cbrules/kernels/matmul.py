@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
+from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
 
 BM, BN, BK, PATCH = 64, 64, 16, 4
 

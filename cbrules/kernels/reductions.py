@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes, threadIdx
+from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes, threadIdx
 
 COLS = 256
 

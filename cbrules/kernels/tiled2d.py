@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes
-from ..limits import SWIZZLE_SPAN, swizzle_repeat
-from ..ops import DTYPE_BYTES
+from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes
+from ..ir.limits import SWIZZLE_SPAN, swizzle_repeat
+from ..ir.ops import DTYPE_BYTES
 
 COLS = 256
 ROWS = ROWS_DEFAULT = 4

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .protocol import InterpError
-from .terms import swizzle_index
+from ..ir.terms import swizzle_index
 
 _IDENTITY = {"sum": 0, "max": -np.inf, "min": np.inf}
 
@@ -46,7 +46,7 @@ def write_box(tensor: np.ndarray, coords: Sequence[int], data: np.ndarray) -> No
 
 def swizzled(data: np.ndarray, itemsize: int, span: int, lo: int, buf: str, site: Callable) -> np.ndarray:
     """A box (dense row-major ``data``) as a TMA load with a ``span``-byte swizzle lays it out from
-    element ``lo`` of a shared buffer: element i goes to :func:`cbrules.terms.swizzle_index` (i).
+    element ``lo`` of a shared buffer: element i goes to :func:`cbrules.ir.terms.swizzle_index` (i).
     The pattern is anchored on the buffer, so ``lo`` must be on its repeat (8 x span bytes)."""
     if (lo * itemsize) % (8 * span):
         raise InterpError(f"a TMA load with {span}B swizzle writes {buf}[{lo}], {lo * itemsize} bytes into the "

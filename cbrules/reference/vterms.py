@@ -13,8 +13,8 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
-from .errors import CbrulesError
-from .terms import Term, swizzle_index, to_c
+from ..errors import CbrulesError
+from ..ir.terms import Term, swizzle_index, to_c
 
 Value = Any  # int | float | bool | np.ndarray
 Compiled = Callable[[Mapping[str, Value], "Lanes"], Value]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from .errors import CbrulesError
+from ..errors import CbrulesError
 
 MAX_LENGTH = 63  # C's minimum of significant characters in an internal identifier
 
@@ -43,7 +43,7 @@ PRELUDE_NAMES = frozenset((
     "cb_mbar_inval", "cb_fence_proxy_async", "cb_fence_mbarrier_init", "cb_bar_sync", "cb_tma_load",
     "cb_tma_store", "cb_tma_store_wait", "cb_block_reduce", "CbSum", "CbMax", "CbMin", "CB_WAIT",
     "cb_elect_warp", "cb_block_reduce_named",  # prelude_roles.cu (warp-specialized kernels)
-    "cb_mbar_wait_backoff",  # codegen.cuda.BACKOFF_WAIT (waits with a :backoff)
+    "cb_mbar_wait_backoff",  # cbrules.codegen.cuda.BACKOFF_WAIT (waits with a :backoff)
     "cb_half", "cb_bf16", "cb_tma_store_async", "cb_bulk_wait_read", "cb_bulk_wait", "cb_swizzle",
 ))
 MATH_FUNCTIONS = frozenset(f + s for f in ("exp", "log", "sqrt", "rsqrt", "fabs", "fma") for s in ("", "f"))

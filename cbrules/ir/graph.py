@@ -1,8 +1,8 @@
 """The kernel graph: a networkx DiGraph of scope, memory, compute and synchronisation nodes.
 
 Edges are of two kinds: ``contains`` (scope -> child) and ``depends`` (a must run before b; always
-between siblings). Sibling order is not stored as a list: the scheduler derives it from the
-depends edges. Every node carries ``op``, its attributes (see :mod:`cbrules.ops`) and ``origin``,
+between siblings). Sibling order is not stored as a list: :mod:`cbrules.ir.order` derives it
+from the depends edges. Every node carries ``op``, its attributes (see :mod:`cbrules.ir.ops`) and ``origin``,
 a record of who created it (the builder call site, or a rule and step) and from which node it was
 cloned, so that debug queries can trace any node back to the kernel the user built.
 """
@@ -15,9 +15,9 @@ import networkx as nx
 
 from .names import BUILTINS  # noqa: F401  (the CUDA builtins a term may name; public here too)
 from .ops import OPS, SCOPES, DependenceTracker, effects
+from .order import CONTAINS, DEPENDS
 from .terms import const
 
-CONTAINS, DEPENDS = "contains", "depends"
 
 
 @dataclass(frozen=True)
@@ -205,8 +205,8 @@ class KernelGraph:
         return new
 
     def verify(self, ready: bool = False, structure_only: bool = False) -> None:
-        """Check the graph's invariants; raise :class:`cbrules.verify.GraphError` naming the node
-        (levels: see :func:`cbrules.verify.verify`)."""
+        """Check the graph's invariants; raise :class:`cbrules.ir.verify.GraphError` naming the node
+        (levels: see :func:`cbrules.ir.verify.verify`)."""
         from .verify import verify
         verify(self, ready, structure_only)
 

@@ -1,11 +1,11 @@
 """Bind numpy arguments to a kernel graph's parameters on the host, as the GPU launcher does.
 
 Symbols are inferred from the tensors' shapes and the kernel's ``requires`` list is checked by
-:func:`bind_symbols`, which the GPU launcher (:mod:`codegen.launch`) uses too, so the interpreter
+:func:`bind_symbols`, which the GPU launcher (:mod:`cbrules.codegen.launch`) uses too, so the interpreter
 refuses exactly the launches the GPU path refuses, with the same messages: symbols must be integers
 in int32 range (:func:`check_symbol`), extents positive (:func:`check_extents`), the grid within
 the launch limits (:func:`launch_grid`). Tensor maps are checked against the TMA encoding limits
-(:mod:`cbrules.limits`) as ``cuTensorMapEncodeTiled`` would be.
+(:mod:`cbrules.ir.limits`) as ``cuTensorMapEncodeTiled`` would be.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping, Optional, Union
 import ml_dtypes
 import numpy as np
 
-from .errors import CbrulesError
+from ..errors import CbrulesError
 from .graph import KernelGraph
 from .limits import check_tensor_map
 from .terms import evaluate
@@ -167,7 +167,7 @@ def bind(kg: KernelGraph, args: Mapping[str, Any], symbols: Optional[Mapping[str
     """Check ``args`` against the kernel's parameters and bind symbols, grid and tensors.
 
     Raises :class:`LaunchError` (unknown, missing or mistyped arguments, shapes that disagree, a
-    failed ``requires``) or :class:`cbrules.limits.TmaLimitError` (a tensor map TMA cannot encode).
+    failed ``requires``) or :class:`cbrules.ir.limits.TmaLimitError` (a tensor map TMA cannot encode).
     """
     k = kg.kernel()
     name, params = k["name"], kg.params()

@@ -3,7 +3,7 @@
 A rule file is a list of top-level forms:
 
 * egglog declarations (``datatype``, ``function``, ``ruleset``, ``rewrite``, ``rule`` ...; see
-  :data:`cbrules.egg.EGGLOG_ALLOWED`) pass to egglog unchanged; egglog commands that run rules or
+  :data:`cbrules.rewrite.schema.EGGLOG_FORMS`) pass to egglog unchanged; egglog commands that run rules or
   touch files (``run``, ``output``, ``include`` ...) are refused;
 * ``(phases A B ...)`` declares phases in order; ``(phase NAME :after A)`` / ``:before A`` adds one;
 * ``(disable RULE ...)`` switches shipped rules off (from a user folder);
@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from .actions import ACTIONS, _settable
-from .egg import EGGLOG_ALLOWED, EGGLOG_REFUSED, EggForm
-from .match import RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS, split_keys
-from .ops import OPS, SCOPES
+from ..ir.ops import OPS, SCOPES
+from ..shipped import RULES
+from .schema import (ACTIONS, EGGLOG_FORMS, EGGLOG_REFUSED, FUNCTIONS, NODE_FUNCTIONS, RELATIONS,
+                     STRUCTURAL_KEYS, VARIADIC_RELATIONS, EggForm, split_keys)
+from .schema import settable as _settable
 from .sexpr import Atom, Expr, Pos, RuleError, RulePathError, SList, read, read_file, source_text
-from .values import FUNCTIONS, NODE_FUNCTIONS
 
-SHIPPED = Path(__file__).resolve().parent.parent / "rules"
+SHIPPED = RULES
 ENV_VAR = "CBRULES_RULES"
 OWN_HEADS = ("graph-rule", "phases", "phase", "disable")
 MAX_PHASES = 1000  # the shipped rules use 5; placing a phase scans the list
@@ -279,7 +279,7 @@ def _read_form(rs: RuleSet, form: Expr, text: str, path: Path, errors: list[Rule
     if not isinstance(form, SList) or not form.head():
         raise RuleError(form.pos, f"a top-level form must be a list starting with a name, got {form}")
     head = form.head()
-    if head in EGGLOG_ALLOWED:
+    if head in EGGLOG_FORMS:
         rs.egg_forms.append(EggForm(source_text(text, form), str(path), form.pos.line, form.pos.col))
     elif head in EGGLOG_REFUSED:
         raise RuleError(form.pos, f"egglog form ({head} ...) is not allowed in rule files: {EGGLOG_REFUSED[head]}")
@@ -296,7 +296,7 @@ def _read_form(rs: RuleSet, form: Expr, text: str, path: Path, errors: list[Rule
             rs.disabled[_name(a)] = a.pos
     else:
         raise RuleError(form.pos, f"unknown top-level form {head!r}" + did_you_mean(
-            head, tuple(EGGLOG_ALLOWED) + OWN_HEADS))
+            head, tuple(EGGLOG_FORMS) + OWN_HEADS))
 
 
 def _declare_phase(rs: RuleSet, a: Expr) -> str:
@@ -533,9 +533,9 @@ def _check_value(e: Expr, bound: set[str]) -> None:
     if head is None:
         raise RuleError(e.pos, f"expected (FUNCTION args...), got {e}")
     # names and device functions reach the CUDA text: refuse literal ones here, with positions
-    # (values computed at run time are checked when the rule runs, in cbrules.values)
-    from .names import BUILTINS, RULES, problem
-    from .terms import DEVICE_FUNCTIONS, call_problem
+    # (values computed at run time are checked when the rule runs, in cbrules.rewrite.values)
+    from ..ir.names import BUILTINS, RULES, problem
+    from ..ir.terms import DEVICE_FUNCTIONS, call_problem
     n = len(e) - 1
     if head in NODE_FUNCTIONS:
         want = 1 if head in ("id", "names") else 2

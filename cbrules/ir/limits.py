@@ -9,8 +9,11 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from .errors import CbrulesError
+from ..errors import CbrulesError
 from .ops import DTYPE_BYTES
+
+# the CPU checker (`cbrules check`) runs 4*S trip counts per case: S is bounded so a check ends in minutes
+MAX_CHECK_STAGES = 16
 
 
 class TmaLimitError(CbrulesError, ValueError):

@@ -10,10 +10,10 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from .names import IdentifierError, check_term_name
-from .ops import DTYPE_BYTES, term_values
+from ..ir.names import IdentifierError, check_term_name
+from ..ir.ops import DTYPE_BYTES, term_values
 from .sexpr import Atom, Expr, RuleError
-from .terms import DeviceFunctionError, Term, as_term, call, const, evaluate as eval_term, name
+from ..ir.terms import DeviceFunctionError, Term, as_term, call, const, evaluate as eval_term, name
 
 
 @dataclass(frozen=True)

@@ -30,17 +30,17 @@ from typing import Optional
 import networkx as nx
 
 from .actions import Rewriter, RuleFailure
-from .errors import CbrulesError
-from .graph import BUILTINS, KernelGraph
+from ..errors import CbrulesError
+from ..ir.graph import BUILTINS, KernelGraph
 from .match import Matcher, MatchTimeout
-from .ops import OPS
+from ..ir.ops import OPS
 from .rulefile import GraphRule, RuleSet
-from .schedule import ScheduleError
+from ..ir.order import ScheduleError
 from .sexpr import RuleError
-from .terms import Term, evaluate, substitute
-from .terms import name as name_term
+from ..ir.terms import Term, evaluate, substitute
+from ..ir.terms import name as name_term
 from .values import NodeRef
-from .verify import GraphError
+from ..ir.verify import GraphError
 
 RULE_FIRINGS_PER_NODE = 4
 RULE_FIRINGS_EXTRA = 64

@@ -11,7 +11,7 @@
 Every node records its Python call site in ``origin``; program order becomes depends edges
 (def->use on registers and buffers, memory order around barriers) when each node is complete.
 
-Every name and number is checked at the call that gives it (:mod:`cbrules.names`): a name is a C
+Every name and number is checked at the call that gives it (:mod:`cbrules.ir.names`): a name is a C
 identifier outside cbrules' own prefixes, used for one thing only in the kernel (a register may be
 written many times; a loop variable may be reused by a sibling loop, never by a nested one), and
 sizes are positive ints. Range checks that belong to the transformation (stages >= 2, ...) stay in
@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterator, Optional, Sequence, Union
 
 from . import names
-from .errors import CbrulesError
+from ..errors import CbrulesError
 from .graph import KernelGraph, Param
 from .limits import SWIZZLE_SPAN, SwizzleError, TmaBoxError, check_box, check_swizzle, swizzle_repeat  # noqa: F401
 from .names import IdentifierError, NameClashError  # noqa: F401  (public via the builder)
@@ -170,7 +170,7 @@ def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = N
 
 def _call_site() -> str:
     f = sys._getframe(1)
-    while f is not None and f.f_globals.get("__name__", "") in ("cbrules.builder", "contextlib"):
+    while f is not None and f.f_globals.get("__name__", "") in ("cbrules.ir.builder", "contextlib"):
         f = f.f_back
     if f is None:
         return "?"

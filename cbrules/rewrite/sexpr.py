@@ -15,7 +15,7 @@ import stat
 from dataclasses import dataclass
 from typing import Union
 
-from .errors import CbrulesError
+from ..errors import CbrulesError
 
 # Bounds applied before anything else (egglog included) sees the text: the shipped rules nest 8
 # deep and are 20 KiB; egglog's parser overflows its stack near 10,000 levels.

@@ -14,39 +14,15 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from .graph import DEPENDS, KernelGraph
-from .schedule import sibling_order
+from ..ir.graph import KernelGraph
+from ..ir.order import DEPENDS, sibling_order
 from .sexpr import Atom, Expr, Pos, RuleError, SList
-from .terms import evaluate as eval_term
-from .terms import Term, as_term
+from ..ir.terms import evaluate as eval_term
+from ..ir.terms import Term, as_term
+from .schema import RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS, split_keys  # noqa: F401  (public here too)
 from .values import Env, NodeRef, evaluate, holds
 
 MISSING = object()
-STRUCTURAL_KEYS = ("in", "child-of")
-# relation name -> (positional argument count, required keywords, optional keywords)
-RELATIONS: dict[str, tuple[int, tuple[str, ...], tuple[str, ...]]] = {
-    "inside": (2, (), ()),          # (inside ?n ?scope): ?n is a descendant of ?scope
-    "child": (2, (), ()),           # (child ?n ?scope): ?n is directly in ?scope's body
-    "reads": (2, (), ()),           # (reads ?n ?buf): statement ?n (not a scope) reads buffer ?buf
-    "writes": (2, (), ()),          # (writes ?n ?buf)
-    "first-reader": (1, ("of", "in"), ()),  # the child of ?scope that reads ?buf first
-    "last-reader": (1, ("of", "in"), ()),   # ... and last, in schedule order
-    "no": (1, (), ("in", "around")),  # (no PATTERN :in ?scope | :around ?n): no node inside / around matches
-    "nearest": (2, ("around",), ()),  # (nearest ?x PATTERN :around ?n): ?n or its closest enclosing match
-    "count": (2, ("in",), ()),      # (count ?k PATTERN :in ?scope): ?k = number of matches
-    "sum": (3, ("in",), ()),        # (sum ?k ATTR PATTERN :in ?scope): ATTR summed over one iteration of ?scope
-    # order among the children of one scope, in schedule order (the order codegen prints them)
-    "next": (2, (), ()),            # (next ?a ?b): ?b runs right after ?a, nothing between them
-    "before": (2, (), ()),          # (before ?a ?b): ?a runs before ?b, both children of one scope
-    "between": (3, (), ()),         # (between ?a ?b ?x): ?x runs after ?a and before ?b (?a, ?b bound)
-    "distinct": (2, (), ()),        # (distinct ?a ?b ...): the variables are bound to different nodes
-    "ordered": (2, (), ()),         # (ordered ?a ?b): bound siblings that depends edges order (either way)
-    "independent": (2, (), ()),     # (independent ?a ?b): bound siblings no chain of depends edges orders:
-                                    # one may be moved into the other without reordering anything
-}
-VARIADIC_RELATIONS = ("distinct",)  # take their count of positional arguments or more
-
-
 def _vars(e: Expr) -> list[str]:
     if isinstance(e, Atom):
         return [e.value] if e.kind == "var" else []
@@ -79,22 +55,6 @@ def _first_miss(path: str, p: Expr, value: Any, b: dict) -> str:
 
 class MatchTimeout(Exception):
     """Matching ran past the matcher's deadline (the engine reports it as a LoweringError)."""
-
-
-def split_keys(items, start: int) -> tuple[list, dict]:
-    """Positional items and ``:key value`` pairs of a list, from index ``start``."""
-    pos, keys, i = [], {}, start
-    while i < len(items):
-        x = items[i]
-        if isinstance(x, Atom) and x.kind == "kw":
-            if i + 1 >= len(items):
-                raise RuleError(x.pos, f"keyword :{x.value} has no value")
-            keys[x.value] = items[i + 1]
-            i += 2
-        else:
-            pos.append(x)
-            i += 1
-    return pos, keys
 
 
 def _equal(a: Any, b: Any) -> bool:

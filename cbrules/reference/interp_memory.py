@@ -2,7 +2,7 @@
 
 Loads and stores on global tensors, shared buffers and per-thread register arrays; TMA copies
 (a load with a barrier is queued on it, one without is done at once); mbarrier ops and block
-syncs. Each hands :mod:`cbrules.protocol` what it needs to check, and checks indices itself.
+syncs. Each hands :mod:`cbrules.reference.protocol` what it needs to check, and checks indices itself.
 """
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import numpy as np
 
 from .hwsim import inside_box, read_box, swizzled, write_box
 from .interp_roles import Blocked
-from .ops import DTYPE_BYTES, MAX_BACKOFF_NS
+from ..ir.ops import DTYPE_BYTES, MAX_BACKOFF_NS
 from .protocol import DivergentSync, InterpError, TmaIssueError
-from .schedule import Step
-from .verify import attribute_problem
+from ..schedule import Step
+from ..ir.verify import attribute_problem
 
 
 class OutOfBounds(InterpError):

@@ -2,13 +2,13 @@
 
 ``run(kernel, args)`` executes the scheduled linear program block by block. Within a block every
 register is a numpy array with one value per thread; an ``if`` narrows the mask of active threads
-and only active threads write. Each op means what :mod:`codegen.cuda` makes it mean in CUDA:
+and only active threads write. Each op means what :mod:`cbrules.codegen.cuda` makes it mean in CUDA:
 C arithmetic, ``float`` rounding, ``fmaf``, the warp-shuffle tree of the block reduction,
 ``elect.sync`` on warp 0, TMA boxes with out-of-bounds zero fill. While it runs, the barrier
-protocol is checked by :mod:`cbrules.protocol` (deadlock, RAW, WAR, tx bytes, init/inval, arrival
+protocol is checked by :mod:`cbrules.reference.protocol` (deadlock, RAW, WAR, tx bytes, init/inval, arrival
 counts). Threads of a block run in lockstep, in program order, except where an if/else splits them
 into groups of whole warps (warp specialization): from there each group is a role of its own,
-interleaved with the others by a schedule (:mod:`cbrules.interp_roles`), each blocking on the
+interleaved with the others by a schedule (:mod:`cbrules.reference.interp_roles`), each blocking on the
 mbarrier waits and named barriers it reaches until another role makes them pass.
 
 A ``tma_load`` without a barrier (a kernel before lowering) copies at once: it has no completion
@@ -21,16 +21,16 @@ from typing import Any, Mapping, Optional, Union
 
 import numpy as np
 
-from .bind import NP_DTYPES, BlocksLike, bind, select_blocks
-from .builder import Kernel
-from .graph import BUILTINS, KernelGraph
+from ..ir.bind import NP_DTYPES, BlocksLike, bind, select_blocks
+from ..ir.builder import Kernel
+from ..ir.graph import BUILTINS, KernelGraph
 from .hwsim import block_reduce
-from .ops import UNARY
+from ..ir.ops import UNARY
 from .interp_memory import MemoryOps, NonUniform, OutOfBounds
 from .interp_roles import SCHEDULES, SWITCH, Blocked, Role, check_schedule, drive
 from .protocol import BlockProtocol, DivergentSync, ElectError, InterpError, ProtocolError, Site
-from .schedule import Step, schedule
-from .terms import Term
+from ..schedule import Step, schedule
+from ..ir.terms import Term
 from .vterms import C_BINARY, CACHE, Lanes, TermError, c_div, compile_term
 
 __all__ = ["run", "prepare", "Program", "InterpError", "OutOfBounds", "NonUniform", "SCHEDULES"]
@@ -111,8 +111,8 @@ def run(kernel: Union[KernelLike, Program], args: Mapping[str, Any], symbols: Op
     ``blocks``: ``None`` runs the whole grid, ``"sample"`` the first, middle and last block, or a
     list of blocks (linear indices or ``(x, y, z)``). ``schedule`` (``eager``, ``lazy`` or ``random``
     with ``seed``) interleaves the roles of a warp-specialized kernel. Raises
-    :class:`cbrules.bind.LaunchError` for arguments the launcher would refuse,
-    :class:`cbrules.protocol.ProtocolError` subclasses for protocol violations and
+    :class:`cbrules.ir.bind.LaunchError` for arguments the launcher would refuse,
+    :class:`cbrules.reference.protocol.ProtocolError` subclasses for protocol violations and
     :class:`InterpError` for other faults, each naming node and iteration.
     """
     kg = kernel.kg if isinstance(kernel, Program) else kernel.graph if isinstance(kernel, Kernel) else kernel

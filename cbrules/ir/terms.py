@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Optional, Union
 
-from .errors import CbrulesError
+from ..errors import CbrulesError
 
 BINARY_OPS = ("||", "&&", "==", "!=", "<", "<=", ">", ">=", "+", "-", "*", "/", "%")
 UNARY_OPS = ("-", "!")

@@ -2,20 +2,22 @@
 and file:line that made it) and the broken invariant.
 
 Everything codegen prints is checked here first: identifier-valued attributes are valid names
-(:mod:`cbrules.names`, rules' namespace) used for one thing only, every name in a term is bound
+(:mod:`cbrules.ir.names`, rules' namespace) used for one thing only, every name in a term is bound
 where it is used, every call is a device function, and integer-valued attributes are ints.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from .errors import CbrulesError
-from .graph import BUILTINS, CONTAINS, KernelGraph
-from .names import RULES, problem
+from ..errors import CbrulesError
+from .names import BUILTINS, RULES, problem
 from .ops import DTYPES, LOOP_KINDS, MAX_BACKOFF_NS, OPS, REDUCE_COMBINE, SCOPES, SPACES, term_values
-from .schedule import ScheduleError, linear_order, sibling_edges, sibling_order
+from .order import CONTAINS, ScheduleError, linear_order, sibling_edges, sibling_order
 from .terms import BINARY_OPS, UNARY_OPS, Term, call_problem
+
+if TYPE_CHECKING:  # the graph imports this module to verify itself
+    from .graph import KernelGraph
 
 BARRIER_OPS = ("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
                "mbarrier_inval")

@@ -20,16 +20,17 @@ import re
 import time
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator, Mapping, Sequence, Union
 
 from egglog import bindings as eb
 
-from .errors import CbrulesError
+from ..shipped import RULES
+from ..errors import CbrulesError
+from .schema import EGGLOG_FORMS, EGGLOG_REFUSED, EggForm
 from .sexpr import MAX_DEPTH, RuleError, read_file
-from .terms import Term, call, const, name
+from ..ir.terms import Term, call, const, name
 
-SHIPPED_RULES = Path(__file__).resolve().parent.parent / "rules" / "index.rules"
+SHIPPED_RULES = RULES / "index.rules"
 SORT, RANGES_RULESET = "Idx", "ranges"
 _I64 = (-(2 ** 63), 2 ** 63 - 1)
 _LET_PREFIX = "$cbrules_t"  # `$`: egglog warns about globals without it; prefix avoids user names
@@ -57,35 +58,11 @@ EGGLOG_ALLOWED: dict[str, type] = {
 # (a failing run is caught by `simplify`, which then keeps every term). egglog actions cannot
 # read or write files; the list stays explicit so a new kind of action is refused until reviewed.
 _ACTIONS = (eb.Let, eb.Set, eb.Union, eb.Change, eb.Panic, eb.Expr_)
-_RUN = "cbrules runs every ruleset itself after each phase, under node, iteration and time budgets; " \
-       "declare the ruleset with (ruleset NAME) and remove this form"
-_FILES = "rule files are data and may not read, write or include files; remove this form"
-_ACTION = "top-level actions are not allowed; state a fact as a rule with an empty query: (rule () (ACTION))"
-_QUERY = "queries and output belong in tests, not in rule files; remove this form"
-# The other egglog commands (egglog 13.2), each refused with the fix.
-EGGLOG_REFUSED: dict[str, str] = {
-    "run": _RUN, "run-schedule": _RUN, "unstable-combined-ruleset": "combined rulesets are not supported; "
-    "cbrules runs every declared ruleset in declaration order (`ranges` first)",
-    "input": _FILES, "output": _FILES, "include": _FILES,
-    "let": _ACTION, "set": _ACTION, "union": _ACTION, "delete": _ACTION, "subsume": _ACTION, "panic": _ACTION,
-    "check": _QUERY, "fail": _QUERY, "extract": _QUERY, "simplify": _QUERY, "query-extract": _QUERY,
-    "prove": _QUERY, "prove-exists": _QUERY, "print-function": _QUERY, "print-size": _QUERY,
-    "print-stats": _QUERY, "push": _QUERY, "pop": _QUERY,
-}
+assert set(EGGLOG_ALLOWED) == set(EGGLOG_FORMS), "the reader and the bridge accept the same egglog forms"
 
 
 class EggBudgetWarning(RuntimeWarning):
     """An egglog run hit a budget (nodes, iterations or time); every term was left unchanged."""
-
-
-@dataclass(frozen=True)
-class EggForm:
-    """One egglog form: its exact source text and where it starts (1-based line and column)."""
-
-    text: str
-    file: str
-    line: int
-    col: int
 
 
 @dataclass(frozen=True)

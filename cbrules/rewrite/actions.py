@@ -34,27 +34,15 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-from .graph import KernelGraph
-from .match import Matcher, split_keys
-from .ops import OPS, conflicts, nearest_conflicts
-from .schedule import sibling_order
+from ..ir.graph import KernelGraph
+from .match import Matcher
+from ..ir.ops import OPS, conflicts, nearest_conflicts
+from ..ir.order import sibling_order
+from .schema import ACTIONS, settable as _settable, split_keys  # noqa: F401  (ACTIONS: public here too)
 from .sexpr import RuleError, SList
-from .terms import Term, as_term, substitute
+from ..ir.terms import Term, as_term, substitute
 from .values import Env, NodeRef, evaluate
-from .verify import attribute_problem
-
-# action -> (min positional, max positional, allowed keywords, index of the first template argument or None)
-ACTIONS: dict[str, tuple[int, Optional[int], tuple[str, ...], Optional[int]]] = {
-    "insert-before": (2, None, (), 1), "insert-after": (2, None, (), 1),
-    "insert-at-entry": (2, None, (), 1), "insert-at-exit": (2, None, (), 1),
-    "erase": (1, 1, (), None), "set": (1, 1, None, None), "replace": (2, 2, (), 1), "wrap": (2, 2, (), 1),
-    "wrap-body": (2, 2, (), 1),
-    "move": (1, 1, ("into", "at"), None), "clone": (1, 1, ("as", "set", "keep", "substitute"), None),
-    "add-edge": (2, 2, (), None), "remove-edge": (2, 2, (), None), "let": (2, 2, (), None),
-    "rewrite-terms": (3, 3, (), None),
-    "fail": (1, None, ("code",), None),
-}
-
+from ..ir.verify import attribute_problem
 
 # values a rule sets: the shipped rules' largest term has 27 nodes and is 7 deep
 MAX_VALUE_SIZE = 10_000
@@ -422,13 +410,6 @@ def _replace(t: Any, frm: Term, to: Term) -> Any:
     if not t.args:
         return t
     return Term(t.op, tuple(_replace(x, frm, to) for x in t.args), t.value)
-
-
-def _settable(key: str, expr) -> None:
-    """``op`` and ``origin`` say what a node is and where it came from: a rule replaces the node instead."""
-    if key in ("op", "origin"):
-        raise RuleError(expr.pos, f"a rule cannot set :{key} (it says what the node is and where it came "
-                        "from); use (replace ?n TEMPLATE) to make a different node")
 
 
 def _coerce(spec, key: str, value: Any) -> Any:

@@ -27,7 +27,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .errors import CbrulesError
+from ..errors import CbrulesError
 
 INFLIGHT = np.iinfo(np.int64).max  # phase of an element whose load has not been delivered yet
 

@@ -1,0 +1,8 @@
+"""The IR and its builder: what a kernel is before and while rules rewrite it.
+
+Owns the op table (:mod:`.ops`), index/predicate terms (:mod:`.terms`), the name rules
+(:mod:`.names`), the kernel graph (:mod:`.graph`) with its sibling order (:mod:`.order`) and
+invariants (:mod:`.verify`), the hardware limits (:mod:`.limits`), the builder a kernel is written
+with (:mod:`.builder`) and the binding of host arrays to kernel parameters (:mod:`.bind`).
+Imports nothing of cbrules but :mod:`cbrules.errors`.
+"""

@@ -1,0 +1,89 @@
+"""Sibling order: the edge kinds of a kernel graph and the order among siblings they imply.
+
+The graph stores no sibling lists; the ``depends`` edges order the children of a scope and ties
+break by node id (creation order), so every reader (verifier, matcher, actions, scheduler) sees one
+deterministic order. This module reads a graph only through ``children``, ``g`` and ``describe``,
+so the graph, its verifier and the scheduler all import it and none imports another in a cycle.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import networkx as nx
+
+from ..errors import CbrulesError
+
+if TYPE_CHECKING:
+    from .graph import KernelGraph
+
+CONTAINS, DEPENDS = "contains", "depends"
+
+
+class ScheduleError(CbrulesError):
+    """The depends edges among some siblings form a cycle."""
+
+
+def sibling_edges(kg: KernelGraph) -> dict[int, list[tuple[int, int, tuple[int, int]]]]:
+    """Depends edges grouped by the scope whose children they order: scope -> [(a', b', (a, b))].
+
+    An edge between nodes of different scopes is lifted to the sibling ancestors that hold them;
+    an edge between a scope and its own descendant orders nothing and is dropped.
+    """
+    parent = {c: p for p, c, k in kg.g.edges(data="kind") if k == CONTAINS}
+
+    def chain(n: int) -> list[int]:
+        out = [n]
+        while out[-1] in parent:
+            out.append(parent[out[-1]])
+        return out
+
+    grouped: dict[int, list] = {}
+    for a, b, k in kg.g.edges(data="kind"):
+        if k != DEPENDS:
+            continue
+        if parent.get(a) is not None and parent.get(a) == parent.get(b):
+            grouped.setdefault(parent[a], []).append((a, b, (a, b)))
+            continue
+        ca, cb = chain(a), chain(b)
+        pos_b = {n: i for i, n in enumerate(cb)}
+        for i, n in enumerate(ca):
+            if n in pos_b:
+                j = pos_b[n]
+                if i and j:
+                    grouped.setdefault(n, []).append((ca[i - 1], cb[j - 1], (a, b)))
+                break
+    return grouped
+
+
+def sibling_order(kg: KernelGraph, scope: int, edges: Optional[dict] = None) -> list[int]:
+    """The children of ``scope`` in a deterministic order that respects every depends edge.
+
+    Without ``edges`` (from :func:`sibling_edges`) only the edges between the children themselves
+    count, which is all a verified graph has and costs only the scope's own adjacency."""
+    kids = kg.children(scope)
+    dag = nx.DiGraph()
+    dag.add_nodes_from(kids)
+    if edges is None:
+        kid_set = set(kids)
+        dag.add_edges_from((c, s) for c in kids for s, d in kg.g.succ[c].items()
+                           if d["kind"] == DEPENDS and s in kid_set)
+    else:
+        dag.add_edges_from((a, b) for a, b, _ in edges.get(scope, ()) if a != b)
+    try:
+        return list(nx.lexicographical_topological_sort(dag))
+    except nx.NetworkXUnfeasible:
+        cycle = nx.find_cycle(dag)
+        names = " -> ".join(kg.describe(u) for u, _ in cycle) + f" -> {kg.describe(cycle[0][0])}"
+        raise ScheduleError(f"depends edges form a cycle inside {kg.describe(scope)}: {names}; "
+                            "remove one of these edges (a rule or builder call ordered them both ways)")
+
+
+def linear_order(kg: KernelGraph) -> list[int]:
+    """Every node in program order: the root, then each scope's children in sibling order, depth first."""
+    edges, out, todo = sibling_edges(kg), [], [kg.root]
+    while todo:  # an explicit stack: nesting depth is bounded by the graph, not by Python's recursion limit
+        n = todo.pop()
+        out.append(n)
+        if kg.is_scope(n):
+            todo.extend(reversed(sibling_order(kg, n, edges)))
+    return out

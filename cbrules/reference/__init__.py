@@ -1,0 +1,7 @@
+"""The reference: what a lowered kernel means, to judge a lowering without a GPU.
+
+Owns the reference interpreter of the scheduled program (:mod:`.interp`, with its memory
+(:mod:`.interp_memory`), warp roles (:mod:`.interp_roles`) and vector terms (:mod:`.vterms`)) and the
+protocol checker of mbarriers and TMA (:mod:`.protocol`, :mod:`.hwsim`).
+Imports only :mod:`cbrules.ir`, :mod:`cbrules.schedule` and :mod:`cbrules.errors`.
+"""
