@@ -28,7 +28,8 @@ def trips_for(name: str, stages: int) -> list[int]:
     return sorted(required | set(range(1, stages)) | {2 * stages, 3 * stages, 4 * stages})
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+# one xdist group per kernel (`-n auto --dist loadgroup`): its cases share CHECKER's unlowered runs and inputs
+@pytest.mark.parametrize("case", [pytest.param(c, id=case_id(c), marks=pytest.mark.xdist_group(c[0])) for c in CASES])
 def test_lowered_matches_unlowered_and_numpy(case):
     name, stages, prefetch, war = case
     spec = KERNELS[name]
