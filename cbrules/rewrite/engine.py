@@ -25,7 +25,7 @@ import functools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterator, Optional
 
 import networkx as nx
 
@@ -266,15 +266,7 @@ class _Run:
         """The first rule (in order) with matches not applied yet, and all those matches."""
         index = Matcher(kg, deadline=self.deadline, decide=self._decider(kg))  # the graph does not change while we look
         for rule in rules:
-            m = index.fresh()
-            try:
-                batch = [b for b in m.matches(rule.match, rule.where) if _match_key(rule, b) not in self.fired]
-            except MatchTimeout:
-                raise self._time_error(rule) from None
-            except _RULE_ERRORS as e:
-                raise _rule_error(rule, "matching", e) from e
-            finally:
-                self.match_work += m.ticks
+            batch = [b for b in self._matches(index.fresh(), rule) if _match_key(rule, b) not in self.fired]
             if batch:
                 return rule, batch
         return None
@@ -285,17 +277,18 @@ class _Run:
         if any(v.id not in kg for v in nodes.values()):
             return None
         m = Matcher(kg, deadline=self.deadline, decide=self._decider(kg))
+        return next((b2 for b2 in self._matches(m, rule, nodes) if _match_key(rule, b2) not in self.fired), None)
+
+    def _matches(self, m: Matcher, rule: GraphRule, nodes: Optional[dict] = None) -> Iterator[dict]:
+        """``rule``'s matches by ``m`` (starting from ``nodes``), its failures named, its work counted."""
         try:
-            for b2 in m.matches(rule.match, rule.where, nodes):
-                if _match_key(rule, b2) not in self.fired:
-                    return b2
+            yield from m.matches(rule.match, rule.where, nodes)
         except MatchTimeout:
             raise self._time_error(rule) from None
         except _RULE_ERRORS as e:
             raise _rule_error(rule, "matching", e) from e
         finally:
             self.match_work += m.ticks
-        return None
 
 
 def _rule_error(rule: GraphRule, doing: str, e: Exception) -> LoweringError:
