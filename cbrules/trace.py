@@ -13,7 +13,8 @@ from .rewrite.engine import Application, Trace
 from .errors import CbrulesError
 from .ir.graph import KernelGraph
 from .rewrite.match import RELATIONS, Matcher, split_keys
-from .rewrite.rulefile import GraphRule, did_you_mean
+from .rewrite.rulecheck import did_you_mean
+from .rewrite.rulefile import GraphRule
 from .schedule import print_program, schedule
 from .rewrite.sexpr import Atom
 from .rewrite.values import NodeRef

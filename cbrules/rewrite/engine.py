@@ -125,7 +125,7 @@ def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: O
     per phase by :func:`rule_bound`. Either bound, a rule's ``(fail ...)`` or a failed application
     is a :class:`LoweringError`."""
     if stop_after_phase is not None and stop_after_phase not in rules.phases:
-        from .rulefile import did_you_mean
+        from .rulecheck import did_you_mean
         raise LoweringError(f"no phase {stop_after_phase!r} to stop after" + did_you_mean(stop_after_phase, rules.phases)
                             + f"; the phases are {', '.join(rules.phases)}")
     kg = kg.copy()
