@@ -29,12 +29,10 @@ from .reference.protocol import InterpError
 # the code of the refusal of a trip count below S: the rule's (fail :code short-loop ...) at
 # lowering time, the kernel's `requires` entry with that code at launch
 SHORT_LOOP = "short-loop"
-# 4*S trip counts take up to seconds each on the CPU: S = 16 is already 64 lowerings and interpretations
-MAX_STAGES = MAX_CHECK_STAGES  # 4*S trip counts per case (cbrules.ir.limits)
 
 
 class CheckLimitError(CbrulesError, ValueError):
-    """More stages than the checker runs (:data:`MAX_STAGES`)."""
+    """More stages than the checker runs (:data:`MAX_CHECK_STAGES`)."""
 
 
 @dataclass
@@ -210,9 +208,9 @@ def compare(spec: KernelSpec, shape: tuple, args: dict, got: dict, before: dict,
 
 
 def trip_counts(stages: int) -> range:
-    """Every trip count the checker tries for ``stages``: 1 .. 4*S (S at most :data:`MAX_STAGES`)."""
-    if not 1 <= stages <= MAX_STAGES:
-        raise CheckLimitError(f"the checker takes 1 <= stages <= {MAX_STAGES} (4*S trip counts, each "
+    """Every trip count the checker tries for ``stages``: 1 .. 4*S (S at most :data:`MAX_CHECK_STAGES`)."""
+    if not 1 <= stages <= MAX_CHECK_STAGES:
+        raise CheckLimitError(f"the checker takes 1 <= stages <= {MAX_CHECK_STAGES} (4*S trip counts, each "
                               f"interpreted on the CPU), got {stages}")
     return range(1, 4 * stages + 1)
 

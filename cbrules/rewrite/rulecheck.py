@@ -105,7 +105,7 @@ def _check_node_pattern(e: Expr, bound: set[str], binds: bool = True) -> None:
     allowed = set(STRUCTURAL_KEYS) | _attributes(op)
     for k, v in keys.items():
         if k not in allowed:
-            raise _no_attribute(_key_pos(e, k), op, k, allowed)
+            raise _no_attribute(key_pos(e, k), op, k, allowed)
         if k in STRUCTURAL_KEYS:
             _check_value(v, bound)
         else:
@@ -117,7 +117,7 @@ def _attributes(op: str) -> set[str]:
     return set(OPS[op].attributes) if op != "_" else {a for s in OPS.values() for a in s.attributes}
 
 
-def _key_pos(form: SList, key: str) -> Pos:
+def key_pos(form: SList, key: str) -> Pos:
     """Where ``:key`` is written in ``form`` (errors about a key point at the key, not its value)."""
     for x in form.items:
         if isinstance(x, Atom) and x.kind == "kw" and x.value == key:
@@ -160,7 +160,7 @@ def _check_match_element(e: Expr, bound: set[str]) -> None:
             raise RuleError(e.pos, f"relation {head} needs :{k}")
     for k, v in keys.items():
         if k not in required + optional:
-            raise RuleError(_key_pos(e, k), f"relation {head} has no key :{k}" + did_you_mean(k, required + optional))
+            raise RuleError(key_pos(e, k), f"relation {head} has no key :{k}" + did_you_mean(k, required + optional))
         _check_value(v, bound)
     if head == "no" and len([k for k in keys if k in ("in", "around")]) != 1:
         raise RuleError(e.pos, "(no PATTERN :in ?scope) or (no PATTERN :around ?node)")
@@ -258,7 +258,7 @@ def _check_template(t: Expr, bound: set[str]) -> None:
                 raise RuleError(v.pos, ":as takes a ?variable")
             continue
         if k not in spec.attributes:
-            raise _no_attribute(_key_pos(t, k), op, k, spec.attributes)
+            raise _no_attribute(key_pos(t, k), op, k, spec.attributes)
         _check_value(v, bound)
     missing = [k for k in spec.required if k not in keys and k not in spec.defaults]
     if missing:
@@ -290,7 +290,7 @@ def _check_action(a: Expr, bound: set[str]) -> None:
     if allowed is not None:
         for k, v in keys.items():
             if k not in allowed:
-                raise RuleError(_key_pos(a, k), f"action {head} has no key :{k}" + did_you_mean(k, allowed))
+                raise RuleError(key_pos(a, k), f"action {head} has no key :{k}" + did_you_mean(k, allowed))
     if head == "set":
         _check_set_keys(a, pos[0], keys, bound)
     if head == "fail":
@@ -331,9 +331,9 @@ def _check_set_keys(a: SList, target: Expr, keys: dict, bound: set) -> None:
     allowed = _attributes(op)
     for k in keys:
         if k in ("op", "origin"):
-            _settable(k, Atom(k, "kw", _key_pos(a, k)))
+            _settable(k, Atom(k, "kw", key_pos(a, k)))
         if k not in allowed:
-            raise _no_attribute(_key_pos(a, k), op, k, allowed)
+            raise _no_attribute(key_pos(a, k), op, k, allowed)
 
 
 def _check_message(msg: Expr, bound: set) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..shipped import RULES
-from .rulecheck import _key_pos, check_rule, did_you_mean
+from .rulecheck import key_pos, check_rule, did_you_mean
 from .schema import EGGLOG_FORMS, EGGLOG_REFUSED, EggForm, split_keys
 from .sexpr import Atom, Expr, Pos, RuleError, RulePathError, SList, read, read_file, source_text
 
@@ -291,7 +291,7 @@ def _add_phase(rs: RuleSet, form: SList) -> None:
         return
     (k, v), = keys.items()
     if k not in ("after", "before"):
-        raise RuleError(_key_pos(form, k), f"unknown key :{k} in phase" + did_you_mean(k, ("after", "before")))
+        raise RuleError(key_pos(form, k), f"unknown key :{k} in phase" + did_you_mean(k, ("after", "before")))
     anchor = _name(v)
     if anchor not in rs.phases:
         raise RuleError(v.pos, f"unknown phase {anchor!r}" + did_you_mean(anchor, rs.phases))
