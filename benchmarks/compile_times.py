@@ -181,9 +181,7 @@ def markdown(kernels: list[dict], scale: list[dict], meta: dict) -> str:
               "graph; rules = `engine.lower(simplify=False)`; lower = `api.lower` (with egglog); match work = "
               "the matcher's search steps (`Lowered.match_work`: candidates and pattern elements tried); rules CPU = "
               "the process's CPU seconds for rules (less stretched than wall time by other work on the machine; the "
-              "plot shows it). Each size runs in its own process. Many loops of about 700 nodes or more stop at "
-              "cb-require-trip-count: the kernel's :requires list (one entry per loop) passes the bound on a rule's "
-              "values (`actions.MAX_VALUE_SIZE` parts, characters counted).", "",
+              "plot shows it). Each size runs in its own process.", "",
               "![time against nodes](compile_times.svg)", "",
               "| family | nodes built → lowered | rule applications | match work | build | rules | rules CPU | "
               "lower (with egglog) |",
@@ -254,8 +252,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--sizes", default="100,1000,3000,10000")
-    p.add_argument("--loop-sizes", default="100,300,600,1000", help="sizes of the many-loops family (from about "
-                   "700 nodes the kernel's :requires list outgrows the rule value bound)")
+    p.add_argument("--loop-sizes", default="100,300,600,1000", help="sizes of the many-loops family")
     p.add_argument("--scale-timeout", type=float, default=1500.0)
     p.add_argument("--skip-kernels", action="store_true", help="only the scaling part")
     p.add_argument("--scale-case", help=argparse.SUPPRESS)

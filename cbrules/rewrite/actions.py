@@ -26,8 +26,9 @@ Actions keep the graph a tree with acyclic sibling order whatever the bindings: 
 itself or a descendant, placing or wrapping next to the kernel node, a node inside a non-scope, an
 edge between non-siblings, a self-edge or one closing a cycle are refused with a
 :class:`RuleError` naming the nodes (the engine adds the rule's file:line); so is a value (term,
-text, tuple) past :data:`MAX_VALUE_SIZE` parts or :data:`MAX_VALUE_DEPTH` levels, which a rule
-feeding its own output back builds, doubling it at each application.
+text, tuple) past :data:`MAX_VALUE_SIZE` parts plus :data:`VALUE_PARTS_PER_NODE` a node of the graph, or
+:data:`MAX_VALUE_DEPTH` levels, which a rule feeding its own output back builds, doubling it at each
+application (a value that lists something per loop, like the kernel's ``:requires``, grows with the graph).
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from ..ir.verify import attribute_problem
 
 # values a rule sets: the shipped rules' largest term has 27 nodes and is 7 deep
 MAX_VALUE_SIZE = 10_000
+VALUE_PARTS_PER_NODE = 16
 MAX_VALUE_DEPTH = 200
 
 
@@ -150,7 +152,7 @@ class Rewriter:
             if k != "as":
                 _settable(k, v)
                 attrs[k] = _coerce(spec, k, self.value(v))
-                _bounded(k, attrs[k], v)
+                _bounded(k, attrs[k], v, len(self.kg))
                 _printable(op, k, attrs[k], v)
         n = self.kg.add(op, parent, origin=self.origin, **attrs)
         self.created.append(n)
@@ -218,7 +220,7 @@ class Rewriter:
         for k, v in keys.items():
             _settable(k, v)
             self.kg[n][k] = _coerce(spec, k, self.value(v))
-            _bounded(k, self.kg[n][k], v)
+            _bounded(k, self.kg[n][k], v, len(self.kg))
             _printable(self.kg.op(n), k, self.kg[n][k], v)
         if n not in self.created:
             self.changed.append(n)
@@ -327,7 +329,7 @@ class Rewriter:
                     attrs[k] = substitute(v, mapping)
                 elif isinstance(v, tuple):
                     attrs[k] = tuple(substitute(x, mapping) if isinstance(x, Term) else x for x in v)
-                _bounded(k, attrs.get(k), at)
+                _bounded(k, attrs.get(k), at, len(self.kg))
         first = kg[n]["origin"]
         source = first.get("source") or (f"{first['rule']} @ {first['at']}" if first.get("rule")
                                          else f"build @ {first.get('where', '?')}")
@@ -427,7 +429,7 @@ def _printable(op: str, key: str, value: Any, expr) -> None:
         raise RuleError(expr.pos, f"{op} :{key}: {bad}")
 
 
-def _bounded(key: str, value: Any, expr) -> None:
+def _bounded(key: str, value: Any, expr, nodes: int) -> None:
     """Refuse a value a rule built that is too large to print, hash or simplify: a rule that feeds
     its own output back (``(set ?L :stop (+ ?n ?n))`` once a new node) doubles it each time."""
     sizes: dict[int, int] = {}  # terms share subterms: count each tree node, visit each object once
@@ -445,10 +447,11 @@ def _bounded(key: str, value: Any, expr) -> None:
             sizes[id(v)] = 1 + sum(size(a, depth + 1) for a in parts)
         return sizes[id(v)]
 
-    n = size(value, 0)
-    if n > MAX_VALUE_SIZE:
+    n, bound = size(value, 0), MAX_VALUE_SIZE + VALUE_PARTS_PER_NODE * nodes
+    if n > bound:
         raise RuleError(expr.pos, f":{key} would be a value of {n} parts (term nodes, characters, elements), more "
-                        f"than {MAX_VALUE_SIZE}; a rule probably grows it each time it fires: guard the rule")
+                        f"than {bound} for a graph of {nodes} nodes; a rule probably grows it each time it fires: "
+                        "guard the rule")
 
 
 def _show(v: Any, kg: KernelGraph) -> str:
