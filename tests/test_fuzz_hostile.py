@@ -139,12 +139,16 @@ _value = st.one_of(st.integers(-2 ** 40, 2 ** 40), st.integers(-3, 9), st.floats
 
 @seed(20261130)
 @FUZZ
-@given(st.sampled_from(["single_dim", "pointwise", "inner_reduction"]), _value, _value,
-       st.one_of(st.sampled_from(["sync", "mbarrier"]), st.text(max_size=8), st.integers()))
-def test_hostile_options_lower_or_end_in_a_named_error(kernel, stages, prefetch, war):
+@given(st.sampled_from(["single_dim", "pointwise", "inner_reduction"]), st.one_of(_value, st.just("auto")), _value,
+       st.one_of(st.sampled_from(["sync", "mbarrier"]), st.text(max_size=8), st.integers()),
+       st.one_of(st.booleans(), _value),
+       st.one_of(st.none(), st.tuples(_value, _value), st.sampled_from([(40, 232), (24, 256), (41, 232)]), _value),
+       st.sampled_from(["float32", "float16", "bfloat16", "float8", "int32"]))
+def test_hostile_options_lower_or_end_in_a_named_error(kernel, stages, prefetch, war, ws, registers, dtype):
     try:
         with within(TIME_BOUND_S):
-            k = KERNELS[kernel].build(stages=stages, prefetch=prefetch, war=war)
+            k = KERNELS[kernel].build(stages=stages, prefetch=prefetch, war=war, warp_specialize=ws,
+                                      registers=registers, dtype=dtype)
             api.generate(k)
     except Exception as e:  # noqa: BLE001
         assert _expected(e), f"{type(e).__name__} is not a documented named error: {e}"
@@ -153,7 +157,9 @@ def test_hostile_options_lower_or_end_in_a_named_error(kernel, stages, prefetch,
 _ARGS = ["demo", "kernels", "lower", "compile", "run", "check", "trace", "rules", "check", "list",
          "single_dim", "nope", "x.py", "--stages", "--prefetch", "--war", "--shape", "--rules", "-o",
          "--reps", "--size", "counts", "why-not", "--node", "--step", "1000", "-1", "2.5", "", "a,b",
-         "/nonexistent/x.cu", "mbarrier", "--quiet"]
+         "/nonexistent/x.cu", "mbarrier", "--quiet", "auto", "--warp-specialize", "--registers", "40,232",
+         "8,1000", "--dtype", "bfloat16", "float8", "--swizzle", "128B", "7B", "--tma-store", "--json",
+         "--html", "--save", "ops", "--version", "--ptx"]
 
 
 @seed(20261130)
