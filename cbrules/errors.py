@@ -9,3 +9,7 @@ from __future__ import annotations
 
 class CbrulesError(Exception):
     """A named error caused by the kernel, the rules or the options the user gave."""
+
+
+class CliError(CbrulesError):
+    """A user error in the command line or the files it names: printed to stderr, exit code 2."""
