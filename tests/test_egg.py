@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from cbrules.rewrite import egg
 from cbrules.rewrite.egg import EggRuleError, Range, forms_from_file, load_check, simplify
 from cbrules.ir.terms import Term, const, evaluate, name, parse
+from cbrules.rewrite.sexpr import MAX_DEPTH
 
 LIMIT = 30000  # evaluation points per term; every point of the ranges when there are fewer
 RANGES = {"i": Range(0, 100), "k": Range(0, 1000)}
@@ -151,7 +152,7 @@ def test_parse_errors_and_duplicate_rule_names(tmp_path, forms):
 def test_forms_from_file_bounds_nesting_and_bytes(tmp_path):
     path = tmp_path / "d.rules"
     path.write_text("(ruleset a)\n (rule () (" + "(Neg " * 10_000 + "))\n")
-    with pytest.raises(EggRuleError, match=f"^{path}:2:.*nested deeper than {egg.MAX_DEPTH} levels"):
+    with pytest.raises(EggRuleError, match=f"^{path}:2:.*nested deeper than {MAX_DEPTH} levels"):
         forms_from_file(path)
     path.write_bytes(b"(ruleset a)\n(ruleset \xfe)\n")
     with pytest.raises(EggRuleError, match=f"^{path}:2:10: invalid UTF-8"):

@@ -116,12 +116,13 @@ def test_reader_keeps_positions():
 
 def test_rule_loading_never_executes_python():
     import cbrules.rewrite.egg as eg
+    import cbrules.rewrite.eggload as el
     import cbrules.rewrite.rulecheck as rc
     import cbrules.rewrite.rulefile as rf
     import cbrules.rewrite.schema as sc
     import cbrules.rewrite.sexpr as sx
     import cbrules.rewrite.values as va
-    for mod in (rf, rc, sc, sx, va, eg):
+    for mod in (rf, rc, sc, sx, va, eg, el):
         src = open(mod.__file__).read()
         assert not re.search(r"(?<!re\.)\b(eval|exec|pickle|compile)\(|\bimport pickle", src), mod.__name__
 

@@ -202,7 +202,7 @@ def load(dirs: Optional[Sequence[str | os.PathLike]] = None, *, check_egglog: bo
             errors.append(e)
     _raise_all(errors)
     if check_egglog:
-        from .egg import load_check
+        from .eggload import load_check
         load_check(rs.egg_forms)
     return rs
 
