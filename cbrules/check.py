@@ -24,7 +24,7 @@ from .errors import CbrulesError
 from .reference.interp import SCHEDULES, Program, prepare, run
 from .kernels import KernelSpec
 from .ir.limits import MAX_CHECK_STAGES, TmaLimitError
-from .reference.protocol import InterpError
+from .reference.hazards import InterpError
 
 # the code of the refusal of a trip count below S: the rule's (fail :code short-loop ...) at
 # lowering time, the kernel's `requires` entry with that code at launch

@@ -2,6 +2,7 @@
 
 Owns the reference interpreter of the scheduled program (:mod:`.interp`, with its memory
 (:mod:`.interp_memory`), warp roles (:mod:`.interp_roles`) and vector terms (:mod:`.vterms`)) and the
-protocol checker of mbarriers and TMA (:mod:`.protocol`, :mod:`.hwsim`).
+protocol checker of mbarriers and TMA (:mod:`.protocol`, :mod:`.hwsim`) with the failures it reports
+(:mod:`.hazards`).
 Imports only :mod:`cbrules.ir`, :mod:`cbrules.schedule` and :mod:`cbrules.errors`.
 """

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .protocol import InterpError
+from .hazards import InterpError
 from ..ir.terms import swizzle_index
 
 _IDENTITY = {"sum": 0, "max": -np.inf, "min": np.inf}

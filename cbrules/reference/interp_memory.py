@@ -13,7 +13,7 @@ import numpy as np
 from .hwsim import inside_box, read_box, swizzled, write_box
 from .interp_roles import Blocked
 from ..ir.ops import DTYPE_BYTES, MAX_BACKOFF_NS
-from .protocol import DivergentSync, InterpError, TmaIssueError
+from .hazards import DivergentSync, InterpError, TmaIssueError
 from ..schedule import Step
 from ..ir.verify import attribute_problem
 

@@ -1,0 +1,105 @@
+"""What the protocol checker reports: the place of a statement in a run (:class:`Site`) and the
+failures, each a :class:`ProtocolError` naming the node, the barrier and slot, the block and the
+iteration.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ..errors import CbrulesError
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where the interpreter is: the node, the block and the enclosing loop iterations."""
+
+    node: int
+    what: str
+    block: tuple
+    iteration: tuple = ()  # ((var, value, part), ...), outermost first
+
+    def __str__(self) -> str:
+        its = ", ".join(f"{v}={x}" + (f" ({p})" if p else "") for v, x, p in self.iteration)
+        return f"block {self.block}" + (f", iteration {its}" if its else ", outside any loop")
+
+
+SiteFn = Callable[[], Site]
+
+
+class InterpError(CbrulesError):
+    """Anything the interpreter refuses; ``node``, ``block`` and ``iteration`` say where."""
+
+    def __init__(self, message: str, site: Site, barrier: Optional[str] = None, slot: Optional[int] = None):
+        self.site, self.node, self.barrier, self.slot = site, site.node, barrier, slot
+        self.block, self.iteration = site.block, site.iteration
+        self.detail = message
+        super().__init__(f"{site.what}: {message} [{site}]")
+
+
+class ProtocolError(InterpError):
+    """A violation of the mbarrier / TMA / block-sync protocol."""
+
+
+class Deadlock(ProtocolError):
+    """A wait that can never complete."""
+
+
+class RawHazard(ProtocolError):
+    """A read of shared data whose TMA load the reader has not observed complete."""
+
+
+class WarHazard(ProtocolError):
+    """A TMA refill of shared data that some thread may still read (or that is still in flight)."""
+
+
+class TxMismatch(ProtocolError):
+    """Expect-tx bytes of a phase that differ from the bytes the TMA loads delivered to it."""
+
+
+class UseBeforeInit(ProtocolError):
+    """A barrier used before its init (or before a block sync made the init visible)."""
+
+
+class UseAfterInval(ProtocolError):
+    """A barrier used after it was invalidated."""
+
+
+class DoubleInit(ProtocolError):
+    """A barrier initialised twice without an inval in between."""
+
+
+class TooManyArrivals(ProtocolError):
+    """More arrivals than the barrier's count within one phase."""
+
+
+class MissingInval(ProtocolError):
+    """A barrier still valid when the block ends."""
+
+
+class OutstandingTma(ProtocolError):
+    """A TMA load still in flight when its barrier is invalidated or the block ends."""
+
+
+class DivergentSync(ProtocolError):
+    """A block-wide operation (block sync, block reduction) reached by only some threads."""
+
+
+class ElectError(ProtocolError):
+    """``elect_one()`` (``elect.sync`` with a full mask) executed by part of warp 0 only."""
+
+
+class TmaIssueError(ProtocolError):
+    """A TMA load with a barrier issued by more than one thread at once."""
+
+
+class StoreOverwrite(ProtocolError):
+    """Shared memory written while a TMA store's bulk group may still be reading it."""
+
+
+class StoreInFlight(ProtocolError):
+    """The block ends while a TMA store's bulk group has not been waited for (``wait_group 0``)."""
+
+
+class PartialTileStore(ProtocolError):
+    """A TMA store sends in-bounds elements of its box that no thread wrote since the last store."""
