@@ -45,12 +45,13 @@ def borrow(kernel: str, param, value: Any) -> HostOrDevice:
                           "producer)") from None
 
 
-def check_layout(kernel: str, param, array: HostOrDevice) -> None:
+def check_layout(kernel: str, param, array: HostOrDevice, vector_bytes: int = 0) -> None:
     """Refuse an argument the kernel cannot use in place.
 
     The generated kernel indexes every tensor as a dense C-order array of its dtype, so a borrowed
     device array must be C-contiguous (no slicing steps, transposes or negative strides), start at a
-    non-NULL address aligned to its element size, and, if written, not be read-only. Such arrays are
+    non-NULL address aligned to its element size (to ``vector_bytes`` where the kernel moves that many
+    bytes of it at once), and, if written, not be read-only. Such arrays are
     refused, never copied: a copy would be silently slow for inputs and cannot be written back
     transparently for outputs. Numpy arrays are always copied to fresh device memory, so any layout
     is fine; a written one must be writeable, as the result is copied back into it.
@@ -72,6 +73,10 @@ def check_layout(kernel: str, param, array: HostOrDevice) -> None:
     if array.ptr % array.dtype.itemsize:
         raise LaunchError(f"{where} ({layout}) is not aligned to its {array.dtype.itemsize}-byte elements; pass "
                           "a copy in fresh memory (torch: x.clone(), cupy: x.copy())")
+    if vector_bytes and array.ptr % vector_bytes:
+        raise LaunchError(f"{where} ({layout}) is not {vector_bytes}-byte aligned, but the kernel accesses it "
+                          f"{vector_bytes} bytes at a time; pass a copy in fresh memory (torch: x.clone(), cupy: "
+                          "x.copy())")
     if param.written and array.readonly:
         raise LaunchError(f"{where} ({layout}) is marked read-only by its producer but the kernel writes it; "
                           "pass a writeable array")
@@ -144,9 +149,10 @@ class CompiledKernel:
             tensors[p.name] = borrow(self.name, p, kwargs[p.name])
             check_dtype(self.name, p, tensors[p.name].dtype)
         symbols = self.bind_symbols({n: a.shape for n, a in tensors.items()}, given)
+        vectors = dict(self.source.aligned)
         for p in params:
             if p.kind == "tensor":
-                check_layout(self.name, p, tensors[p.name])
+                check_layout(self.name, p, tensors[p.name], vectors.get(p.name, 0))
             elif p.kind == "tmap":
                 _check_tensor_map(p, tensors[p.tensor])
         return tensors, symbols, launch_grid(self.name, self.source.grid, symbols)

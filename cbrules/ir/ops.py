@@ -81,6 +81,9 @@ OPS: dict[str, OpSpec] = {
     # tile: {tensor, map, coords, index, box, dtype}: this element is element `index` of the box of
     # tensor map `map` at `coords`; the tma-store rules then stage the tile and store it by TMA
     "store": OpSpec(("dst", "index", "value"), ("tile",), ("index", "value"), "memory"),
+    # one vector access: count contiguous elements (4, 8 or 16 bytes) of src from src_index go to dst
+    # from dst_index; one side is a register array, both indices are multiples of count
+    "copy": OpSpec(("dst", "dst_index", "src", "src_index", "count"), (), ("dst_index", "src_index"), "memory"),
     "assign": OpSpec(("dst", "value", "dtype"), (), ("value",)),
     # a block reduction with bar_id/count syncs through named barrier bar_id over threads 0..count-1 only
     "reduce": OpSpec(("dst", "src", "kind", "combine", "dtype"), ("bar_id", "count"), ("src",)),
@@ -119,6 +122,8 @@ OP_DOCS: dict[str, str] = {
     "load": "dst = src[index] (global, shared or register memory)",
     "store": "dst[index] = value; tile (tensor map, coords, element) marks an element of an output tile the "
              "rules may write with one TMA store",
+    "copy": "dst[dst_index + k] = src[src_index + k] for k < count, as one 4-, 8- or 16-byte vector access "
+            "(a register array on one side; the vectorize rules make it from a vectorize loop's element accesses)",
     "assign": "dst = value",
     "reduce": "dst = the combine (sum, max, min) of src over the block (kind block) or into dst (kind serial); "
               "with bar_id, over the first count threads through named barrier bar_id",
@@ -171,6 +176,9 @@ def effects(op: str, attrs: Mapping[str, Any]) -> tuple[set[str], set[str]]:
     elif op == "store":
         writes.add(f"mem:{attrs['dst']}")
         reads.add(SYNC_TOKEN)
+    elif op == "copy":
+        writes.add(f"mem:{attrs['dst']}")
+        reads |= {f"mem:{attrs['src']}", SYNC_TOKEN}
     elif op == "tma_load":
         writes.add(f"mem:{attrs['dst']}")
         reads |= {f"mem:{attrs['tmap']}", SYNC_TOKEN}

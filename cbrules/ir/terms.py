@@ -9,6 +9,7 @@ rules and the egglog bridge can treat them as values. Division and modulo follow
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Optional, Union
@@ -335,3 +336,44 @@ def substitute(t: Term, mapping: Mapping[str, Term]) -> Term:
     if not t.args:
         return t
     return Term(t.op, tuple(substitute(a, mapping) for a in t.args), t.value)
+
+
+# ------------------------------------------------------------------------------ linear facts
+
+def coefficient(t: Term, var: str) -> Optional[int]:
+    """The integer ``c`` with ``t = c * var + (a term without var)`` for every value of the names, decided
+    from the term's structure; None when ``t`` is not of that form (``var`` under ``/``, ``%``, a call,
+    or times something that is not a constant)."""
+    if var not in set(t.names()):
+        return 0
+    if t.op == "name":
+        return 1
+    if t.op in ("+", "-") and len(t.args) == 2:
+        a, b = (coefficient(x, var) for x in t.args)
+        return None if a is None or b is None else a + b if t.op == "+" else a - b
+    if t.op == "-" and len(t.args) == 1:
+        a = coefficient(t.args[0], var)
+        return None if a is None else -a
+    if t.op == "*":
+        for x, y in (t.args, t.args[::-1]):
+            if var not in set(x.names()) and x.op == "const" and isinstance(x.value, int) \
+                    and not isinstance(x.value, bool):
+                c = coefficient(y, var)
+                return None if c is None else x.value * c
+    return None
+
+
+def divisor(t: Term) -> int:
+    """A ``d`` >= 0 that divides ``t`` for every value of its names (0: t is 0), decided from the
+    structure: constants, sums, products and C remainders (``a % b`` is ``a - (a / b) * b``) of
+    multiples of d are multiples of d; any other name or call gives 1."""
+    if t.op == "const":
+        v = t.value
+        return abs(v) if isinstance(v, int) and not isinstance(v, bool) else 1
+    if t.op in ("+", "-", "%") and len(t.args) == 2:
+        return math.gcd(divisor(t.args[0]), divisor(t.args[1]))
+    if t.op == "-" and len(t.args) == 1:
+        return divisor(t.args[0])
+    if t.op == "*":
+        return divisor(t.args[0]) * divisor(t.args[1])
+    return 1

@@ -135,6 +135,7 @@ def _depends(kg: KernelGraph) -> None:
 
 # identifier-valued attributes codegen prints, per op (compute ops: their ``dst`` register)
 _IDENT_KEYS = {"kernel": ("name",), "alloc": ("buf",), "for": ("var",), "load": ("dst", "src"), "store": ("dst",),
+               "copy": ("dst", "src"),
                "tma_load": ("tmap", "dst", "barrier"), "tma_store": ("tmap", "src")}
 
 
@@ -215,8 +216,8 @@ _INT_ATTRS = (("alloc", "shape", 1, True), ("alloc", "align", 1, False), ("mbarr
               ("mbarrier_arrive_expect_tx", "bytes", 0, False), ("tma_load", "bytes", 0, False),
               ("tma_load", "box", 1, True), ("tma_load", "tile", 1, True), ("bar_sync", "id", 0, False),
               ("bar_sync", "count", 1, False), ("kernel", "block", 1, True), ("mbarrier_wait", "backoff", 0, False),
-              ("tma_store_wait", "pending", 0, False))
-_INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS}
+              ("tma_store_wait", "pending", 0, False), ("copy", "count", 1, False))
+_INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16}
 
 
 def _values(kg: KernelGraph) -> None:
@@ -275,19 +276,19 @@ def _names(kg: KernelGraph) -> None:
     params = kg.params()
     symbols = {p for p in params if params[p].kind == "symbol"}
     buffers = kg.buffers()
-    written_bufs = {kg[n]["dst"] for n in kg.nodes() if kg.op(n) in ("tma_load", "store")}
+    written_bufs = {kg[n]["dst"] for n in kg.nodes() if kg.op(n) in ("tma_load", "store", "copy")}
     registers = {kg[n]["dst"] for n in kg.nodes() if OPS[kg.op(n)].category == "compute" or kg.op(n) == "load"}
     builtins = set(BUILTINS)
     for n in kg.nodes():
         d, op = kg[n], kg.op(n)
         for key in ("src", "dst", "barrier"):
-            if d.get(key) is not None and (op in ("load", "store", "tma_load", "tma_store") or key == "barrier"):
+            if d.get(key) is not None and (op in ("load", "store", "copy", "tma_load", "tma_store") or key == "barrier"):
                 buf = d[key]
                 is_reg = key == "dst" and op == "load"
                 if not is_reg and buf not in buffers and not (buf in params and params[buf].kind == "tensor"):
                     raise GraphError("buffer-defined", f"{kg.describe(n)} uses buffer {buf!r}, which is "
                                      "neither allocated nor a tensor parameter", n)
-        if op in ("load", "tma_store"):
+        if op in ("load", "copy", "tma_store"):
             src = d["src"]
             if src in buffers and src not in written_bufs:
                 raise GraphError("buffer-written", f"{kg.describe(n)} reads buffer {src!r}, which no node "

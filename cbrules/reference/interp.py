@@ -71,13 +71,14 @@ class Program:
                 if a["buf"] in self.allocs:
                     raise InterpError(f"buffer {a['buf']!r} is allocated twice", self.site(s, (0, 0, 0), ()))
                 self.allocs[a["buf"]] = a
-            elif "dst" in a and s.op not in ("store", "tma_load"):
+            elif "dst" in a and s.op not in ("store", "copy", "tma_load"):
                 self.reg_dtypes.setdefault(a["dst"], np.dtype(NP_DTYPES[a.get("dtype", "float32")]))
             if s.op == "tma_load":
                 tma_dsts.add(a["dst"])
             try:
                 self.fns[s.node] = {k: self._compile(v, invariant) for k, v in a.items()
                                     if k in ("start", "stop", "step", "pred", "index", "value", "args", "src",
+                                             "src_index", "dst_index",
                                              "coords", "offset", "slot", "parity")}
             except TermError as e:
                 raise UnmodelledTerm(f"{e}; the interpreter cannot run this kernel", self.site(s, (0, 0, 0), ())) \
@@ -154,7 +155,7 @@ class _BlockRunner(MemoryOps):
                 shared[name] = (np.dtype(NP_DTYPES[a["dtype"]]), size, name in prog.tma_dsts)
         self.proto = BlockProtocol(T, bars, shared)
         self.handlers = {op: getattr(self, "_" + op) for op in
-                         ("for", "if", "load", "store", "assign", "fma", "reduce", "tma_load", "tma_store", "tma_store_wait",
+                         ("for", "if", "load", "store", "copy", "assign", "fma", "reduce", "tma_load", "tma_store", "tma_store_wait",
                           "mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
                           "mbarrier_inval", "syncthreads", "bar_sync", "setmaxnreg")}
         for op in ("alloc", "fence_proxy_async", "fence_mbarrier_init"):
