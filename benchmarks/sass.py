@@ -46,7 +46,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--op", required=True, choices=sorted(OPS))
     p.add_argument("--stages", default="3", help="comma-separated S values (1: not annotated)")
-    p.add_argument("--param", action="append", default=[], help="NAME=VALUE build parameter (repeatable)")
+    p.add_argument("--param", action="append", default=[],
+                   help="NAME=VALUE build parameter (repeatable; an int, or text such as dtype=bfloat16)")
     p.add_argument("--war", default=None)
     p.add_argument("--warp-specialize", action="store_true", help="the warp-specialized variant")
     p.add_argument("--registers", help="with --warp-specialize: P,C registers (setmaxnreg)")
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
 
     from cbrules import api
 
-    params = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in a.param}
+    params = {k: int(v) if v.isdigit() else v for k, v in (kv.split("=", 1) for kv in a.param)}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tool = shutil.which("cuobjdump")
