@@ -8,7 +8,7 @@ import pytest
 from cbrules import api
 from cbrules.ir.builder import Kernel, blockIdx, circular_buffer, threadIdx
 from cbrules.ir.terms import coefficient, divisor, evaluate, parse
-from cbrules.kernels import KERNELS, reductions
+from cbrules.kernels import KERNELS, reductions, tiled2d
 from cbrules.reference import interp
 from cbrules.reference.interp_memory import MisalignedVector
 
@@ -73,9 +73,36 @@ def test_inner_reduction_reads_vectors(dtype, width, vector):
     np.testing.assert_allclose(got, x.astype(np.float64).sum(1), rtol=1e-2, atol=0.5)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("op, params, reads, writes", [
+    ("exp", dict(rows=1, width=1024, per_block=4), "cb_vcopy<8>(&cb_vec_", None),
+    ("exp", dict(rows=4, width=256, per_block=4, tma_store=True), "cb_vcopy<8>(&cb_vec_", "cb_vcopy<8>(&cb_stage_"),
+    ("add", dict(rows=1, width=512, per_block=4), "cb_vcopy<4>(&cb_vec_", None),
+    ("add", dict(rows=8, width=256, tma_store=True), "cb_vcopy<16>(&cb_vec_", "cb_vcopy<16>(&cb_stage_"),
+])
+def test_pointwise_runs_of_a_thread(dtype, op, params, reads, writes):
+    """Reads of the tiles come in vectors; the stores of a TMA-stored tile go to the staging slot in
+    vectors, global stores (at row * N + column, N known at launch) stay per element. 37 x 1000: the
+    last tile of a row and the last row strip are partial."""
+    kernel = (tiled2d.multi_dim if op == "exp" else tiled2d.pointwise)(3, dtype=dtype, **params)
+    src = api.generate(kernel).text
+    assert reads in src and (writes in src if writes else "cb_vcopy<8>(&out[" not in src)
+    rng = np.random.default_rng(len(src))
+    x, y = (rng.standard_normal((37, 1000)).astype(NP[dtype]) for _ in range(2))
+    args = {"x": x, "out": np.full_like(x, np.nan)} | ({"y": y} if op == "add" else {})
+    got = _run(kernel, args, ["out"])["out"]
+    xf, yf = x.astype(np.float32), y.astype(np.float32)
+    want = (np.exp(xf) if op == "exp" else xf + yf).astype(NP[dtype]).astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=2.0 ** -7)
+
+
+def test_swizzled_reads_keep_element_accesses():
+    assert "cb_vcopy" not in api.generate(tiled2d.multi_dim(3, dtype="bfloat16", swizzle="128B")).text
+
+
 def test_float32_kernels_keep_element_accesses():
     for kernel in (reductions.persistent(2, row=2048, width=1024, threads=128),
-                   reductions.inner_reduction(3, width=1024)):
+                   reductions.inner_reduction(3, width=1024), tiled2d.pointwise(3, rows=8, tma_store=True)):
         assert "cb_vcopy" not in api.generate(kernel).text
 
 
