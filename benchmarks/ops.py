@@ -184,8 +184,9 @@ def variant_params(op: str, shape: tuple, dtype: str = "float32", tma_store: boo
     if dtype != "float32":
         key = "rows" if tma_store else _STAGE_EXTENT[name]  # a TMA-stored tile is one 256-wide box
         wider = {**params, key: params[key] * 4 // DTYPE_BYTES[dtype]}
-        # a row built in keeps at least 4 stages' worth of tiles (a 4096-wide row: 1024 columns a stage)
-        params = {**(params if "row" in params and params["row"] // wider["width"] < 4 else wider), "dtype": dtype}
+        # a loop along a row keeps at least 4 tiles (a 4096-wide row: 1024 columns a stage), enough for S <= 4
+        along_row = name in ("inner_reduction", "persistent", "two_pass") and shape[1] // wider["width"] < 4
+        params = {**(params if along_row else wider), "dtype": dtype}
     return name, params
 
 

@@ -79,15 +79,18 @@ def _pointwise(name: str, inputs: tuple[str, ...], stages: int, prefetch, war: O
 def _vector_body(k: Kernel, tiles, out, out_map, m, n, row0, col0, rows: int, width: int, vec: int) -> None:
     """The tile's elements in runs of ``vec`` a thread: run c of thread t starts at element
     (t + c * COLS) * vec of the row-major tile (a run never crosses a row: width is a multiple of vec).
-    A run is stored whole or not at all: N is a multiple of vec (the tensor map's row pitch is a
-    multiple of 16 bytes), so a run starting before N ends before it."""
+    A run is stored whole or not at all: N is a multiple of vec (the input's tensor map has a row
+    pitch of a multiple of 16 bytes, which the launcher and the interpreter check), so a run starting
+    before N ends before it, and the row pitch written N / vec * vec (equal to N) shows the rules
+    that a run starts on a multiple of vec: its store becomes one vector too."""
+    pitch = n / vec * vec
     for c in range(rows * width // (COLS * vec)):
         first = (threadIdx.x + c * COLS) * vec
         r, lane = first / width, first % width
         with k.if_((row0 + r).lt(m).and_((col0 + lane).lt(n))), k.loop("v", vec, kind="vectorize") as v:
             vals = [k.load(tile, first + v) for tile in tiles]
             y = k.exp(vals[0]) if len(vals) == 1 else k.add(vals[0], vals[1])
-            k.store(out, (row0 + r) * n + col0 + lane + v, y,
+            k.store(out, (row0 + r) * pitch + col0 + lane + v, y,
                     tile=(out_map, (row0, col0), first + v) if out_map is not None else None)
 
 
