@@ -150,6 +150,25 @@ def test_guarded_read_stays_per_element():
     assert "cb_vcopy<16>(&cb_vec_" not in src and "cb_vcopy<16>(&out[" in src
 
 
+def test_base_the_loop_computes_stays_per_element():
+    """The copy runs outside the loop: a base using a register the loop writes cannot move there."""
+    from cbrules.ir.terms import name
+    k = Kernel("vk", block=128)
+    m = k.symbol("M")
+    x, out = k.tensor("x", (m, 2048), "bfloat16"), k.tensor("out", (m, 2048), "bfloat16")
+    tile = k.alloc("tile", "shared", "bfloat16", (1, 1024))
+    k.grid(m)
+    xm = k.tensor_map(x, box=(1, 256))
+    with k.loop("j", 2, circular_buffer=circular_buffer(2)) as j:
+        k.tma_load(xm, (blockIdx.x, j * 1024), tile, tile=(1, 1024))
+        with k.loop("v", 8, kind="vectorize") as v:
+            k.assign(threadIdx.x, dst="first", dtype="int32")
+            y = k.exp(k.load(tile, name("first") * 8 + v))
+            k.store(out, blockIdx.x * 2048 + j * 1024 + name("first") * 8 + v, y)
+    src = api.generate(k).text
+    assert "cb_vcopy" not in src and "tile[first * 8 + v" in src
+
+
 def test_write_with_a_symbolic_base_stays_per_element():
     """out[row * N + ...]: N is known only at launch, so the base is not provably a multiple of 8."""
     k = Kernel("vk", block=128)

@@ -133,10 +133,12 @@ FUNCTIONS: dict[str, tuple[int, int | None, Callable | None]] = {
     "member": (2, 2, lambda x, xs: x in xs),
     # linear facts of index terms, decided from their structure (cbrules.ir.terms): the integer
     # coefficient of a name (nil when the term is not linear in it), the term with a name replaced,
-    # and whether a term is a multiple of an int for every value of its names
+    # whether a term is a multiple of an int for every value of its names, and whether it uses any
+    # of a tuple of names
     "coefficient": (2, 2, lambda t, v: coefficient(as_term(t), check_term_name(v, "(coefficient ...)"))),
     "substitute": (3, 3, lambda t, v, x: substitute(as_term(t), {check_term_name(v, "(substitute ...)"): as_term(x)})),
     "multiple-of": (2, 2, lambda t, k: k > 0 and (divisor(as_term(t)) % k == 0)),
+    "mentions": (2, 2, lambda t, names: not set(as_term(t).names()).isdisjoint(names)),
     # proven by egglog under the range facts (see ORACLE_FUNCTIONS): evaluated in `evaluate`
     "provably-equal": (2, 2, None), "provably-le": (2, 2, None),
 }
