@@ -277,7 +277,7 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
     preludes = [PRELUDE] + ([HALF_PRELUDE] if dtypes & set(HALF_DTYPES) else []) \
         + ([STORE_PRELUDE] if async_stores else []) \
         + ([SWIZZLE_PRELUDE] if any("cb_swizzle(" in line for line in e.lines) else []) \
-        + ([VECTOR_PRELUDE] if e.vector_tensors or any("cb_vcopy<" in line for line in e.lines) else []) \
+        + ([VECTOR_PRELUDE] if any("cb_vcopy<" in line for line in e.lines) else []) \
         + ([PRELUDE_ROLES] if roles else [])
     text = "\n".join([
         *preludes, e.elect_one(), *([BACKOFF_WAIT] if e.uses_backoff else []), "",
