@@ -371,8 +371,12 @@ def _copy(a, e) -> str:
         raise CodegenError(f"copy {a['src']} -> {a['dst']}: a vector access moves 4, 8 or 16 bytes between a "
                            f"register array and memory; this one moves {a['count']} elements "
                            + (f"({nbytes} bytes)" if array is not None else "with no register array on either side"))
+    tensors = {p.name: p for p in e.k["params"] if p.kind == "tensor"}
+    if a["dst"] in tensors and not tensors[a["dst"]].written:
+        raise CodegenError(f"copy into tensor {a['dst']!r}, which the kernel does not write (its parameter is "
+                           "const): only a tensor a store of the kernel writes can take a vector copy")
     for side in ("dst", "src"):
-        if a[side] not in e.reg_arrays and not any(n == a[side] for n, _, _ in e.shared):
+        if a[side] in tensors:
             e.vector_tensors[a[side]] = max(e.vector_tensors.get(a[side], 0), nbytes)
     return f"cb_vcopy<{nbytes}>(&{a['dst']}[{_c_term(a['dst_index'])}], &{a['src']}[{_c_term(a['src_index'])}]);"
 

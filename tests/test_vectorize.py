@@ -249,3 +249,23 @@ def test_half_benchmark_variants(op, shape, tma_store):
     got = _run(kernel, args, sp.outputs)
     for o in sp.outputs:
         np.testing.assert_allclose(got[o], sp.expected(args)[o], *sp.tolerances(shape, "bfloat16"))
+
+
+def test_codegen_refuses_a_copy_into_an_input_tensor(tmp_path):
+    """A rule that sends a vector to a tensor the kernel only reads is named (its parameter is const)."""
+    from cbrules.codegen.errors import CodegenError
+    (tmp_path / "wrong.rules").write_text("""
+(disable vectorize-writes)
+(phase mutant :after vectorize)
+(graph-rule vectorize-writes-to-the-input
+  :doc "mutant: the vector of a store leaves for the input tensor"
+  :phase mutant
+  :match ((kernel ?K) (store ?w :dst "out" :index ?ix) (nearest ?V (for) :around ?w)
+          (for ?V :kind "vectorize" :var ?v :stop ?n) (child ?w ?V))
+  :rewrite ((let ?vec (str "cb_vec_" (id ?w)))
+            (insert-at-entry ?K (alloc :buf ?vec :space "register" :dtype "bfloat16" :shape (tuple 8) :align 16))
+            (set ?w :dst ?vec :index (var ?v) :tag "cb-vector")
+            (insert-after ?V (copy :dst "x" :dst_index (substitute ?ix ?v 0) :src ?vec :src_index 0 :count 8))))
+""")
+    with pytest.raises(CodegenError, match="copy into tensor 'x', which the kernel does not write"):
+        api.generate(_vector_kernel(lambda c, v: c + v, lambda c, v: c + v), rules=[str(tmp_path)])
