@@ -35,7 +35,7 @@ def one_tile_loop(cb=None, kind="serial", start=0, step=1, stop=8, alloc_inside=
         if alloc_inside:
             tile = k.alloc("tile", "shared", "float32", (rows,))
         if tma:
-            k.tma_load(xm, (i * 256,), tile, circular_buffer=load_cb)
+            k.tma_load(xm, (i * 256,), tile, circular_buffer=load_cb, **({"tile": (rows,)} if rows != 256 else {}))
             v = k.load(tile, threadIdx.x)
         else:
             v = k.load(x, i * 256 + threadIdx.x)

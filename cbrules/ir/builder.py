@@ -20,6 +20,7 @@ the rules.
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 import os
 import sys
@@ -30,6 +31,8 @@ from typing import Any, Iterator, Optional, Sequence, Union
 from . import names
 from ..errors import CbrulesError
 from .graph import KernelGraph, Param
+from . import coverage
+from .coverage import PartialTileError  # noqa: F401  (public via the builder)
 from .limits import SWIZZLE_SPAN, SwizzleError, TmaBoxError, check_box, check_swizzle, swizzle_repeat  # noqa: F401
 from .names import IdentifierError, NameClashError  # noqa: F401  (public via the builder)
 from .ops import (BINARY, DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS, REDUCE_COMBINE, SPACES, UNARY,
@@ -207,6 +210,8 @@ class Kernel:
         # a parameter or loop may reuse it, as C allows)
         self._names: dict[str, str] = {}
         self._loop_vars: list[str] = []  # variables of the enclosing loops, outermost first
+        self._tile_writes: dict[str, list[coverage.TileWrite]] = {}  # buffer -> its TMA loads so far
+        self._stored: set[str] = set()  # buffers written by plain stores (their coverage is not judged)
 
     # ---------------------------------------------------------------- names
     def _claim(self, nm: Any, what: str, call: str, reuse: bool = False) -> str:
@@ -378,10 +383,34 @@ class Kernel:
         return self._claim(dst, "register", f"{call}(dst={dst!r})", reuse=True)
 
     # ---------------------------------------------------------------- memory
+    def _ranges(self) -> list[tuple[str, tuple[int, ...]]]:
+        """The values of the block's thread indices and of the enclosing unrolled loops with literal
+        bounds (what :mod:`cbrules.ir.coverage` enumerates)."""
+        out = [(f"threadIdx.{a}", tuple(range(d))) for a, d in zip("xyz", self.graph.kernel()["block"])]
+        for s in self._scopes:
+            a = self.graph[s]
+            if self.graph.op(s) == "for" and a["kind"] in ("unroll", "unswitch", "vectorize") \
+                    and all(a[k].op == "const" and type(a[k].value) is int for k in ("start", "stop", "step")):
+                out.append((a["var"], tuple(range(a["start"].value, a["stop"].value, a["step"].value))))
+        return out
+
+    def _preds(self) -> tuple[Term, ...]:
+        return tuple(self.graph[s]["pred"] for s in self._scopes if self.graph.op(s) == "if")
+
+    def _check_read(self, src: Buffer, index: Term) -> None:
+        """A read of a TMA-loaded shared buffer sees only elements its loads write (coverage)."""
+        if src.space != "shared" or src.name not in self._tile_writes:
+            return
+        where = _call_site()
+        coverage.check_read(src.name, src.shape, index, self._ranges(), self._preds(), where)
+        if src.name not in self._stored:
+            coverage.check_covered(src.name, src.shape, self._tile_writes[src.name], where)
+
     def load(self, src: Buffer, index: TermLike, dst: Optional[str] = None) -> Term:
         """Read one element ``src[index]`` (flat index) into a register; returns the register.
         A float16/bfloat16 element arrives as float32."""
         src_name = self._known(src, _MEMORY, "load")
+        self._check_read(src, as_term(index))
         dst = self._reg(dst, "load")
         self._node("load", dst=dst, src=src_name, index=as_term(index), dtype=compute_dtype(src.dtype))
         return name(dst)
@@ -399,6 +428,8 @@ class Kernel:
         dst_name = self._known(dst, _MEMORY, "store")
         if dst.space == "global":
             self._mark_written(dst_name)
+        else:
+            self._stored.add(dst_name)
         attrs = {}
         if tile is not None:
             if not (isinstance(tile, tuple) and len(tile) == 3):
@@ -444,6 +475,10 @@ class Kernel:
             attrs.update(barrier=self._known(barrier, ("buffer",), "tma_load"), slot=as_term(slot))
         if circular_buffer is not None:
             attrs["circular_buffer"] = _cb_options(circular_buffer, where)
+        write = coverage.TileWrite(dst.name, attrs["offset"], math.prod(attrs["tile"]), tmap.box, attrs["tile"],
+                                   tmap.name, _call_site(), tuple(self._ranges()))
+        coverage.check_write(write, math.prod(dst.shape), dst.shape)
+        self._tile_writes.setdefault(dst.name, []).append(write)
         self._node("tma_load", **attrs)
 
     def _check_swizzled_tile(self, tmap: TensorMap, dst: Buffer, tile: tuple, where: str) -> None:
@@ -499,7 +534,8 @@ class Kernel:
 
     # ---------------------------------------------------------------- compute
     def assign(self, value: TermLike, dtype: str = "float32", dst: Optional[str] = None) -> Term:
-        """A register holding ``value`` (any term, e.g. ``0.0`` or an index)."""
+        """A register holding ``value`` (any term, e.g. ``0.0``, ``float("-inf")`` or an index)."""
+        self._check_literals("assign", dtype, value)
         dst = self._reg(dst, "assign", dtype)
         self._node("assign", dst=dst, value=as_term(value), dtype=dtype)
         return name(dst)
