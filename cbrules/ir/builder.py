@@ -250,6 +250,17 @@ class Kernel:
         self._add_param(Param(sym, "symbol", "int32"), "symbol", f"symbol({sym!r})")
         return name(sym)
 
+    def scalar(self, sname: str, dtype: str = "float32", finite: bool = True) -> Term:
+        """A scalar parameter of ``dtype`` (``eps``, a scale) passed at launch like a symbol
+        (``kernel(x=..., eps=1e-5)``); the launcher checks its type and range, and with ``finite``
+        (floats) refuses infinities and NaN. Half types are refused: registers compute in float32."""
+        where = f"scalar({sname!r}) at {_call_site()}"
+        _choice(dtype, where, "dtype", [d for d in DTYPES if d not in ("mbarrier",) + HALF_DTYPES])
+        if not isinstance(finite, bool):
+            raise BuildError(f"{where}: finite must be True or False, got {finite!r}")
+        self._add_param(Param(sname, "symbol", dtype, finite=finite), "symbol", f"scalar({sname!r})")
+        return name(sname)
+
     def tensor(self, tname: str, shape: Sequence[TermLike], dtype: str = "float32") -> Buffer:
         """A global-memory tensor parameter; ``shape`` is outermost-first, terms over symbols."""
         where = f"tensor({tname!r}) at {_call_site()}"
@@ -557,7 +568,26 @@ class Kernel:
         self._node("reduce", dst=dst, src=as_term(src), kind=kind, combine=combine, dtype=dtype)
         return name(dst)
 
+    def select(self, pred: TermLike, a: TermLike, b: TermLike, dst: Optional[str] = None,
+               dtype: str = "float32") -> Term:
+        """``dst = pred ? a : b`` per thread, e.g. ``k.select((col).lt(n), v, float("-inf"))`` for a
+        ragged tail whose padding must not count in a max."""
+        return self._elementwise("select", pred, a, b, dst=dst, dtype=dtype)
+
+    def _check_literals(self, call: str, dtype: str, *values: TermLike) -> None:
+        """An infinity or NaN literal is a float's: an integer register cannot hold one."""
+        if dtype in ("float32", "float64"):
+            return
+        for v in values:
+            t = as_term(v) if isinstance(v, (Term, int, float)) else None
+            consts = [] if t is None else [x for x in _subterms(t) if x.op == "const" and isinstance(x.value, float)
+                                           and not math.isfinite(x.value)]
+            if consts:
+                raise BuildError(f"{call} at {_call_site()}: {consts[0].value} in a {dtype} register; only float32 "
+                                 "and float64 registers hold infinities and NaN: use dtype='float32'")
+
     def _elementwise(self, op: str, *args: TermLike, dst: Optional[str] = None, dtype: str = "float32") -> Term:
+        self._check_literals(op, dtype, *args)
         dst = self._reg(dst, op, dtype)
         self._node(op, dst=dst, args=tuple(as_term(a) for a in args), dtype=dtype)
         return name(dst)
@@ -600,6 +630,12 @@ class Kernel:
             raise BuildError(f"{where}: named barrier {bar_id} over {count} threads; ids are 0..15 and the "
                              "count a multiple of 32 (whole warps)")
         self._node("bar_sync", id=bar_id, count=count)
+
+
+def _subterms(t: Term) -> Iterator[Term]:
+    yield t
+    for a in t.args:
+        yield from _subterms(a)
 
 
 def _make_elementwise(op: str):
