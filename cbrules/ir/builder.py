@@ -139,6 +139,9 @@ def _cb_options(options: Any, where: str) -> dict:
     if "warp_specialize" in out and not isinstance(out["warp_specialize"], bool):
         raise BuildError(f"{where}: circular_buffer warp_specialize must be True or False, "
                          f"got {out['warp_specialize']!r}")
+    if "strict_trip_count" in out and not isinstance(out["strict_trip_count"], bool):
+        raise BuildError(f"{where}: circular_buffer strict_trip_count must be True or False, "
+                         f"got {out['strict_trip_count']!r}")
     if isinstance(out.get("registers"), list):
         out["registers"] = tuple(out["registers"])  # the rules check the pair and its counts
     return out
@@ -148,7 +151,8 @@ AUTO = "auto"  # stages/prefetch chosen by the rules (cb-auto-stages, cb-auto-pr
 
 
 def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = None, war: Optional[str] = None,
-                    warp_specialize: bool = False, registers: Optional[tuple[int, int]] = None) -> dict:
+                    warp_specialize: bool = False, registers: Optional[tuple[int, int]] = None,
+                    strict_trip_count: bool = False) -> dict:
     """Options of a circular-buffered loop: ``stages`` S, ``prefetch`` P (negative counts from S),
     ``war`` = "sync" (block sync ends each main iteration) or "mbarrier" (empty barriers).
     Only the options given are recorded: the rules fill in the rest (``cb-default-prefetch``: S-1,
@@ -161,6 +165,9 @@ def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = N
     the loads while the block's own threads (the consumers) compute; WAR protection is then the empty
     barriers and the producer runs up to S tiles ahead.
     ``registers=(producer, consumer)`` adds register sharing (``setmaxnreg``) between the roles.
+    Any trip count runs, fewer than S and 0 included (the rules predicate the prologue's loads past
+    the end); ``strict_trip_count=True`` refuses a trip count below S instead (code ``short-loop``:
+    at lowering when it is known, else at launch).
     Non-int stages or prefetch are a :class:`BuildError` here; the rules check the ranges and
     refuse bad ones with a named error."""
     given = {"stages": stages, "prefetch": prefetch, "war": war}
@@ -168,6 +175,8 @@ def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = N
     if warp_specialize or registers is not None:  # absent otherwise: annotations stay as they were
         opts["warp_specialize"] = warp_specialize
         opts["registers"] = registers
+    if strict_trip_count:  # absent otherwise, as above
+        opts["strict_trip_count"] = True
     return _cb_options(opts, "circular_buffer(...)")
 
 
