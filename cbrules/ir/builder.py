@@ -403,26 +403,13 @@ class Kernel:
         return self._claim(dst, "register", f"{call}(dst={dst!r})", reuse=True)
 
     # ---------------------------------------------------------------- memory
-    def _ranges(self) -> list[tuple[str, tuple[int, ...]]]:
-        """The values of the block's thread indices and of the enclosing unrolled loops with literal
-        bounds (what :mod:`cbrules.ir.coverage` enumerates)."""
-        out = [(f"threadIdx.{a}", tuple(range(d))) for a, d in zip("xyz", self.graph.kernel()["block"])]
-        for s in self._scopes:
-            a = self.graph[s]
-            if self.graph.op(s) == "for" and a["kind"] in ("unroll", "unswitch", "vectorize") \
-                    and all(a[k].op == "const" and type(a[k].value) is int for k in ("start", "stop", "step")):
-                out.append((a["var"], tuple(range(a["start"].value, a["stop"].value, a["step"].value))))
-        return out
-
-    def _preds(self) -> tuple[Term, ...]:
-        return tuple(self.graph[s]["pred"] for s in self._scopes if self.graph.op(s) == "if")
-
     def _check_read(self, src: Buffer, index: Term) -> None:
         """A read of a TMA-loaded shared buffer sees only elements its loads write (coverage)."""
         if src.space != "shared" or src.name not in self._tile_writes:
             return
         where = _call_site()
-        coverage.check_read(src.name, src.shape, index, self._ranges(), self._preds(), where)
+        coverage.check_read(src.name, src.shape, index, coverage.scope_ranges(self.graph, self._scopes),
+                            coverage.scope_preds(self.graph, self._scopes), where)
         if src.name not in self._stored:
             coverage.check_covered(src.name, src.shape, self._tile_writes[src.name], where)
 
@@ -496,7 +483,7 @@ class Kernel:
         if circular_buffer is not None:
             attrs["circular_buffer"] = _cb_options(circular_buffer, where)
         write = coverage.TileWrite(dst.name, attrs["offset"], math.prod(attrs["tile"]), tmap.box, attrs["tile"],
-                                   tmap.name, _call_site(), tuple(self._ranges()))
+                                   tmap.name, _call_site(), tuple(coverage.scope_ranges(self.graph, self._scopes)))
         coverage.check_write(write, math.prod(dst.shape), dst.shape)
         self._tile_writes.setdefault(dst.name, []).append(write)
         self._node("tma_load", **attrs)

@@ -13,10 +13,13 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
 from ..errors import CbrulesError
 from .terms import Term, evaluate
+
+if TYPE_CHECKING:
+    from .graph import KernelGraph
 
 MAX_POINTS = 1 << 14  # a check enumerates at most this many (thread, unrolled iteration) points
 
@@ -39,6 +42,23 @@ class TileWrite:
     tmap: str
     where: str
     ranges: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def scope_ranges(kg: KernelGraph, scopes: Iterable[int]) -> list[tuple[str, tuple[int, ...]]]:
+    """The values of the block's thread indices and of the variables of the unrolled loops of literal
+    bounds among ``scopes`` (the builder's open scopes): what the checks enumerate."""
+    out = [(f"threadIdx.{a}", tuple(range(d))) for a, d in zip("xyz", kg.kernel()["block"])]
+    for s in scopes:
+        a = kg[s]
+        if kg.op(s) == "for" and a["kind"] in ("unroll", "unswitch", "vectorize") \
+                and all(a[k].op == "const" and type(a[k].value) is int for k in ("start", "stop", "step")):
+            out.append((a["var"], tuple(range(a["start"].value, a["stop"].value, a["step"].value))))
+    return out
+
+
+def scope_preds(kg: KernelGraph, scopes: Iterable[int]) -> tuple[Term, ...]:
+    """The predicates of the ``if`` scopes among ``scopes``."""
+    return tuple(kg[s]["pred"] for s in scopes if kg.op(s) == "if")
 
 
 def _points(ranges: Iterable[tuple[str, tuple[int, ...]]]) -> Optional[list[dict]]:
