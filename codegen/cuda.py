@@ -10,7 +10,6 @@ device-function table) and comment text through :func:`_comment`.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -95,9 +94,10 @@ def _check_term(t: Any) -> None:
         raise CodegenError(f"refusing to print {t!r} into CUDA: not a term")
     if t.op == "const":
         v = t.value
-        if not isinstance(v, (bool, int, float)) or (isinstance(v, float) and not math.isfinite(v)) \
+        # infinities and NaN print as bit patterns (terms.to_c), which NVRTC takes without headers
+        if not isinstance(v, (bool, int, float)) \
                 or (isinstance(v, int) and not -_INT_LITERAL_BOUND < v < _INT_LITERAL_BOUND):
-            raise CodegenError(f"refusing to print the constant {v!r} into CUDA: not a finite number in range")
+            raise CodegenError(f"refusing to print the constant {v!r} into CUDA: not a number in range")
     elif t.op == "name":
         if t.value not in BUILTINS:
             _ident(t.value)
@@ -183,8 +183,8 @@ class _Emitter:
                 out.append(f"{const}{_dtype(p.dtype)}* __restrict__ {_ident(p.name)}")
             elif p.kind == "tmap":
                 out.append(f"const __grid_constant__ CUtensorMap {_ident(p.name)}")
-            else:
-                out.append(f"int {_ident(p.name)}")
+            else:  # a symbol: int32, or a scalar of another dtype (k.scalar)
+                out.append(f"{_dtype(p.dtype)} {_ident(p.name)}")
         return ", ".join(out)
 
     # -------------------------------------------------------------- statements
@@ -405,6 +405,7 @@ _STATEMENTS = {
     "max": lambda o, a, e: f"{a['dst']} = cb_max({', '.join(_args(a))});",
     "min": lambda o, a, e: f"{a['dst']} = cb_min({', '.join(_args(a))});",
     "fma": lambda o, a, e: f"{a['dst']} = {_fn('fma', a['dtype'])}({', '.join(_args(a))});",
+    "select": lambda o, a, e: "{} = ({}) ? ({}) : ({});".format(a["dst"], *_args(a)),
     "reduce": _reduce,
     "tma_load": lambda o, a, e: (f"cb_tma_load(cb_smem_addr({a['dst']} + {_c_term(a['offset'])}), &{a['tmap']}, "
                               f"{_bar(a)}, {_coords(a)});"),

@@ -29,6 +29,7 @@ from .runtime import DeviceArray
 __all__ = ["BoundLaunch", "CompiledKernel", "LaunchError", "borrow", "check_layout"]
 
 HostOrDevice = Union[np.ndarray, DeviceArray]
+_ARG_KINDS = {"int32": "i32", "int64": "i64", "uint32": "u32", "uint64": "u64", "float32": "f32", "float64": "f64"}
 
 
 def borrow(kernel: str, param, value: Any) -> HostOrDevice:
@@ -177,8 +178,8 @@ class CompiledKernel:
                 args.append(("ptr", arrays[p.name].ptr))
             elif p.kind == "tmap":
                 args.append(("tmap", tma.encode_tensor_map(p.name, arrays[p.tensor], p.box, swizzle=p.swizzle)))
-            else:
-                args.append(("i32", symbols[p.name]))
+            else:  # a symbol, or a scalar of another dtype (k.scalar)
+                args.append((_ARG_KINDS[p.dtype], symbols[p.name]))
         return BoundLaunch(fn, grid, self.source.block, self.source.shared_bytes, args,
                            arrays, copy_back, symbols)
 

@@ -188,11 +188,12 @@ def test_tiny_kernel_lowers_and_compiles():
 
 
 def test_short_loop_is_no_error_when_warp_specialized():
-    """The empty barriers bound the producer's lead, so a loop shorter than S needs no refusal."""
-    kg = api.lower(tiny(stages=4, warp_specialize=True))
+    """The empty barriers bound the producer's lead, so a loop shorter than S needs no refusal, even
+    with strict_trip_count (which refuses it without warp specialization)."""
+    kg = api.lower(tiny(stages=5, warp_specialize=True, strict_trip_count=True))
     assert kg.kernel()["requires"] == ()
     with pytest.raises(LoweringError, match="cb-reject-short-loop") as e:
-        api.lower(tiny(stages=5))
+        api.lower(tiny(stages=5, strict_trip_count=True))
     assert e.value.code == "short-loop"
 
 

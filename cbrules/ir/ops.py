@@ -102,6 +102,8 @@ OPS: dict[str, OpSpec] = {
 }
 for _op in UNARY + BINARY:
     OPS[_op] = OpSpec(("dst", "args", "dtype"), (), ("args",))
+# dst = args[0] ? args[1] : args[2], per thread (a ragged tail's neutral element without an if per lane)
+OPS["select"] = OpSpec(("dst", "args", "dtype"), (), ("args",))
 
 # one sentence per op, for `cbrules ops` and the rule author's guide (rules/README.md)
 OP_DOCS: dict[str, str] = {
@@ -139,6 +141,7 @@ OP_DOCS: dict[str, str] = {
     "fence_mbarrier_init": "make barrier initialisation visible to the async proxy",
     "bar_sync": "a named barrier id for count threads",
     "setmaxnreg": "raise (action inc) or lower (action dec) this warp group's register cap to count",
+    "select": "dst = args[1] where the predicate args[0] holds, else args[2] (per thread)",
     **{u: f"dst = {u}(args[0])" for u in UNARY},
     **{b: f"dst = {b}(args[0], args[1])" for b in BINARY},
 }

@@ -266,6 +266,10 @@ def parse(text: str) -> Term:
 
 # ---------------------------------------------------------------------------------- printing
 
+NON_FINITE_C = {"inf": "__int_as_float(0x7f800000)", "-inf": "__int_as_float(0xff800000)",
+                "nan": "__int_as_float(0x7fffffff)"}
+
+
 def to_c(t: Term, calls: Optional[Mapping[str, str]] = None, names: Optional[Mapping[str, str]] = None) -> str:
     """C text of a term with the fewest parentheses that keep its meaning.
 
@@ -281,7 +285,8 @@ def to_c(t: Term, calls: Optional[Mapping[str, str]] = None, names: Optional[Map
             if isinstance(v, bool):
                 return "true" if v else "false"
             if isinstance(v, float):
-                return repr(v) + "f"
+                # C has no literal for them: float bit patterns (a double context widens them exactly)
+                return NON_FINITE_C[repr(v)] if repr(v) in NON_FINITE_C else repr(v) + "f"
             return str(v) if v >= 0 or parent_prec < 0 else f"({v})"
         if t.op == "name":
             return names.get(str(t.value), str(t.value))

@@ -222,7 +222,8 @@ _INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16
 
 def _values(kg: KernelGraph) -> None:
     """Integer attributes are ints in range, enumerations hold known values, and every term is
-    made of known operators, device functions and finite constants."""
+    made of known operators, device functions and constants (infinities and NaN only where a value
+    is computed: an index, bound or predicate holding one is a mistake)."""
     for n in kg.walk():
         d, op = kg[n], kg.op(n)
         for o, key, low, _ in _INT_ATTRS:
@@ -241,7 +242,7 @@ def _values(kg: KernelGraph) -> None:
         for key in OPS[op].terms:
             v = d.get(key)
             for t in (v if isinstance(v, tuple) else () if v is None else (v,)):
-                why = _term_problem(t)
+                why = _term_problem(t, finite=key not in _VALUE_KEYS)
                 if why:
                     raise GraphError("term", f"{kg.describe(n)}: {key} {why}", n)
     for p in kg.kernel()["params"]:
@@ -250,14 +251,17 @@ def _values(kg: KernelGraph) -> None:
                              kg.root)
 
 
-def _term_problem(t: Any) -> str | None:
-    """Why ``t`` cannot be printed as C, or None."""
+_VALUE_KEYS = ("value", "args", "src")  # terms that compute a value (a reduce's src), not an index
+
+
+def _term_problem(t: Any, finite: bool = True) -> str | None:
+    """Why ``t`` cannot be printed as C, or None; ``finite``: infinities and NaN are refused."""
     if not isinstance(t, Term):
         return f"holds {t!r}, which is not a term"
     if t.op == "const":
         v = t.value
-        if isinstance(v, float) and not math.isfinite(v):
-            return f"holds the constant {v!r}; C has no literal for it"
+        if finite and isinstance(v, float) and not math.isfinite(v):
+            return f"holds the constant {v!r}, which is no index, bound or predicate (only computed values may be infinite or NaN)"
         return None if isinstance(v, (bool, int, float)) else f"holds the constant {v!r}, not a number"
     if t.op == "name":
         return None if isinstance(t.value, str) else f"holds the name {t.value!r}, not text"
@@ -267,7 +271,7 @@ def _term_problem(t: Any) -> str | None:
             return f"calls {t.value!r}: {why}"
     elif not ((len(t.args) == 1 and t.op in UNARY_OPS) or (len(t.args) == 2 and t.op in BINARY_OPS)):
         return f"holds operator {t.op!r} with {len(t.args)} operand(s)"
-    return next((w for w in map(_term_problem, t.args) if w), None)
+    return next((w for w in (_term_problem(a, finite) for a in t.args) if w), None)
 
 
 def _names(kg: KernelGraph) -> None:

@@ -164,6 +164,7 @@ class _BlockRunner(MemoryOps):
             self.handlers[op] = self._unary
         for op in ("add", "sub", "mul", "div", "max", "min"):
             self.handlers[op] = self._binary
+        self.handlers["select"] = self._select
 
     # ---------------------------------------------------------------- driver
     def run_block(self, block: tuple) -> None:
@@ -346,6 +347,11 @@ class _BlockRunner(MemoryOps):
         else:
             v = _COMBINE[op](x, y)
         self.set_reg(s.attrs["dst"], v, mask)
+
+    def _select(self, s: Step, mask: np.ndarray) -> None:
+        p, x, y = (f(self.env, self.lanes(mask)) for f in self.p.fns[s.node]["args"])
+        dt = np.dtype(NP_DTYPES[s.attrs["dtype"]])
+        self.set_reg(s.attrs["dst"], np.where(np.asarray(p, bool), np.asarray(x, dt), np.asarray(y, dt)), mask)
 
     def _fma(self, s: Step, mask: np.ndarray) -> None:
         x, y, z = (f(self.env, self.lanes(mask)) for f in self.p.fns[s.node]["args"])
