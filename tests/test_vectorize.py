@@ -136,8 +136,8 @@ def test_contiguous_aligned_accesses_become_vectors():
 
 
 @pytest.mark.parametrize("read_at, why", [
-    (lambda c, v: c + v + 1, "base not a multiple of 8"),
-    (lambda c, v: c + v * 2, "not contiguous"),
+    (lambda c, v: c // 2 + v + 1, "base not a multiple of 8"),  # 4t+1: stays inside the tile
+    (lambda c, v: c // 2 + v * 2, "not contiguous"),
     (lambda c, v: (c + v) % 1024, "not linear in v"),
 ])
 def test_other_reads_stay_per_element(read_at, why):
@@ -201,7 +201,7 @@ MUTANT = """
 def test_interpreter_catches_a_misaligned_vector(tmp_path):
     """A rule that drops the alignment guard makes a vector at an odd element: the CPU run refuses it."""
     (tmp_path / "mutant.rules").write_text(MUTANT)
-    kernel = _vector_kernel(lambda c, v: c + v + 1, lambda c, v: c + v)
+    kernel = _vector_kernel(lambda c, v: c // 2 + v + 1, lambda c, v: c + v)
     kg = api.lower(kernel, rules=[str(tmp_path)])
     x = np.zeros((2, 2048), ml_dtypes.bfloat16)
     with pytest.raises(MisalignedVector, match="a vector access starts at a multiple of its 8 elements"):
