@@ -7,8 +7,7 @@ A kernel author writes a tile step ``C[BM, BN] += A[BM, BK] @ B[BK, BN]`` as
         k.tma_load(a_map, (row0, t * 64), a_tile)     # a_tile [BM, BK], B given as [N, K]: b_tile [BN, BK]
         k.tma_load(b_map, (col0, t * 64), b_tile)
         k.mma(acc, a_tile, b_tile)
-    with k.loop("tile", 1):                          # the block's one output tile
-        k.mma_store(acc, c_map, (row0, col0))
+    k.mma_store(acc, c_map, (row0, col0))            # c_map's box: [BM, W], BN / W chunks TMA-stored
 
 Both operands are K-major (K contiguous, as the tensor cores read bfloat16/float16 without a
 transpose): B is given as ``[N, K]``, i.e. ``B^T`` row-major. Each tile row is exactly one swizzle span
@@ -107,30 +106,37 @@ class MmaBuilder:
                    scale_d=as_term(scale_d))
 
     def mma_store(self, acc, tmap, coords: Sequence[TermLike]) -> None:
-        """The epilogue: every accumulator element to the tile of tensor map ``tmap`` (box [BM, BN]) at
-        ``coords``, rounded to the tensor's dtype. Elements outside the tensor are not written. Each is a
-        ``store(..., tile=...)``: inside a serial loop the rules stage the tile and write it with one TMA
-        store (rules/tma_store.rules)."""
+        """The epilogue: every accumulator element to the output tile at ``coords`` (row, column of its first
+        element), rounded to the tensor's dtype; elements outside the tensor are not written. ``tmap`` maps
+        the two-dimensional output with box [BM, W], W dividing BN: a serial loop walks the BN / W column
+        chunks and each element is a ``store(..., tile=...)``, so the rules stage each chunk and write it
+        with one TMA store while the next is staged (rules/tma_store.rules), in BM x W of shared memory a
+        slot. Its register indices depend on the chunk, so the rules unroll that loop (rules/mma.rules)."""
         from .builder import BuildError, _call_site
         where = f"mma_store at {_call_site()}"
         bm, bn, groups = self._mma_fragment(acc, "mma_store")
         self._known(tmap, ("tensor map",), "mma_store")
         tensor = tmap.tensor
-        if tuple(tmap.box) != (bm, bn) or len(tensor.shape) != 2:
+        width = tmap.box[-1]
+        if len(tensor.shape) != 2 or tmap.box[0] != bm or bn % width or width % 8:
             raise BuildError(f"{where}: tensor map {tmap.name!r} has box {tmap.box}; the accumulator's tile is "
-                             f"[{bm}, {bn}]: map the two-dimensional output with box=({bm}, {bn})")
+                             f"[{bm}, {bn}]: map the two-dimensional output with box ({bm}, W), W a multiple of 8 "
+                             f"dividing {bn}")
         if not isinstance(coords, (tuple, list)) or len(coords) != 2:
             raise BuildError(f"{where}: coords {coords!r} must be (row, column) of the tile's first element")
         row0, col0 = (as_term(c) for c in coords)
         m, n = tensor.shape
-        half = bn // 2
+        half, chunk_regs = bn // 2, width // 2
         tid = name("threadIdx.x")
-        with self.loop(f"{acc.name}_j", bm // groups // MMA_M, kind="unroll") as j:
-            with self.loop(f"{acc.name}_r", half, kind="unroll") as r:
-                v = self.load(acc, j * half + r)
-                row, col = fragment_coords(bn, bm // groups, j, r, tid)
-                with self.if_((row0 + row).lt(m).and_((col0 + col).lt(n))):
-                    self.store(tensor, (row0 + row) * n + col0 + col, v, tile=(tmap, (row0, col0), row * bn + col))
+        with self.loop(f"{acc.name}_q", bn // width) as q:
+            with self.loop(f"{acc.name}_j", bm // groups // MMA_M, kind="unroll") as j:
+                with self.loop(f"{acc.name}_r", chunk_regs, kind="unroll") as r:
+                    reg = q * chunk_regs + r
+                    v = self.load(acc, j * half + reg)
+                    row, col = fragment_coords(bn, bm // groups, j, reg, tid)
+                    with self.if_((row0 + row).lt(m).and_((col0 + col).lt(n))):
+                        self.store(tensor, (row0 + row) * n + col0 + col, v,
+                                   tile=(tmap, (row0, col0 + q * width), row * width + col - q * width))
 
     def wgmma_fence(self) -> None:
         """``wgmma.fence``: earlier register and shared writes are seen by the next mma."""
