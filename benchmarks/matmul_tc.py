@@ -4,8 +4,9 @@
     python3 benchmarks/matmul_tc.py --out benchmarks/results/matmul_tc [--sweep]
 
 Every implementation computes ``c = a @ b^T`` with a [M, K] and b [N, K] (K-major B; cuBLAS gets the
-transposed view ``b.T``, which it reads as "TN" without a copy). Each figure is the median of 25 launches
-(CUDA events) after 3 warm-up launches; every result is checked against a float32 product first.
+transposed view ``b.T``, which it reads as "TN" without a copy). Each figure is the median over rounds in which
+every implementation runs 5 launches in turn (CUDA events; clock and power drift fall on all alike), after
+3 warm-up launches each; every result is checked against a float32 product first.
 ``--sweep`` also measures the matmul_tc tile / stage variants listed in VARIANTS (what helped and what
 did not). Writes results.json, results.md and, where cuobjdump is on the PATH, the default variant's
 SASS summary (HGMMA count, local-memory traffic, setmaxnreg) to --out.
@@ -40,20 +41,25 @@ VARIANTS = {
 }
 
 
-def _time(fn, torch, reps: int = 25, warmup: int = 3) -> float:
-    """Median seconds of ``reps`` launches, each timed by CUDA events."""
-    for _ in range(warmup):
-        fn()
+def _time_interleaved(launches: dict, torch, rounds: int = 9, per_round: int = 5, warmup: int = 3) -> dict:
+    """Median seconds per launch of each implementation: ``rounds`` rounds, each timing ``per_round``
+    back-to-back launches of every implementation in turn (CUDA events), so clock and power drift
+    over the run falls on all of them alike."""
+    for fn in launches.values():
+        for _ in range(warmup):
+            fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    return statistics.median(times)
+    times: dict = {k: [] for k in launches}
+    for _ in range(rounds):
+        for label, fn in launches.items():
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(per_round):
+                fn()
+            e.record()
+            e.synchronize()
+            times[label].append(s.elapsed_time(e) / 1e3 / per_round)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _sass_summary(ck, out: Path) -> dict:
@@ -81,7 +87,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--sweep", action="store_true", help="also the matmul_tc variants of VARIANTS")
-    p.add_argument("--reps", type=int, default=25)
+    p.add_argument("--rounds", type=int, default=9, help="rounds of 5 launches of every implementation")
     a = p.parse_args(argv)
     import torch
     import triton
@@ -107,17 +113,20 @@ def main(argv=None) -> int:
                  "triton (persistent, TMA, autotuned)": lambda c: lambda: triton_matmul.matmul(x, w, c)}
         for label, ck in compiled.items():
             impls[f"matmul_tc {label}"] = (lambda ck: lambda c: ck.bind(a=x, b=w, c=c).launch)(ck)
+        launches, checked = {}, {}
         for label, make in impls.items():
             c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            launch = make(c)
+            launches[label] = make(c)
             t0 = time.time()
-            launch()
+            launches[label]()
             torch.cuda.synchronize()
             err = (c.float() - ref).abs().max().item()
-            ok = err <= tol
-            secs = _time(launch, torch, a.reps)
-            row = {"shape": [m, n, k], "impl": label, "tflops": flop / secs / 1e12, "ms": secs * 1e3,
-                   "max_abs_err": err, "ok": ok, "first_call_s": round(time.time() - t0, 2)}
+            checked[label] = (err, err <= tol, round(time.time() - t0, 2))
+        secs = _time_interleaved(launches, torch, a.rounds)
+        for label in impls:
+            err, ok, first = checked[label]
+            row = {"shape": [m, n, k], "impl": label, "tflops": flop / secs[label] / 1e12, "ms": secs[label] * 1e3,
+                   "max_abs_err": err, "ok": ok, "first_call_s": first}
             if label.startswith("triton"):
                 row["config"] = triton_matmul.best_config()
             if label.startswith("matmul_tc"):
@@ -128,7 +137,7 @@ def main(argv=None) -> int:
         del x, w, ref
     sass = _sass_summary(compiled["128x256x64 S=4 (default)"], out)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "reps": a.reps, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sass": sass}
+            "rounds": a.rounds, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sass": sass}
     (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out / "results.md").write_text(_table(rows, meta))
     print(_table(rows, meta))
@@ -136,8 +145,8 @@ def main(argv=None) -> int:
 
 
 def _table(rows: list, meta: dict) -> str:
-    lines = [f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}; median of {meta['reps']} launches, "
-             f"CUDA events; {meta['date']}", "",
+    lines = [f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}; median over {meta['rounds']} rounds "
+             f"of 5 launches of each implementation in turn (CUDA events); {meta['date']}", "",
              "| shape | implementation | TFLOP/s | x cuBLAS | x Triton |", "|---|---|---|---|---|"]
     for shape in sorted({tuple(r["shape"]) for r in rows}, key=lambda s: SHAPES.index(s) if s in SHAPES else 9):
         here = [r for r in rows if tuple(r["shape"]) == shape]

@@ -167,3 +167,24 @@ def test_builder_refusals():
     f = k.alloc("f_t", "shared", "float32", (64, 64))
     with pytest.raises(BuildError, match="two-dimensional shared tile"):
         k.mma(acc, f, f)
+
+
+def test_epilogue_stores_are_clipped_by_the_tma_store_not_tested_per_element():
+    src = api.generate(matmul_tc(stages=4, **WS)).text
+    body = src[src.index("acc_q"):src.index("cb_tma_store_async(&c_tmap")]
+    assert " < M" not in body and " < N" not in body  # no bounds test: the TMA store clips the box
+
+
+def test_a_clip_store_the_rules_do_not_stage_is_refused(tmp_path):
+    (tmp_path / "off.rules").write_text("(disable tma-store-stage)\n")
+    with pytest.raises(LoweringError) as e:
+        api.lower(matmul_tc(stages=4, **WS), rules=[str(tmp_path)])
+    assert e.value.code == "store-unstaged-clip" and "c_tmap" in str(e.value)
+
+
+def test_clip_needs_a_tile():
+    k = Kernel("t", block=128)
+    n = k.symbol("N")
+    x = k.tensor("x", (n,))
+    with pytest.raises(BuildError, match="clip=True needs tile="):
+        k.store(x, 0, 1.0, clip=True)

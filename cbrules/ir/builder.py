@@ -400,14 +400,17 @@ class Kernel(MmaBuilder):
         return name(dst)
 
     def store(self, dst: Buffer, index: TermLike, value: TermLike,
-              tile: Optional[tuple[TensorMap, Sequence[TermLike], TermLike]] = None) -> None:
+              tile: Optional[tuple[TensorMap, Sequence[TermLike], TermLike]] = None, clip: bool = False) -> None:
         """Write ``dst[index] = value`` (flat index); a float16/bfloat16 buffer gets the value rounded to
         nearest even.
 
         ``tile=(tmap, coords, element)`` says the element is element ``element`` (row-major) of the box
         of ``tmap`` (a tensor map over ``dst``) at ``coords``: the rules then write the tile to a shared
         staging buffer and store it with one TMA store (see rules/tma_store.rules). Every in-bounds
-        element of such a box must be written in each iteration (the interpreter checks it)."""
+        element of such a box must be written in each iteration (the interpreter checks it).
+        ``clip=True`` (with ``tile``): the element may lie outside the tensor, so only the TMA store, which
+        clips the box, may write it: no bounds test is needed, and the rules refuse to leave the store
+        unstaged (tma-store-reject-unstaged-clip)."""
         where = f"store at {_call_site()}"
         dst_name = self._known(dst, _MEMORY, "store")
         if dst.space == "global":
@@ -430,6 +433,10 @@ class Kernel(MmaBuilder):
                                  f"({len(tmap.box)})")
             attrs["tile"] = {"tensor": dst_name, "map": tmap.name, "coords": tuple(as_term(c) for c in coords),
                              "index": as_term(element), "box": tmap.box, "dtype": tmap.tensor.dtype}
+            if clip is True:  # absent otherwise: the graphs of other kernels stay as they were
+                attrs["tile"]["clip"] = True
+        elif clip:
+            raise BuildError(f"{where}: clip=True needs tile=: only a TMA-stored tile may be written out of bounds")
         self._node("store", dst=dst_name, index=as_term(index), value=as_term(value), **attrs)
 
     def _mark_written(self, tname: str) -> None:
