@@ -29,6 +29,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 from . import names
 from ..errors import CbrulesError
+from .builder_mma import MmaBuilder
 from .graph import KernelGraph, Param
 from .limits import SWIZZLE_SPAN, SwizzleError, TmaBoxError, check_box, check_swizzle, swizzle_repeat  # noqa: F401
 from .names import IdentifierError, NameClashError  # noqa: F401  (public via the builder)
@@ -193,7 +194,7 @@ def _dims(x, where: str) -> tuple[int, int, int]:
     return dims  # type: ignore[return-value]
 
 
-class Kernel:
+class Kernel(MmaBuilder):
     """A kernel under construction; ``graph`` is the :class:`KernelGraph` being built."""
 
     def __init__(self, name: str, block: int | Sequence[int] = 256):
@@ -207,6 +208,7 @@ class Kernel:
         # a parameter or loop may reuse it, as C allows)
         self._names: dict[str, str] = {}
         self._loop_vars: list[str] = []  # variables of the enclosing loops, outermost first
+        self._fragments: dict[str, tuple[int, int, int]] = {}  # accumulator -> (bm, bn, groups)
 
     # ---------------------------------------------------------------- names
     def _claim(self, nm: Any, what: str, call: str, reuse: bool = False) -> str:
