@@ -61,6 +61,8 @@ class MemoryOps:
         idx = self._index(s, mask, lanes)
         kind, arr = self._target(s.attrs["src"], idx, lanes, "reads")
         if kind == "register":
+            if s.attrs["src"] in self.p.accumulators:
+                self.proto.mma.register_access(s.attrs["src"], lanes, False, self.site)
             vals = arr[lanes, idx]
         elif kind == "shared":
             self.proto.read(arr, idx, lanes, self.site)
@@ -79,6 +81,8 @@ class MemoryOps:
         kind, arr = self._target(name, idx, lanes, "writes")
         vals = self.per_lane(self.ev(s, "value", mask), lanes)
         if kind == "register":
+            if name in self.p.accumulators:
+                self.proto.mma.register_access(name, lanes, True, self.site)
             arr[lanes, idx] = vals
         elif kind == "shared":
             self.proto.write(arr, idx, lanes, self.site)

@@ -1,4 +1,6 @@
-"""One ``wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}`` on the CPU, from shared-memory bytes.
+"""Warpgroup MMA on the CPU: one ``wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}`` from
+shared-memory bytes (:func:`wgmma`), and the interpreter's handlers of the ``mma`` node and the
+wgmma ordering ops (:class:`MmaOps`).
 
 The model does what the tensor cores do with the instruction's operands: it decodes the two matrix
 descriptors, gathers A [64, 16] and B [N, 16] byte by byte through the canonical layouts of
@@ -19,7 +21,9 @@ import ml_dtypes
 import numpy as np
 
 from ..ir.mma_layout import (MMA_DTYPES, MMA_K, MMA_M, WARPGROUP, MatrixDescriptor, MmaLayoutError, check_n,
-                             fragment_slot, operand_address)
+                             fragment_slot, operand_address, tma_tile_descriptor)
+from ..schedule import Step
+from .hazards import DivergentSync, InterpError
 
 Descriptor = Union[int, MatrixDescriptor]
 _STORAGE = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
@@ -94,3 +98,106 @@ def fragments_to_matrix(acc: np.ndarray, n: int) -> np.ndarray:
     rows, cols = np.meshgrid(np.arange(MMA_M), np.arange(check_n(n)), indexing="ij")
     thread, reg = fragment_slot(rows, cols, n)
     return np.asarray(acc)[thread, reg]
+
+
+class MmaIssueError(InterpError):
+    """An ``mma`` node the tensor cores could not execute as written: a warp group outside the tile's
+    consumers, operands or accumulator that do not fit the node, or descriptors the hardware cannot
+    express."""
+
+
+class MmaOps:
+    """Handlers for ``mma``, ``wgmma_fence``, ``wgmma_commit`` and ``wgmma_wait``; the block runner
+    provides ``ev``, ``site``, ``uniform``, ``proto``, ``regarrays``, ``p`` and ``T``.
+
+    ``mma`` executes what codegen unrolls it into: warp group g of ``groups`` computes rows
+    [g * BM/groups, (g+1) * BM/groups) of the tile, as 64-row blocks j; block j, k-step s is one
+    m64n{BN}k16 wgmma whose A descriptor starts at ``a_offset`` + row g * BM/groups + 64j of the A tile
+    plus 32 s bytes, B's at ``b_offset`` plus 32 s bytes (both K-major, rows of ``swizzle`` bytes as
+    TMA wrote them: :func:`cbrules.ir.mma_layout.tma_tile_descriptor`), and whose fragment is
+    registers [j * BN/2, (j+1) * BN/2) of ``acc``. In a lowered kernel (one with mbarriers or wgmma
+    ordering ops) it is asynchronous and checked by :class:`cbrules.reference.mma_groups.MmaGroups`;
+    before lowering it completes at once, like a TMA load without a barrier."""
+
+    def _warp_groups(self, s: Step, mask: np.ndarray):
+        """(warp group, its 128 threads) of the active threads; a partial warp group is an error."""
+        lanes = np.nonzero(mask)[0]
+        for g in np.unique(lanes // WARPGROUP):
+            mine = lanes[lanes // WARPGROUP == g]
+            if mine.size != WARPGROUP:
+                raise DivergentSync(f"{s.op} is executed by {mine.size} of the {WARPGROUP} threads of warp group {g}; "
+                                    "a warp group executes it all together (.sync.aligned)", self.site())
+            yield int(g), mine
+
+    def _mma(self, s: Step, mask: np.ndarray) -> None:
+        a = s.attrs
+        bm, bn, bk = (int(x) for x in a["shape"])
+        groups, span, dtype = int(a["groups"]), int(a["swizzle"]), a["dtype"]
+        rows = bm // groups
+        acc = self.regarrays.get(a["acc"])
+        tiles = [self.proto.shared.get(a[k]) for k in ("a", "b")]
+        if acc is None or acc.shape[1] != (rows // MMA_M) * bn // 2 or any(
+                t is None or t.data.dtype.itemsize != 2 for t in tiles):
+            raise MmaIssueError(f"an mma of tile ({bm}, {bn}, {bk}) on {groups} warp group(s) needs a float32 register "
+                                f"array {a['acc']!r} of {(rows // MMA_M) * bn // 2} elements a thread and shared 2-byte "
+                                f"tiles {a['a']!r}, {a['b']!r}", self.site())
+        tile_a, tile_b = tiles
+        for g, lanes in self._warp_groups(s, mask):
+            if g >= groups:
+                raise MmaIssueError(f"warp group {g} issues an mma of a tile on warp groups 0..{groups - 1}",
+                                    self.site())
+            m = np.zeros(self.T, bool)
+            m[lanes] = True
+            a_off, b_off, scale_d = (self.uniform(self.ev(s, k, m), m, f"mma {k} in warp group {g}")
+                                     for k in ("a_offset", "b_offset", "scale_d"))
+            if not self.p.mma_async:
+                self._mma_logical(acc, lanes, g, (tile_a, a_off), (tile_b, b_off), a["shape"], rows, scale_d)
+                continue
+            try:
+                steps = [(j, ks, tma_tile_descriptor(2 * a_off + (g * rows + MMA_M * j) * span, bm, span, "k", ks),
+                          tma_tile_descriptor(2 * b_off, bn, span, "k", ks))
+                         for j in range(rows // MMA_M) for ks in range(bk // MMA_K)]
+                reads = [(tile_a, np.unique(np.concatenate([operand_addresses(da, MMA_M, 0).ravel()
+                                                            for _, _, da, _ in steps])) // 2),
+                         (tile_b, np.unique(np.concatenate([operand_addresses(db, bn, 0).ravel()
+                                                            for _, _, _, db in steps])) // 2)]
+                self.proto.mma.issue(s.node, g, lanes, a["acc"], reads, self.site)
+                frags = acc[lanes]
+                for j, ks, da, db in steps:  # scale-d applies to k-step 0; later ones accumulate
+                    cols = slice(j * bn // 2, (j + 1) * bn // 2)
+                    frags[:, cols] = wgmma(frags[:, cols], tile_a.data, da, tile_b.data, db, n=bn, dtype=dtype,
+                                           scale_d=int(bool(scale_d) or ks > 0))
+            except MmaLayoutError as e:
+                raise MmaIssueError(str(e), self.site()) from None
+            acc[lanes] = frags
+
+    def _mma_logical(self, acc: np.ndarray, lanes: np.ndarray, g: int, a, b, shape, rows: int, scale_d) -> None:
+        """Before lowering: the tiles lie dense row-major (a TMA load without a barrier copies the logical
+        tile), so the product is taken on them directly, rounded like the tensor cores' k-steps."""
+        (tile_a, a_off), (tile_b, b_off) = a, b
+        bm, bn, bk = (int(x) for x in shape)
+        frags = acc[lanes]
+        for j in range(rows // MMA_M):
+            r0 = a_off + (g * rows + MMA_M * j) * bk
+            at = tile_a.data[r0:r0 + MMA_M * bk].reshape(MMA_M, bk).astype(np.float64)
+            bt = tile_b.data[b_off:b_off + bn * bk].reshape(bn, bk).astype(np.float64)
+            cols = slice(j * bn // 2, (j + 1) * bn // 2)
+            tile = fragments_to_matrix(frags[:, cols], bn) if scale_d else np.zeros((MMA_M, bn), np.float32)
+            for ks in range(0, bk, MMA_K):
+                tile = tile + (at[:, ks:ks + MMA_K] @ bt[:, ks:ks + MMA_K].T).astype(np.float32)
+            rr, cc = np.meshgrid(np.arange(MMA_M), np.arange(bn), indexing="ij")
+            t, r = fragment_slot(rr, cc, bn)
+            frags[t, j * bn // 2 + r] = tile
+        acc[lanes] = frags
+
+    def _wgmma_fence(self, s: Step, mask: np.ndarray) -> None:
+        for _, lanes in self._warp_groups(s, mask):
+            self.proto.mma.fence(lanes)
+
+    def _wgmma_commit(self, s: Step, mask: np.ndarray) -> None:
+        for g, _ in self._warp_groups(s, mask):
+            self.proto.mma.commit(g)
+
+    def _wgmma_wait(self, s: Step, mask: np.ndarray) -> None:
+        for g, lanes in self._warp_groups(s, mask):
+            self.proto.mma.wait(g, lanes, int(s.attrs["pending"]))
