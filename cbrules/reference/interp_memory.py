@@ -119,6 +119,7 @@ class MemoryOps:
             data = read_box(self.tensors[tmap.tensor], coords, box)
             if a.get("swizzle"):  # the box lands in the swizzled layout the hardware writes
                 data = swizzled(data, itemsize, int(a["swizzle"]), lo, dst.name, self.site)
+            self.proto.mma.tma_written(dst, lo, box_elems, int(a.get("swizzle") or 0))
             self.proto.tma_load(sid, s.node, dst, lo, data, box_elems * itemsize, int(u), self.site)
             return
         # before lowering: the logical load of the whole tile, dense row-major, done at once (the

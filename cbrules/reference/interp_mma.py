@@ -157,11 +157,9 @@ class MmaOps:
                 steps = [(j, ks, tma_tile_descriptor(2 * a_off + (g * rows + MMA_M * j) * span, bm, span, "k", ks),
                           tma_tile_descriptor(2 * b_off, bn, span, "k", ks))
                          for j in range(rows // MMA_M) for ks in range(bk // MMA_K)]
-                reads = [(tile_a, np.unique(np.concatenate([operand_addresses(da, MMA_M, 0).ravel()
-                                                            for _, _, da, _ in steps])) // 2),
-                         (tile_b, np.unique(np.concatenate([operand_addresses(db, bn, 0).ravel()
-                                                            for _, _, _, db in steps])) // 2)]
-                self.proto.mma.issue(s.node, g, lanes, a["acc"], reads, self.site)
+                reads = [(tile_a, np.concatenate([operand_addresses(da, MMA_M, 0).ravel() for _, _, da, _ in steps]) // 2),
+                         (tile_b, np.concatenate([operand_addresses(db, bn, 0).ravel() for _, _, _, db in steps]) // 2)]
+                self.proto.mma.issue(s.node, g, lanes, a["acc"], reads, span, self.site)
                 frags = acc[lanes]
                 for j, ks, da, db in steps:  # scale-d applies to k-step 0; later ones accumulate
                     cols = slice(j * bn // 2, (j + 1) * bn // 2)

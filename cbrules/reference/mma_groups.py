@@ -20,8 +20,10 @@ registers some time before the ``wgmma.wait_group`` that covers its group return
   mma of that thread writing it has not completed is an :class:`AccumulatorInFlight`;
 * an mma still open or in flight when the block ends is an :class:`MmaInFlight`.
 
-The RAW side is checked at issue: every thread of the warp group must have observed the barrier
-phase that completes the TMA load of each element the mma reads.
+At issue, the RAW side: every thread of the warp group must have observed the barrier phase that
+completes the TMA load of each element the mma reads; and the layout: the TMA load must have
+written the element with the swizzle the mma reads it with (:class:`SwizzleMismatch`; the bytes
+would be misread, which the numbers would show too, less clearly).
 """
 from __future__ import annotations
 
@@ -46,6 +48,10 @@ class MissingWgmmaFence(ProtocolError):
 
 class AccumulatorInFlight(ProtocolError):
     """An ordinary read or write of accumulator registers that an mma not yet waited for writes."""
+
+
+class SwizzleMismatch(ProtocolError):
+    """An mma reading shared elements with another swizzle than the TMA load that wrote them."""
 
 
 class MmaInFlight(ProtocolError):
@@ -73,6 +79,7 @@ class MmaGroups:
         self.open: dict[int, list[Issue]] = {}  # warp group -> mma issued since its last commit
         self.groups: dict[int, deque] = {}  # warp group -> committed groups, oldest first
         self.reading: dict[str, np.ndarray] = {}  # shared buffer -> in-flight mma reads of each element
+        self.layout: dict[str, np.ndarray] = {}  # shared buffer -> swizzle span its last TMA write used (-1: none)
 
     # ---------------------------------------------------------------- issue, commit, wait, fence
     def fence(self, lanes: np.ndarray) -> None:
@@ -81,8 +88,9 @@ class MmaGroups:
         for d in self.dirty.values():
             d[lanes] = False
 
-    def issue(self, node: int, wg: int, lanes: np.ndarray, acc: str, reads: list, site: SiteFn) -> None:
-        """Warp group ``wg`` (threads ``lanes``) issues an mma into ``acc`` reading ``reads``."""
+    def issue(self, node: int, wg: int, lanes: np.ndarray, acc: str, reads: list, span: int, site: SiteFn) -> None:
+        """Warp group ``wg`` (threads ``lanes``) issues an mma into ``acc`` reading ``reads`` (pairs of a
+        shared buffer and element indices) as tiles with a ``span``-byte swizzle."""
         unfenced = lanes[~self.fenced[lanes]]
         if unfenced.size:
             raise MissingWgmmaFence(f"thread {unfenced[0]} issues an mma into {acc} but has not executed "
@@ -95,9 +103,10 @@ class MmaGroups:
                                     "may read the registers before that write; fence between them", site())
         for buf, idx in reads:
             self._raw(buf, idx, lanes, site)
-        for buf, idx in reads:
+            self._same_swizzle(buf, idx, span, site)
+        for buf, idx in reads:  # an element listed twice counts once, here and at completion alike
             if buf.tracked:
-                np.add.at(self._reading(buf), idx, 1)
+                self._reading(buf)[idx] += 1
         self.open.setdefault(wg, []).append(Issue(node, wg, acc, reads))
 
     def commit(self, wg: int) -> None:
@@ -108,17 +117,24 @@ class MmaGroups:
         """``wgmma.wait_group pending``: all but the newest ``pending`` groups of ``wg`` complete; their
         reads count as done by ``lanes`` now."""
         q = self.groups.get(wg, deque())
-        now = self.proto.clocks.now[lanes]
+        # clocks only grow: the time of this wait is each thread's latest read of the elements
+        now = self.proto.clocks.now[lanes].astype(np.int32)
+        span = slice(int(lanes[0]), int(lanes[-1]) + 1)  # a warp group's threads are consecutive
         while len(q) > pending:
             for issue in q.popleft():
                 for buf, idx in issue.reads:
                     if buf.tracked:
-                        np.subtract.at(self._reading(buf), idx, 1)
-                        u = np.unique(idx)
-                        buf.readers[u[:, None], lanes[None, :]] = np.maximum(buf.readers[u[:, None], lanes[None, :]],
-                                                                             now[None, :])
+                        self._reading(buf)[idx] -= 1
+                        buf.readers[idx, span] = now
 
     # ---------------------------------------------------------------- checks other ops call
+    def tma_written(self, buf: "SharedBuffer", lo: int, n: int, span: int) -> None:
+        """A TMA load wrote ``buf[lo:lo+n]`` with a ``span``-byte swizzle (0: none)."""
+        layout = self.layout.get(buf.name)
+        if layout is None:
+            layout = self.layout[buf.name] = np.full(buf.data.size, -1, np.int16)
+        layout[lo:lo + n] = span
+
     def register_access(self, name: str, lanes: np.ndarray, write: bool, site: SiteFn) -> None:
         """An ordinary load (``write`` False) or store of register array ``name`` by ``lanes``."""
         for wg in np.unique(lanes // WARPGROUP):
@@ -167,6 +183,18 @@ class MmaGroups:
             r = self.reading[buf.name] = np.zeros(buf.data.size, np.int32)
         return r
 
+    def _same_swizzle(self, buf: "SharedBuffer", idx: np.ndarray, span: int, site: SiteFn) -> None:
+        layout = self.layout.get(buf.name)
+        if layout is None:
+            return
+        bad = idx[(layout[idx] >= 0) & (layout[idx] != span)]
+        if bad.size:
+            e = int(bad[0])
+            wrote = f"{layout[e]}B swizzle" if layout[e] else "no swizzle"
+            raise SwizzleMismatch(f"an mma reads {buf.name}[{e}] as a tile with {span}B swizzle, but the TMA load that "
+                                  f"wrote it used {wrote}: the tensor cores would read other elements than the ones "
+                                  "meant; give the tensor map and the mma the same swizzle", site())
+
     def _raw(self, buf: "SharedBuffer", idx: np.ndarray, lanes: np.ndarray, site: SiteFn) -> None:
         """Every thread of the issuing warp group has observed the phase completing each TMA write."""
         if not buf.tracked:
@@ -176,12 +204,14 @@ class MmaGroups:
         if not loaded.any():
             return
         bars = self.proto.bars
-        for sid, phase in sorted({(int(s), int(p)) for s, p in zip(slots[loaded], buf.w_phase[idx][loaded])}):
+        slots, phases, elems = slots[loaded], buf.w_phase[idx][loaded], idx[loaded]
+        for sid in np.unique(slots).tolist():
             seen = bars.observed[sid, lanes]
-            if (seen > phase).all():
+            late = (slots == sid) & (phases >= seen.min())
+            if not late.any():
                 continue
-            t = int(lanes[np.argmin(seen)])
-            e = int(idx[loaded][(slots[loaded] == sid) & (buf.w_phase[idx][loaded] == phase)][0])
+            k = int(np.argmax(late))
+            e, phase, t = int(elems[k]), int(phases[k]), int(lanes[np.argmin(seen)])
             state = ("has not completed yet" if phase == np.iinfo(np.int64).max else
                      f"completes phase {phase} of {bars.label(sid)}")
             raise RawHazard(f"an mma of thread {t}'s warp group reads {buf.name}[{e}], whose TMA load #{buf.w_node[e]} "
