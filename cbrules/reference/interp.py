@@ -87,10 +87,9 @@ class Program:
         self.tma_dsts = tma_dsts
         # a lowered kernel (mbarriers or wgmma ordering ops) runs its mma asynchronously, checked; before
         # lowering an mma completes at once. `accumulators`: the register arrays whose accesses are checked
-        lowered = any(s.op.startswith("wgmma_") for s in steps) or any(
+        self.mma_async = any(s.op.startswith("wgmma_") for s in steps) or any(
             a["space"] == "shared" and a["dtype"] == "mbarrier" for a in self.allocs.values())
-        self.mma_async = lowered
-        self.accumulators = frozenset(s.attrs["acc"] for s in steps if s.op == "mma") if lowered else frozenset()
+        self.accumulators = frozenset(s.attrs["acc"] for s in steps if s.op == "mma" and self.mma_async)
 
     @staticmethod
     def _compile(v, invariant: frozenset):

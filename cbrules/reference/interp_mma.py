@@ -138,9 +138,9 @@ class MmaOps:
         tiles = [self.proto.shared.get(a[k]) for k in ("a", "b")]
         if acc is None or acc.shape[1] != (rows // MMA_M) * bn // 2 or any(
                 t is None or t.data.dtype.itemsize != 2 for t in tiles):
-            raise MmaIssueError(f"an mma of tile ({bm}, {bn}, {bk}) on {groups} warp group(s) needs a float32 register "
-                                f"array {a['acc']!r} of {(rows // MMA_M) * bn // 2} elements a thread and shared 2-byte "
-                                f"tiles {a['a']!r}, {a['b']!r}", self.site())
+            raise MmaIssueError(f"an mma of tile ({bm}, {bn}, {bk}) on {groups} warp group(s) needs a float32 "
+                                f"register array {a['acc']!r} of {(rows // MMA_M) * bn // 2} elements a thread and "
+                                f"shared 2-byte tiles {a['a']!r}, {a['b']!r}", self.site())
         tile_a, tile_b = tiles
         for g, lanes in self._warp_groups(s, mask):
             if g >= groups:
@@ -151,14 +151,15 @@ class MmaOps:
             a_off, b_off, scale_d = (self.uniform(self.ev(s, k, m), m, f"mma {k} in warp group {g}")
                                      for k in ("a_offset", "b_offset", "scale_d"))
             if not self.p.mma_async:
-                self._mma_logical(acc, lanes, g, (tile_a, a_off), (tile_b, b_off), a["shape"], rows, scale_d)
+                self._mma_logical(acc, lanes, (tile_a, a_off + g * rows * bk), (tile_b, b_off), (rows, bn, bk), scale_d)
                 continue
             try:
                 steps = [(j, ks, tma_tile_descriptor(2 * a_off + (g * rows + MMA_M * j) * span, bm, span, "k", ks),
                           tma_tile_descriptor(2 * b_off, bn, span, "k", ks))
                          for j in range(rows // MMA_M) for ks in range(bk // MMA_K)]
-                reads = [(tile_a, np.concatenate([operand_addresses(da, MMA_M, 0).ravel() for _, _, da, _ in steps]) // 2),
-                         (tile_b, np.concatenate([operand_addresses(db, bn, 0).ravel() for _, _, _, db in steps]) // 2)]
+                # the elements it reads (2-byte elements: byte address / 2), for the protocol checks
+                reads = [(tile, np.concatenate([operand_addresses(d[w], rows_of, 0).ravel() for d in steps]) // 2)
+                         for tile, w, rows_of in ((tile_a, 2, MMA_M), (tile_b, 3, bn))]
                 self.proto.mma.issue(s.node, g, lanes, a["acc"], reads, span, self.site)
                 frags = acc[lanes]
                 for j, ks, da, db in steps:  # scale-d applies to k-step 0; later ones accumulate
@@ -169,16 +170,21 @@ class MmaOps:
                 raise MmaIssueError(str(e), self.site()) from None
             acc[lanes] = frags
 
-    def _mma_logical(self, acc: np.ndarray, lanes: np.ndarray, g: int, a, b, shape, rows: int, scale_d) -> None:
+    def _mma_logical(self, acc: np.ndarray, lanes: np.ndarray, a, b, shape, scale_d) -> None:
         """Before lowering: the tiles lie dense row-major (a TMA load without a barrier copies the logical
-        tile), so the product is taken on them directly, rounded like the tensor cores' k-steps."""
+        tile), so the warp group's product of its ``rows`` of A (from element ``a_off``) and B is taken on
+        them directly, rounded like the tensor cores' k-steps."""
         (tile_a, a_off), (tile_b, b_off) = a, b
-        bm, bn, bk = (int(x) for x in shape)
+        rows, bn, bk = shape
+        for tile, lo, n in ((tile_a, a_off, rows * bk), (tile_b, b_off, bn * bk)):
+            if lo < 0 or lo + n > tile.data.size:
+                raise MmaIssueError(f"an mma reads {tile.name}[{lo}:{lo + n}], outside its {tile.data.size} elements",
+                                    self.site())
+        bt = tile_b.data[b_off:b_off + bn * bk].reshape(bn, bk).astype(np.float64)
         frags = acc[lanes]
         for j in range(rows // MMA_M):
-            r0 = a_off + (g * rows + MMA_M * j) * bk
+            r0 = a_off + MMA_M * j * bk
             at = tile_a.data[r0:r0 + MMA_M * bk].reshape(MMA_M, bk).astype(np.float64)
-            bt = tile_b.data[b_off:b_off + bn * bk].reshape(bn, bk).astype(np.float64)
             cols = slice(j * bn // 2, (j + 1) * bn // 2)
             tile = fragments_to_matrix(frags[:, cols], bn) if scale_d else np.zeros((MMA_M, bn), np.float32)
             for ks in range(0, bk, MMA_K):
