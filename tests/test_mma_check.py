@@ -2,6 +2,7 @@
 run from the swizzled bytes the TMA model wrote, asynchronously, against numpy and the kernel before
 lowering; the wgmma protocol model on its own; and mutations of the MMA rules, each caught with its
 named failure."""
+import re
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 
 from cbrules import api
 from cbrules.check import Checker
+from cbrules.ir.mma_layout import MMA_K, MMA_M, tma_tile_descriptor
 from cbrules.kernels import KERNELS
 from cbrules.reference import protocol
 from cbrules.reference.hazards import Site
@@ -203,3 +205,29 @@ def test_an_mma_reading_another_swizzle_than_the_tma_wrote_is_named(proto):
     g.tma_written(tile, 1024, 1024, 0)
     with pytest.raises(SwizzleMismatch, match="used no swizzle"):
         g.issue(3, 0, WG0, "acc", [(tile, np.arange(1024, 1100))], 128, _site)
+
+
+# ----------------------------------------------------------------------------- codegen against the model
+
+_DESC_CALL = re.compile(r"cb_wgmma_desc\(cb_([ab]) \+ (\d+)u, (\d+)ull\)")
+_GROUP_ROWS = re.compile(r"const unsigned cb_a = .*\(\(int\)threadIdx\.x / 128\) \* (\d+)u;")
+
+
+@pytest.mark.parametrize("bm, bn, bk, groups", [(128, 256, 64, 2), (256, 128, 64, 2), (128, 64, 32, 1),
+                                                (64, 128, 16, 1)])
+def test_generated_descriptors_are_the_models(bm, bn, bk, groups):
+    """Every descriptor the CUDA builds (constant fields | start >> 4, per 64-row block and k-step) is
+    the one the CPU model reads the TMA-written tile through (:func:`tma_tile_descriptor`), and each
+    warp group starts its A rows where the model does: a descriptor fact wrong in either fails here."""
+    k = SPEC.build((2 * bm, bn, 4 * bk), dtype="bfloat16", stages=2, bm=bm, bn=bn, bk=bk, groups=groups)
+    text = api.generate(k).text
+    span, rows = 2 * bk, bm // groups
+    nodes = _GROUP_ROWS.findall(text)  # one per mma statement (the loop's parts each have theirs)
+    assert nodes and {int(x) for x in nodes} == {rows * span}
+    calls = _DESC_CALL.findall(text)
+    steps = [(j, s) for j in range(rows // MMA_M) for s in range(bk // MMA_K)]
+    assert len(calls) == 2 * len(steps) * len(nodes), text
+    for (j, s), (a, b) in zip(steps * len(nodes), zip(calls[::2], calls[1::2])):
+        for (which, off, fields), start, box_rows in ((a, MMA_M * j * span, bm), (b, 0, bn)):
+            want = tma_tile_descriptor(start, box_rows, span, "k", s)
+            assert int(fields) | (int(off) >> 4) == want.encode(), (which, j, s)
