@@ -171,7 +171,8 @@ def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = N
 
 def _call_site() -> str:
     f = sys._getframe(1)
-    while f is not None and f.f_globals.get("__name__", "") in ("cbrules.ir.builder", "contextlib"):
+    while f is not None and f.f_globals.get("__name__", "") in ("cbrules.ir.builder", "cbrules.ir.builder_mma",
+                                                                "contextlib"):
         f = f.f_back
     if f is None:
         return "?"
@@ -209,6 +210,16 @@ class Kernel(MmaBuilder):
         self._names: dict[str, str] = {}
         self._loop_vars: list[str] = []  # variables of the enclosing loops, outermost first
         self._fragments: dict[str, tuple[int, int, int]] = {}  # accumulator -> (bm, bn, groups)
+
+    # the checks the mixed-in calls (builder_mma) use, so that module need not import this one
+    def _where(self, call: str) -> str:
+        return f"{call} at {_call_site()}"
+
+    def _error(self, message: str) -> BuildError:
+        return BuildError(message)
+
+    def _int_arg(self, value: Any, where: str, what: str, low: Optional[int] = None) -> int:
+        return _int(value, where, what, low)
 
     # ---------------------------------------------------------------- names
     def _claim(self, nm: Any, what: str, call: str, reuse: bool = False) -> str:

@@ -7,8 +7,7 @@ A kernel author writes a tile step ``C[BM, BN] += A[BM, BK] @ B[BK, BN]`` as
         k.tma_load(a_map, (row0, t * 64), a_tile)     # a_tile [BM, BK], B given as [N, K]: b_tile [BN, BK]
         k.tma_load(b_map, (col0, t * 64), b_tile)
         k.mma(acc, a_tile, b_tile)
-    with k.loop("tile", 1):                          # the block's one output tile
-        k.mma_store(acc, c_map, (row0, col0))
+    k.mma_store(acc, c_map, (row0, col0))            # c_map's box: [BM, W], BN / W chunks TMA-stored
 
 Both operands are K-major (K contiguous, as the tensor cores read bfloat16/float16 without a
 transpose): B is given as ``[N, K]``, i.e. ``B^T`` row-major. Each tile row is exactly one swizzle span
@@ -20,7 +19,6 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from .names import NameClashError  # noqa: F401  (callers catch builder errors from one place)
 from .ops import DTYPE_BYTES
 from .terms import Term, TermLike, as_term, name
 
@@ -46,33 +44,31 @@ class MmaBuilder:
     """The tensor-core calls of :class:`Kernel` (see the module docstring)."""
 
     def _mma_fragment(self, acc, call: str) -> tuple[int, int, int]:
-        from .builder import BuildError, _call_site
         nm = self._known(acc, ("buffer",), call)
         frag = self._fragments.get(nm)
         if frag is None:
-            raise BuildError(f"{call} at {_call_site()}: {nm!r} is not an accumulator; pass the handle "
+            raise self._error(f"{self._where(call)}: {nm!r} is not an accumulator; pass the handle "
                              "mma_accumulator(...) returned")
         return frag
 
     def mma_accumulator(self, bm: int, bn: int, acc: str = "acc", groups: Optional[int] = None):
         """A zeroed float32 accumulator for a tile C[bm, bn] on ``groups`` consumer warp groups (default: the
         block's threads / 128); each warp group holds bm/groups rows in 64-row blocks. Returns its handle."""
-        from .builder import BuildError, _call_site, _int
-        where = f"mma_accumulator at {_call_site()}"
-        bm, bn = _int(bm, where, "bm", 1), _int(bn, where, "bn", 1)
+        where = self._where("mma_accumulator")
+        bm, bn = self._int_arg(bm, where, "bm", 1), self._int_arg(bn, where, "bn", 1)
         block = self.graph.kernel()["block"]
         if block[1] != 1 or block[2] != 1 or block[0] % WARPGROUP:
-            raise BuildError(f"{where}: warpgroup MMA runs on whole warp groups of a one-dimensional block; the "
+            raise self._error(f"{where}: warpgroup MMA runs on whole warp groups of a one-dimensional block; the "
                              f"block is {block}: use 128 x (consumer warp groups) threads in x")
-        groups = block[0] // WARPGROUP if groups is None else _int(groups, where, "groups", 1)
+        groups = block[0] // WARPGROUP if groups is None else self._int_arg(groups, where, "groups", 1)
         if groups * WARPGROUP != block[0]:
-            raise BuildError(f"{where}: {groups} consumer warp groups need a block of {groups * WARPGROUP} threads, "
+            raise self._error(f"{where}: {groups} consumer warp groups need a block of {groups * WARPGROUP} threads, "
                              f"the block has {block[0]}; make them agree")
         if bm % (MMA_M * groups):
-            raise BuildError(f"{where}: bm={bm} does not split into 64-row blocks over {groups} warp groups; use a "
+            raise self._error(f"{where}: bm={bm} does not split into 64-row blocks over {groups} warp groups; use a "
                              f"multiple of {MMA_M * groups}")
         if bn % 8 or not 8 <= bn <= MMA_MAX_N:
-            raise BuildError(f"{where}: bn={bn}: a wgmma computes N = 8..256 columns in steps of 8; use such a bn")
+            raise self._error(f"{where}: bn={bn}: a wgmma computes N = 8..256 columns in steps of 8; use such a bn")
         size = (bm // groups // MMA_M) * (bn // 2)
         buf = self.alloc(acc, "register", "float32", (size,))
         self._fragments[buf.name] = (bm, bn, groups)
@@ -84,53 +80,58 @@ class MmaBuilder:
         """Issue ``acc += a @ b^T`` on the tensor cores: ``a`` a shared [BM, BK] tile, ``b`` a shared
         [BN, BK] tile (B given K-major), both bfloat16 or both float16, their rows BK * 2 = 32, 64 or 128
         bytes and filled by TMA loads with that swizzle. ``scale_d=0`` overwrites acc instead."""
-        from .builder import BuildError, _call_site
-        where = f"mma at {_call_site()}"
+        where = self._where("mma")
         bm, bn, groups = self._mma_fragment(acc, "mma")
         a_name, b_name = self._known(a, ("buffer",), "mma"), self._known(b, ("buffer",), "mma")
         for t, nm in ((a, "a"), (b, "b")):
             if t.space != "shared" or t.dtype not in MMA_DTYPES or len(t.shape) != 2:
-                raise BuildError(f"{where}: operand {nm} ({t.name!r}, {t.space} {t.dtype} {t.shape}) must be a "
+                raise self._error(f"{where}: operand {nm} ({t.name!r}, {t.space} {t.dtype} {t.shape}) must be a "
                                  f"two-dimensional shared tile of {' or '.join(MMA_DTYPES)}")
         if a.dtype != b.dtype:
-            raise BuildError(f"{where}: operands of different types ({a.dtype}, {b.dtype}); give both one type")
+            raise self._error(f"{where}: operands of different types ({a.dtype}, {b.dtype}); give both one type")
         bk = a.shape[1]
         if a.shape != (bm, bk) or b.shape != (bn, bk):
-            raise BuildError(f"{where}: tiles a {a.shape} and b {b.shape} do not fit the accumulator's tile "
+            raise self._error(f"{where}: tiles a {a.shape} and b {b.shape} do not fit the accumulator's tile "
                              f"[{bm}, {bn}]: a must be [{bm}, BK] and b [{bn}, BK] (B given as [N, K])")
         row_bytes = bk * DTYPE_BYTES[a.dtype]
         if row_bytes not in (32, 64, 128):
-            raise BuildError(f"{where}: BK={bk} makes tile rows of {row_bytes} bytes; a row must be one swizzle "
+            raise self._error(f"{where}: BK={bk} makes tile rows of {row_bytes} bytes; a row must be one swizzle "
                              f"span (32, 64 or 128 bytes): use BK = 16, 32 or 64 for {a.dtype}")
         self._node("mma", acc=acc.name, a=a_name, b=b_name, shape=(bm, bn, bk), groups=groups, dtype=a.dtype,
                    swizzle=row_bytes, a_offset=as_term(a_offset), b_offset=as_term(b_offset),
                    scale_d=as_term(scale_d))
 
     def mma_store(self, acc, tmap, coords: Sequence[TermLike]) -> None:
-        """The epilogue: every accumulator element to the tile of tensor map ``tmap`` (box [BM, BN]) at
-        ``coords``, rounded to the tensor's dtype. Elements outside the tensor are not written. Each is a
-        ``store(..., tile=...)``: inside a serial loop the rules stage the tile and write it with one TMA
-        store (rules/tma_store.rules)."""
-        from .builder import BuildError, _call_site
-        where = f"mma_store at {_call_site()}"
+        """The epilogue: every accumulator element to the output tile at ``coords`` (row, column of its first
+        element), rounded to the tensor's dtype; elements outside the tensor are not written. ``tmap`` maps
+        the two-dimensional output with box [BM, W], W dividing BN: a serial loop walks the BN / W column
+        chunks and each element is a ``store(..., tile=...)``, so the rules stage each chunk and write it
+        with one TMA store while the next is staged (rules/tma_store.rules), in BM x W of shared memory a
+        slot. Its register indices depend on the chunk, so the rules unroll that loop (rules/mma.rules)."""
+        where = self._where("mma_store")
         bm, bn, groups = self._mma_fragment(acc, "mma_store")
         self._known(tmap, ("tensor map",), "mma_store")
         tensor = tmap.tensor
-        if tuple(tmap.box) != (bm, bn) or len(tensor.shape) != 2:
-            raise BuildError(f"{where}: tensor map {tmap.name!r} has box {tmap.box}; the accumulator's tile is "
-                             f"[{bm}, {bn}]: map the two-dimensional output with box=({bm}, {bn})")
+        width = tmap.box[-1]
+        if len(tensor.shape) != 2 or tmap.box[0] != bm or bn % width or width % 8:
+            raise self._error(f"{where}: tensor map {tmap.name!r} has box {tmap.box}; the accumulator's tile is "
+                             f"[{bm}, {bn}]: map the two-dimensional output with box ({bm}, W), W a multiple of 8 "
+                             f"dividing {bn}")
         if not isinstance(coords, (tuple, list)) or len(coords) != 2:
-            raise BuildError(f"{where}: coords {coords!r} must be (row, column) of the tile's first element")
+            raise self._error(f"{where}: coords {coords!r} must be (row, column) of the tile's first element")
         row0, col0 = (as_term(c) for c in coords)
         m, n = tensor.shape
-        half = bn // 2
+        half, chunk_regs = bn // 2, width // 2
         tid = name("threadIdx.x")
-        with self.loop(f"{acc.name}_j", bm // groups // MMA_M, kind="unroll") as j:
-            with self.loop(f"{acc.name}_r", half, kind="unroll") as r:
-                v = self.load(acc, j * half + r)
-                row, col = fragment_coords(bn, bm // groups, j, r, tid)
-                with self.if_((row0 + row).lt(m).and_((col0 + col).lt(n))):
-                    self.store(tensor, (row0 + row) * n + col0 + col, v, tile=(tmap, (row0, col0), row * bn + col))
+        with self.loop(f"{acc.name}_q", bn // width) as q:
+            with self.loop(f"{acc.name}_j", bm // groups // MMA_M, kind="unroll") as j:
+                with self.loop(f"{acc.name}_r", chunk_regs, kind="unroll") as r:
+                    reg = q * chunk_regs + r
+                    v = self.load(acc, j * half + reg)
+                    row, col = fragment_coords(bn, bm // groups, j, reg, tid)
+                    with self.if_((row0 + row).lt(m).and_((col0 + col).lt(n))):
+                        self.store(tensor, (row0 + row) * n + col0 + col, v,
+                                   tile=(tmap, (row0, col0 + q * width), row * width + col - q * width))
 
     def wgmma_fence(self) -> None:
         """``wgmma.fence``: earlier register and shared writes are seen by the next mma."""
@@ -142,5 +143,4 @@ class MmaBuilder:
 
     def wgmma_wait(self, pending: int = 0) -> None:
         """``wgmma.wait_group pending``: all but the newest ``pending`` committed groups are complete."""
-        from .builder import _call_site, _int
-        self._node("wgmma_wait", pending=_int(pending, f"wgmma_wait at {_call_site()}", "pending", 0))
+        self._node("wgmma_wait", pending=self._int_arg(pending, self._where("wgmma_wait"), "pending", 0))
