@@ -107,7 +107,8 @@ class MmaBuilder:
         the two-dimensional output with box [BM, W], W dividing BN: a serial loop walks the BN / W column
         chunks and each element is a ``store(..., tile=..., clip=True)``, so the rules stage each chunk and
         write it with one TMA store while the next is staged (rules/tma_store.rules), in BM x W of shared
-        memory a slot; the TMA store clips the box at the tensor's edges (no per-element bounds test). Its register indices depend on the chunk, so the rules unroll that loop (rules/mma.rules)."""
+        memory a slot; the TMA store clips the box at the tensor's edges, so the staged elements need no
+        bounds test. Its register indices depend on the chunk, so the rules unroll that loop (rules/mma.rules)."""
         where = self._where("mma_store")
         bm, bn, groups = self._mma_fragment(acc, "mma_store")
         self._known(tmap, ("tensor map",), "mma_store")
@@ -129,7 +130,7 @@ class MmaBuilder:
                     reg = q * chunk_regs + r
                     v = self.load(acc, j * half + reg)
                     row, col = fragment_coords(bn, bm // groups, j, reg, tid)
-                    # no bounds test: the TMA store clips the box (clip=True: the rules must stage it)
+                    # clip: a bounds test the rules drop once the element goes to a staging slot
                     self.store(tensor, (row0 + row) * n + col0 + col, v,
                                tile=(tmap, (row0, col0 + q * width), row * width + col - q * width), clip=True)
 
