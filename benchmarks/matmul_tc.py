@@ -31,6 +31,8 @@ WS = {"warp_specialize": True, "registers": (40, 232)}
 DEFAULT = {"stages": 4}  # the kernel's defaults: 128x256x64 tiles, two consumer warp groups, group_m 8
 VARIANTS = {
     "128x256x64 S=4 (default)": DEFAULT,
+    "128x256x64 S=4 persistent": {"stages": 4, "persistent": "sms"},  # one block an SM
+    "128x256x64 S=4 persistent, no register sharing": {"stages": 4, "persistent": "sms", "registers": None},
     "128x256x64 S=3": {"stages": 3},
     "128x256x64 S=4 row order (group_m=1)": {"stages": 4, "group_m": 1},
     "128x256x64 S=4 registers 24/240": {"stages": 4, "registers": (24, 240)},
@@ -62,7 +64,7 @@ def _time_interleaved(launches: dict, torch, rounds: int = 9, per_round: int = 5
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def _sass_summary(ck, out: Path) -> dict:
+def _sass_summary(ck, out: Path, stem: str) -> dict:
     from benchmarks.sass import _INSTR, loop_histograms
     tool = shutil.which("cuobjdump")
     r = ck.cubin.resources
@@ -70,16 +72,15 @@ def _sass_summary(ck, out: Path) -> dict:
             "stack_bytes": r.stack_bytes, "shared_bytes": ck.source.shared_bytes}
     if not tool:
         return info
-    cubin = out / "matmul_tc_default.cubin"
+    cubin = out / f"{stem}.cubin"
     cubin.write_bytes(ck.cubin.cubin)
     sass = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-    (out / "matmul_tc_default.sass").write_text(sass)
+    (out / f"{stem}.sass").write_text(sass)
     ops = collections.Counter(m.group(3) for m in map(_INSTR.match, sass.splitlines()) if m)
     loops = loop_histograms(sass)
     main = max(loops, key=lambda h: sum(v for o, v in h.items() if o.startswith("HGMMA")), default=collections.Counter())
     info.update(HGMMA=sum(n for op, n in ops.items() if op.startswith("HGMMA")), LDL=ops["LDL"], STL=ops["STL"],
-                USETMAXREG=ops["USETMAXREG"],
-                main_loop=dict(main.most_common(12)))
+                USETMAXREG=ops["USETMAXREG"], main_loop=dict(main.most_common(12)))
     return info
 
 
@@ -98,7 +99,9 @@ def main(argv=None) -> int:
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    variants = VARIANTS if a.sweep else {k: v for k, v in VARIANTS.items() if v is DEFAULT}
+    variants = VARIANTS if a.sweep else {k: v for k, v in VARIANTS.items() if v is DEFAULT or "persistent" in k}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    variants = {label: {k: sms if v == "sms" else v for k, v in kw.items()} for label, kw in variants.items()}
     compiled = {label: api.compile(matmul_tc(**{**WS, **kw})) for label, kw in variants.items()}
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -135,7 +138,8 @@ def main(argv=None) -> int:
             print(f"{m}x{n}x{k} {label}: {row['tflops']:.1f} TFLOP/s ({row['ms']:.3f} ms) err {err:.3g}"
                   f"{'' if ok else ' WRONG'}" + (f" [{row['config']}]" if 'config' in row else ''), flush=True)
         del x, w, ref
-    sass = _sass_summary(compiled["128x256x64 S=4 (default)"], out)
+    sass = {"default": _sass_summary(compiled["128x256x64 S=4 (default)"], out, "matmul_tc_default"),
+            "persistent": _sass_summary(compiled["128x256x64 S=4 persistent"], out, "matmul_tc_persistent")}
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "rounds": a.rounds, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sass": sass}
     (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
@@ -155,11 +159,10 @@ def _table(rows: list, meta: dict) -> str:
             name = r["impl"] + (f" [{r['config']}]" if "config" in r else "") + ("" if r["ok"] else " (WRONG)")
             lines.append(f"| {'x'.join(map(str, shape))} | {name} | {r['tflops']:.1f} | "
                          f"{r['tflops'] / base['torch.matmul']:.2f} | {r['tflops'] / base['triton']:.2f} |")
-    s = meta["sass"]
-    lines += ["", f"SASS of the default matmul_tc: {s.get('HGMMA', '?')} HGMMA, {s.get('LDL', '?')} LDL / "
-              f"{s.get('STL', '?')} STL, {s.get('USETMAXREG', '?')} USETMAXREG; {s['registers']} registers, "
-              f"{s['spill_stores']}/{s['spill_loads']} B spill stores/loads, {s['shared_bytes']} B shared memory",
-              f"main loop: {s.get('main_loop', '?')}"]
+    for which, s in meta["sass"].items():
+        lines += ["", f"SASS of the {which} matmul_tc: {s.get('HGMMA', '?')} HGMMA, {s.get('LDL', '?')} LDL / "
+                  f"{s.get('STL', '?')} STL, {s.get('USETMAXREG', '?')} USETMAXREG; {s['registers']} registers, "
+                  f"{s['spill_stores']}/{s['spill_loads']} B spill stores/loads, {s['shared_bytes']} B shared memory"]
     return "\n".join(lines) + "\n"
 
 

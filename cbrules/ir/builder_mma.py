@@ -72,9 +72,14 @@ class MmaBuilder:
         size = (bm // groups // MMA_M) * (bn // 2)
         buf = self.alloc(acc, "register", "float32", (size,))
         self._fragments[buf.name] = (bm, bn, groups)
-        with self.loop(f"{acc}_zero", size, kind="unroll") as i:
-            self.store(buf, i, 0.0)
+        self.mma_zero(buf)
         return buf
+
+    def mma_zero(self, acc) -> None:
+        """Zero an accumulator again (the next tile of a persistent block)."""
+        bm, bn, groups = self._mma_fragment(acc, "mma_zero")
+        with self.loop(f"{acc.name}_zero", (bm // groups // MMA_M) * (bn // 2), kind="unroll") as i:
+            self.store(acc, i, 0.0)
 
     def mma(self, acc, a, b, a_offset: TermLike = 0, b_offset: TermLike = 0, scale_d: TermLike = 1) -> None:
         """Issue ``acc += a @ b^T`` on the tensor cores: ``a`` a shared [BM, BK] tile, ``b`` a shared
