@@ -14,7 +14,7 @@ from ..ir.mma_layout import tma_tile_descriptor
 from .errors import CodegenError
 
 _PTX_TYPE = {"bfloat16": "bf16", "float16": "f16"}
-_SWIZZLE_MODE = {128: 1, 64: 2, 32: 3}  # the descriptor's bits 62-63 per swizzle span in bytes
+_SPANS = (32, 64, 128)  # the swizzle spans a K-major tile row may have (one row = one span)
 MMA_M, MMA_K = 64, 16
 
 FENCE_PRELUDE = r"""// warpgroup MMA ordering (wgmma.fence / commit_group / wait_group)
@@ -39,7 +39,7 @@ def descriptor_fields(rows: int, swizzle: int) -> int:
     """The constant bits of the matrix descriptor of a K-major tile of ``rows`` rows, each one
     ``swizzle``-byte span (leading and stride byte offsets, base offset, swizzle mode): the model's
     descriptor (:func:`cbrules.ir.mma_layout.tma_tile_descriptor`) at start address 0."""
-    if swizzle not in _SWIZZLE_MODE:
+    if swizzle not in _SPANS:
         raise CodegenError(f"mma: swizzle {swizzle!r} is not a span of 32, 64 or 128 bytes")
     return tma_tile_descriptor(0, rows, swizzle, "k").encode()
 
@@ -65,7 +65,7 @@ def instruction_helper(n: int, dtype: str) -> str:
             f'               : "l"(da), "l"(db), "r"(scale_d) : "memory");\n}}')
 
 
-def check(a: Any, ident: Callable[[Any], str], as_int: Callable[..., int]) -> tuple[int, int, int, int, int, str]:
+def check(a: Any, as_int: Callable[..., int]) -> tuple[int, int, int, int, int, str]:
     """(BM, BN, BK, groups, swizzle, dtype) of an mma node, each checked before it reaches the text."""
     shape = a["shape"]
     if not (isinstance(shape, tuple) and len(shape) == 3):
@@ -77,7 +77,7 @@ def check(a: Any, ident: Callable[[Any], str], as_int: Callable[..., int]) -> tu
     if dtype not in _PTX_TYPE:
         raise CodegenError(f"mma into {a['acc']}: dtype {dtype!r} is not one of {', '.join(_PTX_TYPE)}")
     if bm % (MMA_M * groups) or bn % 8 or not 8 <= bn <= 256 or bk % MMA_K or bk * 2 != swizzle \
-            or swizzle not in _SWIZZLE_MODE:
+            or swizzle not in _SPANS:
         raise CodegenError(f"mma into {a['acc']}: tile {shape} over {groups} warp groups with swizzle {swizzle} is "
                            "not a whole number of m64nNk16 instructions on one-span rows")
     return bm, bn, bk, groups, swizzle, dtype
@@ -85,7 +85,7 @@ def check(a: Any, ident: Callable[[Any], str], as_int: Callable[..., int]) -> tu
 
 def statement(a: Any, ident: Callable[[Any], str], as_int: Callable[..., int], c_term: Callable) -> str:
     """The C block of one mma node."""
-    bm, bn, bk, groups, swizzle, dtype = check(a, ident, as_int)
+    bm, bn, bk, groups, swizzle, dtype = check(a, as_int)
     acc, at, bt = ident(a["acc"]), ident(a["a"]), ident(a["b"])
     rows = bm // groups
     fields_a, fields_b = descriptor_fields(bm, swizzle), descriptor_fields(bn, swizzle)
