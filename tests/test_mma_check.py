@@ -205,6 +205,10 @@ def test_an_mma_reading_another_swizzle_than_the_tma_wrote_is_named(proto):
     g.tma_written(tile, 1024, 1024, 0)
     with pytest.raises(SwizzleMismatch, match="used no swizzle"):
         g.issue(3, 0, WG0, "acc", [(tile, np.arange(1024, 1100))], 128, _site)
+    g.stored(tile, np.arange(1024, 1100), WG1, _site)  # threads wrote them since: no TMA layout to compare
+    g.issue(4, 0, WG0, "acc", [(tile, np.arange(1024, 1100))], 128, _site)
+    with pytest.raises(protocol.WarHazard, match=r"thread 128 writes tile\[0\] while the mma #1"):
+        g.stored(tile, np.arange(0, 10), WG1, _site)  # ... but not while an mma reads them
 
 
 # ----------------------------------------------------------------------------- codegen against the model
