@@ -54,7 +54,10 @@ def test_consumer_keeps_one_mma_group_in_flight():
 def test_previous_slot_is_released():
     src = api.generate(matmul_tc(stages=3, **WS)).text
     assert "cb_mbar_arrive(cb_smem_addr(&cb_empty_6[(t + 2) % 3]));" in src
-    assert src.count("cb_wgmma_wait<1>();") == 1 and src.count("cb_wgmma_wait<0>();") == 1
+    # one group in flight; the last iteration waits for all; so does the code after the loop (a no-op
+    # there, which lets ptxas see every group complete before the accumulators are read)
+    assert src.count("cb_wgmma_wait<1>();") == 1 and src.count("cb_wgmma_wait<0>();") == 2
+    assert "C7518" not in api.compile(matmul_tc(stages=3, **WS)).cubin.log  # no serialized wgmma
 
 
 @pytest.mark.parametrize("war", ["sync", "mbarrier"])
@@ -167,3 +170,85 @@ def test_builder_refusals():
     f = k.alloc("f_t", "shared", "float32", (64, 64))
     with pytest.raises(BuildError, match="two-dimensional shared tile"):
         k.mma(acc, f, f)
+
+
+def test_epilogue_stores_are_clipped_by_the_tma_store_not_tested_per_element():
+    src = api.generate(matmul_tc(stages=4, **WS)).text
+    body = src[src.index("acc_q"):src.index("cb_tma_store_async(&c_tmap")]
+    assert " < M" not in body and " < N" not in body  # no bounds test: the TMA store clips the box
+
+
+def test_without_staging_the_tile_stores_keep_their_bounds_test(tmp_path):
+    (tmp_path / "off.rules").write_text("(disable tma-store-stage)\n")
+    src = api.generate(matmul_tc(stages=4, **WS), rules=[str(tmp_path)]).text
+    assert "< M" in src and "< N" in src and "cb_tma_store" not in src.split("extern")[1]
+
+
+def test_clip_needs_a_tile():
+    k = Kernel("t", block=128)
+    n = k.symbol("N")
+    x = k.tensor("x", (n,))
+    with pytest.raises(BuildError, match="clip=True needs tile="):
+        k.store(x, 0, 1.0, clip=True)
+
+
+def test_persistent_blocks_count_their_iterations_across_tiles():
+    src = api.generate(matmul_tc(stages=4, persistent=132, **WS)).text.split('extern "C"')[1]
+    g = "((tile - (int)blockIdx.x) / 132 * cb_ceil_div(K, 64) + t)"
+    consumer, producer = src.split("} else {")[-2:]
+    assert f"cb_mbar_wait(cb_smem_addr(&cb_full_7[{g} % 4]), {g} / 4 % 2);" in consumer
+    assert f"cb_mbar_wait(cb_smem_addr(&cb_empty_7[{g} % 4]), {g} / 4 % 2);" in producer
+    assert "for (int tile = (int)blockIdx.x;" in producer  # the producer walks the same tiles
+    # barriers initialised once before the roles, slots freed once before the walk, invalidated at the end
+    assert src.count("cb_mbar_init(") == 2 and src.count("cb_mbar_inval(") == 2
+    assert consumer.index("for (int cb_k = 0;") < consumer.index("for (int tile =") < consumer.index("cb_mbar_inval(")
+
+
+def test_persistent_variants_compile_without_spills_or_serialized_wgmma():
+    for kw in (dict(stages=4), dict(stages=4, out_dtype="float32"), dict(stages=5, bn=128)):
+        ck = api.compile(matmul_tc(persistent=132, **kw, **WS))
+        r = ck.cubin.resources
+        assert r.spill_stores == 0 and r.stack_bytes == 0 and "C7518" not in ck.cubin.log, kw
+
+
+@pytest.mark.parametrize("kw,needle", [(dict(persistent=132, stages=3), "needs warp_specialize=True"),
+                                       (dict(persistent=132, bn=64, **WS), "even number"),
+                                       (dict(persistent=-1, **WS), "persistent=-1")])
+def test_persistent_refusals(kw, needle):
+    with pytest.raises(MatmulTileError, match=needle):
+        matmul_tc(**kw)
+
+
+def _walk_kernel(depth=1, bounds_use_outer=False):
+    k = Kernel("t", block=256)
+    m, n, kk = k.symbol("M"), k.symbol("N"), k.symbol("K")
+    a, b = k.tensor("a", (m, kk), "bfloat16"), k.tensor("b", (n, kk), "bfloat16")
+    a_map = k.tensor_map(a, box=(128, 64), swizzle="128B")
+    b_map = k.tensor_map(b, box=(128, 64), swizzle="128B")
+    a_t = k.alloc("a_t", "shared", "bfloat16", (128, 64), align=1024)
+    b_t = k.alloc("b_t", "shared", "bfloat16", (128, 64), align=1024)
+    acc = k.mma_accumulator(128, 128)
+    def body(o):
+        stop = ceil_div(kk, 64) + o if bounds_use_outer else ceil_div(kk, 64)
+        with k.loop("t", stop, circular_buffer=circular_buffer(3, warp_specialize=True)) as t:
+            k.tma_load(a_map, (0, t * 64), a_t)
+            k.tma_load(b_map, (0, t * 64), b_t)
+            k.mma(acc, a_t, b_t)
+    with k.loop("o", 4) as o:
+        if depth > 1:
+            with k.loop("p", 2):
+                body(o)
+        else:
+            body(o)
+    return k
+
+
+@pytest.mark.parametrize("kw,code", [(dict(depth=2), "ws-nested"), (dict(bounds_use_outer=True), "ws-nested-trips")])
+def test_walk_refusals(kw, code):
+    with pytest.raises(LoweringError) as e:
+        api.lower(_walk_kernel(**kw))
+    assert e.value.code == code, str(e.value)
+
+
+def test_a_walk_of_one_level_lowers():
+    assert api.generate(_walk_kernel()).text.split('extern "C"')[1].count("cb_mbar_init(") == 2

@@ -1,6 +1,7 @@
 """matmul_tc (wgmma tensor cores) on a Hopper GPU against a float64 numpy reference: S in 2..5 x the
 shapes of its spec (128x128x64, 500x1000x304, 1024x2048x4096, ragged 129x264x72) warp-specialized, the
-output dtypes, the tile variants and the non-warp-specialized lowerings; outputs poisoned first."""
+output dtypes, the tile variants, persistent blocks and the non-warp-specialized lowerings; outputs
+poisoned first."""
 import numpy as np
 import pytest
 
@@ -74,3 +75,16 @@ def test_k_not_a_multiple_of_8_is_padded_with_zeros():
     pad = {"a": np.pad(args["a"], ((0, 0), (0, 4))), "b": np.pad(args["b"], ((0, 0), (0, 4))), "c": args["c"]}
     ck = _compiled(stages=4, **WS)
     assert not poisoned_run(ck, pad, want, SPEC.outputs, *SPEC.tolerances((m, n, k), "bfloat16"), (m, n, k))
+
+
+@pytest.mark.parametrize("blocks,stages,bn", [(132, 4, 256), (3, 3, 256), (5, 5, 128), (1, 2, 128)])
+def test_persistent_blocks(blocks, stages, bn):
+    # few blocks walk many tiles: the slots, phases and staging slots run on across tiles
+    ck = _compiled(stages=stages, bn=bn, persistent=blocks, **WS)
+    failures = [f for shape in SPEC.shapes + ((1000, 520, 136),) for f in _run(ck, shape, seed=blocks)]
+    assert not failures, "\n".join(failures)
+
+
+def test_persistent_float32_output():
+    ck = _compiled(stages=4, out_dtype="float32", persistent=7, **WS)
+    assert not _run(ck, (500, 1000, 304), "bfloat16", "float32")

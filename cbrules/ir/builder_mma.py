@@ -72,9 +72,14 @@ class MmaBuilder:
         size = (bm // groups // MMA_M) * (bn // 2)
         buf = self.alloc(acc, "register", "float32", (size,))
         self._fragments[buf.name] = (bm, bn, groups)
-        with self.loop(f"{acc}_zero", size, kind="unroll") as i:
-            self.store(buf, i, 0.0)
+        self.mma_zero(buf)
         return buf
+
+    def mma_zero(self, acc) -> None:
+        """Zero an accumulator again (the next tile of a persistent block)."""
+        bm, bn, groups = self._mma_fragment(acc, "mma_zero")
+        with self.loop(f"{acc.name}_zero", (bm // groups // MMA_M) * (bn // 2), kind="unroll") as i:
+            self.store(acc, i, 0.0)
 
     def mma(self, acc, a, b, a_offset: TermLike = 0, b_offset: TermLike = 0, scale_d: TermLike = 1) -> None:
         """Issue ``acc += a @ b^T`` on the tensor cores: ``a`` a shared [BM, BK] tile, ``b`` a shared
@@ -105,9 +110,10 @@ class MmaBuilder:
         """The epilogue: every accumulator element to the output tile at ``coords`` (row, column of its first
         element), rounded to the tensor's dtype; elements outside the tensor are not written. ``tmap`` maps
         the two-dimensional output with box [BM, W], W dividing BN: a serial loop walks the BN / W column
-        chunks and each element is a ``store(..., tile=...)``, so the rules stage each chunk and write it
-        with one TMA store while the next is staged (rules/tma_store.rules), in BM x W of shared memory a
-        slot. Its register indices depend on the chunk, so the rules unroll that loop (rules/mma.rules)."""
+        chunks and each element is a ``store(..., tile=..., clip=True)``, so the rules stage each chunk and
+        write it with one TMA store while the next is staged (rules/tma_store.rules), in BM x W of shared
+        memory a slot; the TMA store clips the box at the tensor's edges, so the staged elements need no
+        bounds test. Its register indices depend on the chunk, so the rules unroll that loop (rules/mma.rules)."""
         where = self._where("mma_store")
         bm, bn, groups = self._mma_fragment(acc, "mma_store")
         self._known(tmap, ("tensor map",), "mma_store")
@@ -120,7 +126,7 @@ class MmaBuilder:
         if not isinstance(coords, (tuple, list)) or len(coords) != 2:
             raise self._error(f"{where}: coords {coords!r} must be (row, column) of the tile's first element")
         row0, col0 = (as_term(c) for c in coords)
-        m, n = tensor.shape
+        n = tensor.shape[1]
         half, chunk_regs = bn // 2, width // 2
         tid = name("threadIdx.x")
         with self.loop(f"{acc.name}_q", bn // width) as q:
@@ -129,9 +135,9 @@ class MmaBuilder:
                     reg = q * chunk_regs + r
                     v = self.load(acc, j * half + reg)
                     row, col = fragment_coords(bn, bm // groups, j, reg, tid)
-                    with self.if_((row0 + row).lt(m).and_((col0 + col).lt(n))):
-                        self.store(tensor, (row0 + row) * n + col0 + col, v,
-                                   tile=(tmap, (row0, col0 + q * width), row * width + col - q * width))
+                    # clip: a bounds test the rules drop once the element goes to a staging slot
+                    self.store(tensor, (row0 + row) * n + col0 + col, v,
+                               tile=(tmap, (row0, col0 + q * width), row * width + col - q * width), clip=True)
 
     def wgmma_fence(self) -> None:
         """``wgmma.fence``: earlier register and shared writes are seen by the next mma."""

@@ -50,11 +50,13 @@ def _grouped_order(pid: Term, tiles_m: Term, tiles_n: Term, group_m: int) -> tup
 
 def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_specialize: bool = False,
               registers=None, dtype: str = "bfloat16", out_dtype: Optional[str] = None, bm: int = BM, bn: int = BN,
-              bk: int = BK, groups: int = GROUPS, group_m: int = GROUP_M) -> Kernel:
+              bk: int = BK, groups: int = GROUPS, group_m: int = GROUP_M, persistent: int = 0) -> Kernel:
     """``c = a @ b^T`` in ``bm`` x ``bn`` tiles on ``groups`` consumer warp groups, ``bk`` of K a stage;
     ``out_dtype`` (bfloat16, float16, float32; default ``dtype``) is c's type. Blocks take tiles in groups
     of ``group_m`` tile rows, column by column inside a group, so the blocks running at once share
-    their A and B panels in L2 (``group_m=1``: row by row)."""
+    their A and B panels in L2 (``group_m=1``: row by row). ``persistent=P`` (warp-specialized only)
+    launches at most P blocks (e.g. the SM count) that each walk tiles blockIdx.x, blockIdx.x + P, ...:
+    the producer loads the next tile while the consumers store the last."""
     out_dtype = dtype if out_dtype is None else out_dtype
     if dtype not in MMA_DTYPES or out_dtype not in OUT_DTYPES:
         raise MatmulTileError(f"matmul_tc: dtype {dtype!r} / out_dtype {out_dtype!r}: the tensor cores take "
@@ -71,6 +73,14 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
                                   f"{SHARED_BYTES} a block may have; use fewer stages or a smaller tile")
     if not isinstance(groups, int) or isinstance(groups, bool) or not 1 <= groups <= 4:
         raise MatmulTileError(f"matmul_tc: groups={groups!r}: use 1 to 4 consumer warp groups")
+    if not isinstance(persistent, int) or isinstance(persistent, bool) or persistent < 0 \
+            or (persistent and not warp_specialize):
+        raise MatmulTileError(f"matmul_tc: persistent={persistent!r}: give the number of blocks (0: one a tile); "
+                              "a persistent block needs warp_specialize=True (its producer runs across tiles)")
+    if persistent and isinstance(bn, int) and (bn // store_cols(bn, out_dtype)) % 2:
+        raise MatmulTileError(f"matmul_tc: persistent with bn={bn}: the epilogue's two staging slots alternate "
+                              f"across tiles only with an even number of {store_cols(bn, out_dtype)}-column chunks; "
+                              "use bn = 128 or 256")
     if not isinstance(group_m, int) or isinstance(group_m, bool) or group_m < 1:
         raise MatmulTileError(f"matmul_tc: group_m={group_m!r}: give the tile rows of a raster group, 1 or more")
     k = Kernel("matmul_tc", block=128 * groups)
@@ -84,14 +94,24 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
     a_tile = k.alloc("a_tile", "shared", dtype, (bm, bk), align=1024)
     b_tile = k.alloc("b_tile", "shared", dtype, (bn, bk), align=1024)
     tiles_m, tiles_n = ceil_div(m, bm), ceil_div(n, bn)
-    k.grid(tiles_m * tiles_n)
-    tile_m, tile_n = _grouped_order(blockIdx.x, tiles_m, tiles_n, group_m)
-    row0, col0 = tile_m * bm, tile_n * bn
     acc = k.mma_accumulator(bm, bn, groups=groups)
     cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
-    with k.loop("t", ceil_div(kk, bk), circular_buffer=cb) as t:
-        k.tma_load(a_map, (row0, t * bk), a_tile)  # past K: zeros on both sides, adding nothing
-        k.tma_load(b_map, (col0, t * bk), b_tile)
-        k.mma(acc, a_tile, b_tile)
-    k.mma_store(acc, c_map, (row0, col0))  # staged and TMA-stored by the rules, a column chunk at a time
+
+    def tile_step(tile):
+        tile_m, tile_n = _grouped_order(tile, tiles_m, tiles_n, group_m)
+        row0, col0 = tile_m * bm, tile_n * bn
+        with k.loop("t", ceil_div(kk, bk), circular_buffer=cb) as t:
+            k.tma_load(a_map, (row0, t * bk), a_tile)  # past K: zeros on both sides, adding nothing
+            k.tma_load(b_map, (col0, t * bk), b_tile)
+            k.mma(acc, a_tile, b_tile)
+        k.mma_store(acc, c_map, (row0, col0))  # staged and TMA-stored by the rules, a column chunk at a time
+
+    if not persistent:
+        k.grid(tiles_m * tiles_n)
+        tile_step(blockIdx.x)
+        return k
+    k.grid(call("min", tiles_m * tiles_n, persistent))
+    with k.loop("tile", blockIdx.x, tiles_m * tiles_n, persistent) as tile:
+        tile_step(tile)
+        k.mma_zero(acc)  # for the next tile (the last wgmma group has completed)
     return k
