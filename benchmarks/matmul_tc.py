@@ -78,7 +78,8 @@ def _sass_summary(ck, out: Path, stem: str) -> dict:
     (out / f"{stem}.sass").write_text(sass)
     ops = collections.Counter(m.group(3) for m in map(_INSTR.match, sass.splitlines()) if m)
     loops = loop_histograms(sass)
-    main = max(loops, key=lambda h: sum(v for o, v in h.items() if o.startswith("HGMMA")), default=collections.Counter())
+    main = max(loops, key=lambda h: sum(v for o, v in h.items() if o.startswith("HGMMA")),
+               default=collections.Counter())
     info.update(HGMMA=sum(n for op, n in ops.items() if op.startswith("HGMMA")), LDL=ops["LDL"], STL=ops["STL"],
                 USETMAXREG=ops["USETMAXREG"], main_loop=dict(main.most_common(12)))
     return info

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..ir.mma_layout import tma_tile_descriptor
 from .errors import CodegenError
 
 _PTX_TYPE = {"bfloat16": "bf16", "float16": "f16"}
@@ -28,20 +29,25 @@ template <int N> __device__ __forceinline__ void cb_fence_acc(float* d) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
 }
 // a shared-memory matrix descriptor: the start address (bits 0-13, in 16-byte units) over the
-// constant fields (leading / stride byte offsets, base offset, swizzle mode)
-__device__ __forceinline__ unsigned long long cb_wgmma_desc(unsigned addr, unsigned long long fields) {
-  return fields | (unsigned long long)((addr & 0x3FFFF) >> 4);
+// constant fields (leading / stride byte offsets, base offset, swizzle mode), given as two halves
+__device__ __forceinline__ unsigned long long cb_wgmma_desc(unsigned addr, unsigned hi, unsigned lo) {
+  return ((unsigned long long)hi << 32 | lo) | (unsigned long long)((addr & 0x3FFFF) >> 4);
 }"""
 
 
-def descriptor_fields(swizzle: int) -> int:
-    """The constant bits of the matrix descriptor of a K-major tile whose rows are one ``swizzle``-byte
-    span: leading byte offset 16 (unused by swizzled K-major layouts), stride byte offset = 8 rows,
-    base offset 0 (tiles start on the pattern's repeat), swizzle mode."""
+def descriptor_fields(rows: int, swizzle: int) -> int:
+    """The constant bits of the matrix descriptor of a K-major tile of ``rows`` rows, each one
+    ``swizzle``-byte span (leading and stride byte offsets, base offset, swizzle mode): the model's
+    descriptor (:func:`cbrules.ir.mma_layout.tma_tile_descriptor`) at start address 0."""
     if swizzle not in _SWIZZLE_MODE:
         raise CodegenError(f"mma: swizzle {swizzle!r} is not a span of 32, 64 or 128 bytes")
-    lbo, sbo = 16, 8 * swizzle
-    return ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (_SWIZZLE_MODE[swizzle] << 62)
+    return tma_tile_descriptor(0, rows, swizzle, "k").encode()
+
+
+def start_offset(first_row: int, swizzle: int, rows: int, kstep: int) -> int:
+    """Bytes from the tile's start to k-step ``kstep`` of the 64 rows from ``first_row`` (the model's
+    descriptor start, so codegen and the interpreter agree on every instruction's operand)."""
+    return tma_tile_descriptor(first_row * swizzle, rows, swizzle, "k", kstep).start
 
 
 def instruction_helper(n: int, dtype: str) -> str:
@@ -81,19 +87,24 @@ def statement(a: Any, ident: Callable[[Any], str], as_int: Callable[..., int], c
     """The C block of one mma node."""
     bm, bn, bk, groups, swizzle, dtype = check(a, ident, as_int)
     acc, at, bt = ident(a["acc"]), ident(a["a"]), ident(a["b"])
-    fields = descriptor_fields(swizzle)
     rows = bm // groups
+    fields_a, fields_b = descriptor_fields(bm, swizzle), descriptor_fields(bn, swizzle)
     fn = f"cb_wgmma_n{bn}_{_PTX_TYPE[dtype]}"
     scale = c_term(a["scale_d"])
     lines = [f"{{ const unsigned cb_a = cb_smem_addr({at} + {c_term(a['a_offset'])}) + "
-             f"((int)threadIdx.x / 128) * {rows * swizzle}u;",
+             f"((int)threadIdx.x / 128) * {rows * swizzle};",
              f"  const unsigned cb_b = cb_smem_addr({bt} + {c_term(a['b_offset'])});"]
     for j in range(rows // MMA_M):
         for s in range(bk // MMA_K):
             sd = scale if s == 0 else "1"
-            lines.append(f"  {fn}({acc} + {j * (bn // 2)}, cb_wgmma_desc(cb_a + {j * MMA_M * swizzle + 32 * s}u, "
-                         f"{fields}ull), cb_wgmma_desc(cb_b + {32 * s}u, {fields}ull), {sd});")
+            da = f"cb_wgmma_desc(cb_a + {start_offset(j * MMA_M, swizzle, bm, s)}, {_halves(fields_a)})"
+            db = f"cb_wgmma_desc(cb_b + {start_offset(0, swizzle, bn, s)}, {_halves(fields_b)})"
+            lines.append(f"  {fn}({acc} + {j * (bn // 2)}, {da}, {db}, {sd});")
     return "\n".join(lines) + " }"
+
+
+def _halves(bits: int) -> str:
+    return f"{bits >> 32}, {bits & 0xFFFFFFFF}"
 
 
 def helpers(mmas: list[Any]) -> list[str]:

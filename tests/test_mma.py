@@ -85,9 +85,9 @@ def test_variants_compile_without_spills(kw):
 
 def test_descriptor_fields_for_each_swizzle():
     # LBO 16 B (field 1), SBO 8 rows of the span, swizzle mode in bits 62-63 (1 = 128B, 2 = 64B, 3 = 32B)
-    assert descriptor_fields(128) == (1 << 16) | (64 << 32) | (1 << 62)
-    assert descriptor_fields(64) == (1 << 16) | (32 << 32) | (2 << 62)
-    assert descriptor_fields(32) == (1 << 16) | (16 << 32) | (3 << 62)
+    assert descriptor_fields(128, 128) == (1 << 16) | (64 << 32) | (1 << 62)
+    assert descriptor_fields(64, 64) == (1 << 16) | (32 << 32) | (2 << 62)
+    assert descriptor_fields(256, 32) == (1 << 16) | (16 << 32) | (3 << 62)
 
 
 @pytest.mark.parametrize("bn,groups", [(16, 1), (256, 2)])
@@ -99,6 +99,15 @@ def test_fragment_coordinates_cover_the_tile_once(bn, groups):
         row, col = fragment_coords(bn, rows, 0, r, "tid")
         seen.add((evaluate(row, {"tid": tid}), evaluate(col, {"tid": tid})))
     assert seen == {(i, j) for i in range(rows * groups) for j in range(bn)}
+
+
+def test_fragment_coordinates_are_the_models():
+    # the builder's terms and the interpreter's layout (cbrules.ir.mma_layout) name the same element
+    from cbrules.ir import mma_layout
+    for tid, r in itertools.product(range(128), range(32)):
+        row, col = fragment_coords(64, 64, 0, r, "tid")
+        assert (evaluate(row, {"tid": tid}), evaluate(col, {"tid": tid})) == \
+            tuple(int(x) for x in mma_layout.fragment_coords(tid, r, 64))
 
 
 def test_matmul_tc_is_no_seed_kernel_and_takes_only_half_types():

@@ -230,8 +230,8 @@ def test_an_mma_reading_another_swizzle_than_the_tma_wrote_is_named(proto):
 
 # ----------------------------------------------------------------------------- codegen against the model
 
-_DESC_CALL = re.compile(r"cb_wgmma_desc\(cb_([ab]) \+ (\d+)u, (\d+)ull\)")
-_GROUP_ROWS = re.compile(r"const unsigned cb_a = .*\(\(int\)threadIdx\.x / 128\) \* (\d+)u;")
+_DESC_CALL = re.compile(r"cb_wgmma_desc\(cb_([ab]) \+ (\d+), (\d+), (\d+)\)")
+_GROUP_ROWS = re.compile(r"const unsigned cb_a = .*\(\(int\)threadIdx\.x / 128\) \* (\d+);")
 
 
 @pytest.mark.parametrize("bm, bn, bk, groups", [(128, 256, 64, 2), (256, 128, 64, 2), (128, 64, 32, 1),
@@ -249,6 +249,6 @@ def test_generated_descriptors_are_the_models(bm, bn, bk, groups):
     steps = [(j, s) for j in range(rows // MMA_M) for s in range(bk // MMA_K)]
     assert len(calls) == 2 * len(steps) * len(nodes), text
     for (j, s), (a, b) in zip(steps * len(nodes), zip(calls[::2], calls[1::2])):
-        for (which, off, fields), start, box_rows in ((a, MMA_M * j * span, bm), (b, 0, bn)):
+        for (which, off, hi, lo), start, box_rows in ((a, MMA_M * j * span, bm), (b, 0, bn)):
             want = tma_tile_descriptor(start, box_rows, span, "k", s)
-            assert int(fields) | (int(off) >> 4) == want.encode(), (which, j, s)
+            assert (int(hi) << 32 | int(lo)) | (int(off) >> 4) == want.encode(), (which, j, s)

@@ -57,7 +57,7 @@ class KernelSpec:
     swizzles: bool = False  # it can read its inputs from swizzled tiles
     seed: bool = True  # one of the seed's test matrix (the CPU differential matrix runs every such kernel)
 
-    def build(self, shape: Optional[tuple] = None, trips: Optional[int] = None, dtype: str = "float32",
+    def build(self, shape: Optional[tuple] = None, trips: Optional[int] = None, dtype: Optional[str] = None,
               tma_store: bool = False, swizzle: str = "none", **options) -> Kernel:
         """The kernel for ``shape`` (only kernels specialised at build time look at it) with
         circular-buffer ``options`` (stages, prefetch, war, warp_specialize, registers) where the
@@ -66,6 +66,7 @@ class KernelSpec:
         arithmetic is float32 either way); ``tma_store`` writes each output tile with one TMA store
         (kernels with ``tile_output`` only); ``swizzle`` (32B, 64B, 128B) has the input tiles arrive
         swizzled (kernels with ``swizzles`` only)."""
+        dtype = self.dtypes[0] if dtype is None else dtype  # float32 wherever the kernel takes it
         if dtype not in self.dtypes:
             raise UnsupportedDtypeError(f"kernel {self.name}: dtype {dtype!r} is not supported; it is built for "
                                         f"{', '.join(self.dtypes)}")
