@@ -17,6 +17,7 @@ from cbrules.kernels import KERNELS
 from cbrules.reference import protocol
 from cbrules.reference.hazards import Site
 from cbrules.reference.interp import run
+from cbrules.reference.interp_mma import MmaIssueError
 from cbrules.reference.mma_groups import AccumulatorInFlight, MissingWgmmaFence, MmaInFlight, SwizzleMismatch
 from rulekit import write_rules
 
@@ -46,6 +47,16 @@ WRONG_SWIZZLE = """
   :rewrite ((set ?m :swizzle 64)))
 """
 
+# the node claims one warp group computes the whole tile while two issue it
+ONE_GROUP = """
+(graph-rule mut-mma-one-group
+  :doc "an mma whose groups attribute disagrees with the warp groups that issue it"
+  :phase cb-stage
+  :after (mma-fence-commit)
+  :match ((mma ?m :groups 2 :tag "cb-mma"))
+  :rewrite ((set ?m :groups 1)))
+"""
+
 MUTATIONS = {
     # name: (rule text, warp-specialized, failures that count as caught)
     "control": ("", False, ()),
@@ -57,6 +68,7 @@ MUTATIONS = {
     # group reading it is still in flight: no wait_group before the release
     "release-before-complete": ("(disable mma-wait-each-group)\n", False, (protocol.WarHazard,)),
     "release-before-complete-ws": ("(disable mma-release-after-completion)\n", True, (protocol.WarHazard,)),
+    "one-group": (ONE_GROUP, False, ()),  # not a protocol failure: see its own test
 }
 
 
@@ -78,12 +90,17 @@ def _lower_and_run(mutation, folders, blocks="sample"):
     return shape, args, run(kg, args, blocks=blocks)
 
 
-@pytest.mark.parametrize("mutation", [m for m in MUTATIONS if not m.startswith("control")])
+@pytest.mark.parametrize("mutation", [m for m in MUTATIONS if MUTATIONS[m][2]])
 def test_mma_mutation_is_caught_with_its_named_failure(mutation, folders):
     with pytest.raises(protocol.ProtocolError) as e:
         _lower_and_run(mutation, folders)
     assert isinstance(e.value, MUTATIONS[mutation][2]), f"{type(e.value).__name__}: {e.value}"
     assert f"#{e.value.node}" in str(e.value) and "iteration" in str(e.value)
+
+
+def test_an_mma_node_that_does_not_fit_its_warp_groups_is_refused_by_name(folders):
+    with pytest.raises(MmaIssueError, match=r"on 1 warp group\(s\) needs a float32 register array 'acc' of"):
+        _lower_and_run("one-group", folders)
 
 
 def test_a_missing_fence_names_the_accumulator_and_the_fix(folders):
@@ -205,6 +222,10 @@ def test_an_mma_reading_another_swizzle_than_the_tma_wrote_is_named(proto):
     g.tma_written(tile, 1024, 1024, 0)
     with pytest.raises(SwizzleMismatch, match="used no swizzle"):
         g.issue(3, 0, WG0, "acc", [(tile, np.arange(1024, 1100))], 128, _site)
+    g.stored(tile, np.arange(1024, 1100), WG1, _site)  # threads wrote them since: no TMA layout to compare
+    g.issue(4, 0, WG0, "acc", [(tile, np.arange(1024, 1100))], 128, _site)
+    with pytest.raises(protocol.WarHazard, match=r"thread 128 writes tile\[0\] while the mma #1"):
+        g.stored(tile, np.arange(0, 10), WG1, _site)  # ... but not while an mma reads them
 
 
 # ----------------------------------------------------------------------------- codegen against the model

@@ -164,6 +164,14 @@ class MmaGroups:
                         "completed by a wgmma.wait_group (release a slot only after the wait that covers the mma "
                         "reading it)", site(), barrier, slot)
 
+    def stored(self, buf: "SharedBuffer", idx: np.ndarray, lanes: np.ndarray, site: SiteFn) -> None:
+        """A plain store by ``lanes`` to ``buf[idx]``: not while an mma reads them, and afterwards they no
+        longer hold a TMA-written layout."""
+        self.check_overwrite(buf, idx, f"thread {lanes[0]} writes", site)
+        layout = self.layout.get(buf.name)
+        if layout is not None:
+            layout[idx] = -1
+
     def finish(self, site: SiteFn) -> None:
         """End of the block: every mma completed."""
         for wg in sorted(set(self.open) | set(self.groups)):

@@ -402,7 +402,7 @@ class BlockProtocol:
         product of a TMA load."""
         if lanes is not None and site is not None:
             self._not_being_stored(buf, idx, lanes, site)
-            self.mma.check_overwrite(buf, idx, f"thread {lanes[0]} writes", site)
+            self.mma.stored(buf, idx, lanes, site)
         buf.fresh[idx] = True
         if buf.tracked:
             buf.w_slot[idx] = -1
