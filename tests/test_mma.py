@@ -220,8 +220,7 @@ def test_persistent_variants_compile_without_spills_or_serialized_wgmma():
         assert r.spill_stores == 0 and r.stack_bytes == 0 and "C7518" not in ck.cubin.log, kw
 
 
-@pytest.mark.parametrize("kw,needle", [(dict(persistent=132, stages=3), "needs warp_specialize=True"),
-                                       (dict(persistent=132, bn=64, **WS), "even number"),
+@pytest.mark.parametrize("kw,needle", [(dict(persistent=132, bn=64, **WS), "even number"),
                                        (dict(persistent=-1, **WS), "persistent=-1")])
 def test_persistent_refusals(kw, needle):
     with pytest.raises(MatmulTileError, match=needle):
@@ -261,3 +260,27 @@ def test_walk_refusals(kw, code):
 
 def test_a_walk_of_one_level_lowers():
     assert api.generate(_walk_kernel()).text.split('extern "C"')[1].count("cb_mbar_init(") == 2
+
+
+def _walk_spec():
+    import dataclasses
+    import functools
+    # 2 persistent blocks walking 3 x 4 tiles of 128 x 128: every tile after the first re-enters the K loop
+    return dataclasses.replace(KERNELS["matmul_tc"], factory=functools.partial(matmul_tc, persistent=2, bn=128),
+                               shape_for_trips=lambda t: (300, 392, 64 * t - 8))
+
+
+@pytest.mark.parametrize("trips,ws", [(1, True), (4, True), (3, False)])
+def test_persistent_walk_passes_the_checker(trips, ws):
+    from cbrules.check import Checker
+    r = Checker(dtype="bfloat16").check(_walk_spec(), trips, 3, warp_specialize=ws,
+                                        registers=(40, 232) if ws else None)
+    assert r.ok, f"{r.status} {r.detail}"
+
+
+def test_a_walk_whose_phases_restart_each_tile_fails_the_checker(tmp_path):
+    # the mutation: slots and phases counted from 0 again at every tile while the barriers run on
+    from cbrules.check import Checker
+    (tmp_path / "off.rules").write_text("(disable cb-ws-walk-running-count)\n")
+    r = Checker(dtype="bfloat16", rules=[str(tmp_path)]).check(_walk_spec(), 4, 3, warp_specialize=True)
+    assert not r.ok and r.status == "FAIL", r.detail

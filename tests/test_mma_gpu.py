@@ -88,3 +88,9 @@ def test_persistent_blocks(blocks, stages, bn):
 def test_persistent_float32_output():
     ck = _compiled(stages=4, out_dtype="float32", persistent=7, **WS)
     assert not _run(ck, (500, 1000, 304), "bfloat16", "float32")
+
+
+def test_persistent_not_warp_specialized():
+    # each tile's K loop pipelined on its own (barriers initialised and invalidated per tile)
+    ck = _compiled(stages=3, bn=128, persistent=5)
+    assert not [f for shape in ((500, 1000, 304), (1000, 520, 200)) for f in _run(ck, shape)]

@@ -54,9 +54,10 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
     """``c = a @ b^T`` in ``bm`` x ``bn`` tiles on ``groups`` consumer warp groups, ``bk`` of K a stage;
     ``out_dtype`` (bfloat16, float16, float32; default ``dtype``) is c's type. Blocks take tiles in groups
     of ``group_m`` tile rows, column by column inside a group, so the blocks running at once share
-    their A and B panels in L2 (``group_m=1``: row by row). ``persistent=P`` (warp-specialized only)
-    launches at most P blocks (e.g. the SM count) that each walk tiles blockIdx.x, blockIdx.x + P, ...:
-    the producer loads the next tile while the consumers store the last."""
+    their A and B panels in L2 (``group_m=1``: row by row). ``persistent=P`` launches at most P blocks
+    (e.g. the SM count) that each walk tiles blockIdx.x, blockIdx.x + P, ...; warp-specialized, the
+    producer loads the next tile while the consumers store the last (otherwise each tile's K loop is
+    pipelined on its own)."""
     out_dtype = dtype if out_dtype is None else out_dtype
     if dtype not in MMA_DTYPES or out_dtype not in OUT_DTYPES:
         raise MatmulTileError(f"matmul_tc: dtype {dtype!r} / out_dtype {out_dtype!r}: the tensor cores take "
@@ -73,10 +74,8 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
                                   f"{SHARED_BYTES} a block may have; use fewer stages or a smaller tile")
     if not isinstance(groups, int) or isinstance(groups, bool) or not 1 <= groups <= 4:
         raise MatmulTileError(f"matmul_tc: groups={groups!r}: use 1 to 4 consumer warp groups")
-    if not isinstance(persistent, int) or isinstance(persistent, bool) or persistent < 0 \
-            or (persistent and not warp_specialize):
-        raise MatmulTileError(f"matmul_tc: persistent={persistent!r}: give the number of blocks (0: one a tile); "
-                              "a persistent block needs warp_specialize=True (its producer runs across tiles)")
+    if not isinstance(persistent, int) or isinstance(persistent, bool) or persistent < 0:
+        raise MatmulTileError(f"matmul_tc: persistent={persistent!r}: give the number of blocks (0: one a tile)")
     if persistent and isinstance(bn, int) and (bn // store_cols(bn, out_dtype)) % 2:
         raise MatmulTileError(f"matmul_tc: persistent with bn={bn}: the epilogue's two staging slots alternate "
                               f"across tiles only with an even number of {store_cols(bn, out_dtype)}-column chunks; "
