@@ -220,8 +220,8 @@ def test_persistent_variants_compile_without_spills_or_serialized_wgmma():
         assert r.spill_stores == 0 and r.stack_bytes == 0 and "C7518" not in ck.cubin.log, kw
 
 
-@pytest.mark.parametrize("kw,needle", [(dict(persistent=132, bn=64, **WS), "even number"),
-                                       (dict(persistent=-1, **WS), "persistent=-1")])
+@pytest.mark.parametrize("kw,needle", [(dict(persistent=-1, **WS), "persistent=-1"),
+                                       (dict(persistent=True, **WS), "persistent=True")])
 def test_persistent_refusals(kw, needle):
     with pytest.raises(MatmulTileError, match=needle):
         matmul_tc(**kw)
@@ -262,20 +262,32 @@ def test_a_walk_of_one_level_lowers():
     assert api.generate(_walk_kernel()).text.split('extern "C"')[1].count("cb_mbar_init(") == 2
 
 
-def _walk_spec():
+def _walk_spec(bn=128):
     import dataclasses
     import functools
-    # 2 persistent blocks walking 3 x 4 tiles of 128 x 128: every tile after the first re-enters the K loop
-    return dataclasses.replace(KERNELS["matmul_tc"], factory=functools.partial(matmul_tc, persistent=2, bn=128),
+    # 2 persistent blocks walking the tiles of a 300 x 392 output: every tile after the first re-enters
+    # the K loop and the epilogue's chunk loop
+    return dataclasses.replace(KERNELS["matmul_tc"], factory=functools.partial(matmul_tc, persistent=2, bn=bn),
                                shape_for_trips=lambda t: (300, 392, 64 * t - 8))
 
 
-@pytest.mark.parametrize("trips,ws", [(1, True), (4, True), (3, False)])
-def test_persistent_walk_passes_the_checker(trips, ws):
+@pytest.mark.parametrize("trips,ws,bn", [(1, True, 128), (4, True, 128), (3, False, 128), (3, True, 192)])
+def test_persistent_walk_passes_the_checker(trips, ws, bn):
+    # bn=192: three store chunks a tile, so each tile's first chunk writes the staging slot the last
+    # tile's last store may still read (tma-store-wait-on-reentry waits for it)
     from cbrules.check import Checker
-    r = Checker(dtype="bfloat16").check(_walk_spec(), trips, 3, warp_specialize=ws,
+    r = Checker(dtype="bfloat16").check(_walk_spec(bn), trips, 3, warp_specialize=ws,
                                         registers=(40, 232) if ws else None)
     assert r.ok, f"{r.status} {r.detail}"
+
+
+def test_reentered_staging_loop_with_an_odd_trip_count_waits_first():
+    def body(bn):
+        src = api.generate(matmul_tc(stages=3, persistent=2, bn=bn, **WS)).text
+        return src[src.index("for (int tile ="):]
+    odd, even = body(192), body(256)  # 3 and 4 column chunks a tile
+    assert odd.index("cb_bulk_wait_read<0>();") < odd.index("for (int acc_q")
+    assert even.index("for (int acc_q") < even.index("cb_bulk_wait_read<0>();")  # only the per-chunk wait
 
 
 def test_a_walk_whose_phases_restart_each_tile_fails_the_checker(tmp_path):

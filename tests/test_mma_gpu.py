@@ -77,7 +77,7 @@ def test_k_not_a_multiple_of_8_is_padded_with_zeros():
     assert not poisoned_run(ck, pad, want, SPEC.outputs, *SPEC.tolerances((m, n, k), "bfloat16"), (m, n, k))
 
 
-@pytest.mark.parametrize("blocks,stages,bn", [(132, 4, 256), (3, 3, 256), (5, 5, 128), (1, 2, 128)])
+@pytest.mark.parametrize("blocks,stages,bn", [(132, 4, 256), (3, 3, 256), (5, 5, 128), (1, 2, 128), (4, 3, 192)])
 def test_persistent_blocks(blocks, stages, bn):
     # few blocks walk many tiles: the slots, phases and staging slots run on across tiles
     ck = _compiled(stages=stages, bn=bn, persistent=blocks, **WS)

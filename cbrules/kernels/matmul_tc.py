@@ -76,10 +76,6 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
         raise MatmulTileError(f"matmul_tc: groups={groups!r}: use 1 to 4 consumer warp groups")
     if not isinstance(persistent, int) or isinstance(persistent, bool) or persistent < 0:
         raise MatmulTileError(f"matmul_tc: persistent={persistent!r}: give the number of blocks (0: one a tile)")
-    if persistent and isinstance(bn, int) and (bn // store_cols(bn, out_dtype)) % 2:
-        raise MatmulTileError(f"matmul_tc: persistent with bn={bn}: the epilogue's two staging slots alternate "
-                              f"across tiles only with an even number of {store_cols(bn, out_dtype)}-column chunks; "
-                              "use bn = 128 or 256")
     if not isinstance(group_m, int) or isinstance(group_m, bool) or group_m < 1:
         raise MatmulTileError(f"matmul_tc: group_m={group_m!r}: give the tile rows of a raster group, 1 or more")
     k = Kernel("matmul_tc", block=128 * groups)
