@@ -88,7 +88,7 @@ def _file_options(a, spec: KernelSpec) -> None:
                           "war": getattr(a, "war", None), "warp_specialize": getattr(a, "warp_specialize", False),
                           "registers": getattr(a, "registers", None),
                           "shape": None if shape_for_inputs else getattr(a, "shape", None),
-                          "dtype": None if _dtype(a) == "float32" else _dtype(a),
+                          "dtype": None if getattr(a, "dtype", None) in (None, "float32") else a.dtype,
                           "tma_store": getattr(a, "tma_store", False), "swizzle": getattr(a, "swizzle", None)})
 
 
@@ -102,12 +102,14 @@ def _kernel(a, spec: KernelSpec):
                        f"{', '.join('--' + k for k in given)} would be ignored; drop them, or give build() "
                        "keyword parameters (stages=None, prefetch=None, war=None, ...) and pass them on")
     return spec.build(_shape(a, spec), stages=getattr(a, "stages", None), prefetch=getattr(a, "prefetch", None),
-                      war=getattr(a, "war", None), dtype=_dtype(a), tma_store=bool(getattr(a, "tma_store", False)),
+                      war=getattr(a, "war", None), dtype=_dtype(a, spec),
+                      tma_store=bool(getattr(a, "tma_store", False)),
                       swizzle=getattr(a, "swizzle", None) or "none", **_warp_options(a))
 
 
-def _dtype(a) -> str:
-    return getattr(a, "dtype", None) or "float32"
+def _dtype(a, spec: KernelSpec) -> str:
+    """--dtype, else the kernel's first dtype (float32 for every kernel that takes it)."""
+    return getattr(a, "dtype", None) or spec.dtypes[0]
 
 
 def _compile(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
@@ -320,7 +322,7 @@ def cmd_run(a) -> int:
     if not runtime.gpu_available():
         raise CliError("no compute-capability 9.x GPU here: `cbrules run` needs a Hopper GPU "
                        "(`cbrules compile` works without one)")
-    return 0 if _run(spec, ck, _shape(a, spec), a.reps, dtype=_dtype(a)) else 1
+    return 0 if _run(spec, ck, _shape(a, spec), a.reps, dtype=_dtype(a, spec)) else 1
 
 
 def cmd_demo(a) -> int:
@@ -378,7 +380,7 @@ def cmd_check(a) -> int:
     print(f"{spec.name}: options given: {asked.strip() or 'none'}; {cases}, "
           f"{'a sample of' if a.sample else 'all'} blocks{roles}; lowered vs before lowering vs numpy, "
           "protocol checked")
-    checker = Checker(blocks="sample" if a.sample else None, dtype=_dtype(a), tma_store=a.tma_store,
+    checker = Checker(blocks="sample" if a.sample else None, dtype=_dtype(a, spec), tma_store=a.tma_store,
                       swizzle=a.swizzle or "none", **_lower_options(a))
     print(_check_options(spec, checker, stages, a.prefetch, a.war, ws))
     print(TABLE_HEADER, flush=True)
@@ -462,7 +464,8 @@ def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
     if not check:
         p.add_argument("--shape", help="problem shape, e.g. 1048576 or 500,1024 (also picks build-time sizes)")
     p.add_argument("--dtype", choices=["float32", *HALF_DTYPES], help="type of the kernel's tensors (default "
-                   "float32; float16/bfloat16 are stored as such and computed in float32)")
+                   "float32, or the kernel's first: bfloat16 for matmul_tc; float16/bfloat16 are stored as such and "
+                   "computed in float32)")
     p.add_argument("--tma-store", action="store_true", help="write each output tile with one TMA store from a "
                    "shared staging buffer (kernels whose output leaves in whole tiles)")
     p.add_argument("--swizzle", choices=["none", "32B", "64B", "128B"], help="shared-memory layout of the input "

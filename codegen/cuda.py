@@ -20,6 +20,7 @@ from ..ir.ops import DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS
 from ..schedule import Step
 from ..ir.terms import BINARY_OPS, DEVICE_FUNCTIONS, UNARY_OPS, Term, call_problem, to_c
 
+from . import mma as _mma
 from .errors import CodegenError
 
 PRELUDE = (Path(__file__).with_name("prelude.cu")).read_text()
@@ -147,6 +148,7 @@ class _Emitter:
         self.uses_reduce = False
         self.uses_backoff = False
         self.vector_tensors: dict[str, int] = {}  # global tensor -> the widest vector access to it, in bytes
+        self.mmas: list[dict] = []  # attributes of the mma nodes (their accumulators and instruction shapes)
         self._collect(program)
 
     # -------------------------------------------------------------- declarations
@@ -172,6 +174,8 @@ class _Emitter:
                 self.uses_backoff = True
             if s.op == "reduce" and a["kind"] == "block":
                 self.uses_reduce = True
+            if s.op == "mma":
+                self.mmas.append(a)
         if self.uses_reduce:
             self.reduce_offset = self._carve(REDUCE_SCRATCH_BYTES, 16)
 
@@ -278,7 +282,7 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
         + ([STORE_PRELUDE] if async_stores else []) \
         + ([SWIZZLE_PRELUDE] if any("cb_swizzle(" in line for line in e.lines) else []) \
         + ([VECTOR_PRELUDE] if any("cb_vcopy<" in line for line in e.lines) else []) \
-        + ([PRELUDE_ROLES] if roles else [])
+        + ([PRELUDE_ROLES] if roles else []) + (_mma.helpers(e.mmas) if e.mmas else [])
     text = "\n".join([
         *preludes, e.elect_one(), *([BACKOFF_WAIT] if e.uses_backoff else []), "",
         f'extern "C" __global__ void __launch_bounds__({bounds}) {_ident(k["name"])}({e.signature()}) {{',
@@ -424,6 +428,13 @@ _STATEMENTS = {
     "fence_mbarrier_init": lambda o, a, e: "cb_fence_mbarrier_init();",
     "bar_sync": lambda o, a, e: f"cb_bar_sync({a['id']}, {a['count']});",
     "setmaxnreg": lambda o, a, e: _setmaxnreg(a),
+    "mma": lambda o, a, e: _mma.statement(a, _ident, _int, _c_term),
+    "wgmma_fence": lambda o, a, e: "cb_wgmma_fence();",
+    "wgmma_commit": lambda o, a, e: "cb_wgmma_commit();",
+    # once no group is pending the accumulators are final: fence them so no read moves above the wait
+    # (a fence while a group is in flight would make ptxas serialize the MMA)
+    "wgmma_wait": lambda o, a, e: f"cb_wgmma_wait<{_int(a['pending'], 'pending', 0)}>();"
+                                  + (_mma.acc_fences(e.mmas, _ident) if a["pending"] == 0 else ""),
 }
 
 

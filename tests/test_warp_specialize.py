@@ -140,9 +140,10 @@ def tiny(block=256, stages=2, loop_kind="serial", outer=False, barrier=False, re
         with k.loop("i", 4, circular_buffer=circular_buffer(stages, **options)) as i:
             k.tma_load(m, (i * 256 + base,), tile, barrier=bar)
             k.store(out, i * 256 + threadIdx.x % 256, k.load(tile, threadIdx.x % 256))
-    if outer:
+    if outer:  # a warp-specialized loop may sit in one serial loop (a persistent walk), not deeper
         with k.loop("o", 2):
-            body()
+            with k.loop("o2", 2):
+                body()
     else:
         body()
     return k

@@ -30,6 +30,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 from . import names
 from ..errors import CbrulesError
+from .builder_mma import MmaBuilder
 from .graph import KernelGraph, Param
 from . import coverage
 from .coverage import PartialTileError  # noqa: F401  (public via the builder)
@@ -180,9 +181,22 @@ def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = N
     return _cb_options(opts, "circular_buffer(...)")
 
 
+def _inside(tile: dict, shape: tuple) -> Term:
+    """The test that element ``tile['index']`` (row-major in the box) of the box at ``tile['coords']`` lies
+    inside a tensor of ``shape``."""
+    rest, pred = tile["index"], None
+    for d in reversed(range(len(tile["box"]))):
+        within = rest % tile["box"][d] if d else rest
+        rest = rest / tile["box"][d]
+        t = (tile["coords"][d] + within).lt(shape[d])
+        pred = t if pred is None else t.and_(pred)
+    return pred
+
+
 def _call_site() -> str:
     f = sys._getframe(1)
-    while f is not None and f.f_globals.get("__name__", "") in ("cbrules.ir.builder", "contextlib"):
+    while f is not None and f.f_globals.get("__name__", "") in ("cbrules.ir.builder", "cbrules.ir.builder_mma",
+                                                                "contextlib"):
         f = f.f_back
     if f is None:
         return "?"
@@ -205,7 +219,7 @@ def _dims(x, where: str) -> tuple[int, int, int]:
     return dims  # type: ignore[return-value]
 
 
-class Kernel:
+class Kernel(MmaBuilder):
     """A kernel under construction; ``graph`` is the :class:`KernelGraph` being built."""
 
     def __init__(self, name: str, block: int | Sequence[int] = 256):
@@ -221,6 +235,17 @@ class Kernel:
         self._loop_vars: list[str] = []  # variables of the enclosing loops, outermost first
         self._tile_writes: dict[str, list[coverage.TileWrite]] = {}  # buffer -> its TMA loads so far
         self._stored: set[str] = set()  # buffers written by plain stores (their coverage is not judged)
+        self._fragments: dict[str, tuple[int, int, int]] = {}  # accumulator -> (bm, bn, groups)
+
+    # the checks the mixed-in calls (builder_mma) use, so that module need not import this one
+    def _where(self, call: str) -> str:
+        return f"{call} at {_call_site()}"
+
+    def _error(self, message: str) -> BuildError:
+        return BuildError(message)
+
+    def _int_arg(self, value: Any, where: str, what: str, low: Optional[int] = None) -> int:
+        return _int(value, where, what, low)
 
     # ---------------------------------------------------------------- names
     def _claim(self, nm: Any, what: str, call: str, reuse: bool = False) -> str:
@@ -423,14 +448,18 @@ class Kernel:
         return name(dst)
 
     def store(self, dst: Buffer, index: TermLike, value: TermLike,
-              tile: Optional[tuple[TensorMap, Sequence[TermLike], TermLike]] = None) -> None:
+              tile: Optional[tuple[TensorMap, Sequence[TermLike], TermLike]] = None, clip: bool = False) -> None:
         """Write ``dst[index] = value`` (flat index); a float16/bfloat16 buffer gets the value rounded to
         nearest even.
 
         ``tile=(tmap, coords, element)`` says the element is element ``element`` (row-major) of the box
         of ``tmap`` (a tensor map over ``dst``) at ``coords``: the rules then write the tile to a shared
         staging buffer and store it with one TMA store (see rules/tma_store.rules). Every in-bounds
-        element of such a box must be written in each iteration (the interpreter checks it)."""
+        element of such a box must be written in each iteration (the interpreter checks it).
+        ``clip=True`` (with ``tile``): the element may lie outside the tensor; the store is wrapped in the
+        bounds test of its place in the box (coords + element < the tensor's shape, an ``if`` tagged
+        ``tile-bounds``), which the rules drop once the store writes a staging slot, since the TMA store
+        clips the box at the tensor's edges (tma-store-drop-tile-bounds)."""
         where = f"store at {_call_site()}"
         dst_name = self._known(dst, _MEMORY, "store")
         if dst.space == "global":
@@ -455,6 +484,12 @@ class Kernel:
                                  f"({len(tmap.box)})")
             attrs["tile"] = {"tensor": dst_name, "map": tmap.name, "coords": tuple(as_term(c) for c in coords),
                              "index": as_term(element), "box": tmap.box, "dtype": tmap.tensor.dtype}
+        elif clip:
+            raise BuildError(f"{where}: clip=True needs tile=: it tests the element's place in the tile's box")
+        if clip:
+            with self._scope("if", pred=_inside(attrs["tile"], dst.shape), tag="tile-bounds"):
+                self._node("store", dst=dst_name, index=as_term(index), value=as_term(value), **attrs)
+            return
         self._node("store", dst=dst_name, index=as_term(index), value=as_term(value), **attrs)
 
     def _mark_written(self, tname: str) -> None:

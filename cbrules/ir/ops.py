@@ -99,6 +99,27 @@ OPS: dict[str, OpSpec] = {
     "bar_sync": OpSpec(("id", "count"), (), (), "sync"),
     # setmaxnreg.inc / .dec: a warp group's register budget becomes count (warp specialization)
     "setmaxnreg": OpSpec(("action", "count"), (), (), "sync"),
+    # Warpgroup MMA (tensor cores, sm_90a). One node is a whole tile step C[BM,BN] (+)= A[BM,BK] @ B[BK,BN]
+    # on `groups` consumer warp groups: A is shared [BM, BK] and B shared [BN, BK] (both K-major, K
+    # contiguous), each row BK * 2 bytes = the `swizzle` span (32, 64 or 128) and laid out by a TMA load
+    # with that swizzle; a_offset / b_offset are element offsets (stage slots). Warp group g
+    # (threadIdx.x / 128) computes rows [g*BM/groups, (g+1)*BM/groups) as BM/groups/64 blocks of 64 rows;
+    # block j, k-step s (BK/16 of them) is one wgmma.mma_async.m64n{BN}k16.f32.{dtype} with
+    # descriptors at A + (g*BM/groups + 64j) rows + 32s bytes and B + 32s bytes. acc is a float32
+    # register array of (BM/groups/64) * BN/2 elements a thread: block j's fragment at j*BN/2, register
+    # r of it holding row 64j + 16*(warp%4) + lane/4 + 8*((r/2)%2), column 8*(r/4) + 2*(lane%4) + r%2.
+    # scale_d (a term): 0 = the first k-step overwrites acc, else it accumulates (later k-steps always
+    # accumulate). The node only ISSUES: acc and the shared tiles are in use until a wgmma_wait covers
+    # its group (wgmma_commit); acc's registers are read as they were at the last wgmma_fence.
+    "mma": OpSpec(("acc", "a", "b", "shape", "groups", "dtype", "swizzle"), ("a_offset", "b_offset", "scale_d"),
+                  ("a_offset", "b_offset", "scale_d"), "memory", {"a_offset": 0, "b_offset": 0, "scale_d": 1}),
+    # wgmma.fence.sync.aligned: register and shared-memory writes before it are seen by the mma after it
+    "wgmma_fence": OpSpec((), (), (), "sync"),
+    # wgmma.commit_group.sync.aligned: the warp group's mma issued since the last commit form one group
+    "wgmma_commit": OpSpec((), (), (), "sync"),
+    # wgmma.wait_group.sync.aligned pending: all but the newest `pending` groups of this warp group are
+    # complete (their accumulators written, their shared tiles read)
+    "wgmma_wait": OpSpec(("pending",), (), (), "sync"),
 }
 for _op in UNARY + BINARY:
     OPS[_op] = OpSpec(("dst", "args", "dtype"), (), ("args",))
@@ -142,6 +163,12 @@ OP_DOCS: dict[str, str] = {
     "bar_sync": "a named barrier id for count threads",
     "setmaxnreg": "raise (action inc) or lower (action dec) this warp group's register cap to count",
     "select": "dst = args[1] where the predicate args[0] holds, else args[2] (per thread)",
+    "mma": "issue acc (+)= a @ b on the tensor cores (wgmma m64nNk16): a tile of shape (BM, BN, BK) over groups "
+           "consumer warp groups, A [BM, BK] and B [BN, BK] K-major shared tiles (+ a_offset / b_offset) with "
+           "swizzle bytes a row, acc a float32 register fragment; scale_d 0 overwrites; done at a wgmma_wait",
+    "wgmma_fence": "order earlier register and shared writes before the warp group's next mma",
+    "wgmma_commit": "close the group of mma this warp group issued since its last commit",
+    "wgmma_wait": "wait until at most pending of this warp group's committed mma groups are incomplete",
     **{u: f"dst = {u}(args[0])" for u in UNARY},
     **{b: f"dst = {b}(args[0], args[1])" for b in BINARY},
 }
@@ -190,6 +217,9 @@ def effects(op: str, attrs: Mapping[str, Any]) -> tuple[set[str], set[str]]:
     elif op == "tma_store":
         writes.add(f"mem:{attrs['tmap']}")
         reads |= {f"mem:{attrs['src']}", SYNC_TOKEN}
+    elif op == "mma":  # reads both tiles, accumulates into acc (a register array)
+        reads |= {f"mem:{attrs['a']}", f"mem:{attrs['b']}", f"mem:{attrs['acc']}", SYNC_TOKEN}
+        writes.add(f"mem:{attrs['acc']}")
     elif op == "reduce" and attrs.get("kind") == "block":
         writes.add(SYNC_TOKEN)  # a block reduction synchronises the block
     elif spec.category == "sync":

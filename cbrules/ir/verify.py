@@ -136,7 +136,8 @@ def _depends(kg: KernelGraph) -> None:
 # identifier-valued attributes codegen prints, per op (compute ops: their ``dst`` register)
 _IDENT_KEYS = {"kernel": ("name",), "alloc": ("buf",), "for": ("var",), "load": ("dst", "src"), "store": ("dst",),
                "copy": ("dst", "src"),
-               "tma_load": ("tmap", "dst", "barrier"), "tma_store": ("tmap", "src")}
+               "tma_load": ("tmap", "dst", "barrier"), "tma_store": ("tmap", "src"),
+               "mma": ("acc", "a", "b")}
 
 
 def _ident_keys(op: str) -> tuple[str, ...]:
@@ -216,7 +217,8 @@ _INT_ATTRS = (("alloc", "shape", 1, True), ("alloc", "align", 1, False), ("mbarr
               ("mbarrier_arrive_expect_tx", "bytes", 0, False), ("tma_load", "bytes", 0, False),
               ("tma_load", "box", 1, True), ("tma_load", "tile", 1, True), ("bar_sync", "id", 0, False),
               ("bar_sync", "count", 1, False), ("kernel", "block", 1, True), ("mbarrier_wait", "backoff", 0, False),
-              ("tma_store_wait", "pending", 0, False), ("copy", "count", 1, False))
+              ("tma_store_wait", "pending", 0, False), ("copy", "count", 1, False), ("mma", "shape", 1, True),
+              ("mma", "groups", 1, False), ("mma", "swizzle", 0, False), ("wgmma_wait", "pending", 0, False))
 _INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16}
 
 
@@ -292,6 +294,11 @@ def _names(kg: KernelGraph) -> None:
                 if not is_reg and buf not in buffers and not (buf in params and params[buf].kind == "tensor"):
                     raise GraphError("buffer-defined", f"{kg.describe(n)} uses buffer {buf!r}, which is "
                                      "neither allocated nor a tensor parameter", n)
+        if op == "mma":
+            for key in ("acc", "a", "b"):
+                if d[key] not in buffers:
+                    raise GraphError("buffer-defined", f"{kg.describe(n)} uses buffer {d[key]!r} as its {key}, "
+                                     "which is not allocated", n)
         if op in ("load", "copy", "tma_store"):
             src = d["src"]
             if src in buffers and src not in written_bufs:

@@ -27,6 +27,7 @@ from ..ir.graph import BUILTINS, KernelGraph
 from .hwsim import block_reduce
 from ..ir.ops import UNARY
 from .interp_memory import MemoryOps, NonUniform, OutOfBounds
+from .interp_mma import MmaOps
 from .interp_roles import SCHEDULES, SWITCH, Blocked, Role, check_schedule, drive
 from .protocol import BlockProtocol, DivergentSync, ElectError, InterpError, ProtocolError, Site
 from ..schedule import Step, schedule
@@ -79,11 +80,17 @@ class Program:
                 self.fns[s.node] = {k: self._compile(v, invariant) for k, v in a.items()
                                     if k in ("start", "stop", "step", "pred", "index", "value", "args", "src",
                                              "src_index", "dst_index",
-                                             "coords", "offset", "slot", "parity")}
+                                             "coords", "offset", "slot", "parity", "a_offset", "b_offset",
+                                             "scale_d")}
             except TermError as e:
                 raise UnmodelledTerm(f"{e}; the interpreter cannot run this kernel", self.site(s, (0, 0, 0), ())) \
                     from None
         self.tma_dsts = tma_dsts
+        # a lowered kernel (mbarriers or wgmma ordering ops) runs its mma asynchronously, checked; before
+        # lowering an mma completes at once. `accumulators`: the register arrays whose accesses are checked
+        self.mma_async = any(s.op.startswith("wgmma_") for s in steps) or any(
+            a["space"] == "shared" and a["dtype"] == "mbarrier" for a in self.allocs.values())
+        self.accumulators = frozenset(s.attrs["acc"] for s in steps if s.op == "mma" and self.mma_async)
 
     @staticmethod
     def _compile(v, invariant: frozenset):
@@ -126,7 +133,7 @@ def run(kernel: Union[KernelLike, Program], args: Mapping[str, Any], symbols: Op
     return {n: bound.tensors[n] for n in bound.written}
 
 
-class _BlockRunner(MemoryOps):
+class _BlockRunner(MemoryOps, MmaOps):
     """Executes a program block by block: registers, masks, loops and compute ops (memory and
     barrier ops come from :class:`MemoryOps`)."""
 
@@ -157,7 +164,8 @@ class _BlockRunner(MemoryOps):
         self.handlers = {op: getattr(self, "_" + op) for op in
                          ("for", "if", "load", "store", "copy", "assign", "fma", "reduce", "tma_load", "tma_store", "tma_store_wait",
                           "mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
-                          "mbarrier_inval", "syncthreads", "bar_sync", "setmaxnreg")}
+                          "mbarrier_inval", "syncthreads", "bar_sync", "setmaxnreg", "mma", "wgmma_fence",
+                          "wgmma_commit", "wgmma_wait")}
         for op in ("alloc", "fence_proxy_async", "fence_mbarrier_init"):
             self.handlers[op] = lambda s, mask: None
         for op in UNARY:

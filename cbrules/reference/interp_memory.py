@@ -66,6 +66,8 @@ class MemoryOps:
         idx = self._index(s, mask, lanes)
         kind, arr = self._target(s.attrs["src"], idx, lanes, "reads")
         if kind == "register":
+            if s.attrs["src"] in self.p.accumulators:
+                self.proto.mma.register_access(s.attrs["src"], lanes, False, self.site)
             vals = arr[lanes, idx]
         elif kind == "shared":
             self.proto.read(arr, idx, lanes, self.site)
@@ -84,6 +86,8 @@ class MemoryOps:
         kind, arr = self._target(name, idx, lanes, "writes")
         vals = self.per_lane(self.ev(s, "value", mask), lanes)
         if kind == "register":
+            if name in self.p.accumulators:
+                self.proto.mma.register_access(name, lanes, True, self.site)
             arr[lanes, idx] = vals
         elif kind == "shared":
             self.proto.write(arr, idx, lanes, self.site)
@@ -160,6 +164,7 @@ class MemoryOps:
             data = read_box(self.tensors[tmap.tensor], coords, box)
             if a.get("swizzle"):  # the box lands in the swizzled layout the hardware writes
                 data = swizzled(data, itemsize, int(a["swizzle"]), lo, dst.name, self.site)
+            self.proto.mma.tma_written(dst, lo, box_elems, int(a.get("swizzle") or 0))
             self.proto.tma_load(sid, s.node, dst, lo, data, box_elems * itemsize, int(u), self.site)
             return
         # before lowering: the logical load of the whole tile, dense row-major, done at once (the
