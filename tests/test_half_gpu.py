@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 from cbrules import api
-from cbrules.ir.bind import LaunchError
 from cbrules.kernels import KERNELS, SEED_MATRIX
 from gpucheck import poisoned_run
 
@@ -28,10 +27,7 @@ def test_half_seed_matrix_against_numpy(case):
     for shape in sp.shapes:
         ck = _compiled(sp, shape, stages, dtype)
         args = sp.make_inputs(shape, np.random.default_rng(hash((name, stages, shape)) % 2**32), dtype)
-        if sp.trips(shape) < stages:
-            with pytest.raises(LaunchError, match="must be >= stages"):
-                ck.bind(**args)
-            continue
+        # trip counts below S included: the prologue is predicated (issue 17)
         want = sp.expected(args)
         failures += poisoned_run(ck, args, want, sp.outputs, *sp.tolerances(shape, dtype), shape)
         ran += 1

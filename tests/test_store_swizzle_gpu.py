@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from cbrules import api
-from cbrules.ir.bind import LaunchError
 from cbrules.reference.interp import run
 from cbrules.kernels import KERNELS
 from test_swizzle import SPANS, _layout_kernel
@@ -42,10 +41,7 @@ def test_hardware_swizzled_layout_matches_the_interpreter(swizzle, dtype):
 def _check(sp, shape, stages, dtype, **variant):
     ck = api.compile(sp.build(shape, stages=stages, dtype=dtype, **variant))
     args = sp.make_inputs(shape, np.random.default_rng(hash((sp.name, stages, shape)) % 2**32), dtype)
-    if sp.trips(shape) < stages:
-        with pytest.raises(LaunchError, match="must be >= stages"):
-            ck.bind(**args)
-        return None
+    # trip counts below S included: the prologue is predicated (issue 17)
     want = sp.expected(args)
     return "\n".join(poisoned_run(ck, args, want, sp.outputs, *sp.tolerances(shape, dtype), shape))
 
