@@ -1,0 +1,194 @@
+"""The values builder calls take and hand back: tensor and buffer handles, circular-buffer options, and
+the checks every call applies to its arguments (ints, terms, choices), each error naming the author's
+call site. Shared by :mod:`cbrules.ir.builder` and its mixed-in parts (``builder_tma``,
+``builder_sync``, ``builder_mma``), which is why it imports none of them."""
+from __future__ import annotations
+
+import operator
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
+
+from ..errors import CbrulesError
+from .ops import DTYPE_BYTES
+from .terms import Term, TermLike, as_term, call, name
+
+threadIdx = type("threadIdx", (), {a: name(f"threadIdx.{a}") for a in "xyz"})
+blockIdx = type("blockIdx", (), {a: name(f"blockIdx.{a}") for a in "xyz"})
+blockDim = type("blockDim", (), {a: name(f"blockDim.{a}") for a in "xyz"})
+gridDim = type("gridDim", (), {a: name(f"gridDim.{a}") for a in "xyz"})
+
+
+def ceil_div(a: TermLike, b: TermLike) -> Term:
+    """``(a + b - 1) / b`` as a term."""
+    return call("ceil_div", a, b)
+
+
+def lanes(count: int, stride: int) -> list[Term]:
+    """``threadIdx.x, threadIdx.x + stride, ...``: the ``count`` columns one thread takes of a tile
+    ``count * stride`` wide, one in each ``stride``-wide group (a block of ``stride`` threads)."""
+    return [threadIdx.x + c * stride if c else threadIdx.x for c in range(count)]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A handle on a global tensor or an allocated buffer."""
+
+    name: str
+    dtype: str
+    shape: tuple
+    space: str
+
+
+@dataclass(frozen=True)
+class TensorMap:
+    """A handle on a TMA tensor-map parameter over a global tensor."""
+
+    name: str
+    tensor: Buffer
+    box: tuple
+    swizzle: str = "none"
+
+    @property
+    def box_bytes(self) -> int:
+        n = DTYPE_BYTES[self.tensor.dtype]
+        for b in self.box:
+            n *= b
+        return n
+
+
+class BuildError(CbrulesError, ValueError):
+    """A builder call given a value it cannot use; the message names the call and the fix."""
+
+
+class StagingAlignmentError(BuildError):
+    """A TMA store from a shared buffer that is not aligned as the TMA requires."""
+
+
+def _int(value: Any, where: str, what: str, low: Optional[int] = None) -> int:
+    """``value`` as an int (numpy ints too; bool, float and text refused), at least ``low``."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise BuildError(f"{where}: {what} must be an int, got {value!r} ({type(value).__name__}); "
+                         f"pass a whole number") from None
+    if low is not None and v < low:
+        raise BuildError(f"{where}: {what} must be at least {low}, got {v}")
+    return v
+
+
+def _ints(values: Any, where: str, what: str, low: Optional[int] = 1) -> tuple[int, ...]:
+    if not isinstance(values, (tuple, list)):
+        raise BuildError(f"{where}: {what} must be a tuple of ints, got {values!r}")
+    return tuple(_int(v, where, f"{what}[{i}]", low) for i, v in enumerate(values))
+
+
+def _choice(value: Any, where: str, what: str, options: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in options:
+        raise BuildError(f"{where}: {what} {value!r} is not one of {', '.join(options)}")
+    return value
+
+
+def _term(value: TermLike, where: str, what: str, low: Optional[int] = None) -> Term:
+    """A size, bound or step: a term over symbols, or an int literal of at least ``low`` (a float
+    would make C compare floats, a non-positive size negative memory)."""
+    if isinstance(value, (Term, str)):
+        return as_term(value)
+    return as_term(_int(value, where, what, low))
+
+
+def _cb_options(options: Any, where: str) -> dict:
+    """Type checks of circular-buffer options (their ranges are the rules' to check)."""
+    if not isinstance(options, dict):
+        raise BuildError(f"{where}: circular_buffer must be a dict from circular_buffer(...), got {options!r}")
+    out = dict(options)
+    if "stages" in out and out["stages"] != AUTO:
+        out["stages"] = _int(out["stages"], where, "circular_buffer stages")
+    if out.get("prefetch") is not None and out["prefetch"] != AUTO:
+        out["prefetch"] = _int(out["prefetch"], where, "circular_buffer prefetch")
+    if "war" in out and not isinstance(out["war"], str):
+        raise BuildError(f"{where}: circular_buffer war must be \"sync\" or \"mbarrier\", got {out['war']!r}")
+    if "warp_specialize" in out and not isinstance(out["warp_specialize"], bool):
+        raise BuildError(f"{where}: circular_buffer warp_specialize must be True or False, "
+                         f"got {out['warp_specialize']!r}")
+    if "strict_trip_count" in out and not isinstance(out["strict_trip_count"], bool):
+        raise BuildError(f"{where}: circular_buffer strict_trip_count must be True or False, "
+                         f"got {out['strict_trip_count']!r}")
+    if isinstance(out.get("registers"), list):
+        out["registers"] = tuple(out["registers"])  # the rules check the pair and its counts
+    return out
+
+
+AUTO = "auto"  # stages/prefetch chosen by the rules (cb-auto-stages, cb-auto-prefetch)
+
+
+def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = None, war: Optional[str] = None,
+                    warp_specialize: bool = False, registers: Optional[tuple[int, int]] = None,
+                    strict_trip_count: bool = False) -> dict:
+    """Options of a circular-buffered loop: ``stages`` S, ``prefetch`` P (negative counts from S),
+    ``war`` = "sync" (block sync ends each main iteration) or "mbarrier" (empty barriers).
+    Only the options given are recorded: the rules fill in the rest (``cb-default-prefetch``: S-1,
+    ``cb-default-war``: "sync", or "mbarrier" when warp-specialized), so a rule folder can change a
+    default. ``stages="auto"`` lets the rules choose S from the bytes a stage loads, the shared memory a
+    block may use at the occupancy target, the trip count when known, and a cap (see the trace for
+    why); ``prefetch="auto"`` is S-1.
+
+    ``warp_specialize``: a producer warp group of 128 threads, added after the block's threads, issues
+    the loads while the block's own threads (the consumers) compute; WAR protection is then the empty
+    barriers and the producer runs up to S tiles ahead.
+    ``registers=(producer, consumer)`` adds register sharing (``setmaxnreg``) between the roles.
+    Any trip count runs, fewer than S and 0 included (the rules predicate the prologue's loads past
+    the end); ``strict_trip_count=True`` refuses a trip count below S instead (code ``short-loop``:
+    at lowering when it is known, else at launch).
+    Non-int stages or prefetch are a :class:`BuildError` here; the rules check the ranges and
+    refuse bad ones with a named error."""
+    given = {"stages": stages, "prefetch": prefetch, "war": war}
+    opts = {k: v for k, v in given.items() if v is not None}
+    if warp_specialize or registers is not None:  # absent otherwise: annotations stay as they were
+        opts["warp_specialize"] = warp_specialize
+        opts["registers"] = registers
+    if strict_trip_count:  # absent otherwise, as above
+        opts["strict_trip_count"] = True
+    return _cb_options(opts, "circular_buffer(...)")
+
+
+def _inside(tile: dict, shape: tuple) -> Term:
+    """The test that element ``tile['index']`` (row-major in the box) of the box at ``tile['coords']`` lies
+    inside a tensor of ``shape``."""
+    rest, pred = tile["index"], None
+    for d in reversed(range(len(tile["box"]))):
+        within = rest % tile["box"][d] if d else rest
+        rest = rest / tile["box"][d]
+        t = (tile["coords"][d] + within).lt(shape[d])
+        pred = t if pred is None else t.and_(pred)
+    return pred
+
+
+def _call_site() -> str:
+    f = sys._getframe(1)
+    # the author's line: skip the builder's own modules (builder, builder_tma, ...) and contextlib
+    while f is not None and (f.f_globals.get("__name__", "").startswith("cbrules.ir.builder")
+                             or f.f_globals.get("__name__", "") == "contextlib"):
+        f = f.f_back
+    if f is None:
+        return "?"
+    rel = os.path.relpath(f.f_code.co_filename)
+    return f"{f.f_code.co_filename if rel.startswith('..') else rel}:{f.f_lineno}"
+
+
+_MEMORY = ("tensor", "buffer")  # what load and store may address
+MAX_BLOCK_THREADS = 1024  # CUDA's limit on threads per block
+
+
+def _dims(x, where: str) -> tuple[int, int, int]:
+    t = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+    if not 1 <= len(t) <= 3:
+        raise BuildError(f"{where}: block {x!r} must have 1 to 3 dimensions")
+    dims = _ints(t, where, "block") + (1,) * (3 - len(t))
+    if dims[0] * dims[1] * dims[2] > MAX_BLOCK_THREADS:
+        raise BuildError(f"{where}: block {x!r} has {dims[0] * dims[1] * dims[2]} threads, more than the "
+                         f"{MAX_BLOCK_THREADS} a CUDA block may have")
+    return dims  # type: ignore[return-value]
