@@ -10,145 +10,26 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
-import statistics
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from . import __version__
 from .errors import CbrulesError, CliError
 from .ir.limits import MAX_CHECK_STAGES
 from .ir.ops import HALF_DTYPES
-from .kernelfile import load_kernel, refuse_untaken
+from .kernelfile import load_kernel
 from .rewrite import rulefile
+from .cli_check import cmd_check
+from .cli_kernel import _compile, _dtype, _kernel, _lower_options, _rule_folders, _run, _shape
 
-if TYPE_CHECKING:
-    from .kernels.specs import KernelSpec
 
 TRACEBACK_VAR = "CBRULES_TRACEBACK"
-MAX_ELEMENTS = 2 ** 31  # the launcher refuses tensors past 2**31 elements: refuse such shapes up front
 EXIT_CODES = ("exit codes: 0 success; 1 a named error (the kernel, the rules or a check failed); 2 a wrong "
               f"command line; 3 an internal error (a bug: rerun with {TRACEBACK_VAR}=1 and report the "
               "traceback); 130 interrupted; 141 stdout closed (e.g. piped into head)")
-
-
-def _lower_options(a) -> dict:
-    return {"rules": _rule_folders(a) or None, "debug": True if getattr(a, "debug", False) else None}
-
-
-def _rule_folders(a) -> list:
-    """The ``--rules`` folders; an empty one would mean the working directory, which is never meant."""
-    folders = list(getattr(a, "rules", None) or ()) + list(getattr(a, "dirs", None) or ())
-    for f in folders:
-        if not str(f).strip():
-            raise CliError("--rules '' (or an empty rule folder argument): give the path of a rule folder")
-    return list(getattr(a, "rules", None) or ())
-
-
-def _shape(a, spec: KernelSpec) -> tuple:
-    if not getattr(a, "shape", None):
-        return spec.default_shape
-    try:
-        shape = tuple(int(x) for x in a.shape.split(","))
-    except ValueError:
-        raise CliError(f"--shape {a.shape!r}: give the sizes as integers separated by commas, e.g. 500,1024")
-    if len(shape) != len(spec.default_shape):
-        raise CliError(f"--shape {a.shape!r}: {spec.name} takes {len(spec.default_shape)} size(s), e.g. "
-                       + ",".join(map(str, spec.default_shape)))
-    if any(x < 1 for x in shape) or math.prod(shape) > MAX_ELEMENTS:
-        raise CliError(f"--shape {a.shape!r}: sizes must be >= 1 and {MAX_ELEMENTS} elements at most")
-    return shape
-
-
-def _registers(a) -> Optional[tuple[int, int]]:
-    text = getattr(a, "registers", None)
-    if text is None:
-        return None
-    try:
-        producer, consumer = (int(x) for x in text.split(","))
-    except ValueError:
-        raise CliError(f"--registers {text!r}: give the producer's and the consumers' register counts as two "
-                       "integers separated by a comma, e.g. 40,232") from None
-    return producer, consumer
-
-
-def _warp_options(a) -> dict:
-    """The command line's warp-specialization options (absent when not asked for)."""
-    return {"warp_specialize": True if getattr(a, "warp_specialize", False) else None, "registers": _registers(a)}
-
-
-def _file_options(a, spec: KernelSpec) -> None:
-    """A kernel file gets every option given that its build() takes; one it does not take is an error
-    (--shape is also the problem's shape for `run` and `check` when the file defines inputs())."""
-    shape_for_inputs = getattr(a, "command", "") in ("run", "check") and spec.inputs is not None
-    refuse_untaken(spec, {"stages": getattr(a, "stages", None), "prefetch": getattr(a, "prefetch", None),
-                          "war": getattr(a, "war", None), "warp_specialize": getattr(a, "warp_specialize", False),
-                          "registers": getattr(a, "registers", None),
-                          "shape": None if shape_for_inputs else getattr(a, "shape", None),
-                          "dtype": None if getattr(a, "dtype", None) in (None, "float32") else a.dtype,
-                          "tma_store": getattr(a, "tma_store", False), "swizzle": getattr(a, "swizzle", None)})
-
-
-def _kernel(a, spec: KernelSpec):
-    """The kernel with the command line's circular-buffer options; options it cannot take are an error."""
-    _file_options(a, spec)
-    given = [k for k in ("stages", "prefetch", "war", "registers") if getattr(a, k, None) is not None]
-    given += ["warp-specialize"] if getattr(a, "warp_specialize", False) else []
-    if given and not spec.pipelined:
-        raise CliError(f"{spec.name}: its build() takes no circular-buffer options, so "
-                       f"{', '.join('--' + k for k in given)} would be ignored; drop them, or give build() "
-                       "keyword parameters (stages=None, prefetch=None, war=None, ...) and pass them on")
-    return spec.build(_shape(a, spec), stages=getattr(a, "stages", None), prefetch=getattr(a, "prefetch", None),
-                      war=getattr(a, "war", None), dtype=_dtype(a, spec),
-                      tma_store=bool(getattr(a, "tma_store", False)),
-                      swizzle=getattr(a, "swizzle", None) or "none", **_warp_options(a))
-
-
-def _dtype(a, spec: KernelSpec) -> str:
-    """--dtype, else the kernel's first dtype (float32 for every kernel that takes it)."""
-    return getattr(a, "dtype", None) or spec.dtypes[0]
-
-
-def _compile(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
-    from . import api
-    ck = api.compile(kernel, annotate=annotate, **lower_options)
-    r = ck.cubin.resources
-    return ck, (f"{ck.name}: {r.registers} registers, {ck.source.shared_bytes} B dynamic shared memory, "
-                f"{r.shared_bytes} B static, {r.spill_stores}/{r.spill_loads} B spill stores/loads, "
-                f"{r.stack_bytes} B stack{' (cached)' if ck.cubin.cached else ''}")
-
-
-def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=sys.stdout, dtype: str = "float32") -> bool:
-    import numpy as np
-
-    from .codegen import runtime
-    if spec.inputs is None or spec.reference is None:
-        raise CliError(f"{spec.name}: the kernel file defines no inputs()/reference(), so it cannot be run")
-    rng = np.random.default_rng(0)
-    args = spec.make_inputs(shape, rng, dtype)
-    rtol, atol = spec.tolerances(shape, dtype)
-    want = spec.expected(args)
-    bound = ck.bind(**args)
-    for name in spec.outputs:  # poison outputs so a kernel that writes nothing cannot pass
-        bound.arrays[name].fill_bytes(0xFF)
-    bound.launch()
-    bound.finish()
-    ok = True
-    for name in spec.outputs:
-        got = args[name].astype(np.float64)
-        err = float(np.max(np.abs(got - want[name]))) if got.size else 0.0
-        good = np.allclose(got, want[name], rtol=rtol, atol=atol)
-        ok &= good
-        print(f"{name}: max abs error {err:.3g} vs numpy ({'ok' if good else 'MISMATCH'})", file=out)
-    times = runtime.time_launch(bound.launch, reps)
-    ms = statistics.median(times)
-    nbytes = sum(a.nbytes for a in args.values() if isinstance(a, np.ndarray))
-    print(f"shape {'x'.join(map(str, shape))}: median {ms * 1e3:.1f} us over {reps} launches, "
-          f"{nbytes / ms / 1e6:.1f} GB/s (bytes read + written)", file=out)
-    return ok
 
 
 def cmd_kernels(a) -> int:
@@ -340,86 +221,6 @@ def cmd_demo(a) -> int:
     info = runtime.device_info()
     print(f"running on {info['name']}")
     return 0 if _run(spec, ck, (a.size,), a.reps) else 1
-
-
-def cmd_check(a) -> int:
-    stages = a.stages if a.stages is not None else 3
-    if stages == "auto":
-        raise CliError("check --stages auto: the checker runs trip counts around a given S; give a number "
-                       "(`cbrules lower KERNEL --stages auto` shows the S the rules choose)")
-    if not 1 <= stages <= MAX_CHECK_STAGES:
-        raise CliError(f"check --stages {stages}: the checker runs 4*S trip counts, so it takes 1 <= S <= "
-                       f"{MAX_CHECK_STAGES} (the rules themselves refuse S < 2 with a named error)")
-    from .check import TABLE_HEADER, Checker, table_row, trip_counts
-    from .kernels import KERNELS
-    from .reference.interp import SCHEDULES
-    spec = load_kernel(a.kernel)
-    kernel_file = getattr(spec, "takes", None) is not None
-    if kernel_file:
-        missing = [w for w, have in (("inputs(shape, rng)", spec.inputs), ("reference(inputs)", spec.reference),
-                                     ("OUTPUTS", spec.outputs)) if not have]
-        if missing:
-            raise CliError(f"{a.kernel}: `cbrules check` compares the lowered kernel with the unlowered one and with "
-                           f"reference(); the kernel file must define {', '.join(missing)}")
-        _file_options(a, spec)
-    elif not spec.pipelined or spec.shape_for_trips is None:
-        raise CliError(f"{spec.name}: `cbrules check` needs a built-in circular-buffered kernel with small "
-                       "shapes for the CPU checker (one of: " + ", ".join(
-                           n for n, s in sorted(KERNELS.items()) if s.pipelined and s.shape_for_trips) + "), "
-                       "or a kernel file defining inputs, reference and OUTPUTS")
-    ws = _warp_options(a)
-    asked = " ".join(f"--{k} {v}" for k, v in (("stages", a.stages), ("prefetch", a.prefetch), ("war", a.war),
-                                                ("registers", a.registers), ("dtype", a.dtype),
-                                                ("swizzle", a.swizzle)) if v is not None)
-    asked += (" --warp-specialize" if ws["warp_specialize"] else "") + (" --tma-store" if a.tma_store else "")
-    roles = f"; roles under schedules {', '.join(SCHEDULES)}" if ws["warp_specialize"] else ""
-    # a kernel file without shape_for_trips(trips): one case, at its SHAPE
-    trips = trip_counts(stages) if spec.shape_for_trips is not None else [None]
-    cases = (f"trip counts 0..{4 * stages}" if trips != [None]
-             else f"shape {'x'.join(map(str, spec.default_shape))} (define shape_for_trips(trips) for every trip count)")
-    print(f"{spec.name}: options given: {asked.strip() or 'none'}; {cases}, "
-          f"{'a sample of' if a.sample else 'all'} blocks{roles}; lowered vs before lowering vs numpy, "
-          "protocol checked")
-    checker = Checker(blocks="sample" if a.sample else None, dtype=_dtype(a, spec), tma_store=a.tma_store,
-                      swizzle=a.swizzle or "none", **_lower_options(a))
-    print(_check_options(spec, checker, stages, a.prefetch, a.war, ws))
-    print(TABLE_HEADER, flush=True)
-    results = []
-    for i, t in enumerate(trips):
-        _progress(f"check {spec.name}: trip count {t} ({i + 1}/{len(trips)}) ...")
-        results.append(checker.check(spec, t, stages, a.prefetch, a.war, warp_specialize=bool(ws["warp_specialize"]),
-                                     registers=ws["registers"], shape=None if t is not None else spec.default_shape))
-        _progress("")
-        print(table_row(results[-1]), flush=True)  # each row as it finishes: a long check shows it is alive
-    failed = [r for r in results if not r.ok]
-    print(f"{len(results)} {'trip counts' if trips != [None] else 'case'}: {len(results) - len(failed)} ok, "
-          f"{len(failed)} failed")
-    return 1 if failed else 0
-
-
-def _progress(text: str) -> None:
-    """A progress line on a terminal's stderr, overwritten by the next (nothing when stderr is a file or pipe)."""
-    try:
-        if sys.stderr.isatty():
-            sys.stderr.write("\r" + text.ljust(79)[:79] + ("" if text else "\r"))
-            sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-
-
-def _check_options(spec: KernelSpec, checker, stages: int, prefetch: Optional[int], war: Optional[str],
-                   ws: dict) -> str:
-    """The effective options of the case with trip count S (the defaults filled in by the rules)."""
-    from . import api, options
-    trips = stages
-    shape = spec.shape_for_trips(trips) if spec.shape_for_trips is not None else spec.default_shape
-    built = spec.build(shape, trips=trips, stages=stages, prefetch=prefetch, war=war,
-                       dtype=checker.dtype, tma_store=checker.tma_store, swizzle=checker.swizzle, **ws)
-    try:
-        kg = api.lower(built, rules=checker.lower_options["rules"])
-    except CbrulesError as e:
-        return f"effective options: unknown, lowering with trip count {trips} fails ({type(e).__name__})"
-    return options.describe(kg, built.graph)
 
 
 def _count(least: int) -> Callable[[str], int]:

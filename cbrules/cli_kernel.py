@@ -1,0 +1,133 @@
+"""From a parsed command line to a kernel: the shape, the circular-buffer and warp-specialization
+options, the rule folders, and building, compiling and running the kernel the options describe
+(shared by the ``compile``, ``run``, ``lower``, ``trace`` and ``check`` commands of :mod:`cbrules.cli`)."""
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from typing import TYPE_CHECKING, Optional
+
+from .errors import CliError
+from .kernelfile import refuse_untaken
+
+if TYPE_CHECKING:
+    from .kernels.specs import KernelSpec
+
+MAX_ELEMENTS = 2 ** 31  # the launcher refuses tensors past 2**31 elements: refuse such shapes up front
+
+
+def _lower_options(a) -> dict:
+    return {"rules": _rule_folders(a) or None, "debug": True if getattr(a, "debug", False) else None}
+
+
+def _rule_folders(a) -> list:
+    """The ``--rules`` folders; an empty one would mean the working directory, which is never meant."""
+    folders = list(getattr(a, "rules", None) or ()) + list(getattr(a, "dirs", None) or ())
+    for f in folders:
+        if not str(f).strip():
+            raise CliError("--rules '' (or an empty rule folder argument): give the path of a rule folder")
+    return list(getattr(a, "rules", None) or ())
+
+
+def _shape(a, spec: KernelSpec) -> tuple:
+    if not getattr(a, "shape", None):
+        return spec.default_shape
+    try:
+        shape = tuple(int(x) for x in a.shape.split(","))
+    except ValueError:
+        raise CliError(f"--shape {a.shape!r}: give the sizes as integers separated by commas, e.g. 500,1024")
+    if len(shape) != len(spec.default_shape):
+        raise CliError(f"--shape {a.shape!r}: {spec.name} takes {len(spec.default_shape)} size(s), e.g. "
+                       + ",".join(map(str, spec.default_shape)))
+    if any(x < 1 for x in shape) or math.prod(shape) > MAX_ELEMENTS:
+        raise CliError(f"--shape {a.shape!r}: sizes must be >= 1 and {MAX_ELEMENTS} elements at most")
+    return shape
+
+
+def _registers(a) -> Optional[tuple[int, int]]:
+    text = getattr(a, "registers", None)
+    if text is None:
+        return None
+    try:
+        producer, consumer = (int(x) for x in text.split(","))
+    except ValueError:
+        raise CliError(f"--registers {text!r}: give the producer's and the consumers' register counts as two "
+                       "integers separated by a comma, e.g. 40,232") from None
+    return producer, consumer
+
+
+def _warp_options(a) -> dict:
+    """The command line's warp-specialization options (absent when not asked for)."""
+    return {"warp_specialize": True if getattr(a, "warp_specialize", False) else None, "registers": _registers(a)}
+
+
+def _file_options(a, spec: KernelSpec) -> None:
+    """A kernel file gets every option given that its build() takes; one it does not take is an error
+    (--shape is also the problem's shape for `run` and `check` when the file defines inputs())."""
+    shape_for_inputs = getattr(a, "command", "") in ("run", "check") and spec.inputs is not None
+    refuse_untaken(spec, {"stages": getattr(a, "stages", None), "prefetch": getattr(a, "prefetch", None),
+                          "war": getattr(a, "war", None), "warp_specialize": getattr(a, "warp_specialize", False),
+                          "registers": getattr(a, "registers", None),
+                          "shape": None if shape_for_inputs else getattr(a, "shape", None),
+                          "dtype": None if getattr(a, "dtype", None) in (None, "float32") else a.dtype,
+                          "tma_store": getattr(a, "tma_store", False), "swizzle": getattr(a, "swizzle", None)})
+
+
+def _kernel(a, spec: KernelSpec):
+    """The kernel with the command line's circular-buffer options; options it cannot take are an error."""
+    _file_options(a, spec)
+    given = [k for k in ("stages", "prefetch", "war", "registers") if getattr(a, k, None) is not None]
+    given += ["warp-specialize"] if getattr(a, "warp_specialize", False) else []
+    if given and not spec.pipelined:
+        raise CliError(f"{spec.name}: its build() takes no circular-buffer options, so "
+                       f"{', '.join('--' + k for k in given)} would be ignored; drop them, or give build() "
+                       "keyword parameters (stages=None, prefetch=None, war=None, ...) and pass them on")
+    return spec.build(_shape(a, spec), stages=getattr(a, "stages", None), prefetch=getattr(a, "prefetch", None),
+                      war=getattr(a, "war", None), dtype=_dtype(a, spec),
+                      tma_store=bool(getattr(a, "tma_store", False)),
+                      swizzle=getattr(a, "swizzle", None) or "none", **_warp_options(a))
+
+
+def _dtype(a, spec: KernelSpec) -> str:
+    """--dtype, else the kernel's first dtype (float32 for every kernel that takes it)."""
+    return getattr(a, "dtype", None) or spec.dtypes[0]
+
+
+def _compile(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
+    from . import api
+    ck = api.compile(kernel, annotate=annotate, **lower_options)
+    r = ck.cubin.resources
+    return ck, (f"{ck.name}: {r.registers} registers, {ck.source.shared_bytes} B dynamic shared memory, "
+                f"{r.shared_bytes} B static, {r.spill_stores}/{r.spill_loads} B spill stores/loads, "
+                f"{r.stack_bytes} B stack{' (cached)' if ck.cubin.cached else ''}")
+
+
+def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=sys.stdout, dtype: str = "float32") -> bool:
+    import numpy as np
+
+    from .codegen import runtime
+    if spec.inputs is None or spec.reference is None:
+        raise CliError(f"{spec.name}: the kernel file defines no inputs()/reference(), so it cannot be run")
+    rng = np.random.default_rng(0)
+    args = spec.make_inputs(shape, rng, dtype)
+    rtol, atol = spec.tolerances(shape, dtype)
+    want = spec.expected(args)
+    bound = ck.bind(**args)
+    for name in spec.outputs:  # poison outputs so a kernel that writes nothing cannot pass
+        bound.arrays[name].fill_bytes(0xFF)
+    bound.launch()
+    bound.finish()
+    ok = True
+    for name in spec.outputs:
+        got = args[name].astype(np.float64)
+        err = float(np.max(np.abs(got - want[name]))) if got.size else 0.0
+        good = np.allclose(got, want[name], rtol=rtol, atol=atol)
+        ok &= good
+        print(f"{name}: max abs error {err:.3g} vs numpy ({'ok' if good else 'MISMATCH'})", file=out)
+    times = runtime.time_launch(bound.launch, reps)
+    ms = statistics.median(times)
+    nbytes = sum(a.nbytes for a in args.values() if isinstance(a, np.ndarray))
+    print(f"shape {'x'.join(map(str, shape))}: median {ms * 1e3:.1f} us over {reps} launches, "
+          f"{nbytes / ms / 1e6:.1f} GB/s (bytes read + written)", file=out)
+    return ok
