@@ -280,7 +280,7 @@ def test_the_hand_built_tma_kernel_runs_clean():
 # ------------------------------------------------------------------------------ protocol failures
 def pipeline(tiles=3, *, init=True, init_sync=True, double_init=False, count=1, expect=256, arrive_all=False,
              tma_all=False, wait=True, parity=lambda i: i % 2, war_sync=True, inval=True, inval_in_loop=False,
-             stray_load=False):
+             stray_load=False, fence=True):
     """exp(x) in tiles of 64 under one full barrier, correct by default; each knob breaks one thing."""
     k = Kernel("hand", block=T)
     n = k.symbol("N")
@@ -291,6 +291,8 @@ def pipeline(tiles=3, *, init=True, init_sync=True, double_init=False, count=1, 
     for _ in range(2 if double_init else 1 if init else 0):
         with k.elect_one():
             k.mbarrier_init(full, 0, count=count)
+            if fence:
+                k.fence_proxy_async()
     if init_sync:
         k.syncthreads()
     with k.loop("i", tiles) as i:
@@ -343,6 +345,7 @@ FAILURES = {
     "no inval": (dict(inval=False), protocol.MissingInval, "full[0] is still valid"),
     "use after inval": (dict(inval_in_loop=True, inval=False), protocol.UseAfterInval, "after it was invalidated"),
     "load left in flight": (dict(stray_load=True), protocol.OutstandingTma, "still in flight"),
+    "init not fenced": (dict(fence=False), protocol.UnfencedInit, "no fence.proxy.async has made visible"),
 }
 
 
@@ -367,6 +370,7 @@ def empty_barrier_pipeline(arrive_before_read: bool):
     with k.elect_one():
         k.mbarrier_init(full, 0, count=1)
         k.mbarrier_init(empty, 0, count=T)
+        k.fence_proxy_async()
     k.syncthreads()
     with k.loop("i", 3) as i:
         with k.elect_one():

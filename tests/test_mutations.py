@@ -45,6 +45,16 @@ WRONG_BYTES = """
                                                            :bytes (+ ?bytes DELTA)))))
 """
 
+# cb-init-barriers' fence that makes the inits visible to the TMA unit (the async proxy), erased
+UNFENCED_INIT = """
+(graph-rule mut-init-unfenced
+  :doc "the elected thread's fence.proxy.async after the barrier inits is dropped"
+  :phase cb-stage
+  :after (cb-init-barriers)
+  :match ((fence_proxy_async ?f :part "pre-prologue"))
+  :rewrite ((erase ?f)))
+"""
+
 # cb-prologue with :stop (- ?P 1). It runs in a phase of its own before cb-pipeline: in cb-pipeline
 # the shipped rules come first in file order and cb-drop-original would erase its loop
 SHORT_PROLOGUE = """
@@ -68,6 +78,7 @@ MUTATIONS = {
     "no-war-sync": ("(disable cb-war-sync)\n", "sync", (protocol.WarHazard,)),
     "no-empty-barriers": ("(disable cb-war-empty-barriers)\n", "mbarrier", (protocol.WarHazard,)),
     "short-prologue": (SHORT_PROLOGUE, "sync", (protocol.Deadlock, protocol.RawHazard)),
+    "unfenced-init": (UNFENCED_INIT, "mbarrier", (protocol.UnfencedInit,)),
 }
 
 

@@ -46,6 +46,7 @@ def _layout_kernel(swizzle: str, dtype: str = "float32", rows: int = 8):
     k.grid(1)
     with k.elect_one():
         k.mbarrier_init(bar, 0, 1)
+        k.fence_proxy_async()
     k.syncthreads()
     with k.elect_one():
         k.mbarrier_arrive_expect_tx(bar, 0, xm.box_bytes)

@@ -26,6 +26,7 @@ def exp1d_tma(tiles_per_block: int = 8) -> Kernel:
     full = k.alloc("full", "shared", "mbarrier", (1,))
     with k.elect_one():
         k.mbarrier_init(full, 0, count=1)
+        k.fence_proxy_async()  # the TMA unit (async proxy) sees the init
     k.syncthreads()
     first = blockIdx.x * tiles_per_block
     with k.loop("i", call("min", tiles_per_block, n_tiles - first)) as i:

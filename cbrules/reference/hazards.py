@@ -101,5 +101,9 @@ class StoreInFlight(ProtocolError):
     """The block ends while a TMA store's bulk group has not been waited for (``wait_group 0``)."""
 
 
+class UnfencedInit(ProtocolError):
+    """A TMA (the async proxy) completes on an mbarrier whose init no fence.proxy.async has ordered before it."""
+
+
 class PartialTileStore(ProtocolError):
     """A TMA store sends in-bounds elements of its box that no thread wrote since the last store."""

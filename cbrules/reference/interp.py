@@ -164,10 +164,10 @@ class _BlockRunner(MemoryOps, MmaOps):
         self.handlers = {op: getattr(self, "_" + op) for op in
                          ("for", "if", "load", "store", "copy", "assign", "fma", "reduce", "tma_load", "tma_store", "tma_store_wait",
                           "mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
-                          "mbarrier_inval", "syncthreads", "bar_sync", "setmaxnreg", "mma", "wgmma_fence",
+                          "mbarrier_inval", "syncthreads", "bar_sync", "setmaxnreg", "mma", "wgmma_fence", "fence_proxy_async",
                           "wgmma_commit", "wgmma_wait")}
-        for op in ("alloc", "fence_proxy_async", "fence_mbarrier_init"):
-            self.handlers[op] = lambda s, mask: None
+        self.handlers["alloc"] = lambda s, mask: None
+        self.handlers["fence_mbarrier_init"] = self._fence_proxy_async  # also publishes inits to the TMA unit
         for op in UNARY:
             self.handlers[op] = self._unary
         for op in ("add", "sub", "mul", "div", "max", "min"):

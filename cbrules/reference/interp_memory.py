@@ -240,6 +240,9 @@ class MemoryOps:
         for sl, v in sorted({(int(a), int(b)) for a, b in zip(slots, vals)}):
             yield self.proto.slot_id(s.attrs["barrier"], sl, self.site), v, lanes[(slots == sl) & (vals == v)]
 
+    def _fence_proxy_async(self, s: Step, mask: np.ndarray) -> None:
+        self.proto.proxy_fence(np.nonzero(mask)[0])
+
     def _mbarrier_init(self, s: Step, mask: np.ndarray) -> None:
         for sid, _, lanes in self._slots(s, mask):
             self.proto.init(sid, lanes, int(s.attrs["count"]), self.site)

@@ -31,8 +31,8 @@ import numpy as np
 from .mma_groups import MmaGroups
 from .hazards import (DivergentSync, Deadlock, DoubleInit, ElectError, InterpError,  # noqa: F401
                       MissingInval, OutstandingTma, PartialTileStore, ProtocolError, RawHazard, Site, SiteFn,
-                      StoreInFlight, StoreOverwrite, TmaIssueError, TooManyArrivals, TxMismatch, UseAfterInval,
-                      UseBeforeInit, WarHazard)
+                      StoreInFlight, StoreOverwrite, TmaIssueError, TooManyArrivals, TxMismatch, UnfencedInit,
+                      UseAfterInval, UseBeforeInit, WarHazard)
 
 INFLIGHT = np.iinfo(np.int64).max  # phase of an element whose load has not been delivered yet
 
@@ -126,6 +126,8 @@ class Barriers:
         n, t = len(self.names), self.threads
         self.state = np.zeros(n, np.int8)  # 0 never initialised, 1 valid, 2 invalidated
         self.visible = np.zeros((n, t), bool)  # threads that may use it (init ordered before them)
+        self.initialiser = np.full(n, -1, np.int64)  # the thread whose init is the latest
+        self.fenced = np.zeros(n, bool)  # that thread ran fence.proxy.async since: the TMA unit sees the init
         self.count = np.zeros(n, np.int64)
         self.pending = np.zeros(n, np.int64)
         self.tx = np.zeros(n, np.int64)
@@ -205,6 +207,12 @@ class BlockProtocol:
         b.visible[sid] = False
         b.visible[sid, lanes] = True
         b.arrived[sid] = -1
+        b.initialiser[sid], b.fenced[sid] = lanes[0], False
+
+    def proxy_fence(self, lanes: np.ndarray) -> None:
+        """``fence.proxy.async``: the inits these threads made become visible to the async proxy (TMA)."""
+        b = self.bars
+        b.fenced |= np.isin(b.initialiser, lanes)
 
     def inval(self, sid: int, lanes: np.ndarray, site: SiteFn) -> None:
         b = self.bars
@@ -352,6 +360,11 @@ class BlockProtocol:
         b = self.bars
         bname, slot = b.names[sid]
         self._usable(sid, np.array([issuer]), site, "issue a TMA load completing on")
+        if not b.fenced[sid]:
+            raise UnfencedInit(f"thread {issuer} issues a TMA load completing on {b.label(sid)}, whose init (by thread "
+                               f"{b.initialiser[sid]}) no fence.proxy.async has made visible to the TMA unit: it may "
+                               "see the barrier uninitialised; the initialising thread runs fence_proxy_async after "
+                               "its inits, before the block sync", site(), bname, slot)
         self._not_being_stored(buf, np.arange(lo, hi), np.array([issuer]), site)
         self.mma.check_overwrite(buf, np.arange(lo, hi), f"thread {issuer} refills (completing on {b.label(sid)})",
                                  site, bname, slot)
