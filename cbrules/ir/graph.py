@@ -41,12 +41,15 @@ class Param:
 class KernelGraph:
     """A kernel as a graph; the root node is the ``kernel`` scope."""
 
+    _scope_effects: Optional[dict] = None  # a graph made by __new__ (trace files) keeps none
+
     def __init__(self, name: str, params: tuple = (), block: tuple = (1, 1, 1), grid: Optional[tuple] = None,
                  symbols: tuple = ()):
         grid = tuple(const(g) if isinstance(g, int) else g for g in (grid or (1, 1, 1)))
         self.g = nx.DiGraph()
         self._next_id = 0
         self._effects: dict = {}  # node -> (its attribute items, reads, writes): see effects()
+        self._scope_effects: Optional[dict] = None  # scope -> (reads, writes) while kept: see keep_scope_effects()
         self.trace = None  # set by lowering in debug mode
         self.root = self.add("kernel", None, origin={"by": "build"}, name=name, params=params,
                              block=block, grid=grid, symbols=symbols, requires=())
@@ -67,6 +70,7 @@ class KernelGraph:
         self.g.add_node(nid, op=op, origin=dict(origin or {}), **full)
         if parent is not None:
             self.g.add_edge(parent, nid, kind=CONTAINS)
+            self.touch(parent)
         return nid
 
     def add_depends(self, a: int, b: int) -> None:
@@ -149,14 +153,47 @@ class KernelGraph:
         return self.g._node[n]["op"] in SCOPES
 
     def effects(self, n: int) -> tuple[set[str], set[str]]:
-        """Reads and writes of a node, including everything inside it when it is a scope."""
+        """Reads and writes of a node, including everything inside it when it is a scope (callers
+        must not change the sets)."""
         r, w = self._own_effects(n)
+        if self.g._node[n]["op"] not in SCOPES:
+            return set(r), set(w)
+        kept = self._scope_effects
+        if kept is not None and n in kept:
+            return kept[n]
         reads, writes = set(r), set(w)
-        for d in (self._inside(n) if self.g._node[n]["op"] in SCOPES else ()):  # a union: order does not matter
-            r, w = self._own_effects(d)
-            reads |= r
-            writes |= w
+        succ, stack = self.g._succ, [n]
+        while stack:  # a union: order does not matter; a kept inner scope is not walked again
+            for c, d in succ[stack.pop()].items():
+                if d["kind"] != CONTAINS:
+                    continue
+                if kept is not None and c in kept:
+                    r, w = kept[c]
+                else:
+                    r, w = self._own_effects(c)
+                    if self.g._node[c]["op"] in SCOPES:
+                        stack.append(c)
+                reads |= r
+                writes |= w
+        if kept is not None:
+            kept[n] = (frozenset(reads), frozenset(writes))
+            return kept[n]
         return reads, writes
+
+    def keep_scope_effects(self, keep: bool = True) -> None:
+        """Remember each scope's effects until something inside it changes. Placing a node asks for
+        the effects of every sibling; without this a scope of k children holding m nodes costs
+        O(m) per placement. Only for a graph whose every change goes through :meth:`add` or is
+        followed by :meth:`touch` (the rewrite engine's private copy); ``keep=False`` forgets."""
+        self._scope_effects = {} if keep else None
+
+    def touch(self, n: int) -> None:
+        """``n`` changed (its attributes, or what it contains): its scopes' remembered effects go."""
+        kept = self._scope_effects
+        if kept:
+            while n is not None:
+                kept.pop(n, None)
+                n = self.parent(n)
 
     def _own_effects(self, n: int) -> tuple[set[str], set[str]]:
         """One node's own effects (callers must not change the sets), remembered: placing a node
@@ -202,6 +239,7 @@ class KernelGraph:
         # annotation and origin dicts, replaced rather than changed in place by builder and rules
         new.g = self.g.copy()
         new._next_id, new.root, new.trace, new._effects = self._next_id, self.root, None, {}
+        new._scope_effects = None if self._scope_effects is None else dict(self._scope_effects)
         return new
 
     def verify(self, ready: bool = False, structure_only: bool = False) -> None:

@@ -7,6 +7,7 @@ so the graph, its verifier and the scheduler all import it and none imports anot
 """
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING, Optional
 
 import networkx as nx
@@ -61,21 +62,45 @@ def sibling_order(kg: KernelGraph, scope: int, edges: Optional[dict] = None) -> 
     Without ``edges`` (from :func:`sibling_edges`) only the edges between the children themselves
     count, which is all a verified graph has and costs only the scope's own adjacency."""
     kids = kg.children(scope)
-    dag = nx.DiGraph()
-    dag.add_nodes_from(kids)
     if edges is None:
         kid_set = set(kids)
-        dag.add_edges_from((c, s) for c in kids for s, d in kg.g.succ[c].items()
-                           if d["kind"] == DEPENDS and s in kid_set)
+        pairs = [(c, s) for c in kids for s, d in kg.g._succ[c].items() if d["kind"] == DEPENDS and s in kid_set]
     else:
-        dag.add_edges_from((a, b) for a, b, _ in edges.get(scope, ()) if a != b)
-    try:
-        return list(nx.lexicographical_topological_sort(dag))
-    except nx.NetworkXUnfeasible:
+        pairs = [(a, b) for a, b, _ in edges.get(scope, ()) if a != b]
+    order = _smallest_first(kids, pairs)
+    if order is None:
+        dag = nx.DiGraph()
+        dag.add_nodes_from(kids)
+        dag.add_edges_from(pairs)
         cycle = nx.find_cycle(dag)
         names = " -> ".join(kg.describe(u) for u, _ in cycle) + f" -> {kg.describe(cycle[0][0])}"
         raise ScheduleError(f"depends edges form a cycle inside {kg.describe(scope)}: {names}; "
                             "remove one of these edges (a rule or builder call ordered them both ways)")
+    return order
+
+
+def _smallest_first(nodes: list[int], pairs: list[tuple[int, int]]) -> Optional[list[int]]:
+    """Topological order of ``nodes`` under ``pairs`` taking the smallest ready id first (the
+    lexicographic topological sort); None when the pairs form a cycle. Plain dicts and a heap:
+    the scheduler, the verifier and every placement ask for it, and a networkx DiGraph per call
+    cost several times the sort itself."""
+    waiting = dict.fromkeys(nodes, 0)
+    after: dict[int, list[int]] = {}
+    for a, b in set(pairs):
+        waiting.setdefault(a, 0)
+        waiting[b] = waiting.get(b, 0) + 1
+        after.setdefault(a, []).append(b)
+    ready = [n for n, k in waiting.items() if k == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        n = heapq.heappop(ready)
+        out.append(n)
+        for m in after.get(n, ()):
+            waiting[m] -= 1
+            if not waiting[m]:
+                heapq.heappush(ready, m)
+    return out if len(out) == len(waiting) else None
 
 
 def linear_order(kg: KernelGraph) -> list[int]:

@@ -114,6 +114,7 @@ class Rewriter:
         seq = [c for c in sibling_order(kg, scope) if c != n]
         if n not in kg.children(scope):
             kg.g.add_edge(scope, n, kind="contains")
+            kg.touch(scope)
         # entry/exit: before the siblings nothing precedes / after those nothing follows; the rest
         # is ordered through them (edges stay linear in the number of siblings)
         sibs = set(seq)
@@ -200,6 +201,7 @@ class Rewriter:
             self.kg.g.remove_edge(n, s)
         parent = self.kg.parent(n)
         if parent is not None:
+            self.kg.touch(parent)
             self.kg.g.remove_edge(parent, n)
 
     def _erase(self, a, target) -> None:
@@ -222,6 +224,7 @@ class Rewriter:
             self.kg[n][k] = _coerce(spec, k, self.value(v))
             _bounded(k, self.kg[n][k], v, len(self.kg))
             _printable(self.kg.op(n), k, self.kg[n][k], v)
+        self.kg.touch(n)
         if n not in self.created:
             self.changed.append(n)
 
@@ -239,6 +242,7 @@ class Rewriter:
             raise RuleError(t.pos, f"wrap needs a scope template (for, if ...) to hold {kg.describe(n)}, "
                             f"got {t.head()}")
         g.add_edge(parent, s, kind="contains")
+        kg.touch(parent)
         # the new scope takes ?n's place: its depends edges move over, then ?n moves inside
         for p in [p for p in g.pred[n] if g.edges[p, n]["kind"] == "depends"]:
             g.remove_edge(p, n)
@@ -247,6 +251,7 @@ class Rewriter:
             g.remove_edge(n, q)
             kg.add_depends(s, q)
         g.remove_edge(parent, n)
+        kg.touch(s)
         if kg.children(s):
             self.place(n, s, "exit")  # after the template's own body
         else:
@@ -267,6 +272,7 @@ class Rewriter:
             g.remove_edge(s, c)
             g.add_edge(new, c, kind="contains")
         g.add_edge(s, new, kind="contains")
+        kg.touch(new)
         self.changed.extend(body)
 
     def _move(self, a, target, *kv) -> None:
@@ -342,6 +348,7 @@ class Rewriter:
             cc = self._copy(c, kept, mapping, shifted, at)
             if cc is not None:
                 kg.g.add_edge(new, cc, kind="contains")
+                kg.touch(new)
                 seq.append(cc)
         kg.order_by_effects(seq)  # the copies keep the original's order wherever effects conflict
         return new
@@ -390,6 +397,7 @@ class Rewriter:
                     _replace(v, frm, to) if isinstance(v, Term) else v
                 if nv != v:
                     attrs[key] = nv
+                    self.kg.touch(n)
                     self.changed.append(n)
 
     def _let(self, a, var, expr) -> None:

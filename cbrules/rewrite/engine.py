@@ -132,6 +132,7 @@ def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: O
     kg.verify()
     trace = Trace(kg.copy(), rules={r.name: r for r in rules.rules}, phases=list(rules.phases),
                   files=list(rules.files)) if debug else None
+    kg.keep_scope_effects()  # every change to the private copy goes through the Rewriter, which says what it touched
     run = _Run(rules, trace, debug, stop_after, time_limit, simplify)
     run.stop_after_phase = stop_after_phase
     try:
@@ -212,6 +213,7 @@ class _Run:
         return self._done(kg)
 
     def _done(self, kg: KernelGraph) -> Lowered:
+        kg.keep_scope_effects(False)  # the caller may change the graph it gets without telling it
         return Lowered(kg, self.trace, self.step, self.match_work)
 
     def _simplified(self, kg: KernelGraph) -> KernelGraph:
@@ -264,7 +266,7 @@ class _Run:
     # ------------------------------------------------------------------ matching
     def _next_batch(self, kg: KernelGraph, rules: list[GraphRule]):
         """The first rule (in order) with matches not applied yet, and all those matches."""
-        index = Matcher(kg, deadline=self.deadline, decide=self._decider(kg))  # the graph does not change while we look
+        index = Matcher(kg, deadline=self.deadline, decide=self._decider(kg), plan=True)  # the graph does not change while we look
         for rule in rules:
             batch = [b for b in self._matches(index.fresh(), rule) if _match_key(rule, b) not in self.fired]
             if batch:
@@ -276,7 +278,7 @@ class _Run:
         nodes = {k: v for k, v in b.items() if isinstance(v, NodeRef)}
         if any(v.id not in kg for v in nodes.values()):
             return None
-        m = Matcher(kg, deadline=self.deadline, decide=self._decider(kg))
+        m = Matcher(kg, deadline=self.deadline, decide=self._decider(kg), plan=True)
         return next((b2 for b2 in self._matches(m, rule, nodes) if _match_key(rule, b2) not in self.fired), None)
 
     def _matches(self, m: Matcher, rule: GraphRule, nodes: Optional[dict] = None) -> Iterator[dict]:
@@ -303,6 +305,8 @@ def _apply(kg: KernelGraph, rule: GraphRule, b: dict, step: int, phase: str, tra
     # lowering works on a private copy of the user's graph, so a failure (which stops lowering)
     # cannot touch what the user built; debug mode also keeps the graph as it was after each step
     work = kg.copy() if debug else kg
+    if debug:
+        kg.keep_scope_effects(False)  # kept in the trace, where nothing tells it of changes
     rw = Rewriter(work, b, {"by": "rule", "rule": rule.name, "at": rule.at, "step": step})
     where = f"rule {rule.name} ({rule.at}), step {step}"
     try:
@@ -418,6 +422,7 @@ def _simplify(kg: KernelGraph, rules: RuleSet, step: int, phase: str, trace: Opt
     t0 = time.perf_counter()
     if trace is not None:
         kg = kg.copy()  # the trace holds the graph of the previous step
+    kg.keep_scope_effects(False)  # terms change below without touch()
     scoped, loop_ranges = _loop_names(kg)
     back = {str(t.value): name_term(var) for m in scoped.values() for var, t in m.items()}
     sites = []

@@ -20,6 +20,7 @@ from .sexpr import Atom, Expr, Pos, RuleError, SList
 from ..ir.terms import evaluate as eval_term
 from ..ir.terms import Term, as_term
 from .schema import RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS, split_keys  # noqa: F401  (public here too)
+from .plan import AttrIndex, join_order, literal, written_rank
 from .values import Env, NodeRef, evaluate, holds
 
 MISSING = object()
@@ -101,12 +102,17 @@ class Matcher:
     """Matches rules against one graph; remembers the deepest failure for "why not" queries."""
 
     def __init__(self, kg: KernelGraph, deadline: Optional[float] = None,
-                 decide: Optional[Callable[[Term], bool]] = None):
+                 decide: Optional[Callable[[Term], bool]] = None, plan: bool = False):
         """``deadline`` (a ``time.monotonic()`` value): past it, matching raises :class:`MatchTimeout`
         (a rule with many node patterns can take time exponential in their number). ``decide``
-        proves predicate terms for the ``provably-*`` guards (the engine's egglog oracle)."""
+        proves predicate terms for the ``provably-*`` guards (the engine's egglog oracle).
+        ``plan``: search the leading node patterns in a joined order (:mod:`cbrules.rewrite.plan`);
+        the bindings are the same, in the same order, but the deepest failure that :meth:`explain`
+        reports is the written search's only without it."""
         self.kg = kg
         self.decide = decide
+        self.plan = plan
+        self._attrs: Optional[AttrIndex] = None
         self._orders: dict[int, list[int]] = {}
         self._index: Optional[dict[str, list[int]]] = None  # op -> nodes, built on first use
         self._within: dict[tuple[int, str], list[int]] = {}  # (scope, op) -> nodes inside, on first use
@@ -120,7 +126,7 @@ class Matcher:
         failure record."""
         m = Matcher.__new__(Matcher)
         m.kg, m._orders, m._index, m._within = self.kg, self._orders, self.by_op(), self._within
-        m.decide = self.decide
+        m.decide, m.plan, m._attrs = self.decide, self.plan, self.attr_index()
         m.deepest, m.deadline, m.ticks = (-1, "", None), self.deadline, 0
         m.deepest_bindings = {}
         return m
@@ -132,6 +138,12 @@ class Matcher:
             self._index = self.kg.by_op()
             self._index["_"] = sorted(self.kg.g.nodes)
         return self._index
+
+    def attr_index(self) -> AttrIndex:
+        """Nodes by op and attribute value (:class:`cbrules.rewrite.plan.AttrIndex`), on first use."""
+        if self._attrs is None:
+            self._attrs = AttrIndex(self.kg, self.by_op())
+        return self._attrs
 
     def inside(self, scope: int, op: str) -> list[int]:
         """The nodes of ``op`` (``"_"``: any) inside ``scope``, in id order; remembered, as the graph
@@ -165,7 +177,10 @@ class Matcher:
     # ------------------------------------------------------------------ rules
     def matches(self, elements: tuple, guards: tuple, b: Optional[dict] = None) -> Iterator[dict]:
         """Every binding of the pattern elements that also satisfies every guard."""
-        for bound in self._elements(elements, 0, dict(b or {})):
+        order = join_order(elements, frozenset(b or ())) if self.plan else None
+        found = self._elements(elements, 0, dict(b or {})) if order is None else \
+            self._joined(elements, order, dict(b or {}))
+        for bound in found:
             ok = True
             for gi, g in enumerate(guards):
                 if not holds(g, self.env(bound)):
@@ -174,6 +189,28 @@ class Matcher:
                     break
             if ok:
                 yield bound
+
+    def _joined(self, els: tuple, order: list[int], b: dict) -> Iterator[dict]:
+        """The bindings of ``els`` searched with its leading node patterns in ``order``, sorted
+        back into the written search's order (by the node each pattern picked, in written order)
+        with their variables listed as the written search lists them."""
+        run, picked, found = len(order), [0] * len(order), []
+
+        def search(k: int, b: dict) -> None:
+            self._tick()
+            if k == run:
+                for tail in self._elements(els, run, b):
+                    found.append((tuple(picked), tail))
+                return
+            i = order[k]
+            for n, b2 in self.node_matches(els[i], b):
+                picked[i] = n
+                search(k + 1, b2)
+        search(0, b)
+        found.sort(key=lambda f: f[0])
+        rank = written_rank(els, b)
+        for _, bound in found:
+            yield {k: bound[k] for k in sorted(bound, key=rank.__getitem__)}
 
     def _elements(self, els: tuple, i: int, b: dict) -> Iterator[dict]:
         self._tick()
@@ -258,10 +295,15 @@ class Matcher:
             return list(self.inside(within, op))
         elif "child-of" in keys:
             pool = self.kg.children(self._scope_of(keys["child-of"], b))
-        elif "in" in keys:
-            return list(self.inside(self._scope_of(keys["in"], b), op))
-        else:  # the whole graph: the op index, built once per matcher
-            return list(self.by_op().get(op, ()))
+        else:  # inside a scope, or the whole graph (the op index, built once per matcher)
+            pool = self.inside(self._scope_of(keys["in"], b), op) if "in" in keys else self.by_op().get(op, ())
+            if op != "_":  # an attribute that must equal a known value: its index, when shorter
+                for k, p in keys.items():
+                    v = b.get(p.value, MISSING) if isinstance(p, Atom) and p.kind == "var" else literal(p)
+                    same = None if k in STRUCTURAL_KEYS or v is MISSING else self.attr_index().lookup(op, k, v)
+                    if same is not None and len(same) < len(pool):
+                        pool = same
+            return list(pool)
         return [n for n in pool if op == "_" or self.kg.op(n) == op]
 
     def node_pattern(self, e: SList, b: dict, within: Optional[int] = None) -> Iterator[dict]:
