@@ -42,6 +42,7 @@ class KernelGraph:
     """A kernel as a graph; the root node is the ``kernel`` scope."""
 
     _scope_effects: Optional[dict] = None  # a graph made by __new__ (trace files) keeps none
+    _orders: Optional[dict] = None
 
     def __init__(self, name: str, params: tuple = (), block: tuple = (1, 1, 1), grid: Optional[tuple] = None,
                  symbols: tuple = ()):
@@ -49,7 +50,8 @@ class KernelGraph:
         self.g = nx.DiGraph()
         self._next_id = 0
         self._effects: dict = {}  # node -> (its attribute items, reads, writes): see effects()
-        self._scope_effects: Optional[dict] = None  # scope -> (reads, writes) while kept: see keep_scope_effects()
+        self._scope_effects: Optional[dict] = None  # node -> (reads, writes) while kept: see keep_derived()
+        self._orders: Optional[dict] = None  # scope -> its children in sibling order, while kept
         self.trace = None  # set by lowering in debug mode
         self.root = self.add("kernel", None, origin={"by": "build"}, name=name, params=params,
                              block=block, grid=grid, symbols=symbols, requires=())
@@ -76,9 +78,13 @@ class KernelGraph:
     def add_depends(self, a: int, b: int) -> None:
         """Order ``a`` before ``b`` (siblings)."""
         self.g.add_edge(a, b, kind=DEPENDS)
+        if self._orders:
+            self._orders.pop(self.parent(a), None)
 
     def remove_depends(self, a: int, b: int) -> None:
         self.g.remove_edge(a, b)
+        if self._orders:
+            self._orders.pop(self.parent(a), None)
 
     def order_by_effects(self, seq: list[int]) -> None:
         """Add the depends edges that keep siblings ``seq`` (in program order) in that order
@@ -155,12 +161,15 @@ class KernelGraph:
     def effects(self, n: int) -> tuple[set[str], set[str]]:
         """Reads and writes of a node, including everything inside it when it is a scope (callers
         must not change the sets)."""
-        r, w = self._own_effects(n)
-        if self.g._node[n]["op"] not in SCOPES:
-            return set(r), set(w)
         kept = self._scope_effects
         if kept is not None and n in kept:
             return kept[n]
+        r, w = self._own_effects(n)
+        if self.g._node[n]["op"] not in SCOPES:
+            if kept is not None:
+                kept[n] = (frozenset(r), frozenset(w))
+                return kept[n]
+            return set(r), set(w)
         reads, writes = set(r), set(w)
         succ, stack = self.g._succ, [n]
         while stack:  # a union: order does not matter; a kept inner scope is not walked again
@@ -180,20 +189,34 @@ class KernelGraph:
             return kept[n]
         return reads, writes
 
-    def keep_scope_effects(self, keep: bool = True) -> None:
-        """Remember each scope's effects until something inside it changes. Placing a node asks for
-        the effects of every sibling; without this a scope of k children holding m nodes costs
-        O(m) per placement. Only for a graph whose every change goes through :meth:`add` or is
-        followed by :meth:`touch` (the rewrite engine's private copy); ``keep=False`` forgets."""
+    def keep_derived(self, keep: bool = True) -> None:
+        """Remember each node's effects (a scope's: with everything inside) and each scope's sibling
+        order until it changes. Placing a node asks for the order and the effects of every sibling;
+        without this a scope of k children holding m nodes costs O(m + k log k) per placement.
+        Only for a graph whose every change goes through :meth:`add` and :meth:`add_depends` /
+        :meth:`remove_depends` or is followed by :meth:`touch` (the rewrite engine's private copy);
+        ``keep=False`` forgets."""
         self._scope_effects = {} if keep else None
+        self._orders = {} if keep else None
 
     def touch(self, n: int) -> None:
-        """``n`` changed (its attributes, or what it contains): its scopes' remembered effects go."""
+        """``n`` changed (its attributes, its children, the depends edges among them): the remembered
+        effects of ``n`` and its scopes and the sibling order of ``n``'s children go."""
         kept = self._scope_effects
+        if self._orders:
+            self._orders.pop(n, None)
         if kept:
             while n is not None:
                 kept.pop(n, None)
                 n = self.parent(n)
+
+    def remembered_order(self, scope: int) -> Optional[list[int]]:
+        """The sibling order of ``scope``'s children while kept and unchanged (see :mod:`cbrules.ir.order`)."""
+        return None if self._orders is None else self._orders.get(scope)
+
+    def remember_order(self, scope: int, order: list[int]) -> None:
+        if self._orders is not None:
+            self._orders[scope] = order
 
     def _own_effects(self, n: int) -> tuple[set[str], set[str]]:
         """One node's own effects (callers must not change the sets), remembered: placing a node
@@ -203,11 +226,11 @@ class KernelGraph:
         d = self.g._node[n]
         cache = vars(self).setdefault("_effects", {})  # a graph made by __new__ (trace files) starts one
         seen = cache.get(n)
-        if seen is not None and len(seen[0]) == len(d) and all(
-                k == k2 and v is v2 for (k, v), (k2, v2) in zip(seen[0], d.items())):
+        items = tuple(d.items())
+        if seen is not None and seen[0] == items:  # compared in C, the same objects at once
             return seen[1], seen[2]
         r, w = effects(d["op"], d)
-        cache[n] = (tuple(d.items()), r, w)
+        cache[n] = (items, r, w)
         return r, w
 
     def kernel(self) -> dict:
@@ -240,6 +263,7 @@ class KernelGraph:
         new.g = self.g.copy()
         new._next_id, new.root, new.trace, new._effects = self._next_id, self.root, None, {}
         new._scope_effects = None if self._scope_effects is None else dict(self._scope_effects)
+        new._orders = None if self._orders is None else dict(self._orders)
         return new
 
     def verify(self, ready: bool = False, structure_only: bool = False) -> None:

@@ -6,7 +6,7 @@ dependence analysis and, later, the rule checker's "unknown op / attribute" mess
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .terms import Term
 
@@ -195,24 +195,27 @@ def conflicts(a: tuple[set[str], set[str]], b: tuple[set[str], set[str]]) -> boo
     return bool(wa & (rb | wb) or ra & wb)
 
 
-def nearest_conflicts(seq: list[tuple[set[str], set[str]]], at: int,
+def nearest_conflicts(seq: Sequence[tuple[set[str], set[str]]], at: int,
                       mine: tuple[set[str], set[str]]) -> tuple[set[int], set[int]]:
     """Positions in ``seq`` (effects of siblings in program order) that a node placed at ``at``
     must follow and precede: per resource, the nearest writer on each side and, when the node
     writes, the readers between it and that writer. Everything farther away is already ordered
-    through those, so the depends edges stay linear in the number of siblings."""
+    through those, so the depends edges stay linear in the number of siblings. The siblings are
+    read outward from ``at`` only until every resource has met its writer (``seq`` may compute
+    each item on demand)."""
     reads, writes = mine
     before: set[int] = set()
     after: set[int] = set()
-    for r in reads | writes:
-        for span, out in ((range(at - 1, -1, -1), before), (range(at, len(seq)), after)):
-            for i in span:
-                their_reads, their_writes = seq[i]
-                if r in their_writes:
-                    out.add(i)
-                    break
-                if r in their_reads and r in writes:
-                    out.add(i)
+    for span, out in ((range(at - 1, -1, -1), before), (range(at, len(seq)), after)):
+        open_ = reads | writes  # resources still looking for their nearest writer on this side
+        for i in span:
+            if not open_:
+                break
+            their_reads, their_writes = seq[i]
+            written = open_ & their_writes
+            if written or writes and open_ & writes & their_reads:
+                out.add(i)
+            open_ -= written
     return before, after
 
 

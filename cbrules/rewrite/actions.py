@@ -38,7 +38,7 @@ from typing import Any, Optional
 from ..ir.graph import KernelGraph
 from .match import Matcher
 from ..ir.ops import OPS, conflicts, nearest_conflicts
-from ..ir.order import sibling_order
+from ..ir.order import order_from, sibling_order, sibling_pairs
 from .schema import ACTIONS, settable as _settable, split_keys  # noqa: F401  (ACTIONS: public here too)
 from .sexpr import RuleError, SList
 from ..ir.terms import Term, as_term, substitute
@@ -112,23 +112,18 @@ class Rewriter:
         """
         kg = self.kg
         seq = [c for c in sibling_order(kg, scope) if c != n]
-        if n not in kg.children(scope):
+        if kg.parent(n) != scope:
             kg.g.add_edge(scope, n, kind="contains")
             kg.touch(scope)
         # entry/exit: before the siblings nothing precedes / after those nothing follows; the rest
         # is ordered through them (edges stay linear in the number of siblings)
-        sibs = set(seq)
-
-        def first(c: int) -> bool:  # no sibling precedes c
-            return not any(p in sibs and d["kind"] == "depends" for p, d in kg.g.pred[c].items())
-
-        def last(c: int) -> bool:  # no sibling follows c
-            return not any(q in sibs and d["kind"] == "depends" for q, d in kg.g.succ[c].items())
-
+        if where in ("entry", "exit"):
+            pairs = sibling_pairs(kg, seq)
+            led, led_by = {a for a, _ in pairs}, {b for _, b in pairs}
         if where == "entry":
-            at, before, after = 0, [], [c for c in seq if first(c)]
+            at, before, after = 0, [], [c for c in seq if c not in led_by]
         elif where == "exit":
-            at, before, after = len(seq), [c for c in seq if last(c)], []
+            at, before, after = len(seq), [c for c in seq if c not in led], []
         elif where == "before":
             at, before, after = seq.index(anchor), [], [anchor]
         else:
@@ -137,11 +132,18 @@ class Rewriter:
             kg.add_depends(s, n)
         for s in after:
             kg.add_depends(n, s)
-        preds, succs = nearest_conflicts([kg.effects(s) for s in seq], at, kg.effects(n))
+        preds, succs = nearest_conflicts(_Effects(kg, seq), at, kg.effects(n))
         for i in preds:
             kg.add_depends(seq[i], n)
         for i in succs:
             kg.add_depends(n, seq[i])
+        # the new order, without sorting the whole scope again: at entry n precedes every source
+        # and at exit follows every sink, whatever its id; a new node (the largest id) placed next
+        # to an anchor leaves the order before it as it was (see order.order_from)
+        if where in ("entry", "exit"):
+            kg.remember_order(scope, [n, *seq] if where == "entry" else [*seq, n])
+        elif not seq or n > max(seq):
+            kg.remember_order(scope, seq[:at] + order_from(kg, [*seq[at:], n]))
 
     def instantiate(self, t: SList, parent: Optional[int]) -> int:
         """Create the nodes of a template under ``parent`` (not yet ordered among its siblings)."""
@@ -252,6 +254,7 @@ class Rewriter:
             kg.add_depends(s, q)
         g.remove_edge(parent, n)
         kg.touch(s)
+        kg.touch(parent)
         if kg.children(s):
             self.place(n, s, "exit")  # after the template's own body
         else:
@@ -273,6 +276,7 @@ class Rewriter:
             g.add_edge(new, c, kind="contains")
         g.add_edge(s, new, kind="contains")
         kg.touch(new)
+        kg.touch(s)
         self.changed.extend(body)
 
     def _move(self, a, target, *kv) -> None:
@@ -409,6 +413,20 @@ class Rewriter:
                       str(self.value(pos[0])))
         code = str(self.value(keys["code"])) if "code" in keys else None
         raise RuleFailure(text, code)
+
+
+class _Effects:
+    """The effects of siblings ``seq``, each read when asked: a placement reads only as far as
+    the nearest conflicts."""
+
+    def __init__(self, kg: KernelGraph, seq: list[int]):
+        self.kg, self.seq = kg, seq
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def __getitem__(self, i: int) -> tuple[set[str], set[str]]:
+        return self.kg.effects(self.seq[i])
 
 
 def _replace(t: Any, frm: Term, to: Term) -> Any:

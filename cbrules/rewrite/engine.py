@@ -8,9 +8,12 @@ Within a phase the first rule (in ``:after``/file order) with matches not applie
 all of them, each match checked again just before it is applied; then matching starts again from
 the first rule. A match is identified by the rule and the nodes it bound, so a rule fires once
 per set of nodes. Lowering works on a private copy of the user's graph, so a failure leaves the
-graph as it was. ``verify()`` runs after each phase that changed the graph (a phase that applied
-nothing, after a simplification that changed nothing, leaves a graph that already passed); in
-debug mode the structural checks also run after each application. ``Lowered.match_work`` counts
+graph as it was. ``verify()`` checks the lowered kernel; a lowering that fails is run again with
+``verify()`` after each phase that changed the graph, so the error names the first phase that left
+an invalid graph (debug mode and a lowering stopped early check each phase on the first run, and
+in debug mode the structural checks also run after each application). A verified graph costs a
+full pass per check; checking every phase of every lowering cost more than half the time of a
+large kernel, for an answer only a failing lowering needs. ``Lowered.match_work`` counts
 the matcher's search steps, the measure of matching cost the scaling tests compare across sizes.
 
 Lowering is bounded: in a phase one rule may fire at most ``RULE_FIRINGS_PER_NODE`` times the
@@ -61,6 +64,7 @@ class LoweringError(CbrulesError):
     trace = None
     code: Optional[str] = None
     rule: Optional[str] = None
+    timed_out = False  # stopped by the time limit
 
 
 def rule_bound(nodes: int) -> int:
@@ -115,7 +119,7 @@ def _show(v) -> str:
 
 def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: Optional[int] = None,
           time_limit: Optional[float] = DEFAULT_TIME_LIMIT, simplify: bool = True,
-          stop_after_phase: Optional[str] = None) -> Lowered:
+          stop_after_phase: Optional[str] = None, _verify_phases: bool = False) -> Lowered:
     """Apply ``rules`` to a copy of ``kg``; the input graph is never modified.
 
     ``stop_after`` stops after that step, ``stop_after_phase`` once that phase (and its term
@@ -128,16 +132,22 @@ def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: O
         from .rulecheck import did_you_mean
         raise LoweringError(f"no phase {stop_after_phase!r} to stop after" + did_you_mean(stop_after_phase, rules.phases)
                             + f"; the phases are {', '.join(rules.phases)}")
-    kg = kg.copy()
+    built, kg = kg, kg.copy()
     kg.verify()
     trace = Trace(kg.copy(), rules={r.name: r for r in rules.rules}, phases=list(rules.phases),
                   files=list(rules.files)) if debug else None
-    kg.keep_scope_effects()  # every change to the private copy goes through the Rewriter, which says what it touched
+    kg.keep_derived()  # every change to the private copy goes through the Rewriter, which says what it touched
     run = _Run(rules, trace, debug, stop_after, time_limit, simplify)
     run.stop_after_phase = stop_after_phase
+    run.verify_phases = _verify_phases or debug or stop_after is not None or stop_after_phase is not None
     try:
         return run.lower(kg)
     except LoweringError as e:
+        if not run.verify_phases and not e.timed_out:  # the first phase that left an invalid graph, as a checked run names it
+            try:
+                lower(built, rules, time_limit=time_limit, simplify=simplify, _verify_phases=True)
+            except LoweringError as first:
+                raise first from first.__cause__
         e.trace = trace
         raise
 
@@ -158,6 +168,7 @@ class _Run:
         self.stop_after_phase: Optional[str] = None
         self.match_work = 0
         self.verified = False  # the graph is unchanged since it last passed verify()
+        self.verify_phases = True  # verify() after each phase that changed the graph, not only at the end
         self.oracle = _oracle(tuple(rules.egg_forms)) if rules.egg_forms else None
 
     def _decider(self, kg: KernelGraph):
@@ -200,7 +211,7 @@ class _Run:
                     self.verified = False
                     if self.stop_after is not None and self.step >= self.stop_after:
                         return self._done(kg)
-            if not self.verified:  # verify() is a pure check: an unchanged graph passes it again
+            if self.verify_phases and not self.verified:  # a pure check: an unchanged graph passes it again
                 self._verify(kg, f"after phase {phase!r} the graph is invalid")
                 self.verified = True
             if phase == self.stop_after_phase:
@@ -213,7 +224,7 @@ class _Run:
         return self._done(kg)
 
     def _done(self, kg: KernelGraph) -> Lowered:
-        kg.keep_scope_effects(False)  # the caller may change the graph it gets without telling it
+        kg.keep_derived(False)  # the caller may change the graph it gets without telling it
         return Lowered(kg, self.trace, self.step, self.match_work)
 
     def _simplified(self, kg: KernelGraph) -> KernelGraph:
@@ -257,11 +268,13 @@ class _Run:
 
     def _time_error(self, matching: Optional[GraphRule] = None) -> LoweringError:
         doing = f" while matching rule {matching.name} ({matching.at})" if matching is not None else ""
-        return LoweringError(
+        err = LoweringError(
             f"phase {self.phase!r}: lowering ran past its time limit of {self.time_limit:g} s at step "
             f"{self.step}{doing}; rules still firing: {self._firing()}. If the kernel is just large, pass a "
             "larger time_limit to api.lower/engine.lower (None: no limit); otherwise a rule keeps rewriting "
             "or matching without end: add a guard that stops it")
+        err.timed_out = True
+        return err
 
     # ------------------------------------------------------------------ matching
     def _next_batch(self, kg: KernelGraph, rules: list[GraphRule]):
@@ -306,7 +319,7 @@ def _apply(kg: KernelGraph, rule: GraphRule, b: dict, step: int, phase: str, tra
     # cannot touch what the user built; debug mode also keeps the graph as it was after each step
     work = kg.copy() if debug else kg
     if debug:
-        kg.keep_scope_effects(False)  # kept in the trace, where nothing tells it of changes
+        kg.keep_derived(False)  # kept in the trace, where nothing tells it of changes
     rw = Rewriter(work, b, {"by": "rule", "rule": rule.name, "at": rule.at, "step": step})
     where = f"rule {rule.name} ({rule.at}), step {step}"
     try:
@@ -422,7 +435,7 @@ def _simplify(kg: KernelGraph, rules: RuleSet, step: int, phase: str, trace: Opt
     t0 = time.perf_counter()
     if trace is not None:
         kg = kg.copy()  # the trace holds the graph of the previous step
-    kg.keep_scope_effects(False)  # terms change below without touch()
+    kg.keep_derived(False)  # terms change below without touch()
     scoped, loop_ranges = _loop_names(kg)
     back = {str(t.value): name_term(var) for m in scoped.values() for var, t in m.items()}
     sites = []
