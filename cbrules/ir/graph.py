@@ -119,8 +119,13 @@ class KernelGraph:
     def by_op(self) -> dict[str, list[int]]:
         """Node ids grouped by op, each list sorted (one pass; matchers index with it)."""
         out: dict[str, list[int]] = {}
-        for n, d in sorted(self.g._node.items()):
-            out.setdefault(d["op"], []).append(n)
+        for n, d in self.g._node.items():  # ids mostly in order already: each list's sort is a pass
+            if d["op"] in out:
+                out[d["op"]].append(n)
+            else:
+                out[d["op"]] = [n]
+        for ids in out.values():
+            ids.sort()
         return out
 
     def parent(self, n: int) -> Optional[int]:
@@ -133,7 +138,7 @@ class KernelGraph:
         return sorted(c for c, d in self.g._succ[n].items() if d["kind"] == CONTAINS)
 
     def depends_edges(self) -> list[tuple[int, int]]:
-        return sorted((a, b) for a, b, k in self.g.edges(data="kind") if k == DEPENDS)
+        return sorted((a, b) for a, nbrs in self.g._succ.items() for b, d in nbrs.items() if d["kind"] == DEPENDS)
 
     def ancestors(self, n: int) -> Iterator[int]:
         """Enclosing scopes, innermost first."""
@@ -275,10 +280,12 @@ class KernelGraph:
     def walk(self, n: Optional[int] = None) -> Iterable[int]:
         """Every node of a subtree, parents before children, in id order."""
         stack = [self.root if n is None else n]
+        nodes = self.g._node
         while stack:  # a stack, not recursion: a chain of generators costs its depth at every node
             n = stack.pop()
             yield n
-            stack.extend(reversed(self.children(n)))
+            if nodes[n]["op"] in SCOPES:  # only a scope contains nodes
+                stack.extend(reversed(self.children(n)))
 
 
 def _plain(v: Any) -> str:

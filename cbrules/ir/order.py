@@ -24,13 +24,19 @@ class ScheduleError(CbrulesError):
     """The depends edges among some siblings form a cycle."""
 
 
+def _edges(kg: KernelGraph):
+    """(a, b, kind) of every edge, in networkx's order, read from the adjacency dicts (its edge
+    views cost several times the lookups on a large graph)."""
+    return ((a, b, d["kind"]) for a, nbrs in kg.g._succ.items() for b, d in nbrs.items())
+
+
 def sibling_edges(kg: KernelGraph) -> dict[int, list[tuple[int, int, tuple[int, int]]]]:
     """Depends edges grouped by the scope whose children they order: scope -> [(a', b', (a, b))].
 
     An edge between nodes of different scopes is lifted to the sibling ancestors that hold them;
     an edge between a scope and its own descendant orders nothing and is dropped.
     """
-    parent = {c: p for p, c, k in kg.g.edges(data="kind") if k == CONTAINS}
+    parent = {c: p for p, c, k in _edges(kg) if k == CONTAINS}
 
     def chain(n: int) -> list[int]:
         out = [n]
@@ -39,7 +45,7 @@ def sibling_edges(kg: KernelGraph) -> dict[int, list[tuple[int, int, tuple[int, 
         return out
 
     grouped: dict[int, list] = {}
-    for a, b, k in kg.g.edges(data="kind"):
+    for a, b, k in _edges(kg):
         if k != DEPENDS:
             continue
         if parent.get(a) is not None and parent.get(a) == parent.get(b):
@@ -152,9 +158,10 @@ def _smallest_first(waiting: dict[int, int], after: dict[int, list[int]]) -> Opt
     return out if len(out) == len(waiting) else None
 
 
-def linear_order(kg: KernelGraph) -> list[int]:
-    """Every node in program order: the root, then each scope's children in sibling order, depth first."""
-    edges, out, todo = sibling_edges(kg), [], [kg.root]
+def linear_order(kg: KernelGraph, edges: Optional[dict] = None) -> list[int]:
+    """Every node in program order: the root, then each scope's children in sibling order, depth
+    first (``edges``: :func:`sibling_edges` of ``kg``, when the caller has them)."""
+    edges, out, todo = sibling_edges(kg) if edges is None else edges, [], [kg.root]
     while todo:  # an explicit stack: nesting depth is bounded by the graph, not by Python's recursion limit
         n = todo.pop()
         out.append(n)

@@ -399,7 +399,7 @@ class Rewriter:
                 v = attrs.get(key)
                 nv = tuple(_replace(x, frm, to) for x in v) if isinstance(v, tuple) else \
                     _replace(v, frm, to) if isinstance(v, Term) else v
-                if nv != v:
+                if nv is not v and nv != v:
                     attrs[key] = nv
                     self.kg.touch(n)
                     self.changed.append(n)
@@ -433,11 +433,13 @@ def _replace(t: Any, frm: Term, to: Term) -> Any:
     """``t`` with every occurrence of the subterm ``frm`` replaced by ``to``."""
     if not isinstance(t, Term):
         return t
-    if t == frm:
+    if t.op == frm.op and t == frm:
         return to
     if not t.args:
         return t
-    return Term(t.op, tuple(_replace(x, frm, to) for x in t.args), t.value)
+    args = tuple(_replace(x, frm, to) for x in t.args)
+    # unchanged: the same object, so that the caller's comparison costs nothing
+    return t if all(a is b for a, b in zip(args, t.args)) else Term(t.op, args, t.value)
 
 
 def _coerce(spec, key: str, value: Any) -> Any:

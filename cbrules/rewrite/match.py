@@ -24,6 +24,9 @@ from .plan import AttrIndex, join_order, literal, written_rank
 from .values import Env, NodeRef, evaluate, holds
 
 MISSING = object()
+# an op with at most this many nodes is looked up inside a scope through the op index (each node's
+# scopes: the nesting depth) rather than by walking the scope's subtree (its size)
+_FEW = 64
 def _vars(e: Expr) -> list[str]:
     if isinstance(e, Atom):
         return [e.value] if e.kind == "var" else []
@@ -151,8 +154,13 @@ class Matcher:
         key = (scope, op)
         got = self._within.get(key)
         if got is None:
-            pool = self.kg.descendants(scope)
-            got = self._within[key] = pool if op == "_" else [n for n in pool if self.kg.op(n) == op]
+            few = self.by_op().get(op, ()) if op != "_" else None
+            if few is not None and len(few) <= _FEW:  # a rare op: its nodes whose scopes include ``scope``
+                got = [n for n in few if n != scope and scope in self.kg.ancestors(n)]
+            else:
+                pool = self.kg.descendants(scope)
+                got = pool if op == "_" else [n for n in pool if self.kg.op(n) == op]
+            self._within[key] = got
         return got
 
     def _tick(self) -> None:
