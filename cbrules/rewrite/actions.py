@@ -70,6 +70,8 @@ class Rewriter:
         self.created: list[int] = []
         self.erased: list[int] = []
         self.changed: list[int] = []
+        self.moved: list[int] = []  # nodes given a new parent: what is inside them has new scopes too
+        self.erased_ops: set[str] = set()
 
     def env(self) -> Env:
         return Env(self.b, lambda n: self.kg[n])
@@ -96,6 +98,17 @@ class Rewriter:
         if n == self.kg.root:
             raise RuleError(e.pos, f"{what} {e}: {e} is the kernel node, which has no enclosing scope; "
                             "bind a statement inside the kernel instead")
+
+    def touched_ops(self) -> set[str]:
+        """The ops of every node this application created, erased, changed or gave new enclosing
+        scopes (a rule whose patterns name none of them matches what it matched before)."""
+        kg = self.kg
+        ops = set(self.erased_ops)
+        ops.update(kg.op(n) for n in (*self.created, *self.changed) if n in kg)
+        for m in self.moved:
+            if m in kg:
+                ops.update(kg.op(d) for d in kg.descendants(m))
+        return ops
 
     # ------------------------------------------------------------------ driver
     def run(self, actions: tuple) -> None:
@@ -212,6 +225,7 @@ class Rewriter:
             raise RuleError(a.pos, "cannot erase the kernel node")
         gone = [n, *self.kg.descendants(n)]
         self.detach(n)
+        self.erased_ops.update(self.kg.op(x) for x in gone)
         self.kg.g.remove_nodes_from(gone)
         self.erased.extend(gone)
 
@@ -260,6 +274,7 @@ class Rewriter:
         else:
             g.add_edge(s, n, kind="contains")
         self.changed.append(n)
+        self.moved.append(n)
 
     def _wrap_body(self, a, target, t) -> None:
         s = self.node(target)
@@ -278,6 +293,7 @@ class Rewriter:
         kg.touch(new)
         kg.touch(s)
         self.changed.extend(body)
+        self.moved.extend(body)
 
     def _move(self, a, target, *kv) -> None:
         n = self.node(target)
@@ -296,6 +312,7 @@ class Rewriter:
         self.detach(n)
         self.place(n, scope, where)
         self.changed.append(n)
+        self.moved.append(n)
 
     # ------------------------------------------------------------------ cloning
     def _clone(self, a, target, *kv) -> None:

@@ -38,6 +38,7 @@ from .actions import Rewriter, RuleFailure
 from ..errors import CbrulesError
 from ..ir.graph import BUILTINS, KernelGraph
 from .match import Matcher, MatchTimeout
+from .plan import watched_ops
 from ..ir.ops import OPS
 from .rulefile import GraphRule, RuleSet
 from ..ir.order import ScheduleError
@@ -188,6 +189,11 @@ class _Run:
         self.by_name: dict[str, GraphRule] = {}
         self.stop_after_phase: Optional[str] = None
         self.match_work = 0
+        # incremental matching: a rule's step when it last had nothing new to fire, and per op the
+        # step that last touched one of its nodes (see plan.watched_ops)
+        self.quiet: dict[str, int] = {}
+        self.touched: dict[str, int] = {}
+        self.watched: dict[str, Optional[frozenset]] = {}
         self.verified = False  # the graph is unchanged since it last passed verify()
         self.verify_phases = True  # verify() after each phase that changed the graph, not only at the end
         self.oracle = _oracle(tuple(rules.egg_forms)) if rules.egg_forms else None
@@ -228,7 +234,8 @@ class _Run:
                     self.fired.add(_match_key(rule, b))
                     self.step += 1
                     self.per_rule[rule.name] += 1
-                    kg = _apply(kg, rule, b, self.step, phase, self.trace, self.debug)
+                    kg, ops = _apply(kg, rule, b, self.step, phase, self.trace, self.debug)
+                    self.touched.update(dict.fromkeys(ops, self.step))
                     self.verified = False
                     if self.stop_after is not None and self.step >= self.stop_after:
                         return self._done(kg)
@@ -302,10 +309,24 @@ class _Run:
         """The first rule (in order) with matches not applied yet, and all those matches."""
         index = Matcher(kg, deadline=self.deadline, decide=self._decider(kg), plan=True)  # the graph does not change while we look
         for rule in rules:
+            if not self._may_have_news(rule):
+                continue
             batch = [b for b in self._matches(index.fresh(), rule) if _match_key(rule, b) not in self.fired]
             if batch:
                 return rule, batch
+            self.quiet[rule.name] = self.step
         return None
+
+    def _may_have_news(self, rule: GraphRule) -> bool:
+        """Whether ``rule`` may match something it has not fired on: it never looked, or a node of
+        an op it watches changed since it last found nothing new."""
+        since = self.quiet.get(rule.name)
+        if since is None:
+            return True
+        if rule.name not in self.watched:
+            self.watched[rule.name] = watched_ops(rule.match, rule.where)
+        ops = self.watched[rule.name]
+        return ops is None or any(self.touched.get(op, -1) > since for op in ops)
 
     def _still_matches(self, kg: KernelGraph, rule: GraphRule, b: dict) -> Optional[dict]:
         """``b``'s nodes matched again on the current graph (values re-read), unless already applied."""
@@ -359,7 +380,7 @@ def _apply(kg: KernelGraph, rule: GraphRule, b: dict, step: int, phase: str, tra
         trace.records.append(Application(step, rule.name, rule.at, phase, {k: _show(v) for k, v in rw.b.items()},
                                          rw.created, rw.erased, sorted(set(rw.changed)), time.perf_counter() - t0))
         trace.graphs[step] = work  # never changed again: the next step works on a copy
-    return work
+    return work, rw.touched_ops()
 
 
 # ---------------------------------------------------------------------------- egglog step

@@ -169,3 +169,33 @@ def written_rank(els: tuple, b: dict) -> dict[str, int]:
     for v in (v for e in els for v in _vars(e)):
         rank.setdefault(v, len(rank))
     return rank
+
+
+# relations whose answer depends only on nodes their inner pattern names (plus what is bound):
+# relation -> index of that pattern; the others read order, effects or any node ("_")
+_INNER_PATTERN = {"no": 1, "nearest": 2, "count": 2, "sum": 3}
+
+
+def watched_ops(match: tuple, guards: tuple) -> Optional[frozenset]:
+    """The ops whose nodes decide what ``match`` and ``guards`` find, or None when any change may
+    (a ``_`` pattern, or a relation on sibling order or effects). A rule whose watched ops no
+    application has touched since it last found nothing new finds nothing new again: the engine
+    does not match it again (the incremental part of matching)."""
+    ops: set[str] = set()
+    for e in match:
+        head = e.head()
+        if head == "distinct":
+            continue
+        if head in RELATIONS:
+            if head not in _INNER_PATTERN:
+                return None
+            e = e.items[_INNER_PATTERN[head]]
+            if head == "sum":
+                ops.add("for")  # trip counts of the loops between
+            head = e.head() if isinstance(e, SList) else "_"
+        if head is None or head == "_":
+            return None
+        ops.add(head)
+    if "provably-" in " ".join(map(str, guards)):  # egglog decides under every loop's range
+        ops |= {"for", "kernel"}
+    return frozenset(ops)
