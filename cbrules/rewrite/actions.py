@@ -145,7 +145,11 @@ class Rewriter:
             kg.add_depends(s, n)
         for s in after:
             kg.add_depends(n, s)
-        preds, succs = nearest_conflicts(_Effects(kg, seq), at, kg.effects(n))
+        reads, writes = kg.effects(n)
+        # a resource no sibling writes has no nearest writer to find, and a reader of it orders
+        # nothing unless n writes it: leave it out, or every placement reads every sibling
+        written = kg.effects(scope)[1]
+        preds, succs = nearest_conflicts(_Effects(kg, seq), at, (reads & (written | writes), writes))
         for i in preds:
             kg.add_depends(seq[i], n)
         for i in succs:

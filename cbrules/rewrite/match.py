@@ -154,8 +154,10 @@ class Matcher:
         key = (scope, op)
         got = self._within.get(key)
         if got is None:
-            few = self.by_op().get(op, ()) if op != "_" else None
-            if few is not None and len(few) <= _FEW:  # a rare op: its nodes whose scopes include ``scope``
+            # a rare op (in an op index already built: an anchored match builds none): its nodes
+            # whose scopes include ``scope``
+            few = self._index.get(op, ()) if op != "_" and self._index is not None else None
+            if few is not None and len(few) <= _FEW:
                 got = [n for n in few if n != scope and scope in self.kg.ancestors(n)]
             else:
                 pool = self.kg.descendants(scope)
@@ -305,7 +307,10 @@ class Matcher:
             pool = self.kg.children(self._scope_of(keys["child-of"], b))
         else:  # inside a scope, or the whole graph (the op index, built once per matcher)
             pool = self.inside(self._scope_of(keys["in"], b), op) if "in" in keys else self.by_op().get(op, ())
-            if op != "_":  # an attribute that must equal a known value: its index, when shorter
+            # an attribute that must equal a known value: its index, when shorter (and when this
+            # matcher has indexed the graph already, or the scope is large: an anchored match of a
+            # few nodes must not cost an index of the whole graph)
+            if op != "_" and (self._index is not None or len(pool) > _FEW):
                 for k, p in keys.items():
                     v = b.get(p.value, MISSING) if isinstance(p, Atom) and p.kind == "var" else literal(p)
                     same = None if k in STRUCTURAL_KEYS or v is MISSING else self.attr_index().lookup(op, k, v)
