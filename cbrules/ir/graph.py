@@ -194,6 +194,11 @@ class KernelGraph:
             return kept[n]
         return reads, writes
 
+    def lazy_effects(self, seq: list[int]) -> "_LazyEffects":
+        """The effects of nodes ``seq`` as a sequence whose items are read when asked (a
+        placement reads siblings only as far as the nearest conflicts)."""
+        return _LazyEffects(self, seq)
+
     def keep_derived(self, keep: bool = True) -> None:
         """Remember each node's effects (a scope's: with everything inside) and each scope's sibling
         order until it changes. Placing a node asks for the order and the effects of every sibling;
@@ -286,6 +291,17 @@ class KernelGraph:
             yield n
             if nodes[n]["op"] in SCOPES:  # only a scope contains nodes
                 stack.extend(reversed(self.children(n)))
+
+
+class _LazyEffects:
+    def __init__(self, kg: KernelGraph, seq: list[int]):
+        self.kg, self.seq = kg, seq
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def __getitem__(self, i: int) -> tuple[set[str], set[str]]:
+        return self.kg.effects(self.seq[i])
 
 
 def _plain(v: Any) -> str:

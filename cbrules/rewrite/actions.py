@@ -149,7 +149,7 @@ class Rewriter:
         # a resource no sibling writes has no nearest writer to find, and a reader of it orders
         # nothing unless n writes it: leave it out, or every placement reads every sibling
         written = kg.effects(scope)[1]
-        preds, succs = nearest_conflicts(_Effects(kg, seq), at, (reads & (written | writes), writes))
+        preds, succs = nearest_conflicts(kg.lazy_effects(seq), at, (reads & (written | writes), writes))
         for i in preds:
             kg.add_depends(seq[i], n)
         for i in succs:
@@ -434,20 +434,6 @@ class Rewriter:
                       str(self.value(pos[0])))
         code = str(self.value(keys["code"])) if "code" in keys else None
         raise RuleFailure(text, code)
-
-
-class _Effects:
-    """The effects of siblings ``seq``, each read when asked: a placement reads only as far as
-    the nearest conflicts."""
-
-    def __init__(self, kg: KernelGraph, seq: list[int]):
-        self.kg, self.seq = kg, seq
-
-    def __len__(self) -> int:
-        return len(self.seq)
-
-    def __getitem__(self, i: int) -> tuple[set[str], set[str]]:
-        return self.kg.effects(self.seq[i])
 
 
 def _replace(t: Any, frm: Term, to: Term) -> Any:

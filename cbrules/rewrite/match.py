@@ -20,7 +20,7 @@ from .sexpr import Atom, Expr, Pos, RuleError, SList
 from ..ir.terms import evaluate as eval_term
 from ..ir.terms import Term, as_term
 from .schema import RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS, split_keys  # noqa: F401  (public here too)
-from .plan import AttrIndex, join_order, literal, written_rank
+from .plan import AttrIndex, join_order, joined, literal
 from .values import Env, NodeRef, evaluate, holds
 
 MISSING = object()
@@ -189,7 +189,7 @@ class Matcher:
         """Every binding of the pattern elements that also satisfies every guard."""
         order = join_order(elements, frozenset(b or ())) if self.plan else None
         found = self._elements(elements, 0, dict(b or {})) if order is None else \
-            self._joined(elements, order, dict(b or {}))
+            joined(self, elements, order, dict(b or {}))
         for bound in found:
             ok = True
             for gi, g in enumerate(guards):
@@ -199,28 +199,6 @@ class Matcher:
                     break
             if ok:
                 yield bound
-
-    def _joined(self, els: tuple, order: list[int], b: dict) -> Iterator[dict]:
-        """The bindings of ``els`` searched with its leading node patterns in ``order``, sorted
-        back into the written search's order (by the node each pattern picked, in written order)
-        with their variables listed as the written search lists them."""
-        run, picked, found = len(order), [0] * len(order), []
-
-        def search(k: int, b: dict) -> None:
-            self._tick()
-            if k == run:
-                for tail in self._elements(els, run, b):
-                    found.append((tuple(picked), tail))
-                return
-            i = order[k]
-            for n, b2 in self.node_matches(els[i], b):
-                picked[i] = n
-                search(k + 1, b2)
-        search(0, b)
-        found.sort(key=lambda f: f[0])
-        rank = written_rank(els, b)
-        for _, bound in found:
-            yield {k: bound[k] for k in sorted(bound, key=rank.__getitem__)}
 
     def _elements(self, els: tuple, i: int, b: dict) -> Iterator[dict]:
         self._tick()

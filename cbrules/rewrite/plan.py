@@ -15,7 +15,7 @@ the rule is searched as written.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from ..ir.terms import Term, as_term
 from .schema import RELATIONS, STRUCTURAL_KEYS, split_keys
@@ -160,6 +160,29 @@ def _join_order(els: tuple, bound: frozenset) -> Optional[list[int]]:
         left.remove(best)
         have |= _binds(els[best])
     return None if order == list(range(run)) else order
+
+
+def joined(m, els: tuple, order: list[int], b: dict) -> Iterator[dict]:
+    """The bindings matcher ``m`` finds for ``els`` with its leading node patterns searched in
+    ``order``, sorted back into the written search's order (by the node each pattern picked, in
+    written order) with their variables listed as the written search lists them."""
+    run, picked, found = len(order), [0] * len(order), []
+
+    def search(k: int, b: dict) -> None:
+        m._tick()
+        if k == run:
+            for tail in m._elements(els, run, b):
+                found.append((tuple(picked), tail))
+            return
+        i = order[k]
+        for n, b2 in m.node_matches(els[i], b):
+            picked[i] = n
+            search(k + 1, b2)
+    search(0, b)
+    found.sort(key=lambda f: f[0])
+    rank = written_rank(els, b)
+    for _, bound in found:
+        yield {k: bound[k] for k in sorted(bound, key=rank.__getitem__)}
 
 
 def written_rank(els: tuple, b: dict) -> dict[str, int]:
