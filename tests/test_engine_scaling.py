@@ -38,10 +38,12 @@ def assert_linear(small: tuple[int, int], large: tuple[int, int]) -> None:
     assert w1 > 0 and w2 / w1 <= 1.25 * n2 / n1, f"matching work {w1} -> {w2} for {n1} -> {n2} nodes"
 
 
-def test_long_body_matching_is_linear(rules):
+def test_long_body_matching_does_not_grow(rules):
     """One circular-buffered loop around a chain of elementwise ops: the chain's length must not
-    multiply the matcher's work (the rules look up loops, loads and buffers through the op index)."""
-    assert_linear(work(rules, "long body", 100), work(rules, "long body", 400))
+    add to the matcher's work at all (the rules find loops, loads and buffers through the op and
+    attribute indexes; ``before`` between two bound waits compares their places)."""
+    (n1, w1), (n2, w2) = work(rules, "long body", 100), work(rules, "long body", 400)
+    assert n2 >= 3 * n1 and 0 < w2 <= 1.1 * w1, f"matching work {w1} -> {w2} for {n1} -> {n2} nodes"
 
 
 def test_many_loops_matching_is_linear(rules):

@@ -117,6 +117,7 @@ class Matcher:
         self.plan = plan
         self._attrs: Optional[AttrIndex] = None
         self._orders: dict[int, list[int]] = {}
+        self._places: dict[int, dict[int, int]] = {}  # scope -> each child's place in its order
         self._index: Optional[dict[str, list[int]]] = None  # op -> nodes, built on first use
         self._within: dict[tuple[int, str], list[int]] = {}  # (scope, op) -> nodes inside, on first use
         self.deepest: tuple[int, str, Any] = (-1, "", None)
@@ -129,6 +130,7 @@ class Matcher:
         failure record."""
         m = Matcher.__new__(Matcher)
         m.kg, m._orders, m._index, m._within = self.kg, self._orders, self.by_op(), self._within
+        m._places = self._places
         m.decide, m.plan, m._attrs = self.decide, self.plan, self.attr_index()
         m.deepest, m.deadline, m.ticks = (-1, "", None), self.deadline, 0
         m.deepest_bindings = {}
@@ -399,7 +401,9 @@ class Matcher:
         if scope is None:
             return [n], 0
         order = self.order(scope)
-        return order, order.index(n)
+        if scope not in self._places:
+            self._places[scope] = {c: i for i, c in enumerate(order)}
+        return order, self._places[scope][n]
 
     def _node(self, x: Expr, b: dict) -> Optional[int]:
         """The node ``x`` is bound to (None while unbound); a non-node value is a RuleError."""
@@ -410,6 +414,13 @@ class Matcher:
     def _ordered_pairs(self, e, b, adjacent: bool) -> Iterator[dict]:
         x, y = e.items[1], e.items[2]
         nx_, ny = self._node(x, b), self._node(y, b)
+        if nx_ is not None and ny is not None:  # both bound: compare their places, not every later sibling
+            self._tick()
+            order, i = self._position(nx_)
+            j = self._position(ny)[1] if self.kg.parent(ny) == self.kg.parent(nx_) else -1
+            if j == i + 1 or not adjacent and j > i:
+                yield b
+            return
         if nx_ is not None:
             order, i = self._position(nx_)
             pairs = [(nx_, m) for m in (order[i + 1:i + 2] if adjacent else order[i + 1:])]
