@@ -43,6 +43,7 @@ class KernelGraph:
 
     _scope_effects: Optional[dict] = None  # a graph made by __new__ (trace files) keeps none
     _orders: Optional[dict] = None
+    _resources: Optional[dict] = None
 
     def __init__(self, name: str, params: tuple = (), block: tuple = (1, 1, 1), grid: Optional[tuple] = None,
                  symbols: tuple = ()):
@@ -52,6 +53,7 @@ class KernelGraph:
         self._effects: dict = {}  # node -> (its attribute items, reads, writes): see effects()
         self._scope_effects: Optional[dict] = None  # node -> (reads, writes) while kept: see keep_derived()
         self._orders: Optional[dict] = None  # scope -> its children in sibling order, while kept
+        self._resources: Optional[dict] = None  # scope -> (resource -> children, child -> effects, stale children)
         self.trace = None  # set by lowering in debug mode
         self.root = self.add("kernel", None, origin={"by": "build"}, name=name, params=params,
                              block=block, grid=grid, symbols=symbols, requires=())
@@ -73,6 +75,7 @@ class KernelGraph:
         if parent is not None:
             self.g.add_edge(parent, nid, kind=CONTAINS)
             self.touch(parent)
+            self.touch(nid)
         return nid
 
     def add_depends(self, a: int, b: int) -> None:
@@ -208,17 +211,45 @@ class KernelGraph:
         ``keep=False`` forgets."""
         self._scope_effects = {} if keep else None
         self._orders = {} if keep else None
+        self._resources = {} if keep else None
 
     def touch(self, n: int) -> None:
-        """``n`` changed (its attributes, its children, the depends edges among them): the remembered
-        effects of ``n`` and its scopes and the sibling order of ``n``'s children go."""
-        kept = self._scope_effects
+        """``n`` changed (its attributes, its children, the depends edges among them, or it joins or
+        is about to leave its scope): the remembered effects of ``n`` and its scopes and the sibling
+        order of ``n``'s children go, and each scope's resource index rereads the child that holds ``n``."""
         if self._orders:
             self._orders.pop(n, None)
-        if kept:
-            while n is not None:
+        kept, index = self._scope_effects, self._resources
+        if not kept and not index:
+            return
+        while n is not None:
+            if kept:
                 kept.pop(n, None)
-                n = self.parent(n)
+            p = self.parent(n)
+            if index and p in index:
+                index[p][2].add(n)
+            n = p
+
+    def sibling_resources(self, scope: int) -> dict[str, set[int]]:
+        """Each resource the children of ``scope`` read or write -> those children (kept while the
+        graph keeps derived facts, and updated for the children touched since)."""
+        index = self._resources
+        entry = None if index is None else index.get(scope)
+        if entry is None:
+            entry = ({}, {}, set(self.children(scope)))
+            if index is not None:
+                index[scope] = entry
+        users, seen, stale = entry
+        for c in stale:
+            old = seen.pop(c, None)
+            for r in () if old is None else old[0] | old[1]:
+                users[r].discard(c)
+            if c in self.g and self.parent(c) == scope:
+                seen[c] = reads, writes = self.effects(c)
+                for r in reads | writes:
+                    users.setdefault(r, set()).add(c)
+        stale.clear()
+        return users
 
     def remembered_order(self, scope: int) -> Optional[list[int]]:
         """The sibling order of ``scope``'s children while kept and unchanged (see :mod:`cbrules.ir.order`)."""
@@ -274,6 +305,7 @@ class KernelGraph:
         new._next_id, new.root, new.trace, new._effects = self._next_id, self.root, None, {}
         new._scope_effects = None if self._scope_effects is None else dict(self._scope_effects)
         new._orders = None if self._orders is None else dict(self._orders)
+        new._resources = None if self._resources is None else {}  # rebuilt on use
         return new
 
     def verify(self, ready: bool = False, structure_only: bool = False) -> None:

@@ -5,6 +5,7 @@ dependence analysis and, later, the rule checker's "unknown op / attribute" mess
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -216,6 +217,41 @@ def nearest_conflicts(seq: Sequence[tuple[set[str], set[str]]], at: int,
             if written or writes and open_ & writes & their_reads:
                 out.add(i)
             open_ -= written
+    return before, after
+
+
+def nearest_conflicts_among(seq: Sequence[tuple[set[str], set[str]]], at: int, mine: tuple[set[str], set[str]],
+                            users: Mapping[str, set[int]], place: Mapping[int, int],
+                            crowded: int = 64) -> tuple[set[int], set[int]]:
+    """:func:`nearest_conflicts`, reading for each resource only the siblings that use it
+    (``users``: resource -> sibling ids, ``place``: sibling id -> position in ``seq``; ids not
+    placed there are ignored). A resource used by more than ``crowded`` siblings (the sync token)
+    is scanned for as before: its writers are near."""
+    reads, writes = mine
+    before: set[int] = set()
+    after: set[int] = set()
+    crowd: set[str] = set()
+    for r in reads | writes:
+        who = users.get(r)
+        if not who:
+            continue  # no sibling reads or writes it: nothing to order against
+        if len(who) > crowded:
+            crowd.add(r)
+            continue
+        places = sorted(place[c] for c in who if c in place)
+        cut = bisect.bisect_left(places, at)
+        for span, out in ((reversed(places[:cut]), before), (places[cut:], after)):
+            for i in span:
+                their_reads, their_writes = seq[i]
+                if r in their_writes:
+                    out.add(i)
+                    break
+                if r in their_reads and r in writes:
+                    out.add(i)
+    if crowd:
+        b, a = nearest_conflicts(seq, at, (reads & crowd, writes & crowd))
+        before |= b
+        after |= a
     return before, after
 
 

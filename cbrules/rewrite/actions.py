@@ -37,7 +37,7 @@ from typing import Any, Optional
 
 from ..ir.graph import KernelGraph
 from .match import Matcher
-from ..ir.ops import OPS, conflicts, nearest_conflicts
+from ..ir.ops import OPS, conflicts, nearest_conflicts_among
 from ..ir.order import order_from, sibling_order, sibling_pairs
 from .schema import ACTIONS, settable as _settable, split_keys  # noqa: F401  (ACTIONS: public here too)
 from .sexpr import RuleError, SList
@@ -128,6 +128,7 @@ class Rewriter:
         if kg.parent(n) != scope:
             kg.g.add_edge(scope, n, kind="contains")
             kg.touch(scope)
+            kg.touch(n)
         # entry/exit: before the siblings nothing precedes / after those nothing follows; the rest
         # is ordered through them (edges stay linear in the number of siblings)
         if where in ("entry", "exit"):
@@ -145,11 +146,9 @@ class Rewriter:
             kg.add_depends(s, n)
         for s in after:
             kg.add_depends(n, s)
-        reads, writes = kg.effects(n)
-        # a resource no sibling writes has no nearest writer to find, and a reader of it orders
-        # nothing unless n writes it: leave it out, or every placement reads every sibling
-        written = kg.effects(scope)[1]
-        preds, succs = nearest_conflicts(kg.lazy_effects(seq), at, (reads & (written | writes), writes))
+        # only the siblings that touch n's resources, by the scope's resource index
+        preds, succs = nearest_conflicts_among(kg.lazy_effects(seq), at, kg.effects(n), kg.sibling_resources(scope),
+                                               {c: i for i, c in enumerate(seq)})
         for i in preds:
             kg.add_depends(seq[i], n)
         for i in succs:
@@ -220,6 +219,7 @@ class Rewriter:
             self.kg.g.remove_edge(n, s)
         parent = self.kg.parent(n)
         if parent is not None:
+            self.kg.touch(n)
             self.kg.touch(parent)
             self.kg.g.remove_edge(parent, n)
 
@@ -263,6 +263,7 @@ class Rewriter:
                             f"got {t.head()}")
         g.add_edge(parent, s, kind="contains")
         kg.touch(parent)
+        kg.touch(s)
         # the new scope takes ?n's place: its depends edges move over, then ?n moves inside
         for p in [p for p in g.pred[n] if g.edges[p, n]["kind"] == "depends"]:
             g.remove_edge(p, n)
@@ -270,6 +271,7 @@ class Rewriter:
         for q in [q for q in g.succ[n] if g.edges[n, q]["kind"] == "depends"]:
             g.remove_edge(n, q)
             kg.add_depends(s, q)
+        kg.touch(n)  # leaves parent's resource index
         g.remove_edge(parent, n)
         kg.touch(s)
         kg.touch(parent)
@@ -291,6 +293,7 @@ class Rewriter:
         new = self.instantiate(t, None)
         # the body keeps its depends edges: its nodes stay siblings, now inside the new scope
         for c in body:
+            kg.touch(c)  # leaves s's resource index
             g.remove_edge(s, c)
             g.add_edge(new, c, kind="contains")
         g.add_edge(s, new, kind="contains")
