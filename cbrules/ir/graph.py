@@ -227,29 +227,35 @@ class KernelGraph:
                 kept.pop(n, None)
             p = self.parent(n)
             if index and p in index:
-                index[p][2].add(n)
+                index[p][3].add(n)
             n = p
 
-    def sibling_resources(self, scope: int) -> dict[str, set[int]]:
-        """Each resource the children of ``scope`` read or write -> those children (kept while the
-        graph keeps derived facts, and updated for the children touched since)."""
+    def sibling_resources(self, scope: int) -> tuple[dict[str, set[int]], dict[str, set[int]]]:
+        """Each resource the children of ``scope`` read or write -> those children, and each one
+        they write -> the writers (kept while the graph keeps derived facts, and updated for the
+        children touched since)."""
         index = self._resources
         entry = None if index is None else index.get(scope)
         if entry is None:
-            entry = ({}, {}, set(self.children(scope)))
+            entry = ({}, {}, {}, set(self.children(scope)))
             if index is not None:
                 index[scope] = entry
-        users, seen, stale = entry
+        users, writers, seen, stale = entry
         for c in stale:
             old = seen.pop(c, None)
-            for r in () if old is None else old[0] | old[1]:
-                users[r].discard(c)
+            if old is not None:
+                for r in old[0] | old[1]:
+                    users[r].discard(c)
+                for r in old[1]:
+                    writers[r].discard(c)
             if c in self.g and self.parent(c) == scope:
                 seen[c] = reads, writes = self.effects(c)
                 for r in reads | writes:
                     users.setdefault(r, set()).add(c)
+                for r in writes:
+                    writers.setdefault(r, set()).add(c)
         stale.clear()
-        return users
+        return users, writers
 
     def remembered_order(self, scope: int) -> Optional[list[int]]:
         """The sibling order of ``scope``'s children while kept and unchanged (see :mod:`cbrules.ir.order`)."""

@@ -221,20 +221,21 @@ def nearest_conflicts(seq: Sequence[tuple[set[str], set[str]]], at: int,
 
 
 def nearest_conflicts_among(seq: Sequence[tuple[set[str], set[str]]], at: int, mine: tuple[set[str], set[str]],
-                            users: Mapping[str, set[int]], place: Mapping[int, int],
+                            users: tuple[Mapping[str, set[int]], Mapping[str, set[int]]], place: Mapping[int, int],
                             crowded: int = 64) -> tuple[set[int], set[int]]:
     """:func:`nearest_conflicts`, reading for each resource only the siblings that use it
-    (``users``: resource -> sibling ids, ``place``: sibling id -> position in ``seq``; ids not
-    placed there are ignored). A resource used by more than ``crowded`` siblings (the sync token)
-    is scanned for as before: its writers are near."""
+    (``users``: resource -> sibling ids that use it, and that write it; ``place``: sibling id ->
+    position in ``seq``; ids not placed there are ignored). A resource used by more than
+    ``crowded`` siblings (the sync token) is scanned for as before: its writers are near."""
     reads, writes = mine
+    using, writing = users
     before: set[int] = set()
     after: set[int] = set()
     crowd: set[str] = set()
     for r in reads | writes:
-        who = users.get(r)
-        if not who:
-            continue  # no sibling reads or writes it: nothing to order against
+        who = using.get(r)
+        if not who or r not in writes and not writing.get(r):
+            continue  # no writer to find, and readers order nothing unless the new node writes it
         if len(who) > crowded:
             crowd.add(r)
             continue
