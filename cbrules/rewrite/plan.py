@@ -104,7 +104,8 @@ def _pattern(e: SList) -> tuple[Optional[str], dict]:
 
 def _tie(e: SList, bound: set[str]) -> Optional[int]:
     """How closely ``e`` is tied to the variables bound: 0 its node, 1 an attribute equal to a
-    bound variable, 2 its scope, 3 nothing; None while a scope it names is unbound."""
+    bound variable, 2 its scope (an op's nodes in it), 3 nothing; None while a scope it names is
+    unbound."""
     var, keys = _pattern(e)
     scopes = [keys[k] for k in STRUCTURAL_KEYS if k in keys]
     if any(not set(_vars(s)) <= bound for s in scopes):
@@ -114,7 +115,9 @@ def _tie(e: SList, bound: set[str]) -> Optional[int]:
     if any(isinstance(p, Atom) and p.kind == "var" and p.value in bound
            for k, p in keys.items() if k not in STRUCTURAL_KEYS):
         return 1
-    return 2 if scopes else 3
+    # a scope ties an op's nodes to a few; it ties "_" to every child or descendant, no better than
+    # the written order
+    return 2 if scopes and e.head() != "_" else 3
 
 
 def _binds(e: SList) -> set[str]:
