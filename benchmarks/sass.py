@@ -4,6 +4,7 @@ CUDA source, the cubin, ptxas's resource line and, where a disassembler is on th
 
     python3 benchmarks/sass.py --op exp --stages 3 --param rows=1 --param width=1024 --out /tmp/sass
     python3 benchmarks/sass.py --op matmul --stages 4 --warp-specialize --registers 40,232 ...
+    python3 benchmarks/sass.py --kernel matmul_tc --stages 4 --warp-specialize --registers 40,232 --out /tmp/sass
 
 For a warp-specialized variant it also reports whether ptxas kept the setmaxnreg instructions
 (SASS ``USETMAXREG``) and any local-memory traffic (``LDL``/``STL``: spills or stack arrays).
@@ -44,9 +45,12 @@ def loop_histograms(sass: str) -> list[collections.Counter]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--op", required=True, choices=sorted(OPS))
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--op", choices=sorted(OPS))
+    which.add_argument("--kernel", help="a built-in kernel by name (its factory's defaults), e.g. matmul_tc")
     p.add_argument("--stages", default="3", help="comma-separated S values (1: not annotated)")
-    p.add_argument("--param", action="append", default=[], help="NAME=VALUE build parameter (repeatable)")
+    p.add_argument("--param", action="append", default=[],
+                   help="NAME=VALUE build parameter (repeatable; an int, or text such as dtype=bfloat16)")
     p.add_argument("--war", default=None)
     p.add_argument("--warp-specialize", action="store_true", help="the warp-specialized variant")
     p.add_argument("--registers", help="with --warp-specialize: P,C registers (setmaxnreg)")
@@ -55,15 +59,15 @@ def main(argv=None) -> int:
 
     from cbrules import api
 
-    params = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in a.param}
+    params = {k: int(v) if v.isdigit() else v for k, v in (kv.split("=", 1) for kv in a.param)}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tool = shutil.which("cuobjdump")
     for stages in (int(s) for s in a.stages.split(",")):
         ws = {"warp_specialize": True, "registers": tuple(int(x) for x in a.registers.split(",")) if a.registers
               else None} if a.warp_specialize else {}
-        ck = api.compile(build_variant(OPS[a.op].kernel, stages, war=a.war, **ws, **params))
-        stem = f"{a.op}_S{stages}" + ("_ws" if ws else "") + (f"_r{a.registers.replace(',', '-')}" if ws and
+        ck = api.compile(build_variant(OPS[a.op].kernel if a.op else a.kernel, stages, war=a.war, **ws, **params))
+        stem = f"{a.op or a.kernel}_S{stages}" + ("_ws" if ws else "") + (f"_r{a.registers.replace(',', '-')}" if ws and
                                                               a.registers else "") \
             + "".join(f"_{k}{v}" for k, v in params.items())
         (out / f"{stem}.cu").write_text(ck.source.text)
@@ -78,7 +82,7 @@ def main(argv=None) -> int:
         (out / f"{stem}.sass").write_text(sass)
         ops = collections.Counter(m.group(3) for m in map(_INSTR.match, sass.splitlines()) if m)
         print(f"  setmaxnreg in SASS: {ops['USETMAXREG']} USETMAXREG; local memory: {ops['LDL']} LDL, "
-              f"{ops['STL']} STL")
+              f"{ops['STL']} STL; tensor cores: {sum(n for o, n in ops.items() if o.startswith('HGMMA'))} HGMMA")
         for i, h in enumerate(loop_histograms(sass)):
             print(f"  loop {i}: {sum(h.values())} instructions: "
                   + ", ".join(f"{op} {n}" for op, n in h.most_common(14)))

@@ -22,7 +22,7 @@ from . import __version__
 from .errors import CbrulesError, CliError
 from .ir.limits import MAX_CHECK_STAGES
 from .ir.ops import HALF_DTYPES
-from .kernelfile import load_kernel
+from .kernelfile import load_kernel, refuse_untaken
 from .rewrite import rulefile
 
 if TYPE_CHECKING:
@@ -80,8 +80,21 @@ def _warp_options(a) -> dict:
     return {"warp_specialize": True if getattr(a, "warp_specialize", False) else None, "registers": _registers(a)}
 
 
+def _file_options(a, spec: KernelSpec) -> None:
+    """A kernel file gets every option given that its build() takes; one it does not take is an error
+    (--shape is also the problem's shape for `run` and `check` when the file defines inputs())."""
+    shape_for_inputs = getattr(a, "command", "") in ("run", "check") and spec.inputs is not None
+    refuse_untaken(spec, {"stages": getattr(a, "stages", None), "prefetch": getattr(a, "prefetch", None),
+                          "war": getattr(a, "war", None), "warp_specialize": getattr(a, "warp_specialize", False),
+                          "registers": getattr(a, "registers", None),
+                          "shape": None if shape_for_inputs else getattr(a, "shape", None),
+                          "dtype": None if getattr(a, "dtype", None) in (None, "float32") else a.dtype,
+                          "tma_store": getattr(a, "tma_store", False), "swizzle": getattr(a, "swizzle", None)})
+
+
 def _kernel(a, spec: KernelSpec):
     """The kernel with the command line's circular-buffer options; options it cannot take are an error."""
+    _file_options(a, spec)
     given = [k for k in ("stages", "prefetch", "war", "registers") if getattr(a, k, None) is not None]
     given += ["warp-specialize"] if getattr(a, "warp_specialize", False) else []
     if given and not spec.pipelined:
@@ -89,12 +102,14 @@ def _kernel(a, spec: KernelSpec):
                        f"{', '.join('--' + k for k in given)} would be ignored; drop them, or give build() "
                        "keyword parameters (stages=None, prefetch=None, war=None, ...) and pass them on")
     return spec.build(_shape(a, spec), stages=getattr(a, "stages", None), prefetch=getattr(a, "prefetch", None),
-                      war=getattr(a, "war", None), dtype=_dtype(a), tma_store=bool(getattr(a, "tma_store", False)),
+                      war=getattr(a, "war", None), dtype=_dtype(a, spec),
+                      tma_store=bool(getattr(a, "tma_store", False)),
                       swizzle=getattr(a, "swizzle", None) or "none", **_warp_options(a))
 
 
-def _dtype(a) -> str:
-    return getattr(a, "dtype", None) or "float32"
+def _dtype(a, spec: KernelSpec) -> str:
+    """--dtype, else the kernel's first dtype (float32 for every kernel that takes it)."""
+    return getattr(a, "dtype", None) or spec.dtypes[0]
 
 
 def _compile(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
@@ -307,7 +322,7 @@ def cmd_run(a) -> int:
     if not runtime.gpu_available():
         raise CliError("no compute-capability 9.x GPU here: `cbrules run` needs a Hopper GPU "
                        "(`cbrules compile` works without one)")
-    return 0 if _run(spec, ck, _shape(a, spec), a.reps, dtype=_dtype(a)) else 1
+    return 0 if _run(spec, ck, _shape(a, spec), a.reps, dtype=_dtype(a, spec)) else 1
 
 
 def cmd_demo(a) -> int:
@@ -339,35 +354,46 @@ def cmd_check(a) -> int:
     from .kernels import KERNELS
     from .reference.interp import SCHEDULES
     spec = load_kernel(a.kernel)
-    if not spec.pipelined or spec.shape_for_trips is None:
+    kernel_file = getattr(spec, "takes", None) is not None
+    if kernel_file:
+        missing = [w for w, have in (("inputs(shape, rng)", spec.inputs), ("reference(inputs)", spec.reference),
+                                     ("OUTPUTS", spec.outputs)) if not have]
+        if missing:
+            raise CliError(f"{a.kernel}: `cbrules check` compares the lowered kernel with the unlowered one and with "
+                           f"reference(); the kernel file must define {', '.join(missing)}")
+        _file_options(a, spec)
+    elif not spec.pipelined or spec.shape_for_trips is None:
         raise CliError(f"{spec.name}: `cbrules check` needs a built-in circular-buffered kernel with small "
                        "shapes for the CPU checker (one of: " + ", ".join(
-                           n for n, s in sorted(KERNELS.items()) if s.pipelined and s.shape_for_trips) + ")")
+                           n for n, s in sorted(KERNELS.items()) if s.pipelined and s.shape_for_trips) + "), "
+                       "or a kernel file defining inputs, reference and OUTPUTS")
     ws = _warp_options(a)
     asked = " ".join(f"--{k} {v}" for k, v in (("stages", a.stages), ("prefetch", a.prefetch), ("war", a.war),
                                                 ("registers", a.registers), ("dtype", a.dtype),
                                                 ("swizzle", a.swizzle)) if v is not None)
     asked += (" --warp-specialize" if ws["warp_specialize"] else "") + (" --tma-store" if a.tma_store else "")
     roles = f"; roles under schedules {', '.join(SCHEDULES)}" if ws["warp_specialize"] else ""
-    print(f"{spec.name}: options given: {asked.strip() or 'none'}; trip counts 1..{4 * stages}, "
+    # a kernel file without shape_for_trips(trips): one case, at its SHAPE
+    trips = trip_counts(stages) if spec.shape_for_trips is not None else [None]
+    cases = (f"trip counts 0..{4 * stages}" if trips != [None]
+             else f"shape {'x'.join(map(str, spec.default_shape))} (define shape_for_trips(trips) for every trip count)")
+    print(f"{spec.name}: options given: {asked.strip() or 'none'}; {cases}, "
           f"{'a sample of' if a.sample else 'all'} blocks{roles}; lowered vs before lowering vs numpy, "
           "protocol checked")
-    checker = Checker(blocks="sample" if a.sample else None, dtype=_dtype(a), tma_store=a.tma_store,
+    checker = Checker(blocks="sample" if a.sample else None, dtype=_dtype(a, spec), tma_store=a.tma_store,
                       swizzle=a.swizzle or "none", **_lower_options(a))
     print(_check_options(spec, checker, stages, a.prefetch, a.war, ws))
     print(TABLE_HEADER, flush=True)
-    trips = trip_counts(stages)
     results = []
     for i, t in enumerate(trips):
         _progress(f"check {spec.name}: trip count {t} ({i + 1}/{len(trips)}) ...")
         results.append(checker.check(spec, t, stages, a.prefetch, a.war, warp_specialize=bool(ws["warp_specialize"]),
-                                     registers=ws["registers"]))
+                                     registers=ws["registers"], shape=None if t is not None else spec.default_shape))
         _progress("")
         print(table_row(results[-1]), flush=True)  # each row as it finishes: a long check shows it is alive
     failed = [r for r in results if not r.ok]
-    refused = sum(r.status == "refused" for r in results)
-    print(f"{len(results)} trip counts: {len(results) - refused - len(failed)} ok, {refused} refused as "
-          f"required (trip count < stages), {len(failed)} failed")
+    print(f"{len(results)} {'trip counts' if trips != [None] else 'case'}: {len(results) - len(failed)} ok, "
+          f"{len(failed)} failed")
     return 1 if failed else 0
 
 
@@ -386,7 +412,8 @@ def _check_options(spec: KernelSpec, checker, stages: int, prefetch: Optional[in
     """The effective options of the case with trip count S (the defaults filled in by the rules)."""
     from . import api, options
     trips = stages
-    built = spec.build(spec.shape_for_trips(trips), trips=trips, stages=stages, prefetch=prefetch, war=war,
+    shape = spec.shape_for_trips(trips) if spec.shape_for_trips is not None else spec.default_shape
+    built = spec.build(shape, trips=trips, stages=stages, prefetch=prefetch, war=war,
                        dtype=checker.dtype, tma_store=checker.tma_store, swizzle=checker.swizzle, **ws)
     try:
         kg = api.lower(built, rules=checker.lower_options["rules"])
@@ -437,7 +464,8 @@ def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
     if not check:
         p.add_argument("--shape", help="problem shape, e.g. 1048576 or 500,1024 (also picks build-time sizes)")
     p.add_argument("--dtype", choices=["float32", *HALF_DTYPES], help="type of the kernel's tensors (default "
-                   "float32; float16/bfloat16 are stored as such and computed in float32)")
+                   "float32, or the kernel's first: bfloat16 for matmul_tc; float16/bfloat16 are stored as such and "
+                   "computed in float32)")
     p.add_argument("--tma-store", action="store_true", help="write each output tile with one TMA store from a "
                    "shared staging buffer (kernels whose output leaves in whole tiles)")
     p.add_argument("--swizzle", choices=["none", "32B", "64B", "128B"], help="shared-memory layout of the input "
@@ -515,7 +543,7 @@ def parser() -> argparse.ArgumentParser:
     _rule_options(r)
     r.add_argument("--reps", type=_count(1), default=20, help="timed launches (default 20)")
     r.set_defaults(fn=cmd_run)
-    about = ("lower, then interpret on the CPU for trip counts 1..4*S with the barrier protocol checked, "
+    about = ("lower, then interpret on the CPU for trip counts 0..4*S with the barrier protocol checked, "
              f"comparing with the kernel before lowering and with numpy (S <= {MAX_CHECK_STAGES}: a larger --stages "
              "is refused before any work)")
     ch = sub.add_parser("check", help=about, description=about)

@@ -1,7 +1,13 @@
 """Kernel files for the command line: a built-in kernel by name, or a Python file that defines
-``build()`` (and optionally ``inputs``, ``reference``, ``OUTPUTS``, ``SHAPE``). The file is the user's
-own code: whatever it raises, at import or in ``build()``, ``inputs()`` or ``reference()``, becomes a
-:class:`CliError` naming the file, the line and the exception.
+``build()`` (and optionally ``inputs(shape, rng)``, ``reference(inputs)``, ``OUTPUTS``, ``SHAPE``,
+``TOLERANCE`` and ``shape_for_trips(trips)``). The file is the user's own code: whatever it raises,
+at import or in ``build()``, ``inputs()`` or ``reference()``, becomes a :class:`CliError` naming the
+file, the line and the exception.
+
+The command line's options (``--stages``, ``--prefetch``, ``--war``, ``--warp-specialize``,
+``--registers``, ``--shape``, ``--dtype``, ``--tma-store``, ``--swizzle``) reach ``build()`` as the
+keywords of :data:`BUILD_OPTIONS` when it takes them (by name, or ``**options``); an option given
+that ``build()`` does not take is a :class:`CliError` naming it and the parameter to add.
 """
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import functools
 import os
 import runpy
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -17,6 +24,38 @@ from .errors import CliError
 if TYPE_CHECKING:
     from .kernels.specs import KernelSpec
 
+# build() keyword <- the command-line option that gives it
+BUILD_OPTIONS = {"stages": "--stages", "prefetch": "--prefetch", "war": "--war", "warp_specialize": "--warp-specialize",
+                 "registers": "--registers", "shape": "--shape", "dtype": "--dtype", "tma_store": "--tma-store",
+                 "swizzle": "--swizzle"}
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_file_type() -> type:
+    """The KernelSpec of a kernel file (made on first use: the light commands import no kernels)."""
+    from .kernels.specs import KernelSpec
+
+    @dataclass(frozen=True)
+    class KernelFile(KernelSpec):
+        """A kernel file's specification: ``takes`` the :data:`BUILD_OPTIONS` its ``build()`` accepts."""
+
+        path: str = ""
+        takes: frozenset = frozenset()
+    return KernelFile
+
+
+def refuse_untaken(spec: KernelSpec, given: dict) -> None:
+    """For a kernel file: a :class:`CliError` for the first option given (not None/False) that its
+    ``build()`` does not take. Built-in kernels are not judged here."""
+    takes = getattr(spec, "takes", None)
+    if takes is None:
+        return
+    for key, value in given.items():
+        if value not in (None, False, "none") and key not in takes:
+            raise CliError(f"{spec.path}: build() takes no {key!r} parameter, so {BUILD_OPTIONS[key]} would be "
+                           f"ignored; drop {BUILD_OPTIONS[key]}, or add {key}=None to build()'s parameters (or "
+                           "**options) and use it")
+
 
 def load_kernel(ref: str) -> KernelSpec:
     """A built-in kernel by name, or a Python file defining ``build()`` (and optionally
@@ -24,7 +63,8 @@ def load_kernel(ref: str) -> KernelSpec:
 
     A kernel file that fails (a syntax error, any exception while it runs or builds, no ``build``)
     is a :class:`CliError` naming the file, the line and the exception."""
-    from .kernels import KernelSpec, get
+    from .ir.ops import HALF_DTYPES
+    from .kernels import get
     if ref.endswith(".py") or Path(ref).is_file():
         path = Path(ref)
         if not path.is_file():
@@ -38,11 +78,19 @@ def load_kernel(ref: str) -> KernelSpec:
             outputs = tuple(str(x) for x in ns.get("OUTPUTS", ()))
         except (TypeError, ValueError) as e:
             raise CliError(f"{ref}: SHAPE must be a tuple of integers and OUTPUTS a tuple of tensor names ({e})")
-        inputs, reference = ns.get("inputs"), ns.get("reference")
-        return KernelSpec(path.stem, str(ns.get("__doc__") or ""), _built(path, build),
+        tolerance = _tolerance(ref, ns.get("TOLERANCE", (1e-5, 1e-6)))
+        inputs, reference, trips_shape = ns.get("inputs"), ns.get("reference"), ns.get("shape_for_trips")
+        takes = _takes(build)
+        return _kernel_file_type()(path.stem, str(ns.get("__doc__") or ""), _built(path, build),
                           _guarded(path, "calling inputs() of", inputs) if callable(inputs) else None,
                           _guarded(path, "calling reference() of", reference) if callable(reference) else None,
-                          outputs, shape, pipelined=_takes_options(build), dtypes=("float32",))
+                          outputs, shape, tolerance=lambda s: tolerance,
+                          build_params=(lambda s: {"shape": s}) if "shape" in takes else (lambda s: {}),
+                          pipelined=bool(takes & {"stages", "prefetch", "war", "warp_specialize", "registers"}),
+                          dtypes=("float32", *HALF_DTYPES), tile_output=True, swizzles=True,
+                          shape_for_trips=(_guarded(path, "calling shape_for_trips() of", trips_shape)
+                                           if callable(trips_shape) else None),
+                          path=ref, takes=takes)
     try:
         return get(ref)
     except KeyError as e:
@@ -63,14 +111,29 @@ def _guarded(path: Path, doing: str, fn: Callable) -> Callable:
     return call
 
 
-def _takes_options(build: Callable) -> bool:
-    """Whether a kernel file's build() takes the circular-buffer options (as keywords)."""
+def _takes(build: Callable) -> frozenset:
+    """The :data:`BUILD_OPTIONS` a kernel file's build() takes as keywords (all of them with ``**options``)."""
     import inspect
     try:
         params = inspect.signature(build).parameters.values()
     except (TypeError, ValueError):
-        return False
-    return any(p.kind == p.VAR_KEYWORD or p.name == "stages" for p in params)
+        return frozenset()
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return frozenset(BUILD_OPTIONS)
+    return frozenset(p.name for p in params if p.name in BUILD_OPTIONS
+                     and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def _tolerance(ref: str, value) -> tuple[float, float]:
+    """A kernel file's ``TOLERANCE``: (rtol, atol), two non-negative numbers."""
+    try:
+        rtol, atol = (float(x) for x in value)
+        if not (rtol >= 0 and atol >= 0):
+            raise ValueError("negative or NaN")
+    except (TypeError, ValueError) as e:
+        raise CliError(f"{ref}: TOLERANCE must be (rtol, atol), two non-negative numbers, got {value!r} ({e})") \
+            from None
+    return rtol, atol
 
 
 def _built(path: Path, build: Callable) -> Callable:

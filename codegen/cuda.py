@@ -10,7 +10,6 @@ device-function table) and comment text through :func:`_comment`.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -21,6 +20,7 @@ from ..ir.ops import DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS
 from ..schedule import Step
 from ..ir.terms import BINARY_OPS, DEVICE_FUNCTIONS, UNARY_OPS, Term, call_problem, to_c
 
+from . import mma as _mma
 from .errors import CodegenError
 
 PRELUDE = (Path(__file__).with_name("prelude.cu")).read_text()
@@ -32,6 +32,8 @@ _ROLE_HELPERS = ("cb_elect_warp(", "cb_block_reduce_named<")
 HALF_PRELUDE = (Path(__file__).with_name("prelude_half.cu")).read_text()
 STORE_PRELUDE = (Path(__file__).with_name("prelude_store.cu")).read_text()  # ... and bulk-group TMA stores
 SWIZZLE_PRELUDE = (Path(__file__).with_name("prelude_swizzle.cu")).read_text()  # ... and swizzled tiles
+VECTOR_PRELUDE = (Path(__file__).with_name("prelude_vector.cu")).read_text()  # ... and vector accesses
+VECTOR_BYTES = (4, 8, 16)
 REDUCE_SCRATCH_BYTES = 32 * 8
 MAX_SHARED_BYTES = 227 * 1024  # per block on H100/H200 with the opt-in attribute
 _UNARY_C = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "fabs"}
@@ -69,6 +71,7 @@ class KernelSource:
     grid: tuple[Term, ...]
     shared_bytes: int
     requires: tuple = ()  # (predicate over symbols, message[, code]) to check before each launch
+    aligned: tuple = ()  # (tensor, bytes): its vector accesses need its address aligned so
 
 
 def _ident(name: Any) -> str:
@@ -92,9 +95,10 @@ def _check_term(t: Any) -> None:
         raise CodegenError(f"refusing to print {t!r} into CUDA: not a term")
     if t.op == "const":
         v = t.value
-        if not isinstance(v, (bool, int, float)) or (isinstance(v, float) and not math.isfinite(v)) \
+        # infinities and NaN print as bit patterns (terms.to_c), which NVRTC takes without headers
+        if not isinstance(v, (bool, int, float)) \
                 or (isinstance(v, int) and not -_INT_LITERAL_BOUND < v < _INT_LITERAL_BOUND):
-            raise CodegenError(f"refusing to print the constant {v!r} into CUDA: not a finite number in range")
+            raise CodegenError(f"refusing to print the constant {v!r} into CUDA: not a number in range")
     elif t.op == "name":
         if t.value not in BUILTINS:
             _ident(t.value)
@@ -143,6 +147,8 @@ class _Emitter:
         self.smem_bytes = 0
         self.uses_reduce = False
         self.uses_backoff = False
+        self.vector_tensors: dict[str, int] = {}  # global tensor -> the widest vector access to it, in bytes
+        self.mmas: list[dict] = []  # attributes of the mma nodes (their accumulators and instruction shapes)
         self._collect(program)
 
     # -------------------------------------------------------------- declarations
@@ -162,12 +168,14 @@ class _Emitter:
                 self.shared.append((_ident(a["buf"]), ctype, self._carve(n, align)))
             elif s.op == "alloc" and a["space"] == "register":
                 self.reg_arrays[_ident(a["buf"])] = s
-            elif "dst" in a and s.op not in ("store", "tma_load", "alloc"):
+            elif "dst" in a and s.op not in ("store", "copy", "tma_load", "alloc"):
                 self.registers.setdefault(_ident(a["dst"]), a.get("dtype", "float32"))
             elif s.op == "mbarrier_wait" and a.get("backoff") is not None:
                 self.uses_backoff = True
             if s.op == "reduce" and a["kind"] == "block":
                 self.uses_reduce = True
+            if s.op == "mma":
+                self.mmas.append(a)
         if self.uses_reduce:
             self.reduce_offset = self._carve(REDUCE_SCRATCH_BYTES, 16)
 
@@ -179,8 +187,8 @@ class _Emitter:
                 out.append(f"{const}{_dtype(p.dtype)}* __restrict__ {_ident(p.name)}")
             elif p.kind == "tmap":
                 out.append(f"const __grid_constant__ CUtensorMap {_ident(p.name)}")
-            else:
-                out.append(f"int {_ident(p.name)}")
+            else:  # a symbol: int32, or a scalar of another dtype (k.scalar)
+                out.append(f"{_dtype(p.dtype)} {_ident(p.name)}")
         return ", ".join(out)
 
     # -------------------------------------------------------------- statements
@@ -273,7 +281,8 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
     preludes = [PRELUDE] + ([HALF_PRELUDE] if dtypes & set(HALF_DTYPES) else []) \
         + ([STORE_PRELUDE] if async_stores else []) \
         + ([SWIZZLE_PRELUDE] if any("cb_swizzle(" in line for line in e.lines) else []) \
-        + ([PRELUDE_ROLES] if roles else [])
+        + ([VECTOR_PRELUDE] if any("cb_vcopy<" in line for line in e.lines) else []) \
+        + ([PRELUDE_ROLES] if roles else []) + (_mma.helpers(e.mmas) if e.mmas else [])
     text = "\n".join([
         *preludes, e.elect_one(), *([BACKOFF_WAIT] if e.uses_backoff else []), "",
         f'extern "C" __global__ void __launch_bounds__({bounds}) {_ident(k["name"])}({e.signature()}) {{',
@@ -282,7 +291,7 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
         raise CodegenError(f"kernel {k['name']}: {e.smem_bytes} bytes of shared memory, more than the "
                            f"{MAX_SHARED_BYTES} a block may have on sm_90; use smaller tiles or fewer stages")
     return KernelSource(k["name"], text, tuple(k["params"]), tuple(k["block"]), tuple(k["grid"]), e.smem_bytes,
-                        tuple(k.get("requires", ())))
+                        tuple(k.get("requires", ())), tuple(sorted(e.vector_tensors.items())))
 
 
 # ------------------------------------------------------------------------------ statement table
@@ -335,7 +344,10 @@ def _register_array(a) -> Optional[str]:
     size = 1
     for d in a["shape"]:
         size *= _int(d, f"a dimension of register array {a['buf']}", 1)
-    return f"{DTYPES[a['dtype']]} {a['buf']}[{size}];"
+    # only an alignment above the element's own is printed (a vector copy's register array)
+    align = a.get("align") or 1
+    align = f"__align__({_int(align, 'an alignment', 1)}) " if align > DTYPE_BYTES[a["dtype"]] else ""
+    return f"{align}{DTYPES[a['dtype']]} {a['buf']}[{size}];"
 
 
 def _reduce(o, a, e) -> str:
@@ -351,6 +363,26 @@ def _reduce(o, a, e) -> str:
                 f"{_int(a['count'], 'a named barrier thread count', 32)});")
     return (f"{a['dst']} = cb_block_reduce<{ctype}>({_c_term(a['src'])}, ({ctype}){identity}, "
             f"{functor}(), reinterpret_cast<{ctype}*>(cb_smem + {e.reduce_offset}));")
+
+
+def _copy(a, e) -> str:
+    """One vector access; the bytes it moves come from the register-array side's dtype (the rules put
+    a register array on one side)."""
+    arrays = [e.reg_arrays.get(a[side]) for side in ("dst", "src")]
+    array = next((r for r in arrays if r is not None), None)
+    nbytes = a["count"] * DTYPE_BYTES[array.attrs["dtype"]] if array is not None else 0
+    if nbytes not in VECTOR_BYTES:
+        raise CodegenError(f"copy {a['src']} -> {a['dst']}: a vector access moves 4, 8 or 16 bytes between a "
+                           f"register array and memory; this one moves {a['count']} elements "
+                           + (f"({nbytes} bytes)" if array is not None else "with no register array on either side"))
+    tensors = {p.name: p for p in e.k["params"] if p.kind == "tensor"}
+    if a["dst"] in tensors and not tensors[a["dst"]].written:
+        raise CodegenError(f"copy into tensor {a['dst']!r}, which the kernel does not write (its parameter is "
+                           "const): only a tensor a store of the kernel writes can take a vector copy")
+    for side in ("dst", "src"):
+        if a[side] in tensors:
+            e.vector_tensors[a[side]] = max(e.vector_tensors.get(a[side], 0), nbytes)
+    return f"cb_vcopy<{nbytes}>(&{a['dst']}[{_c_term(a['dst_index'])}], &{a['src']}[{_c_term(a['src_index'])}]);"
 
 
 def _flag(v: Any, what: str) -> bool:
@@ -371,11 +403,13 @@ _STATEMENTS = {
     "alloc": lambda o, a, e: _register_array(a),
     "load": lambda o, a, e: f"{a['dst']} = {a['src']}[{_c_term(a['index'])}];",
     "store": lambda o, a, e: f"{a['dst']}[{_c_term(a['index'])}] = {_c_term(a['value'])};",
+    "copy": lambda o, a, e: _copy(a, e),
     "assign": lambda o, a, e: f"{a['dst']} = {_c_term(a['value'])};",
     "neg": lambda o, a, e: f"{a['dst']} = -({_args(a)[0]});",
     "max": lambda o, a, e: f"{a['dst']} = cb_max({', '.join(_args(a))});",
     "min": lambda o, a, e: f"{a['dst']} = cb_min({', '.join(_args(a))});",
     "fma": lambda o, a, e: f"{a['dst']} = {_fn('fma', a['dtype'])}({', '.join(_args(a))});",
+    "select": lambda o, a, e: "{} = ({}) ? ({}) : ({});".format(a["dst"], *_args(a)),
     "reduce": _reduce,
     "tma_load": lambda o, a, e: (f"cb_tma_load(cb_smem_addr({a['dst']} + {_c_term(a['offset'])}), &{a['tmap']}, "
                               f"{_bar(a)}, {_coords(a)});"),
@@ -394,6 +428,13 @@ _STATEMENTS = {
     "fence_mbarrier_init": lambda o, a, e: "cb_fence_mbarrier_init();",
     "bar_sync": lambda o, a, e: f"cb_bar_sync({a['id']}, {a['count']});",
     "setmaxnreg": lambda o, a, e: _setmaxnreg(a),
+    "mma": lambda o, a, e: _mma.statement(a, _ident, _int, _c_term),
+    "wgmma_fence": lambda o, a, e: "cb_wgmma_fence();",
+    "wgmma_commit": lambda o, a, e: "cb_wgmma_commit();",
+    # once no group is pending the accumulators are final: fence them so no read moves above the wait
+    # (a fence while a group is in flight would make ptxas serialize the MMA)
+    "wgmma_wait": lambda o, a, e: f"cb_wgmma_wait<{_int(a['pending'], 'pending', 0)}>();"
+                                  + (_mma.acc_fences(e.mmas, _ident) if a["pending"] == 0 else ""),
 }
 
 

@@ -29,6 +29,7 @@ from .runtime import DeviceArray
 __all__ = ["BoundLaunch", "CompiledKernel", "LaunchError", "borrow", "check_layout"]
 
 HostOrDevice = Union[np.ndarray, DeviceArray]
+_ARG_KINDS = {"int32": "i32", "int64": "i64", "uint32": "u32", "uint64": "u64", "float32": "f32", "float64": "f64"}
 
 
 def borrow(kernel: str, param, value: Any) -> HostOrDevice:
@@ -45,12 +46,13 @@ def borrow(kernel: str, param, value: Any) -> HostOrDevice:
                           "producer)") from None
 
 
-def check_layout(kernel: str, param, array: HostOrDevice) -> None:
+def check_layout(kernel: str, param, array: HostOrDevice, vector_bytes: int = 0) -> None:
     """Refuse an argument the kernel cannot use in place.
 
     The generated kernel indexes every tensor as a dense C-order array of its dtype, so a borrowed
     device array must be C-contiguous (no slicing steps, transposes or negative strides), start at a
-    non-NULL address aligned to its element size, and, if written, not be read-only. Such arrays are
+    non-NULL address aligned to its element size (to ``vector_bytes`` where the kernel moves that many
+    bytes of it at once), and, if written, not be read-only. Such arrays are
     refused, never copied: a copy would be silently slow for inputs and cannot be written back
     transparently for outputs. Numpy arrays are always copied to fresh device memory, so any layout
     is fine; a written one must be writeable, as the result is copied back into it.
@@ -72,6 +74,10 @@ def check_layout(kernel: str, param, array: HostOrDevice) -> None:
     if array.ptr % array.dtype.itemsize:
         raise LaunchError(f"{where} ({layout}) is not aligned to its {array.dtype.itemsize}-byte elements; pass "
                           "a copy in fresh memory (torch: x.clone(), cupy: x.copy())")
+    if vector_bytes and array.ptr % vector_bytes:
+        raise LaunchError(f"{where} ({layout}) is not {vector_bytes}-byte aligned, but the kernel accesses it "
+                          f"{vector_bytes} bytes at a time; pass a copy in fresh memory (torch: x.clone(), cupy: "
+                          "x.copy())")
     if param.written and array.readonly:
         raise LaunchError(f"{where} ({layout}) is marked read-only by its producer but the kernel writes it; "
                           "pass a writeable array")
@@ -144,9 +150,10 @@ class CompiledKernel:
             tensors[p.name] = borrow(self.name, p, kwargs[p.name])
             check_dtype(self.name, p, tensors[p.name].dtype)
         symbols = self.bind_symbols({n: a.shape for n, a in tensors.items()}, given)
+        vectors = dict(self.source.aligned)
         for p in params:
             if p.kind == "tensor":
-                check_layout(self.name, p, tensors[p.name])
+                check_layout(self.name, p, tensors[p.name], vectors.get(p.name, 0))
             elif p.kind == "tmap":
                 _check_tensor_map(p, tensors[p.tensor])
         return tensors, symbols, launch_grid(self.name, self.source.grid, symbols)
@@ -171,8 +178,8 @@ class CompiledKernel:
                 args.append(("ptr", arrays[p.name].ptr))
             elif p.kind == "tmap":
                 args.append(("tmap", tma.encode_tensor_map(p.name, arrays[p.tensor], p.box, swizzle=p.swizzle)))
-            else:
-                args.append(("i32", symbols[p.name]))
+            else:  # a symbol, or a scalar of another dtype (k.scalar)
+                args.append((_ARG_KINDS[p.dtype], symbols[p.name]))
         return BoundLaunch(fn, grid, self.source.block, self.source.shared_bytes, args,
                            arrays, copy_back, symbols)
 

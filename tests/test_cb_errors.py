@@ -2,7 +2,7 @@
 import pytest
 
 from cbrules import api
-from cbrules.ir.builder import Kernel, TmaBoxError, blockIdx, circular_buffer, threadIdx
+from cbrules.ir.builder import BuildError, Kernel, TmaBoxError, blockIdx, circular_buffer, threadIdx
 from cbrules.rewrite.engine import LoweringError
 from cbrules.kernels import get
 from cbrules.ir.bind import LaunchError
@@ -35,7 +35,7 @@ def one_tile_loop(cb=None, kind="serial", start=0, step=1, stop=8, alloc_inside=
         if alloc_inside:
             tile = k.alloc("tile", "shared", "float32", (rows,))
         if tma:
-            k.tma_load(xm, (i * 256,), tile, circular_buffer=load_cb)
+            k.tma_load(xm, (i * 256,), tile, circular_buffer=load_cb, **({"tile": (rows,)} if rows != 256 else {}))
             v = k.load(tile, threadIdx.x)
         else:
             v = k.load(x, i * 256 + threadIdx.x)
@@ -124,17 +124,24 @@ def test_shared_memory_times_stages_over_the_limit():
             "4 stages need 262144 bytes of shared memory")
 
 
-def test_trip_count_below_stages_at_lowering_time():
-    refused(get("single_dim").build(stages=4, tiles_per_block=2), "short-loop",
-            "runs 2 iterations, fewer than stages=4")
+def test_strict_trip_count_refuses_a_short_loop_at_lowering_time():
+    refused(one_tile_loop(circular_buffer(4, strict_trip_count=True), stop=2), "short-loop",
+            "runs 2 iterations, fewer than stages=4, and asks for strict_trip_count")
+    lower(get("single_dim").build(stages=4, tiles_per_block=2))  # without it the loop runs (predicated)
 
 
-def test_trip_count_below_stages_at_launch():
-    ck = api.compile(get("multi_dim").build(stages=3))
+def test_strict_trip_count_refuses_a_short_loop_at_launch():
+    ck = api.compile(one_tile_loop(circular_buffer(3, strict_trip_count=True), stop="ceil_div(N, 256)"))
     with pytest.raises(LaunchError, match=r"trip count ceil_div\(N, 256\) must be >= stages=3") as e:
-        ck.bind_symbols({"x": (500, 512), "out": (500, 512)}, {})  # 2 tiles < 3 stages
+        ck.bind_symbols({"x": (512,), "out": (512,)}, {})  # 2 tiles < 3 stages
     assert e.value.code == "short-loop"
-    assert ck.bind_symbols({"x": (500, 768), "out": (500, 768)}, {})["N"] == 768
+    assert ck.bind_symbols({"x": (768,), "out": (768,)}, {})["N"] == 768
+    assert api.compile(get("multi_dim").build(stages=3)).source.requires == ()  # by default: no refusal
+
+
+def test_strict_trip_count_must_be_a_bool():
+    with pytest.raises(BuildError, match="strict_trip_count must be True or False"):
+        one_tile_loop({"stages": 3, "strict_trip_count": 1})
 
 
 def test_a_barrierless_load_outside_any_loop_is_not_generated():

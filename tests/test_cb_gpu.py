@@ -1,14 +1,13 @@
 """The seed matrix on a Hopper GPU: every kernel x S x P x WAR mode x shape against numpy.
 
 Each (kernel, S, P, WAR) compiles once and runs every shape; outputs are poisoned (NaN) before
-each launch. A shape whose circular-buffered loop runs fewer iterations than S must be refused
-by the launcher with the trip-count error, never run.
+each launch. A shape whose circular-buffered loop runs fewer iterations than S runs too (the
+prologue's loads past the end are predicated off).
 """
 import numpy as np
 import pytest
 
 from cbrules import api
-from cbrules.ir.bind import LaunchError
 from cbmatrix import CASES, case_id, spec
 from gpucheck import poisoned_run
 
@@ -27,17 +26,12 @@ def compiled(sp, shape, S, P, war, cache={}):
 def test_seed_matrix_against_numpy(case):
     name, S, P, war = case
     sp = spec(name)
-    failures, ran, refused = [], 0, 0
+    failures, ran = [], 0
     for shape in sp.shapes:
         ck = compiled(sp, shape, S, P, war)
         args = sp.inputs(shape, np.random.default_rng(hash((name, S, P, shape)) % 2**32))
-        if sp.trips(shape) < S:
-            with pytest.raises(LaunchError, match=f"trip count .* must be >= stages={S}"):
-                ck.bind(**args)
-            refused += 1
-            continue
         want = sp.reference(args)
         failures += poisoned_run(ck, args, want, sp.outputs, *sp.tolerance(shape), shape)
         ran += 1
     assert not failures, "\n".join(failures)
-    assert ran + refused == len(sp.shapes) and ran > 0
+    assert ran == len(sp.shapes)

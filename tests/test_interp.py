@@ -6,6 +6,7 @@ import pytest
 from cbrules import api
 from cbrules.reference import protocol
 from cbrules.ir.builder import Kernel, threadIdx
+from cbrules.ir.terms import parse
 from cbrules.reference.interp import NonUniform, OutOfBounds, run
 from cbrules.kernels import get
 from cbrules.ir.bind import LaunchError
@@ -247,7 +248,8 @@ def test_tensor_map_limits_are_checked_at_launch():
 def test_symbols_come_from_shapes_and_requires_are_checked_like_the_launcher():
     kg = api.lower(get("multi_dim").build(stages=3))
     args = {"x": np.zeros((4, 512), F32), "out": np.zeros((4, 512), F32)}
-    with pytest.raises(LaunchError, match=r"trip count ceil_div\(N, 256\) must be >= stages=3"):
+    kg.kernel()["requires"] = ((parse("N >= 768"), "N must be >= 768", "short-loop"),)
+    with pytest.raises(LaunchError, match=r"N must be >= 768 \[N >= 768 is false for M=4, N=512\]"):
         run(kg, args)
     with pytest.raises(LaunchError, match="dimension 1 is 512"):
         run(kg, {"x": np.zeros((4, 768), F32), "out": np.zeros((4, 512), F32)})

@@ -140,9 +140,10 @@ def tiny(block=256, stages=2, loop_kind="serial", outer=False, barrier=False, re
         with k.loop("i", 4, circular_buffer=circular_buffer(stages, **options)) as i:
             k.tma_load(m, (i * 256 + base,), tile, barrier=bar)
             k.store(out, i * 256 + threadIdx.x % 256, k.load(tile, threadIdx.x % 256))
-    if outer:
+    if outer:  # a warp-specialized loop may sit in one serial loop (a persistent walk), not deeper
         with k.loop("o", 2):
-            body()
+            with k.loop("o2", 2):
+                body()
     else:
         body()
     return k
@@ -188,11 +189,12 @@ def test_tiny_kernel_lowers_and_compiles():
 
 
 def test_short_loop_is_no_error_when_warp_specialized():
-    """The empty barriers bound the producer's lead, so a loop shorter than S needs no refusal."""
-    kg = api.lower(tiny(stages=4, warp_specialize=True))
+    """The empty barriers bound the producer's lead, so a loop shorter than S needs no refusal, even
+    with strict_trip_count (which refuses it without warp specialization)."""
+    kg = api.lower(tiny(stages=5, warp_specialize=True, strict_trip_count=True))
     assert kg.kernel()["requires"] == ()
     with pytest.raises(LoweringError, match="cb-reject-short-loop") as e:
-        api.lower(tiny(stages=5))
+        api.lower(tiny(stages=5, strict_trip_count=True))
     assert e.value.code == "short-loop"
 
 

@@ -65,6 +65,36 @@ def check_symbol(name: str, symbol: str, value: Any) -> int:
     return v
 
 
+_INT_RANGES = {"int32": (-2**31, 2**31), "int64": (-2**63, 2**63), "uint32": (0, 2**32), "uint64": (0, 2**64)}
+
+
+def check_scalar(name: str, param, value: Any) -> Any:
+    """``value`` as the scalar parameter ``param`` (``k.scalar``) takes: an int of its range for an
+    integer dtype (floats never rounded), a number representable in its float dtype (finite unless
+    the parameter allows otherwise), as the numpy type the kernel computes with."""
+    if param.dtype == "int32":
+        return check_symbol(name, param.name, value)
+    where = f"{name}: scalar {param.name} ({param.dtype}) = {value!r}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or (isinstance(value, np.ndarray)):
+        raise LaunchError(f"{where} ({type(value).__name__}) is not a number; pass a Python or numpy "
+                          f"{'integer' if param.dtype in _INT_RANGES else 'number'}")
+    if param.dtype in _INT_RANGES:
+        lo, hi = _INT_RANGES[param.dtype]
+        if isinstance(value, (float, np.floating)):
+            raise LaunchError(f"{where} is a float; pass an integer (floats are never rounded)")
+        if not lo <= int(value) < hi:
+            raise LaunchError(f"{where} is outside {param.dtype}'s range {lo}..{hi - 1}")
+        return NP_DTYPES[param.dtype](int(value))
+    want = NP_DTYPES[param.dtype]
+    v = float(value)
+    if np.isfinite(v) and abs(v) > float(np.finfo(want).max):
+        raise LaunchError(f"{where} is too large for {param.dtype} (at most {np.finfo(want).max:.6g})")
+    if param.finite and not np.isfinite(v):
+        raise LaunchError(f"{where} is not finite; pass a finite number (or declare k.scalar(..., finite=False))")
+    return want(v)
+
+
 def check_arguments(name: str, params: Iterable, args: Mapping[str, Any]) -> dict[str, int]:
     """Refuse unknown arguments and missing tensors; return the symbols passed explicitly."""
     params = list(params)
@@ -75,7 +105,7 @@ def check_arguments(name: str, params: Iterable, args: Mapping[str, Any]) -> dic
     missing = [p.name for p in params if p.kind == "tensor" and p.name not in args]
     if missing:
         raise LaunchError(f"{name}: missing tensor argument {missing[0]!r}")
-    return {p.name: check_symbol(name, p.name, args[p.name]) for p in params if p.kind == "symbol" and p.name in args}
+    return {p.name: check_scalar(name, p, args[p.name]) for p in params if p.kind == "symbol" and p.name in args}
 
 
 def check_dtype(name: str, param, dtype) -> None:
@@ -111,12 +141,12 @@ def bind_symbols(name: str, params: Iterable, requires: Iterable, shapes: Mappin
     """Infer every symbol from the tensors' shapes (or take it from ``given``), check that every
     extent agrees, and check each ``(predicate, message[, code])`` of ``requires``."""
     params = list(params)
-    declared = {p.name for p in params if p.kind == "symbol"}
-    unknown = sorted(map(str, set(given) - declared))
+    declared = {p.name: p for p in params if p.kind == "symbol"}
+    unknown = sorted(map(str, set(given) - set(declared)))
     if unknown:
         raise LaunchError(f"{name}: unknown symbol(s) {', '.join(unknown)}; the kernel's symbols are "
                           f"{', '.join(sorted(declared)) or 'none'}")
-    symbols = {sym: check_symbol(name, sym, v) for sym, v in given.items()}
+    symbols = {sym: check_scalar(name, declared[sym], v) for sym, v in given.items()}
     tensors = [p for p in params if p.kind == "tensor"]
     for p in tensors:  # first plain names, which bind symbols
         shape = shapes[p.name]
@@ -128,7 +158,7 @@ def bind_symbols(name: str, params: Iterable, requires: Iterable, shapes: Mappin
     if missing:
         raise LaunchError(f"{name}: no value for symbol(s) {', '.join(missing)}; pass them as keywords")
     for sym, v in symbols.items():
-        if not -INT32_LIMIT <= v < INT32_LIMIT:
+        if declared[sym].dtype == "int32" and not -INT32_LIMIT <= v < INT32_LIMIT:
             raise LaunchError(f"{name}: symbol {sym} = {v} does not fit the kernel's 32-bit int parameter")
     for p in tensors:  # then every extent must agree
         for dim, (term, actual) in enumerate(zip(p.shape, shapes[p.name])):

@@ -20,6 +20,7 @@ the rules.
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 import os
 import sys
@@ -29,7 +30,10 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 from . import names
 from ..errors import CbrulesError
+from .builder_mma import MmaBuilder
 from .graph import KernelGraph, Param
+from . import coverage
+from .coverage import PartialTileError  # noqa: F401  (public via the builder)
 from .limits import SWIZZLE_SPAN, SwizzleError, TmaBoxError, check_box, check_swizzle, swizzle_repeat  # noqa: F401
 from .names import IdentifierError, NameClashError  # noqa: F401  (public via the builder)
 from .ops import (BINARY, DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS, REDUCE_COMBINE, SPACES, UNARY,
@@ -136,6 +140,9 @@ def _cb_options(options: Any, where: str) -> dict:
     if "warp_specialize" in out and not isinstance(out["warp_specialize"], bool):
         raise BuildError(f"{where}: circular_buffer warp_specialize must be True or False, "
                          f"got {out['warp_specialize']!r}")
+    if "strict_trip_count" in out and not isinstance(out["strict_trip_count"], bool):
+        raise BuildError(f"{where}: circular_buffer strict_trip_count must be True or False, "
+                         f"got {out['strict_trip_count']!r}")
     if isinstance(out.get("registers"), list):
         out["registers"] = tuple(out["registers"])  # the rules check the pair and its counts
     return out
@@ -145,7 +152,8 @@ AUTO = "auto"  # stages/prefetch chosen by the rules (cb-auto-stages, cb-auto-pr
 
 
 def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = None, war: Optional[str] = None,
-                    warp_specialize: bool = False, registers: Optional[tuple[int, int]] = None) -> dict:
+                    warp_specialize: bool = False, registers: Optional[tuple[int, int]] = None,
+                    strict_trip_count: bool = False) -> dict:
     """Options of a circular-buffered loop: ``stages`` S, ``prefetch`` P (negative counts from S),
     ``war`` = "sync" (block sync ends each main iteration) or "mbarrier" (empty barriers).
     Only the options given are recorded: the rules fill in the rest (``cb-default-prefetch``: S-1,
@@ -158,6 +166,9 @@ def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = N
     the loads while the block's own threads (the consumers) compute; WAR protection is then the empty
     barriers and the producer runs up to S tiles ahead.
     ``registers=(producer, consumer)`` adds register sharing (``setmaxnreg``) between the roles.
+    Any trip count runs, fewer than S and 0 included (the rules predicate the prologue's loads past
+    the end); ``strict_trip_count=True`` refuses a trip count below S instead (code ``short-loop``:
+    at lowering when it is known, else at launch).
     Non-int stages or prefetch are a :class:`BuildError` here; the rules check the ranges and
     refuse bad ones with a named error."""
     given = {"stages": stages, "prefetch": prefetch, "war": war}
@@ -165,12 +176,27 @@ def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = N
     if warp_specialize or registers is not None:  # absent otherwise: annotations stay as they were
         opts["warp_specialize"] = warp_specialize
         opts["registers"] = registers
+    if strict_trip_count:  # absent otherwise, as above
+        opts["strict_trip_count"] = True
     return _cb_options(opts, "circular_buffer(...)")
+
+
+def _inside(tile: dict, shape: tuple) -> Term:
+    """The test that element ``tile['index']`` (row-major in the box) of the box at ``tile['coords']`` lies
+    inside a tensor of ``shape``."""
+    rest, pred = tile["index"], None
+    for d in reversed(range(len(tile["box"]))):
+        within = rest % tile["box"][d] if d else rest
+        rest = rest / tile["box"][d]
+        t = (tile["coords"][d] + within).lt(shape[d])
+        pred = t if pred is None else t.and_(pred)
+    return pred
 
 
 def _call_site() -> str:
     f = sys._getframe(1)
-    while f is not None and f.f_globals.get("__name__", "") in ("cbrules.ir.builder", "contextlib"):
+    while f is not None and f.f_globals.get("__name__", "") in ("cbrules.ir.builder", "cbrules.ir.builder_mma",
+                                                                "contextlib"):
         f = f.f_back
     if f is None:
         return "?"
@@ -193,7 +219,7 @@ def _dims(x, where: str) -> tuple[int, int, int]:
     return dims  # type: ignore[return-value]
 
 
-class Kernel:
+class Kernel(MmaBuilder):
     """A kernel under construction; ``graph`` is the :class:`KernelGraph` being built."""
 
     def __init__(self, name: str, block: int | Sequence[int] = 256):
@@ -207,6 +233,19 @@ class Kernel:
         # a parameter or loop may reuse it, as C allows)
         self._names: dict[str, str] = {}
         self._loop_vars: list[str] = []  # variables of the enclosing loops, outermost first
+        self._tile_writes: dict[str, list[coverage.TileWrite]] = {}  # buffer -> its TMA loads so far
+        self._stored: set[str] = set()  # buffers written by plain stores (their coverage is not judged)
+        self._fragments: dict[str, tuple[int, int, int]] = {}  # accumulator -> (bm, bn, groups)
+
+    # the checks the mixed-in calls (builder_mma) use, so that module need not import this one
+    def _where(self, call: str) -> str:
+        return f"{call} at {_call_site()}"
+
+    def _error(self, message: str) -> BuildError:
+        return BuildError(message)
+
+    def _int_arg(self, value: Any, where: str, what: str, low: Optional[int] = None) -> int:
+        return _int(value, where, what, low)
 
     # ---------------------------------------------------------------- names
     def _claim(self, nm: Any, what: str, call: str, reuse: bool = False) -> str:
@@ -244,6 +283,17 @@ class Kernel:
         """An int parameter (tensor extent, trip count) known only at launch."""
         self._add_param(Param(sym, "symbol", "int32"), "symbol", f"symbol({sym!r})")
         return name(sym)
+
+    def scalar(self, sname: str, dtype: str = "float32", finite: bool = True) -> Term:
+        """A scalar parameter of ``dtype`` (``eps``, a scale) passed at launch like a symbol
+        (``kernel(x=..., eps=1e-5)``); the launcher checks its type and range, and with ``finite``
+        (floats) refuses infinities and NaN. Half types are refused: registers compute in float32."""
+        where = f"scalar({sname!r}) at {_call_site()}"
+        _choice(dtype, where, "dtype", [d for d in DTYPES if d not in ("mbarrier",) + HALF_DTYPES])
+        if not isinstance(finite, bool):
+            raise BuildError(f"{where}: finite must be True or False, got {finite!r}")
+        self._add_param(Param(sname, "symbol", dtype, finite=finite), "symbol", f"scalar({sname!r})")
+        return name(sname)
 
     def tensor(self, tname: str, shape: Sequence[TermLike], dtype: str = "float32") -> Buffer:
         """A global-memory tensor parameter; ``shape`` is outermost-first, terms over symbols."""
@@ -378,27 +428,44 @@ class Kernel:
         return self._claim(dst, "register", f"{call}(dst={dst!r})", reuse=True)
 
     # ---------------------------------------------------------------- memory
+    def _check_read(self, src: Buffer, index: Term) -> None:
+        """A read of a TMA-loaded shared buffer sees only elements its loads write (coverage)."""
+        if src.space != "shared" or src.name not in self._tile_writes:
+            return
+        where = _call_site()
+        coverage.check_read(src.name, src.shape, index, coverage.scope_ranges(self.graph, self._scopes),
+                            coverage.scope_preds(self.graph, self._scopes), where)
+        if src.name not in self._stored:
+            coverage.check_covered(src.name, src.shape, self._tile_writes[src.name], where)
+
     def load(self, src: Buffer, index: TermLike, dst: Optional[str] = None) -> Term:
         """Read one element ``src[index]`` (flat index) into a register; returns the register.
         A float16/bfloat16 element arrives as float32."""
         src_name = self._known(src, _MEMORY, "load")
+        self._check_read(src, as_term(index))
         dst = self._reg(dst, "load")
         self._node("load", dst=dst, src=src_name, index=as_term(index), dtype=compute_dtype(src.dtype))
         return name(dst)
 
     def store(self, dst: Buffer, index: TermLike, value: TermLike,
-              tile: Optional[tuple[TensorMap, Sequence[TermLike], TermLike]] = None) -> None:
+              tile: Optional[tuple[TensorMap, Sequence[TermLike], TermLike]] = None, clip: bool = False) -> None:
         """Write ``dst[index] = value`` (flat index); a float16/bfloat16 buffer gets the value rounded to
         nearest even.
 
         ``tile=(tmap, coords, element)`` says the element is element ``element`` (row-major) of the box
         of ``tmap`` (a tensor map over ``dst``) at ``coords``: the rules then write the tile to a shared
         staging buffer and store it with one TMA store (see rules/tma_store.rules). Every in-bounds
-        element of such a box must be written in each iteration (the interpreter checks it)."""
+        element of such a box must be written in each iteration (the interpreter checks it).
+        ``clip=True`` (with ``tile``): the element may lie outside the tensor; the store is wrapped in the
+        bounds test of its place in the box (coords + element < the tensor's shape, an ``if`` tagged
+        ``tile-bounds``), which the rules drop once the store writes a staging slot, since the TMA store
+        clips the box at the tensor's edges (tma-store-drop-tile-bounds)."""
         where = f"store at {_call_site()}"
         dst_name = self._known(dst, _MEMORY, "store")
         if dst.space == "global":
             self._mark_written(dst_name)
+        else:
+            self._stored.add(dst_name)
         attrs = {}
         if tile is not None:
             if not (isinstance(tile, tuple) and len(tile) == 3):
@@ -417,6 +484,12 @@ class Kernel:
                                  f"({len(tmap.box)})")
             attrs["tile"] = {"tensor": dst_name, "map": tmap.name, "coords": tuple(as_term(c) for c in coords),
                              "index": as_term(element), "box": tmap.box, "dtype": tmap.tensor.dtype}
+        elif clip:
+            raise BuildError(f"{where}: clip=True needs tile=: it tests the element's place in the tile's box")
+        if clip:
+            with self._scope("if", pred=_inside(attrs["tile"], dst.shape), tag="tile-bounds"):
+                self._node("store", dst=dst_name, index=as_term(index), value=as_term(value), **attrs)
+            return
         self._node("store", dst=dst_name, index=as_term(index), value=as_term(value), **attrs)
 
     def _mark_written(self, tname: str) -> None:
@@ -444,6 +517,10 @@ class Kernel:
             attrs.update(barrier=self._known(barrier, ("buffer",), "tma_load"), slot=as_term(slot))
         if circular_buffer is not None:
             attrs["circular_buffer"] = _cb_options(circular_buffer, where)
+        write = coverage.TileWrite(dst.name, attrs["offset"], math.prod(attrs["tile"]), tmap.box, attrs["tile"],
+                                   tmap.name, _call_site(), tuple(coverage.scope_ranges(self.graph, self._scopes)))
+        coverage.check_write(write, math.prod(dst.shape), dst.shape)
+        self._tile_writes.setdefault(dst.name, []).append(write)
         self._node("tma_load", **attrs)
 
     def _check_swizzled_tile(self, tmap: TensorMap, dst: Buffer, tile: tuple, where: str) -> None:
@@ -499,7 +576,8 @@ class Kernel:
 
     # ---------------------------------------------------------------- compute
     def assign(self, value: TermLike, dtype: str = "float32", dst: Optional[str] = None) -> Term:
-        """A register holding ``value`` (any term, e.g. ``0.0`` or an index)."""
+        """A register holding ``value`` (any term, e.g. ``0.0``, ``float("-inf")`` or an index)."""
+        self._check_literals("assign", dtype, value)
         dst = self._reg(dst, "assign", dtype)
         self._node("assign", dst=dst, value=as_term(value), dtype=dtype)
         return name(dst)
@@ -521,7 +599,26 @@ class Kernel:
         self._node("reduce", dst=dst, src=as_term(src), kind=kind, combine=combine, dtype=dtype)
         return name(dst)
 
+    def select(self, pred: TermLike, a: TermLike, b: TermLike, dst: Optional[str] = None,
+               dtype: str = "float32") -> Term:
+        """``dst = pred ? a : b`` per thread, e.g. ``k.select((col).lt(n), v, float("-inf"))`` for a
+        ragged tail whose padding must not count in a max."""
+        return self._elementwise("select", pred, a, b, dst=dst, dtype=dtype)
+
+    def _check_literals(self, call: str, dtype: str, *values: TermLike) -> None:
+        """An infinity or NaN literal is a float's: an integer register cannot hold one."""
+        if dtype in ("float32", "float64"):
+            return
+        for v in values:
+            t = as_term(v) if isinstance(v, (Term, int, float)) else None
+            consts = [] if t is None else [x for x in _subterms(t) if x.op == "const" and isinstance(x.value, float)
+                                           and not math.isfinite(x.value)]
+            if consts:
+                raise BuildError(f"{call} at {_call_site()}: {consts[0].value} in a {dtype} register; only float32 "
+                                 "and float64 registers hold infinities and NaN: use dtype='float32'")
+
     def _elementwise(self, op: str, *args: TermLike, dst: Optional[str] = None, dtype: str = "float32") -> Term:
+        self._check_literals(op, dtype, *args)
         dst = self._reg(dst, op, dtype)
         self._node(op, dst=dst, args=tuple(as_term(a) for a in args), dtype=dtype)
         return name(dst)
@@ -564,6 +661,12 @@ class Kernel:
             raise BuildError(f"{where}: named barrier {bar_id} over {count} threads; ids are 0..15 and the "
                              "count a multiple of 32 (whole warps)")
         self._node("bar_sync", id=bar_id, count=count)
+
+
+def _subterms(t: Term) -> Iterator[Term]:
+    yield t
+    for a in t.args:
+        yield from _subterms(a)
 
 
 def _make_elementwise(op: str):

@@ -36,6 +36,7 @@ class Param:
     box: tuple = ()
     written: bool = False
     swizzle: str = "none"  # tmap: the shared-memory layout TMA writes (none, 32B, 64B, 128B)
+    finite: bool = True  # a float symbol (k.scalar): the launcher refuses infinities and NaN
 
 
 class KernelGraph:

@@ -135,4 +135,22 @@ def check_tensor_map(name: str, shape: Sequence[int], strides_bytes: Sequence[in
         if s <= 0 or s % 16 or s >= 2**40:
             raise TmaLimitError(name, "stride", f"{s} bytes",
                                 "strides must be positive multiples of 16 bytes below 2**40",
-                                "pad the inner rows to a multiple of 16 bytes", axis)
+                                _padding_fix(shape, strides_bytes, itemsize, axis), axis)
+
+
+def _padding_fix(shape: Sequence[int], strides_bytes: Sequence[int], itemsize: int, axis: int) -> str:
+    """The padding that makes every stride of a dense tensor a multiple of 16 bytes: its rows (the
+    innermost extent) rounded up to whole 16-byte units, named in elements and with numpy's call."""
+    dense = all(strides_bytes[a] == itemsize * math.prod(shape[a + 1:]) for a in range(len(shape)))
+    if not dense or strides_bytes[axis] <= 0:
+        return (f"give axis {axis} a stride that is a multiple of 16 bytes (rows padded to a 16-byte pitch), "
+                "as a dense C-order array")
+    n = shape[-1]
+    step = 16 // math.gcd(16, itemsize)
+    padded = -(-n // step) * step
+    widths = ", ".join(["(0, 0)"] * (len(shape) - 1) + [f"(0, {padded - n})"])
+    return (f"pad the innermost extent from {n} to {padded} elements (rows of {padded * itemsize} bytes, a multiple "
+            f"of 16), e.g. np.pad(x, ({widths})), and every tensor of the kernel with that extent the same way, "
+            "filling the extra elements with a value neutral for the kernel (0 for a sum, -inf for a max) and "
+            f"slicing the results back to {n}; TMA cannot load rows of {n * itemsize} bytes and cbrules has no "
+            "other load path for them")

@@ -45,6 +45,10 @@ PRELUDE_NAMES = frozenset((
     "cb_elect_warp", "cb_block_reduce_named",  # prelude_roles.cu (warp-specialized kernels)
     "cb_mbar_wait_backoff",  # cbrules.codegen.cuda.BACKOFF_WAIT (waits with a :backoff)
     "cb_half", "cb_bf16", "cb_tma_store_async", "cb_bulk_wait_read", "cb_bulk_wait", "cb_swizzle",
+    # codegen/mma.py (kernels with mma nodes): the ordering helpers, descriptors, the block's locals and
+    # the instruction helper of every N and operand type
+    "cb_wgmma_fence", "cb_wgmma_commit", "cb_wgmma_wait", "cb_fence_acc", "cb_wgmma_desc", "cb_a", "cb_b",
+    *(f"cb_wgmma_n{n}_{t}" for n in range(8, 257, 8) for t in ("bf16", "f16")),
 ))
 MATH_FUNCTIONS = frozenset(f + s for f in ("exp", "log", "sqrt", "rsqrt", "fabs", "fma") for s in ("", "f"))
 GENERATED = CUDA_BUILTINS | PRELUDE_NAMES | MATH_FUNCTIONS

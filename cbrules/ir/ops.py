@@ -82,6 +82,9 @@ OPS: dict[str, OpSpec] = {
     # tile: {tensor, map, coords, index, box, dtype}: this element is element `index` of the box of
     # tensor map `map` at `coords`; the tma-store rules then stage the tile and store it by TMA
     "store": OpSpec(("dst", "index", "value"), ("tile",), ("index", "value"), "memory"),
+    # one vector access: count contiguous elements (4, 8 or 16 bytes) of src from src_index go to dst
+    # from dst_index; one side is a register array, both indices are multiples of count
+    "copy": OpSpec(("dst", "dst_index", "src", "src_index", "count"), (), ("dst_index", "src_index"), "memory"),
     "assign": OpSpec(("dst", "value", "dtype"), (), ("value",)),
     # a block reduction with bar_id/count syncs through named barrier bar_id over threads 0..count-1 only
     "reduce": OpSpec(("dst", "src", "kind", "combine", "dtype"), ("bar_id", "count"), ("src",)),
@@ -97,9 +100,32 @@ OPS: dict[str, OpSpec] = {
     "bar_sync": OpSpec(("id", "count"), (), (), "sync"),
     # setmaxnreg.inc / .dec: a warp group's register budget becomes count (warp specialization)
     "setmaxnreg": OpSpec(("action", "count"), (), (), "sync"),
+    # Warpgroup MMA (tensor cores, sm_90a). One node is a whole tile step C[BM,BN] (+)= A[BM,BK] @ B[BK,BN]
+    # on `groups` consumer warp groups: A is shared [BM, BK] and B shared [BN, BK] (both K-major, K
+    # contiguous), each row BK * 2 bytes = the `swizzle` span (32, 64 or 128) and laid out by a TMA load
+    # with that swizzle; a_offset / b_offset are element offsets (stage slots). Warp group g
+    # (threadIdx.x / 128) computes rows [g*BM/groups, (g+1)*BM/groups) as BM/groups/64 blocks of 64 rows;
+    # block j, k-step s (BK/16 of them) is one wgmma.mma_async.m64n{BN}k16.f32.{dtype} with
+    # descriptors at A + (g*BM/groups + 64j) rows + 32s bytes and B + 32s bytes. acc is a float32
+    # register array of (BM/groups/64) * BN/2 elements a thread: block j's fragment at j*BN/2, register
+    # r of it holding row 64j + 16*(warp%4) + lane/4 + 8*((r/2)%2), column 8*(r/4) + 2*(lane%4) + r%2.
+    # scale_d (a term): 0 = the first k-step overwrites acc, else it accumulates (later k-steps always
+    # accumulate). The node only ISSUES: acc and the shared tiles are in use until a wgmma_wait covers
+    # its group (wgmma_commit); acc's registers are read as they were at the last wgmma_fence.
+    "mma": OpSpec(("acc", "a", "b", "shape", "groups", "dtype", "swizzle"), ("a_offset", "b_offset", "scale_d"),
+                  ("a_offset", "b_offset", "scale_d"), "memory", {"a_offset": 0, "b_offset": 0, "scale_d": 1}),
+    # wgmma.fence.sync.aligned: register and shared-memory writes before it are seen by the mma after it
+    "wgmma_fence": OpSpec((), (), (), "sync"),
+    # wgmma.commit_group.sync.aligned: the warp group's mma issued since the last commit form one group
+    "wgmma_commit": OpSpec((), (), (), "sync"),
+    # wgmma.wait_group.sync.aligned pending: all but the newest `pending` groups of this warp group are
+    # complete (their accumulators written, their shared tiles read)
+    "wgmma_wait": OpSpec(("pending",), (), (), "sync"),
 }
 for _op in UNARY + BINARY:
     OPS[_op] = OpSpec(("dst", "args", "dtype"), (), ("args",))
+# dst = args[0] ? args[1] : args[2], per thread (a ragged tail's neutral element without an if per lane)
+OPS["select"] = OpSpec(("dst", "args", "dtype"), (), ("args",))
 
 # one sentence per op, for `cbrules ops` and the rule author's guide (rules/README.md)
 OP_DOCS: dict[str, str] = {
@@ -120,6 +146,8 @@ OP_DOCS: dict[str, str] = {
     "load": "dst = src[index] (global, shared or register memory)",
     "store": "dst[index] = value; tile (tensor map, coords, element) marks an element of an output tile the "
              "rules may write with one TMA store",
+    "copy": "dst[dst_index + k] = src[src_index + k] for k < count, as one 4-, 8- or 16-byte vector access "
+            "(a register array on one side; the vectorize rules make it from a vectorize loop's element accesses)",
     "assign": "dst = value",
     "reduce": "dst = the combine (sum, max, min) of src over the block (kind block) or into dst (kind serial); "
               "with bar_id, over the first count threads through named barrier bar_id",
@@ -135,6 +163,13 @@ OP_DOCS: dict[str, str] = {
     "fence_mbarrier_init": "make barrier initialisation visible to the async proxy",
     "bar_sync": "a named barrier id for count threads",
     "setmaxnreg": "raise (action inc) or lower (action dec) this warp group's register cap to count",
+    "select": "dst = args[1] where the predicate args[0] holds, else args[2] (per thread)",
+    "mma": "issue acc (+)= a @ b on the tensor cores (wgmma m64nNk16): a tile of shape (BM, BN, BK) over groups "
+           "consumer warp groups, A [BM, BK] and B [BN, BK] K-major shared tiles (+ a_offset / b_offset) with "
+           "swizzle bytes a row, acc a float32 register fragment; scale_d 0 overwrites; done at a wgmma_wait",
+    "wgmma_fence": "order earlier register and shared writes before the warp group's next mma",
+    "wgmma_commit": "close the group of mma this warp group issued since its last commit",
+    "wgmma_wait": "wait until at most pending of this warp group's committed mma groups are incomplete",
     **{u: f"dst = {u}(args[0])" for u in UNARY},
     **{b: f"dst = {b}(args[0], args[1])" for b in BINARY},
 }
@@ -172,6 +207,9 @@ def effects(op: str, attrs: Mapping[str, Any]) -> tuple[set[str], set[str]]:
     elif op == "store":
         writes.add(f"mem:{attrs['dst']}")
         reads.add(SYNC_TOKEN)
+    elif op == "copy":
+        writes.add(f"mem:{attrs['dst']}")
+        reads |= {f"mem:{attrs['src']}", SYNC_TOKEN}
     elif op == "tma_load":
         writes.add(f"mem:{attrs['dst']}")
         reads |= {f"mem:{attrs['tmap']}", SYNC_TOKEN}
@@ -180,6 +218,9 @@ def effects(op: str, attrs: Mapping[str, Any]) -> tuple[set[str], set[str]]:
     elif op == "tma_store":
         writes.add(f"mem:{attrs['tmap']}")
         reads |= {f"mem:{attrs['src']}", SYNC_TOKEN}
+    elif op == "mma":  # reads both tiles, accumulates into acc (a register array)
+        reads |= {f"mem:{attrs['a']}", f"mem:{attrs['b']}", f"mem:{attrs['acc']}", SYNC_TOKEN}
+        writes.add(f"mem:{attrs['acc']}")
     elif op == "reduce" and attrs.get("kind") == "block":
         writes.add(SYNC_TOKEN)  # a block reduction synchronises the block
     elif spec.category == "sync":

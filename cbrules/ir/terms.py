@@ -9,6 +9,7 @@ rules and the egglog bridge can treat them as values. Division and modulo follow
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Optional, Union
@@ -265,6 +266,10 @@ def parse(text: str) -> Term:
 
 # ---------------------------------------------------------------------------------- printing
 
+NON_FINITE_C = {"inf": "__int_as_float(0x7f800000)", "-inf": "__int_as_float(0xff800000)",
+                "nan": "__int_as_float(0x7fffffff)"}
+
+
 def to_c(t: Term, calls: Optional[Mapping[str, str]] = None, names: Optional[Mapping[str, str]] = None) -> str:
     """C text of a term with the fewest parentheses that keep its meaning.
 
@@ -280,7 +285,8 @@ def to_c(t: Term, calls: Optional[Mapping[str, str]] = None, names: Optional[Map
             if isinstance(v, bool):
                 return "true" if v else "false"
             if isinstance(v, float):
-                return repr(v) + "f"
+                # C has no literal for them: float bit patterns (a double context widens them exactly)
+                return NON_FINITE_C[repr(v)] if repr(v) in NON_FINITE_C else repr(v) + "f"
             return str(v) if v >= 0 or parent_prec < 0 else f"({v})"
         if t.op == "name":
             return names.get(str(t.value), str(t.value))
@@ -335,3 +341,44 @@ def substitute(t: Term, mapping: Mapping[str, Term]) -> Term:
     if not t.args:
         return t
     return Term(t.op, tuple(substitute(a, mapping) for a in t.args), t.value)
+
+
+# ------------------------------------------------------------------------------ linear facts
+
+def coefficient(t: Term, var: str) -> Optional[int]:
+    """The integer ``c`` with ``t = c * var + (a term without var)`` for every value of the names, decided
+    from the term's structure; None when ``t`` is not of that form (``var`` under ``/``, ``%``, a call,
+    or times something that is not a constant)."""
+    if var not in set(t.names()):
+        return 0
+    if t.op == "name":
+        return 1
+    if t.op in ("+", "-") and len(t.args) == 2:
+        a, b = (coefficient(x, var) for x in t.args)
+        return None if a is None or b is None else a + b if t.op == "+" else a - b
+    if t.op == "-" and len(t.args) == 1:
+        a = coefficient(t.args[0], var)
+        return None if a is None else -a
+    if t.op == "*":
+        for x, y in (t.args, t.args[::-1]):
+            if var not in set(x.names()) and x.op == "const" and isinstance(x.value, int) \
+                    and not isinstance(x.value, bool):
+                c = coefficient(y, var)
+                return None if c is None else x.value * c
+    return None
+
+
+def divisor(t: Term) -> int:
+    """A ``d`` >= 0 that divides ``t`` for every value of its names (0: t is 0), decided from the
+    structure: constants, sums, products and C remainders (``a % b`` is ``a - (a / b) * b``) of
+    multiples of d are multiples of d; any other name or call gives 1."""
+    if t.op == "const":
+        v = t.value
+        return abs(v) if isinstance(v, int) and not isinstance(v, bool) else 1
+    if t.op in ("+", "-", "%") and len(t.args) == 2:
+        return math.gcd(divisor(t.args[0]), divisor(t.args[1]))
+    if t.op == "-" and len(t.args) == 1:
+        return divisor(t.args[0])
+    if t.op == "*":
+        return divisor(t.args[0]) * divisor(t.args[1])
+    return 1

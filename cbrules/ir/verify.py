@@ -135,7 +135,9 @@ def _depends(kg: KernelGraph, edges: dict) -> None:
 
 # identifier-valued attributes codegen prints, per op (compute ops: their ``dst`` register)
 _IDENT_KEYS = {"kernel": ("name",), "alloc": ("buf",), "for": ("var",), "load": ("dst", "src"), "store": ("dst",),
-               "tma_load": ("tmap", "dst", "barrier"), "tma_store": ("tmap", "src")}
+               "copy": ("dst", "src"),
+               "tma_load": ("tmap", "dst", "barrier"), "tma_store": ("tmap", "src"),
+               "mma": ("acc", "a", "b")}
 
 
 def _ident_keys(op: str) -> tuple[str, ...]:
@@ -215,13 +217,15 @@ _INT_ATTRS = (("alloc", "shape", 1, True), ("alloc", "align", 1, False), ("mbarr
               ("mbarrier_arrive_expect_tx", "bytes", 0, False), ("tma_load", "bytes", 0, False),
               ("tma_load", "box", 1, True), ("tma_load", "tile", 1, True), ("bar_sync", "id", 0, False),
               ("bar_sync", "count", 1, False), ("kernel", "block", 1, True), ("mbarrier_wait", "backoff", 0, False),
-              ("tma_store_wait", "pending", 0, False))
-_INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS}
+              ("tma_store_wait", "pending", 0, False), ("copy", "count", 1, False), ("mma", "shape", 1, True),
+              ("mma", "groups", 1, False), ("mma", "swizzle", 0, False), ("wgmma_wait", "pending", 0, False))
+_INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16}
 
 
 def _values(kg: KernelGraph) -> None:
     """Integer attributes are ints in range, enumerations hold known values, and every term is
-    made of known operators, device functions and finite constants."""
+    made of known operators, device functions and constants (infinities and NaN only where a value
+    is computed: an index, bound or predicate holding one is a mistake)."""
     for n in kg.walk():
         d, op = kg[n], kg.op(n)
         for o, key, low, _ in _INT_ATTRS:
@@ -240,7 +244,7 @@ def _values(kg: KernelGraph) -> None:
         for key in OPS[op].terms:
             v = d.get(key)
             for t in (v if isinstance(v, tuple) else () if v is None else (v,)):
-                why = _term_problem(t)
+                why = _term_problem(t, finite=key not in _VALUE_KEYS)
                 if why:
                     raise GraphError("term", f"{kg.describe(n)}: {key} {why}", n)
     for p in kg.kernel()["params"]:
@@ -249,14 +253,17 @@ def _values(kg: KernelGraph) -> None:
                              kg.root)
 
 
-def _term_problem(t: Any) -> str | None:
-    """Why ``t`` cannot be printed as C, or None."""
+_VALUE_KEYS = ("value", "args", "src")  # terms that compute a value (a reduce's src), not an index
+
+
+def _term_problem(t: Any, finite: bool = True) -> str | None:
+    """Why ``t`` cannot be printed as C, or None; ``finite``: infinities and NaN are refused."""
     if not isinstance(t, Term):
         return f"holds {t!r}, which is not a term"
     if t.op == "const":
         v = t.value
-        if isinstance(v, float) and not math.isfinite(v):
-            return f"holds the constant {v!r}; C has no literal for it"
+        if finite and isinstance(v, float) and not math.isfinite(v):
+            return f"holds the constant {v!r}, which is no index, bound or predicate (only computed values may be infinite or NaN)"
         return None if isinstance(v, (bool, int, float)) else f"holds the constant {v!r}, not a number"
     if t.op == "name":
         return None if isinstance(t.value, str) else f"holds the name {t.value!r}, not text"
@@ -266,7 +273,7 @@ def _term_problem(t: Any) -> str | None:
             return f"calls {t.value!r}: {why}"
     elif not ((len(t.args) == 1 and t.op in UNARY_OPS) or (len(t.args) == 2 and t.op in BINARY_OPS)):
         return f"holds operator {t.op!r} with {len(t.args)} operand(s)"
-    return next((w for w in map(_term_problem, t.args) if w), None)
+    return next((w for w in (_term_problem(a, finite) for a in t.args) if w), None)
 
 
 def _names(kg: KernelGraph) -> None:
@@ -275,19 +282,24 @@ def _names(kg: KernelGraph) -> None:
     params = kg.params()
     symbols = {p for p in params if params[p].kind == "symbol"}
     buffers = kg.buffers()
-    written_bufs = {kg[n]["dst"] for n in kg.nodes() if kg.op(n) in ("tma_load", "store")}
+    written_bufs = {kg[n]["dst"] for n in kg.nodes() if kg.op(n) in ("tma_load", "store", "copy")}
     registers = {kg[n]["dst"] for n in kg.nodes() if OPS[kg.op(n)].category == "compute" or kg.op(n) == "load"}
     builtins = set(BUILTINS)
     for n in kg.nodes():
         d, op = kg[n], kg.op(n)
         for key in ("src", "dst", "barrier"):
-            if d.get(key) is not None and (op in ("load", "store", "tma_load", "tma_store") or key == "barrier"):
+            if d.get(key) is not None and (op in ("load", "store", "copy", "tma_load", "tma_store") or key == "barrier"):
                 buf = d[key]
                 is_reg = key == "dst" and op == "load"
                 if not is_reg and buf not in buffers and not (buf in params and params[buf].kind == "tensor"):
                     raise GraphError("buffer-defined", f"{kg.describe(n)} uses buffer {buf!r}, which is "
                                      "neither allocated nor a tensor parameter", n)
-        if op in ("load", "tma_store"):
+        if op == "mma":
+            for key in ("acc", "a", "b"):
+                if d[key] not in buffers:
+                    raise GraphError("buffer-defined", f"{kg.describe(n)} uses buffer {d[key]!r} as its {key}, "
+                                     "which is not allocated", n)
+        if op in ("load", "copy", "tma_store"):
             src = d["src"]
             if src in buffers and src not in written_bufs:
                 raise GraphError("buffer-written", f"{kg.describe(n)} reads buffer {src!r}, which no node "

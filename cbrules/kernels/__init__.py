@@ -24,6 +24,8 @@ CATALOG: dict[str, str] = {
                 "over the row (statistics, then the normalised row) sharing one buffer",
     "matmul": "c = a @ b, a [M,K], b [K,N] (K = N), 64x64 tiles, both operands TMA-loaded; the K loop is "
               "circular-buffered",
+    "matmul_tc": "c = a @ b^T on the tensor cores (wgmma), a [M,K], b [N,K] bfloat16/float16, float32 accumulation; "
+                 "128x256 tiles on two consumer warp groups, the K loop circular-buffered with swizzled TMA tiles",
 }
 
 

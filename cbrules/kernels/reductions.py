@@ -5,8 +5,21 @@ from __future__ import annotations
 from typing import Optional
 
 from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes, threadIdx
+from ..ir.ops import DTYPE_BYTES, HALF_DTYPES
 
 COLS = 256
+
+
+def vector_lanes(dtype: str, per: int) -> int:
+    """Elements a thread takes side by side (one vectorize loop, which the vectorize rules turn into one
+    access of up to 16 bytes) when it takes ``per`` of a tile: 1 for float32, whose kernels keep one
+    element per access, else as many as fit 16 bytes and divide ``per``."""
+    if dtype not in HALF_DTYPES:
+        return 1
+    v = 16 // DTYPE_BYTES[dtype]
+    while per % v:
+        v //= 2
+    return v
 
 
 def inner_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, width: int = COLS,
@@ -23,10 +36,15 @@ def inner_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, w
     k.grid(m)
     acc = k.assign(0.0, dst="acc")
     cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
+    vec = vector_lanes(dtype, width // COLS)
     with k.loop("j", ceil_div(n, width), circular_buffer=cb) as j:
         k.tma_load(x_map, (blockIdx.x, j * width), tile, tile=(1, width))  # columns past N arrive as zeros
-        for lane in lanes(width // COLS, COLS):  # unrolled here: one column of every box
-            k.reduce(k.load(tile, lane), kind="serial", dst="acc")
+        if vec == 1:
+            for lane in lanes(width // COLS, COLS):  # unrolled here: one column of every box
+                k.reduce(k.load(tile, lane), kind="serial", dst="acc")
+        for c in range(width // COLS // vec if vec > 1 else 0):  # `vec` side by side, a sum needs no order
+            with k.loop("v", vec, kind="vectorize") as v:
+                k.reduce(k.load(tile, (threadIdx.x + c * COLS) * vec + v), kind="serial", dst="acc")
     total = k.reduce(acc, kind="block")
     with k.if_(threadIdx.x.eq(0)):
         k.store(out, blockIdx.x, total)
@@ -97,18 +115,31 @@ def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: i
     k.grid(m)
     k.assign(0.0, dst="s1")
     cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
+    # half precision: a thread's elements come `vec` side by side (one vector access each); element
+    # q = j * per + c * vec + u of its registers is column (q / vec * threads + threadIdx.x) * vec + u
+    vec = vector_lanes(dtype, per)
     with k.loop("j", tiles, circular_buffer=cb) as j:
         k.tma_load(x_map, (blockIdx.x, j * width), tile, tile=(1, width))
-        for c, lane in enumerate(lanes(per, threads)):  # unrolled here: one column of every `threads`
+        for c, lane in enumerate(lanes(per, threads) if vec == 1 else ()):  # unrolled: a column of every `threads`
             v = k.load(tile, lane)
             k.store(vals, j * per + c if per > 1 else j, v)
             k.reduce(v, kind="serial", dst="s1")
+        for c in range(per // vec if vec > 1 else 0):
+            with k.loop("u", vec, kind="vectorize") as u:
+                v = k.load(tile, (threadIdx.x + c * threads) * vec + u)
+                k.store(vals, j * per + c * vec + u, v)
+                k.reduce(v, kind="serial", dst="s1")
     mean = k.div(k.reduce("s1", kind="block"), float(row))
     k.assign(0.0, dst="s2")
     with k.loop("q", row // threads, kind="unroll") as q:
         d = k.sub(k.load(vals, q), mean)
         k.reduce(k.mul(d, d), kind="serial", dst="s2")
     rstd = k.rsqrt(k.div(k.reduce("s2", kind="block"), float(row)))
+    if vec > 1:
+        with k.loop("q2", row // threads // vec, kind="unroll") as g, k.loop("u", vec, kind="vectorize") as u:
+            k.store(out, blockIdx.x * row + (g * threads + threadIdx.x) * vec + u,
+                    k.mul(k.sub(k.load(vals, g * vec + u), mean), rstd))
+        return k
     with k.loop("q2", row // threads, kind="unroll") as q:  # element q of a thread: stage q / per, column q % per
         col = q * threads + threadIdx.x if per == 1 else q / per * width + q % per * threads + threadIdx.x
         k.store(out, blockIdx.x * row + col, k.mul(k.sub(k.load(vals, q), mean), rstd))

@@ -16,6 +16,7 @@ from . import CATALOG
 from ..ir.builder import Kernel
 from ..ir.ops import HALF_DTYPES
 from . import matmul as _mm
+from . import matmul_tc as _mtc
 from . import pointwise1d as _p1
 from . import reductions as _red
 from . import tiled2d as _t2
@@ -54,8 +55,9 @@ class KernelSpec:
     dtypes: tuple[str, ...] = ("float32",) + HALF_DTYPES  # storage types of its tensors
     tile_output: bool = False  # its output leaves in whole tiles, one per iteration: it can be TMA-stored
     swizzles: bool = False  # it can read its inputs from swizzled tiles
+    seed: bool = True  # one of the seed's test matrix (the CPU differential matrix runs every such kernel)
 
-    def build(self, shape: Optional[tuple] = None, trips: Optional[int] = None, dtype: str = "float32",
+    def build(self, shape: Optional[tuple] = None, trips: Optional[int] = None, dtype: Optional[str] = None,
               tma_store: bool = False, swizzle: str = "none", **options) -> Kernel:
         """The kernel for ``shape`` (only kernels specialised at build time look at it) with
         circular-buffer ``options`` (stages, prefetch, war, warp_specialize, registers) where the
@@ -64,6 +66,7 @@ class KernelSpec:
         arithmetic is float32 either way); ``tma_store`` writes each output tile with one TMA store
         (kernels with ``tile_output`` only); ``swizzle`` (32B, 64B, 128B) has the input tiles arrive
         swizzled (kernels with ``swizzles`` only)."""
+        dtype = self.dtypes[0] if dtype is None else dtype  # float32 wherever the kernel takes it
         if dtype not in self.dtypes:
             raise UnsupportedDtypeError(f"kernel {self.name}: dtype {dtype!r} is not supported; it is built for "
                                         f"{', '.join(self.dtypes)}")
@@ -141,6 +144,15 @@ def _mm_inputs(shape, rng):
     return {"a": _normal(rng, m, n), "b": _normal(rng, n, n), "c": _nan(m, n)}
 
 
+def _mm_tc_inputs(shape, rng):
+    m, n, kk = shape
+    return {"a": _normal(rng, m, kk), "b": _normal(rng, n, kk), "c": _nan(m, n)}
+
+
+def _mm_tc_reference(a):
+    return {"c": a["a"].astype(np.float64) @ a["b"].astype(np.float64).T}
+
+
 def _normalize(x):
     x64 = x.astype(np.float64)
     mean = x64.mean(axis=1, keepdims=True)
@@ -196,10 +208,16 @@ _SPECS = [
                lambda a: {"c": a["a"].astype(np.float64) @ a["b"].astype(np.float64)}, ("c",), (1024, 1024),
                SHAPES_2D, trips=lambda s: _cdiv(s[1], 16), tolerance=lambda s: (1e-4, 2e-5 * s[1]),
                shape_for_trips=lambda t: (40, 16 * t - 8)),
+    # B is [N, K] (K-major, what the tensor cores read); float32 accumulation of K products of exact
+    # half-precision values; K a multiple of 8 (TMA needs 16-byte row pitches)
+    KernelSpec("matmul_tc", CATALOG["matmul_tc"], _mtc.matmul_tc, _mm_tc_inputs, _mm_tc_reference, ("c",),
+               (1024, 2048, 4096), ((128, 128, 64), (500, 1000, 304), (1024, 2048, 4096), (129, 264, 72)),
+               trips=lambda s: _cdiv(s[2], _mtc.BK), tolerance=lambda s: (1e-4, 3e-6 * s[2]),
+               shape_for_trips=lambda t: (130, 136, _mtc.BK * t - 8), dtypes=_mtc.MMA_DTYPES, seed=False),
 ]
 KERNELS: dict[str, KernelSpec] = {s.name: s for s in _SPECS}
 assert list(KERNELS) == list(CATALOG), "every built-in kernel has one line in the catalog"
-SEED_MATRIX = tuple(n for n in KERNELS if KERNELS[n].pipelined)
+SEED_MATRIX = tuple(n for n in KERNELS if KERNELS[n].pipelined and KERNELS[n].seed)
 
 
 class UnsupportedVariantError(CbrulesError, ValueError):

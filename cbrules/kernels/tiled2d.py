@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes
+from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes, threadIdx
 from ..ir.limits import SWIZZLE_SPAN, swizzle_repeat
 from ..ir.ops import DTYPE_BYTES
+from .reductions import vector_lanes
 
 COLS = 256
 ROWS = ROWS_DEFAULT = 4
@@ -59,16 +60,38 @@ def _pointwise(name: str, inputs: tuple[str, ...], stages: int, prefetch, war: O
             else:
                 with k.loop("u", boxes, kind="unroll") as u:
                     k.tma_load(mp, (row0, col0 + u * bw), tile, offset=u * (ROWS * bw))
-        with k.loop("r", ROWS, kind="unroll") as r:
-            for lane in lanes(width // COLS, COLS):  # unrolled here: one column of every box
-                col = col0 + lane
-                at = r * width + lane if swizzle == "none" else lane / bw * (ROWS * bw) + r * bw + lane % bw
-                vals = [k.load(tile, at) for tile in tiles]
-                y = k.exp(vals[0]) if len(vals) == 1 else k.add(vals[0], vals[1])
-                with k.if_((row0 + r).lt(m).and_(col.lt(n))):
-                    tile = (out_map, (row0, col0), r * width + lane) if tma_store else None
-                    k.store(out, (row0 + r) * n + col, y, tile=tile)
+        vec = vector_lanes(dtype, ROWS * width // COLS) if swizzle == "none" else 1
+        if vec > 1:  # half precision: `vec` elements side by side a thread, in one vector access each
+            _vector_body(k, tiles, out, out_map, m, n, row0, col0, ROWS, width, vec)
+        else:
+            with k.loop("r", ROWS, kind="unroll") as r:
+                for lane in lanes(width // COLS, COLS):  # unrolled here: one column of every box
+                    col = col0 + lane
+                    at = r * width + lane if swizzle == "none" else lane / bw * (ROWS * bw) + r * bw + lane % bw
+                    vals = [k.load(tile, at) for tile in tiles]
+                    y = k.exp(vals[0]) if len(vals) == 1 else k.add(vals[0], vals[1])
+                    with k.if_((row0 + r).lt(m).and_(col.lt(n))):
+                        tile = (out_map, (row0, col0), r * width + lane) if tma_store else None
+                        k.store(out, (row0 + r) * n + col, y, tile=tile)
     return k
+
+
+def _vector_body(k: Kernel, tiles, out, out_map, m, n, row0, col0, rows: int, width: int, vec: int) -> None:
+    """The tile's elements in runs of ``vec`` a thread: run c of thread t starts at element
+    (t + c * COLS) * vec of the row-major tile (a run never crosses a row: width is a multiple of vec).
+    A run is stored whole or not at all: N is a multiple of vec (the input's tensor map has a row
+    pitch of a multiple of 16 bytes, which the launcher and the interpreter check), so a run starting
+    before N ends before it, and the row pitch written N / vec * vec (equal to N) shows the rules
+    that a run starts on a multiple of vec: its store becomes one vector too."""
+    pitch = n / vec * vec
+    for c in range(rows * width // (COLS * vec)):
+        first = (threadIdx.x + c * COLS) * vec
+        r, lane = first / width, first % width
+        with k.if_((row0 + r).lt(m).and_((col0 + lane).lt(n))), k.loop("v", vec, kind="vectorize") as v:
+            vals = [k.load(tile, first + v) for tile in tiles]
+            y = k.exp(vals[0]) if len(vals) == 1 else k.add(vals[0], vals[1])
+            k.store(out, (row0 + r) * pitch + col0 + lane + v, y,
+                    tile=(out_map, (row0, col0), first + v) if out_map is not None else None)
 
 
 def multi_dim(stages: int = 3, prefetch=None, war: Optional[str] = None, rows: Optional[int] = None,

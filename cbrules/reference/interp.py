@@ -27,6 +27,7 @@ from ..ir.graph import BUILTINS, KernelGraph
 from .hwsim import block_reduce
 from ..ir.ops import UNARY
 from .interp_memory import MemoryOps, NonUniform, OutOfBounds
+from .interp_mma import MmaOps
 from .interp_roles import SCHEDULES, SWITCH, Blocked, Role, check_schedule, drive
 from .protocol import BlockProtocol, DivergentSync, ElectError, InterpError, ProtocolError, Site
 from ..schedule import Step, schedule
@@ -71,18 +72,25 @@ class Program:
                 if a["buf"] in self.allocs:
                     raise InterpError(f"buffer {a['buf']!r} is allocated twice", self.site(s, (0, 0, 0), ()))
                 self.allocs[a["buf"]] = a
-            elif "dst" in a and s.op not in ("store", "tma_load"):
+            elif "dst" in a and s.op not in ("store", "copy", "tma_load"):
                 self.reg_dtypes.setdefault(a["dst"], np.dtype(NP_DTYPES[a.get("dtype", "float32")]))
             if s.op == "tma_load":
                 tma_dsts.add(a["dst"])
             try:
                 self.fns[s.node] = {k: self._compile(v, invariant) for k, v in a.items()
                                     if k in ("start", "stop", "step", "pred", "index", "value", "args", "src",
-                                             "coords", "offset", "slot", "parity")}
+                                             "src_index", "dst_index",
+                                             "coords", "offset", "slot", "parity", "a_offset", "b_offset",
+                                             "scale_d")}
             except TermError as e:
                 raise UnmodelledTerm(f"{e}; the interpreter cannot run this kernel", self.site(s, (0, 0, 0), ())) \
                     from None
         self.tma_dsts = tma_dsts
+        # a lowered kernel (mbarriers or wgmma ordering ops) runs its mma asynchronously, checked; before
+        # lowering an mma completes at once. `accumulators`: the register arrays whose accesses are checked
+        self.mma_async = any(s.op.startswith("wgmma_") for s in steps) or any(
+            a["space"] == "shared" and a["dtype"] == "mbarrier" for a in self.allocs.values())
+        self.accumulators = frozenset(s.attrs["acc"] for s in steps if s.op == "mma" and self.mma_async)
 
     @staticmethod
     def _compile(v, invariant: frozenset):
@@ -125,7 +133,7 @@ def run(kernel: Union[KernelLike, Program], args: Mapping[str, Any], symbols: Op
     return {n: bound.tensors[n] for n in bound.written}
 
 
-class _BlockRunner(MemoryOps):
+class _BlockRunner(MemoryOps, MmaOps):
     """Executes a program block by block: registers, masks, loops and compute ops (memory and
     barrier ops come from :class:`MemoryOps`)."""
 
@@ -154,15 +162,17 @@ class _BlockRunner(MemoryOps):
                 shared[name] = (np.dtype(NP_DTYPES[a["dtype"]]), size, name in prog.tma_dsts)
         self.proto = BlockProtocol(T, bars, shared)
         self.handlers = {op: getattr(self, "_" + op) for op in
-                         ("for", "if", "load", "store", "assign", "fma", "reduce", "tma_load", "tma_store", "tma_store_wait",
+                         ("for", "if", "load", "store", "copy", "assign", "fma", "reduce", "tma_load", "tma_store", "tma_store_wait",
                           "mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
-                          "mbarrier_inval", "syncthreads", "bar_sync", "setmaxnreg")}
+                          "mbarrier_inval", "syncthreads", "bar_sync", "setmaxnreg", "mma", "wgmma_fence",
+                          "wgmma_commit", "wgmma_wait")}
         for op in ("alloc", "fence_proxy_async", "fence_mbarrier_init"):
             self.handlers[op] = lambda s, mask: None
         for op in UNARY:
             self.handlers[op] = self._unary
         for op in ("add", "sub", "mul", "div", "max", "min"):
             self.handlers[op] = self._binary
+        self.handlers["select"] = self._select
 
     # ---------------------------------------------------------------- driver
     def run_block(self, block: tuple) -> None:
@@ -345,6 +355,11 @@ class _BlockRunner(MemoryOps):
         else:
             v = _COMBINE[op](x, y)
         self.set_reg(s.attrs["dst"], v, mask)
+
+    def _select(self, s: Step, mask: np.ndarray) -> None:
+        p, x, y = (f(self.env, self.lanes(mask)) for f in self.p.fns[s.node]["args"])
+        dt = np.dtype(NP_DTYPES[s.attrs["dtype"]])
+        self.set_reg(s.attrs["dst"], np.where(np.asarray(p, bool), np.asarray(x, dt), np.asarray(y, dt)), mask)
 
     def _fma(self, s: Step, mask: np.ndarray) -> None:
         x, y, z = (f(self.env, self.lanes(mask)) for f in self.p.fns[s.node]["args"])

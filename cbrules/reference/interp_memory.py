@@ -22,6 +22,11 @@ class OutOfBounds(InterpError):
     """An index outside its tensor, shared buffer or register array on an active thread."""
 
 
+class MisalignedVector(InterpError):
+    """A vector copy whose element indices are not multiples of its count, or whose two sides hold
+    different types (the device would fault on the address or move the wrong bits)."""
+
+
 class NonUniform(InterpError):
     """A value the block must agree on (loop bound, TMA coordinate) that differs across threads."""
 
@@ -61,6 +66,8 @@ class MemoryOps:
         idx = self._index(s, mask, lanes)
         kind, arr = self._target(s.attrs["src"], idx, lanes, "reads")
         if kind == "register":
+            if s.attrs["src"] in self.p.accumulators:
+                self.proto.mma.register_access(s.attrs["src"], lanes, False, self.site)
             vals = arr[lanes, idx]
         elif kind == "shared":
             self.proto.read(arr, idx, lanes, self.site)
@@ -79,6 +86,8 @@ class MemoryOps:
         kind, arr = self._target(name, idx, lanes, "writes")
         vals = self.per_lane(self.ev(s, "value", mask), lanes)
         if kind == "register":
+            if name in self.p.accumulators:
+                self.proto.mma.register_access(name, lanes, True, self.site)
             arr[lanes, idx] = vals
         elif kind == "shared":
             self.proto.write(arr, idx, lanes, self.site)
@@ -88,6 +97,46 @@ class MemoryOps:
                 raise InterpError(f"stores to tensor {name!r}, which the kernel does not mark written "
                                   "(codegen declares it const)", self.site())
             arr[idx] = vals
+
+    def _copy(self, s: Step, mask: np.ndarray) -> None:
+        """A vector access: each thread moves ``count`` contiguous elements at once (element by element
+        here, with every index, RAW and store-in-flight check of a plain load and store)."""
+        a, lanes = s.attrs, np.nonzero(mask)[0]
+        n = int(a["count"])
+        at = {}
+        for side in ("src", "dst"):
+            idx = self.per_lane(self.ev(s, f"{side}_index", mask), lanes).astype(np.int64)
+            bad = np.nonzero(idx % n)[0]
+            if bad.size:
+                raise MisalignedVector(f"thread {lanes[bad[0]]} copies {n} elements at {a[side]}[{idx[bad[0]]}]: "
+                                       f"a vector access starts at a multiple of its {n} elements", self.site())
+            at[side] = idx
+        kinds = {side: self._target(a[side], at[side] + n - 1, lanes, "reads" if side == "src" else "writes")
+                 for side in ("src", "dst")}
+        dtypes = {side: (arr.data if kind == "shared" else arr).dtype for side, (kind, arr) in kinds.items()}
+        if dtypes["src"] != dtypes["dst"]:
+            raise MisalignedVector(f"copies {dtypes['src']} elements of {a['src']} into {dtypes['dst']} buffer "
+                                   f"{a['dst']}: a vector access moves bits, both sides need one type", self.site())
+        if kinds["dst"][0] == "global" and a["dst"] not in self.written:
+            raise InterpError(f"stores to tensor {a['dst']!r}, which the kernel does not mark written "
+                              "(codegen declares it const)", self.site())
+        for k in range(n):
+            (skind, src), (dkind, dst) = kinds["src"], kinds["dst"]
+            si, di = at["src"] + k, at["dst"] + k
+            if skind == "register":
+                vals = src[lanes, si]
+            elif skind == "shared":
+                self.proto.read(src, si, lanes, self.site)
+                vals = src.data[si]
+            else:
+                vals = src[si]
+            if dkind == "register":
+                dst[lanes, di] = vals
+            elif dkind == "shared":
+                self.proto.write(dst, di, lanes, self.site)
+                dst.data[di] = vals
+            else:
+                dst[di] = vals
 
     def _tma_load(self, s: Step, mask: np.ndarray) -> None:
         a, lanes = s.attrs, np.nonzero(mask)[0]
@@ -115,6 +164,7 @@ class MemoryOps:
             data = read_box(self.tensors[tmap.tensor], coords, box)
             if a.get("swizzle"):  # the box lands in the swizzled layout the hardware writes
                 data = swizzled(data, itemsize, int(a["swizzle"]), lo, dst.name, self.site)
+            self.proto.mma.tma_written(dst, lo, box_elems, int(a.get("swizzle") or 0))
             self.proto.tma_load(sid, s.node, dst, lo, data, box_elems * itemsize, int(u), self.site)
             return
         # before lowering: the logical load of the whole tile, dense row-major, done at once (the

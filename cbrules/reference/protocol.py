@@ -28,6 +28,7 @@ from typing import Optional
 import numpy as np
 
 # the checker's failures live in .hazards; they are public here too
+from .mma_groups import MmaGroups
 from .hazards import (DivergentSync, Deadlock, DoubleInit, ElectError, InterpError,  # noqa: F401
                       MissingInval, OutstandingTma, PartialTileStore, ProtocolError, RawHazard, Site, SiteFn,
                       StoreInFlight, StoreOverwrite, TmaIssueError, TooManyArrivals, TxMismatch, UseAfterInval,
@@ -165,6 +166,7 @@ class BlockProtocol:
         self.named_gen: dict[int, int] = {}  # times each named barrier has opened
         self.stores: list[BulkStore] = []  # bulk groups whose reads are not yet known to every thread
         self.unfinished: list[BulkStore] = []  # ... not yet waited for to completion
+        self.mma = MmaGroups(self)  # warpgroup MMA: fences, groups, reads in flight
         self.shared = {n: SharedBuffer(n, dt, size, self.threads, tr) for n, (dt, size, tr) in self.shared_spec.items()}
 
     # ------------------------------------------------------------------ barrier slots
@@ -351,6 +353,8 @@ class BlockProtocol:
         bname, slot = b.names[sid]
         self._usable(sid, np.array([issuer]), site, "issue a TMA load completing on")
         self._not_being_stored(buf, np.arange(lo, hi), np.array([issuer]), site)
+        self.mma.check_overwrite(buf, np.arange(lo, hi), f"thread {issuer} refills (completing on {b.label(sid)})",
+                                 site, bname, slot)
         if buf.tracked:
             busy = np.nonzero(buf.w_phase[lo:hi] == INFLIGHT)[0]
             busy = busy[buf.w_slot[lo + busy] >= 0] if busy.size else busy
@@ -398,6 +402,7 @@ class BlockProtocol:
         product of a TMA load."""
         if lanes is not None and site is not None:
             self._not_being_stored(buf, idx, lanes, site)
+            self.mma.stored(buf, idx, lanes, site)
         buf.fresh[idx] = True
         if buf.tracked:
             buf.w_slot[idx] = -1
@@ -461,7 +466,8 @@ class BlockProtocol:
         self.stores = keep
 
     def finish(self, site: SiteFn) -> None:
-        """End of the block: no load or store in flight, every initialised barrier invalidated."""
+        """End of the block: no load, store or mma in flight, every initialised barrier invalidated."""
+        self.mma.finish(site)
         if self.unfinished:
             g = self.unfinished[0]
             raise StoreInFlight(f"the block ends while the TMA store #{g.node} of {g.buf.name}[{g.lo}:{g.hi}] "

@@ -524,6 +524,13 @@ class Matcher:
         if r is not None:
             yield r
 
+    def _rel_collect(self, e, b):
+        attr = e.items[2].value
+        values = sorted({str(v) for n, _ in self._inner(e, 3, b) if (v := self.kg[n].get(attr)) is not None})
+        r = match_value(e.items[1], tuple(values), b)
+        if r is not None:
+            yield r
+
     def _rel_sum(self, e, b):
         attr = e.items[2].value
         _, keys = split_keys(e.items, 4)

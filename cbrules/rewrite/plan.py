@@ -199,7 +199,7 @@ def written_rank(els: tuple, b: dict) -> dict[str, int]:
 
 # relations whose answer depends only on nodes their inner pattern names (plus what is bound):
 # relation -> index of that pattern; the others read order, effects or any node ("_")
-_INNER_PATTERN = {"no": 1, "nearest": 2, "count": 2, "sum": 3}
+_INNER_PATTERN = {"no": 1, "nearest": 2, "count": 2, "sum": 3, "collect": 3}
 
 
 def watched_ops(match: tuple, guards: tuple) -> Optional[frozenset]:

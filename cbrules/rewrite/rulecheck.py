@@ -164,8 +164,8 @@ def _check_match_element(e: Expr, bound: set[str]) -> None:
         _check_value(v, bound)
     if head == "no" and len([k for k in keys if k in ("in", "around")]) != 1:
         raise RuleError(e.pos, "(no PATTERN :in ?scope) or (no PATTERN :around ?node)")
-    if head in ("no", "count", "sum", "nearest"):
-        pat_at = {"no": 0, "count": 1, "sum": 2, "nearest": 1}[head]
+    if head in ("no", "count", "sum", "collect", "nearest"):
+        pat_at = {"no": 0, "count": 1, "sum": 2, "collect": 2, "nearest": 1}[head]
         _check_node_pattern(pos[pat_at], set(bound), binds=True)
         if head == "nearest" and isinstance(pos[0], Atom) and pos[0].kind == "var":
             inner = pos[1].head() if isinstance(pos[1], SList) else "_"

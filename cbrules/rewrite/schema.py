@@ -27,6 +27,7 @@ RELATIONS: dict[str, tuple[int, tuple[str, ...], tuple[str, ...]]] = {
     "nearest": (2, ("around",), ()),  # (nearest ?x PATTERN :around ?n): ?n or its closest enclosing match
     "count": (2, ("in",), ()),      # (count ?k PATTERN :in ?scope): ?k = number of matches
     "sum": (3, ("in",), ()),        # (sum ?k ATTR PATTERN :in ?scope): ATTR summed over one iteration of ?scope
+    "collect": (3, ("in",), ()),    # (collect ?k ATTR PATTERN :in ?scope): ?k = the tuple of the matches' ATTR values
     # order among the children of one scope, in schedule order (the order codegen prints them)
     "next": (2, (), ()),            # (next ?a ?b): ?b runs right after ?a, nothing between them
     "before": (2, (), ()),          # (before ?a ?b): ?a runs before ?b, both children of one scope

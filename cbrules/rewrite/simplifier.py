@@ -23,7 +23,7 @@ def term_ranges(kg: KernelGraph) -> dict:
     bx, by, bz = kg.kernel()["block"]
     ranges: dict[str, Range] = {f"threadIdx.{a}": Range(0, d - 1) for a, d in zip("xyz", (bx, by, bz))}
     ranges.update({f"blockIdx.{a}": Range(0, None) for a in "xyz"})
-    ranges.update({p.name: Range(0, None) for p in kg.params().values() if p.kind == "symbol"})
+    ranges.update({p.name: Range(0, None) for p in kg.params().values() if p.kind == "symbol" and p.dtype == "int32"})
 
     def const(t: Term):
         try:
@@ -90,7 +90,8 @@ def _loop_names(kg: KernelGraph) -> tuple[dict[int, dict[str, Term]], dict]:
             scoped_name = f"{d['var']}@{n}"
             inner = {**outer, d["var"]: Term("name", (), scoped_name)}
             lo, hi = _const(substitute(d["start"], outer)), _const(substitute(d["stop"], outer))
-            ranges[scoped_name] = Range(lo, None if hi is None else hi - 1)
+            if lo is None or hi is None or hi > lo:  # an empty loop (a short trip count's main loop) says nothing
+                ranges[scoped_name] = Range(lo, None if hi is None else hi - 1)
         for c in kg.children(n):
             walk(c, inner)
     walk(kg.root, {})

@@ -13,7 +13,8 @@ from typing import Any, Callable, Mapping
 from ..ir.names import IdentifierError, check_term_name
 from ..ir.ops import DTYPE_BYTES, term_values
 from .sexpr import Atom, Expr, RuleError
-from ..ir.terms import DeviceFunctionError, Term, as_term, call, const, evaluate as eval_term, name
+from ..ir.terms import (DeviceFunctionError, Term, as_term, call, coefficient, const, divisor,
+                        evaluate as eval_term, name, substitute)
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,14 @@ FUNCTIONS: dict[str, tuple[int, int | None, Callable | None]] = {
     "is-tuple": (1, 1, lambda x: isinstance(x, tuple)),
     "is-int": (1, 1, lambda x: isinstance(x, int) and not isinstance(x, bool)),
     "member": (2, 2, lambda x, xs: x in xs),
+    # linear facts of index terms, decided from their structure (cbrules.ir.terms): the integer
+    # coefficient of a name (nil when the term is not linear in it), the term with a name replaced,
+    # whether a term is a multiple of an int for every value of its names, and whether it uses any
+    # of a tuple of names
+    "coefficient": (2, 2, lambda t, v: coefficient(as_term(t), check_term_name(v, "(coefficient ...)"))),
+    "substitute": (3, 3, lambda t, v, x: substitute(as_term(t), {check_term_name(v, "(substitute ...)"): as_term(x)})),
+    "multiple-of": (2, 2, lambda t, k: k > 0 and (divisor(as_term(t)) % k == 0)),
+    "mentions": (2, 2, lambda t, names: not set(as_term(t).names()).isdisjoint(names)),
     # proven by egglog under the range facts (see ORACLE_FUNCTIONS): evaluated in `evaluate`
     "provably-equal": (2, 2, None), "provably-le": (2, 2, None),
 }
@@ -146,7 +155,7 @@ def _conj(xs) -> Term:
 
 
 # attribute access on bound nodes lives with the graph; the engine supplies it as ``attr``
-NODE_FUNCTIONS = ("attr", "has", "id", "names")  # names: the names a node's terms use
+NODE_FUNCTIONS = ("attr", "has", "id", "names", "param")  # names: the names a node's terms use
 # guards decided by egglog under the graph's range facts (the matcher supplies the oracle as
 # ``Env.decide``): true only when proven; equal terms and constants are decided without egglog
 ORACLE_FUNCTIONS = {"provably-equal": "==", "provably-le": "<="}
@@ -218,6 +227,10 @@ def evaluate(e: Expr, env: Env) -> Any:
                 return tuple(sorted({n for t in term_values(attrs["op"], attrs) for n in t.names()}))
             key = args[1].value if isinstance(args[1], Atom) else evaluate(args[1], env)
             attrs = env.node_attrs(node.id)
+            if head == "param":  # (param ?K NAME): the kernel parameter NAME as a dict, nil if none
+                key = evaluate(args[1], env)
+                p = next((p for p in attrs.get("params", ()) if p.name == key), None)
+                return None if p is None else {"name": p.name, "kind": p.kind, "dtype": p.dtype}
             return (key in attrs and attrs[key] is not None) if head == "has" else attrs.get(key)
         if head not in FUNCTIONS:
             raise RuleError(e.pos, f"unknown function {head!r}")

@@ -1,0 +1,171 @@
+"""matmul_tc (cbrules' tensor-core matmul) against torch.matmul (cuBLAS) and the Triton peer
+(benchmarks/triton_matmul.py: persistent, TMA descriptors, autotuned) in bfloat16, in one run:
+
+    python3 benchmarks/matmul_tc.py --out benchmarks/results/matmul_tc [--sweep]
+
+Every implementation computes ``c = a @ b^T`` with a [M, K] and b [N, K] (K-major B; cuBLAS gets the
+transposed view ``b.T``, which it reads as "TN" without a copy). Each figure is the median over rounds in which
+every implementation runs 5 launches in turn (CUDA events; clock and power drift fall on all alike), after
+3 warm-up launches each; every result is checked against a float32 product first.
+``--sweep`` also measures the matmul_tc tile / stage variants listed in VARIANTS (what helped and what
+did not). Writes results.json, results.md and, where cuobjdump is on the PATH, the default variant's
+SASS summary (HGMMA count, local-memory traffic, setmaxnreg) to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024))
+WS = {"warp_specialize": True, "registers": (40, 232)}
+DEFAULT = {"stages": 4}  # the kernel's defaults: 128x256x64 tiles, two consumer warp groups, group_m 8
+VARIANTS = {
+    "128x256x64 S=4 (default)": DEFAULT,
+    "128x256x64 S=4 persistent": {"stages": 4, "persistent": "sms"},  # one block an SM
+    "128x256x64 S=4 persistent, no register sharing": {"stages": 4, "persistent": "sms", "registers": None},
+    "128x256x64 S=3": {"stages": 3},
+    "128x256x64 S=4 row order (group_m=1)": {"stages": 4, "group_m": 1},
+    "128x256x64 S=4 registers 24/240": {"stages": 4, "registers": (24, 240)},
+    "128x128x64 S=5": {"stages": 5, "bn": 128},
+    "256x128x64 S=3": {"stages": 3, "bm": 256, "bn": 128},
+    "128x256x32 S=6": {"stages": 6, "bk": 32},
+    "128x256x64 S=4 no register sharing": {"stages": 4, "registers": None},
+}
+
+
+def _time_interleaved(launches: dict, torch, rounds: int = 9, per_round: int = 5, warmup: int = 3) -> dict:
+    """Median seconds per launch of each implementation: ``rounds`` rounds, each timing ``per_round``
+    back-to-back launches of every implementation in turn (CUDA events), so clock and power drift
+    over the run falls on all of them alike."""
+    for fn in launches.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    times: dict = {k: [] for k in launches}
+    for _ in range(rounds):
+        for label, fn in launches.items():
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(per_round):
+                fn()
+            e.record()
+            e.synchronize()
+            times[label].append(s.elapsed_time(e) / 1e3 / per_round)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _sass_summary(ck, out: Path, stem: str) -> dict:
+    from benchmarks.sass import _INSTR, loop_histograms
+    tool = shutil.which("cuobjdump")
+    r = ck.cubin.resources
+    info = {"registers": r.registers, "spill_stores": r.spill_stores, "spill_loads": r.spill_loads,
+            "stack_bytes": r.stack_bytes, "shared_bytes": ck.source.shared_bytes}
+    if not tool:
+        return info
+    cubin = out / f"{stem}.cubin"
+    cubin.write_bytes(ck.cubin.cubin)
+    sass = subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    (out / f"{stem}.sass").write_text(sass)
+    ops = collections.Counter(m.group(3) for m in map(_INSTR.match, sass.splitlines()) if m)
+    loops = loop_histograms(sass)
+    main = max(loops, key=lambda h: sum(v for o, v in h.items() if o.startswith("HGMMA")),
+               default=collections.Counter())
+    info.update(HGMMA=sum(n for op, n in ops.items() if op.startswith("HGMMA")), LDL=ops["LDL"], STL=ops["STL"],
+                USETMAXREG=ops["USETMAXREG"], main_loop=dict(main.most_common(12)))
+    return info
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--sweep", action="store_true", help="also the matmul_tc variants of VARIANTS")
+    p.add_argument("--rounds", type=int, default=9, help="rounds of 5 launches of every implementation")
+    a = p.parse_args(argv)
+    import torch
+    import triton
+
+    from benchmarks import triton_matmul
+    from cbrules import api
+    from cbrules.kernels.matmul_tc import matmul_tc
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    variants = VARIANTS if a.sweep else {k: v for k, v in VARIANTS.items() if v is DEFAULT or "persistent" in k}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    variants = {label: {k: sms if v == "sms" else v for k, v in kw.items()} for label, kw in variants.items()}
+    compiled = {label: api.compile(matmul_tc(**{**WS, **kw})) for label, kw in variants.items()}
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for m, n, k in SHAPES:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        ref = x.float() @ w.float().T
+        tol = 2e-2 * ref.abs().max().item()  # one bfloat16 rounding of the largest result, and then some
+        flop = 2.0 * m * n * k
+        # each implementation: output -> a launch that writes it
+        impls = {"torch.matmul (cuBLAS)": lambda c: lambda: torch.matmul(x, w.T, out=c),
+                 "triton (persistent, TMA, autotuned)": lambda c: lambda: triton_matmul.matmul(x, w, c)}
+        for label, ck in compiled.items():
+            impls[f"matmul_tc {label}"] = (lambda ck: lambda c: ck.bind(a=x, b=w, c=c).launch)(ck)
+        launches, checked = {}, {}
+        for label, make in impls.items():
+            c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            launches[label] = make(c)
+            t0 = time.time()
+            launches[label]()
+            torch.cuda.synchronize()
+            err = (c.float() - ref).abs().max().item()
+            checked[label] = (err, err <= tol, round(time.time() - t0, 2))
+        secs = _time_interleaved(launches, torch, a.rounds)
+        for label in impls:
+            err, ok, first = checked[label]
+            row = {"shape": [m, n, k], "impl": label, "tflops": flop / secs[label] / 1e12, "ms": secs[label] * 1e3,
+                   "max_abs_err": err, "ok": ok, "first_call_s": first}
+            if label.startswith("triton"):
+                row["config"] = triton_matmul.best_config()
+            if label.startswith("matmul_tc"):
+                row["params"] = {**WS, **variants[label[len("matmul_tc "):]]}
+            rows.append(row)
+            print(f"{m}x{n}x{k} {label}: {row['tflops']:.1f} TFLOP/s ({row['ms']:.3f} ms) err {err:.3g}"
+                  f"{'' if ok else ' WRONG'}" + (f" [{row['config']}]" if 'config' in row else ''), flush=True)
+        del x, w, ref
+    sass = {"default": _sass_summary(compiled["128x256x64 S=4 (default)"], out, "matmul_tc_default"),
+            "persistent": _sass_summary(compiled["128x256x64 S=4 persistent"], out, "matmul_tc_persistent")}
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "rounds": a.rounds, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sass": sass}
+    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (out / "results.md").write_text(_table(rows, meta))
+    print(_table(rows, meta))
+    return 0
+
+
+def _table(rows: list, meta: dict) -> str:
+    lines = [f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}; median over {meta['rounds']} rounds "
+             f"of 5 launches of each implementation in turn (CUDA events); {meta['date']}", "",
+             "| shape | implementation | TFLOP/s | x cuBLAS | x Triton |", "|---|---|---|---|---|"]
+    for shape in sorted({tuple(r["shape"]) for r in rows}, key=lambda s: SHAPES.index(s) if s in SHAPES else 9):
+        here = [r for r in rows if tuple(r["shape"]) == shape]
+        base = {r["impl"].split(" ")[0]: r["tflops"] for r in here}
+        for r in here:
+            name = r["impl"] + (f" [{r['config']}]" if "config" in r else "") + ("" if r["ok"] else " (WRONG)")
+            lines.append(f"| {'x'.join(map(str, shape))} | {name} | {r['tflops']:.1f} | "
+                         f"{r['tflops'] / base['torch.matmul']:.2f} | {r['tflops'] / base['triton']:.2f} |")
+    for which, s in meta["sass"].items():
+        lines += ["", f"SASS of the {which} matmul_tc: {s.get('HGMMA', '?')} HGMMA, {s.get('LDL', '?')} LDL / "
+                  f"{s.get('STL', '?')} STL, {s.get('USETMAXREG', '?')} USETMAXREG; {s['registers']} registers, "
+                  f"{s['spill_stores']}/{s['spill_loads']} B spill stores/loads, {s['shared_bytes']} B shared memory"]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

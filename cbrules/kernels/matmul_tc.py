@@ -1,0 +1,112 @@
+"""Tensor-core matmul ``c[M, N] = a[M, K] @ b[N, K]^T`` (bfloat16/float16 in, float32 accumulate).
+
+B is given K-major, as ``[N, K]`` (``B^T`` row-major: what the tensor cores read without a transpose,
+cuBLAS's "TN"); pass ``b.T.copy()`` for a row-major ``[K, N]`` B. A block computes a BM x BN tile of C on
+``groups`` consumer warp groups (BM/groups rows each, in 64-row wgmma blocks); every K step TMA-loads a
+BM x BK tile of A and a BN x BK tile of B, swizzled (a row is BK * 2 bytes: 128B swizzle at BK = 64),
+under one expect-tx, and issues BK/16 wgmma per 64-row block. The rules circular-buffer the K loop and
+release a slot once the wgmma reading it completed; the block's tile leaves through one TMA store,
+rounded to the output dtype. Ragged M, N and K are zero-filled by the TMA loads and clipped by the store.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..errors import CbrulesError
+from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer
+from ..ir.builder_mma import MMA_DTYPES
+from ..ir.ops import DTYPE_BYTES
+from ..ir.terms import Term, call
+
+BM, BN, BK, GROUPS, GROUP_M = 128, 256, 64, 2, 8
+OUT_DTYPES = MMA_DTYPES + ("float32",)
+SHARED_BYTES = 232448  # what a block may have on sm_90
+_SWIZZLE = {32: "32B", 64: "64B", 128: "128B"}
+
+
+class MatmulTileError(CbrulesError, ValueError):
+    """matmul_tc asked for a tile, dtype or stage count that cannot work on the tensor cores."""
+
+
+def store_cols(bn: int, out_dtype: str) -> int:
+    """Columns of C a TMA store writes: 128-byte rows (64 half or 32 float32 columns), or all bn if fewer."""
+    return min(bn, 128 // DTYPE_BYTES[out_dtype])
+
+
+def shared_bytes(stages: int, bm: int, bn: int, bk: int, dtype: str, out_dtype: str) -> int:
+    """Shared memory of one block: the stage slots of A and B and the staging of C (two slots of
+    bm x store_cols when there are several column chunks, one otherwise)."""
+    cols = store_cols(bn, out_dtype)
+    return stages * (bm + bn) * bk * DTYPE_BYTES[dtype] + (1 if cols == bn else 2) * bm * cols * DTYPE_BYTES[out_dtype]
+
+
+def _grouped_order(pid: Term, tiles_m: Term, tiles_n: Term, group_m: int) -> tuple[Term, Term]:
+    """(tile row, tile column) of block ``pid``: groups of ``group_m`` tile rows, column-major inside."""
+    per_group = tiles_n * group_m
+    first = (pid / per_group) * group_m
+    rows = call("min", tiles_m - first, group_m)
+    return first + (pid % per_group) % rows, (pid % per_group) / rows
+
+
+def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_specialize: bool = False,
+              registers=None, dtype: str = "bfloat16", out_dtype: Optional[str] = None, bm: int = BM, bn: int = BN,
+              bk: int = BK, groups: int = GROUPS, group_m: int = GROUP_M, persistent: int = 0) -> Kernel:
+    """``c = a @ b^T`` in ``bm`` x ``bn`` tiles on ``groups`` consumer warp groups, ``bk`` of K a stage;
+    ``out_dtype`` (bfloat16, float16, float32; default ``dtype``) is c's type. Blocks take tiles in groups
+    of ``group_m`` tile rows, column by column inside a group, so the blocks running at once share
+    their A and B panels in L2 (``group_m=1``: row by row). ``persistent=P`` launches at most P blocks
+    (e.g. the SM count) that each walk tiles blockIdx.x, blockIdx.x + P, ...; warp-specialized, the
+    producer loads the next tile while the consumers store the last (otherwise each tile's K loop is
+    pipelined on its own)."""
+    out_dtype = dtype if out_dtype is None else out_dtype
+    if dtype not in MMA_DTYPES or out_dtype not in OUT_DTYPES:
+        raise MatmulTileError(f"matmul_tc: dtype {dtype!r} / out_dtype {out_dtype!r}: the tensor cores take "
+                              f"{' or '.join(MMA_DTYPES)} operands here and write {', '.join(OUT_DTYPES)}")
+    row = bk * DTYPE_BYTES[dtype] if isinstance(bk, int) else None
+    if row not in _SWIZZLE:
+        raise MatmulTileError(f"matmul_tc: bk={bk!r}: a tile row of {dtype} must span one swizzle (32, 64 or "
+                              "128 bytes): use bk = 16, 32 or 64")
+    if isinstance(stages, int) and isinstance(bm, int) and isinstance(bn, int):
+        need = shared_bytes(stages, bm, bn, bk, dtype, out_dtype)
+        if need + 1024 > SHARED_BYTES:  # + the barriers and the 1024-byte alignment of the tiles
+            raise MatmulTileError(f"matmul_tc: {stages} stages of {bm}x{bk} + {bn}x{bk} {dtype} tiles and a {bm}x{bn} "
+                                  f"{out_dtype} output tile need {need} bytes of shared memory, more than the "
+                                  f"{SHARED_BYTES} a block may have; use fewer stages or a smaller tile")
+    if not isinstance(groups, int) or isinstance(groups, bool) or not 1 <= groups <= 4:
+        raise MatmulTileError(f"matmul_tc: groups={groups!r}: use 1 to 4 consumer warp groups")
+    if not isinstance(persistent, int) or isinstance(persistent, bool) or persistent < 0:
+        raise MatmulTileError(f"matmul_tc: persistent={persistent!r}: give the number of blocks (0: one a tile)")
+    if not isinstance(group_m, int) or isinstance(group_m, bool) or group_m < 1:
+        raise MatmulTileError(f"matmul_tc: group_m={group_m!r}: give the tile rows of a raster group, 1 or more")
+    k = Kernel("matmul_tc", block=128 * groups)
+    m, n, kk = k.symbol("M"), k.symbol("N"), k.symbol("K")
+    a = k.tensor("a", (m, kk), dtype)
+    b = k.tensor("b", (n, kk), dtype)
+    c = k.tensor("c", (m, n), out_dtype)
+    a_map = k.tensor_map(a, box=(bm, bk), swizzle=_SWIZZLE[row])
+    b_map = k.tensor_map(b, box=(bn, bk), swizzle=_SWIZZLE[row])
+    c_map = k.tensor_map(c, box=(bm, store_cols(bn, out_dtype)))
+    a_tile = k.alloc("a_tile", "shared", dtype, (bm, bk), align=1024)
+    b_tile = k.alloc("b_tile", "shared", dtype, (bn, bk), align=1024)
+    tiles_m, tiles_n = ceil_div(m, bm), ceil_div(n, bn)
+    acc = k.mma_accumulator(bm, bn, groups=groups)
+    cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
+
+    def tile_step(tile):
+        tile_m, tile_n = _grouped_order(tile, tiles_m, tiles_n, group_m)
+        row0, col0 = tile_m * bm, tile_n * bn
+        with k.loop("t", ceil_div(kk, bk), circular_buffer=cb) as t:
+            k.tma_load(a_map, (row0, t * bk), a_tile)  # past K: zeros on both sides, adding nothing
+            k.tma_load(b_map, (col0, t * bk), b_tile)
+            k.mma(acc, a_tile, b_tile)
+        k.mma_store(acc, c_map, (row0, col0))  # staged and TMA-stored by the rules, a column chunk at a time
+
+    if not persistent:
+        k.grid(tiles_m * tiles_n)
+        tile_step(blockIdx.x)
+        return k
+    k.grid(call("min", tiles_m * tiles_n, persistent))
+    with k.loop("tile", blockIdx.x, tiles_m * tiles_n, persistent) as tile:
+        tile_step(tile)
+        k.mma_zero(acc)  # for the next tile (the last wgmma group has completed)
+    return k

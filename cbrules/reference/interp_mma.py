@@ -1,0 +1,207 @@
+"""Warpgroup MMA on the CPU: one ``wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}`` from
+shared-memory bytes (:func:`wgmma`), and the interpreter's handlers of the ``mma`` node and the
+wgmma ordering ops (:class:`MmaOps`).
+
+The model does what the tensor cores do with the instruction's operands: it decodes the two matrix
+descriptors, gathers A [64, 16] and B [N, 16] byte by byte through the canonical layouts of
+:mod:`cbrules.ir.mma_layout` (swizzle included), multiplies, and accumulates into the per-thread
+fragment array ``[128, N/2]`` (thread of the warp group x register). Because it reads the bytes a
+TMA model wrote, a wrong descriptor field, swizzle mode or start address gives a wrong result here
+just as on the GPU.
+
+Arithmetic: products of 2-byte floats are exact in float64, and one k16 step's sum of 16 of them
+is rounded once to float32 and added to the float32 accumulator; the hardware's internal order and
+rounding differ only in the last bits.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import ml_dtypes
+import numpy as np
+
+from ..ir.mma_layout import (MMA_DTYPES, MMA_K, MMA_M, WARPGROUP, MatrixDescriptor, MmaLayoutError, check_n,
+                             fragment_slot, operand_address, tma_tile_descriptor)
+from ..schedule import Step
+from .hazards import DivergentSync, InterpError
+
+Descriptor = Union[int, MatrixDescriptor]
+_STORAGE = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+class MmaOperandError(MmaLayoutError):
+    """A wgmma operand or accumulator the model cannot read: outside shared memory, the wrong
+    dtype or shape, or an immediate out of its range."""
+
+
+def as_bytes(smem: np.ndarray) -> np.ndarray:
+    """A shared buffer (any dtype, contiguous) as the bytes it holds, without a copy."""
+    return np.ascontiguousarray(smem).reshape(-1).view(np.uint8)
+
+
+def _descriptor(d: Descriptor) -> MatrixDescriptor:
+    return d if isinstance(d, MatrixDescriptor) else MatrixDescriptor.decode(d)
+
+
+def operand_addresses(desc: Descriptor, rows: int, trans: int) -> np.ndarray:
+    """Byte addresses [rows, 16] of an operand: A (rows = 64, element (m, k)) or B (rows = N,
+    element (n, k)); ``trans`` is the instruction's transpose immediate (0 K-major, 1 MN-major)."""
+    if trans not in (0, 1):
+        raise MmaOperandError(f"transpose immediate {trans!r}: 0 (K-major) or 1 (MN-major)")
+    mn, k = np.meshgrid(np.arange(rows), np.arange(MMA_K), indexing="ij")
+    return operand_address(_descriptor(desc), mn, k, "mn" if trans else "k")
+
+
+def read_operand(smem: np.ndarray, addrs: np.ndarray, dtype: str, what: str) -> np.ndarray:
+    """The 2-byte ``dtype`` elements at byte ``addrs`` of ``smem``, as float32."""
+    if dtype not in MMA_DTYPES:
+        raise MmaOperandError(f"wgmma .f32 input dtype {dtype!r}: one of {', '.join(MMA_DTYPES)}")
+    raw = as_bytes(smem)
+    bad = (addrs < 0) | (addrs + 2 > raw.size)
+    if bad.any():
+        i = np.argwhere(bad)[0]
+        raise MmaOperandError(f"wgmma reads {what} element {tuple(int(x) for x in i)} at shared byte "
+                              f"{int(addrs[tuple(i)])}, outside the {raw.size} bytes it has: check the descriptor's "
+                              "start address, LBO and SBO")
+    u16 = raw[addrs].astype(np.uint16) | (raw[addrs + 1].astype(np.uint16) << 8)  # little-endian
+    return u16.view(_STORAGE[dtype]).astype(np.float32)
+
+
+def wgmma(acc: np.ndarray, a_smem: np.ndarray, desc_a: Descriptor, b_smem: np.ndarray, desc_b: Descriptor, *,
+          n: int, dtype: str, scale_d: int, scale_a: int = 1, scale_b: int = 1, trans_a: int = 0,
+          trans_b: int = 0) -> np.ndarray:
+    """The accumulator fragments [128, N/2] after ``wgmma.mma_async m64nNk16.f32.<dtype>`` with
+    ``D = scale_d * D + (scale_a * A) @ (scale_b * B)``: A [64, 16] read through ``desc_a`` from
+    ``a_smem``, B [16, N] through ``desc_b`` from ``b_smem`` (the shared buffers, their first byte
+    being the descriptors' address 0). ``scale_d`` 0 overwrites, 1 accumulates."""
+    n = check_n(n)
+    for name, v, allowed in (("scale-d", scale_d, (0, 1)), ("imm-scale-a", scale_a, (1, -1)),
+                             ("imm-scale-b", scale_b, (1, -1))):
+        if v not in allowed:
+            raise MmaOperandError(f"wgmma {name} = {v!r}: one of {allowed}")
+    acc = np.asarray(acc)
+    if acc.shape != (WARPGROUP, n // 2) or acc.dtype != np.float32:
+        raise MmaOperandError(f"accumulator fragments of {acc.dtype} {acc.shape}: m64n{n}.f32 holds float32 "
+                              f"[{WARPGROUP}, {n // 2}] (thread x register)")
+    a = read_operand(a_smem, operand_addresses(desc_a, MMA_M, trans_a), dtype, "A")
+    b = read_operand(b_smem, operand_addresses(desc_b, n, trans_b), dtype, "B")
+    prod = ((scale_a * a.astype(np.float64)) @ (scale_b * b.astype(np.float64)).T).astype(np.float32)
+    rows, cols = np.meshgrid(np.arange(MMA_M), np.arange(n), indexing="ij")
+    thread, reg = fragment_slot(rows, cols, n)
+    out = acc.copy() if scale_d else np.zeros_like(acc)
+    out[thread, reg] += prod
+    return out
+
+
+def fragments_to_matrix(acc: np.ndarray, n: int) -> np.ndarray:
+    """The [64, N] accumulator tile that fragments [128, N/2] hold."""
+    rows, cols = np.meshgrid(np.arange(MMA_M), np.arange(check_n(n)), indexing="ij")
+    thread, reg = fragment_slot(rows, cols, n)
+    return np.asarray(acc)[thread, reg]
+
+
+class MmaIssueError(InterpError):
+    """An ``mma`` node the tensor cores could not execute as written: a warp group outside the tile's
+    consumers, operands or accumulator that do not fit the node, or descriptors the hardware cannot
+    express."""
+
+
+class MmaOps:
+    """Handlers for ``mma``, ``wgmma_fence``, ``wgmma_commit`` and ``wgmma_wait``; the block runner
+    provides ``ev``, ``site``, ``uniform``, ``proto``, ``regarrays``, ``p`` and ``T``.
+
+    ``mma`` executes what codegen unrolls it into: warp group g of ``groups`` computes rows
+    [g * BM/groups, (g+1) * BM/groups) of the tile, as 64-row blocks j; block j, k-step s is one
+    m64n{BN}k16 wgmma whose A descriptor starts at ``a_offset`` + row g * BM/groups + 64j of the A tile
+    plus 32 s bytes, B's at ``b_offset`` plus 32 s bytes (both K-major, rows of ``swizzle`` bytes as
+    TMA wrote them: :func:`cbrules.ir.mma_layout.tma_tile_descriptor`), and whose fragment is
+    registers [j * BN/2, (j+1) * BN/2) of ``acc``. In a lowered kernel (one with mbarriers or wgmma
+    ordering ops) it is asynchronous and checked by :class:`cbrules.reference.mma_groups.MmaGroups`;
+    before lowering it completes at once, like a TMA load without a barrier."""
+
+    def _warp_groups(self, s: Step, mask: np.ndarray):
+        """(warp group, its 128 threads) of the active threads; a partial warp group is an error."""
+        lanes = np.nonzero(mask)[0]
+        for g in np.unique(lanes // WARPGROUP):
+            mine = lanes[lanes // WARPGROUP == g]
+            if mine.size != WARPGROUP:
+                raise DivergentSync(f"{s.op} is executed by {mine.size} of the {WARPGROUP} threads of warp group {g}; "
+                                    "a warp group executes it all together (.sync.aligned)", self.site())
+            yield int(g), mine
+
+    def _mma(self, s: Step, mask: np.ndarray) -> None:
+        a = s.attrs
+        bm, bn, bk = (int(x) for x in a["shape"])
+        groups, span, dtype = int(a["groups"]), int(a["swizzle"]), a["dtype"]
+        rows = bm // groups
+        acc = self.regarrays.get(a["acc"])
+        tiles = [self.proto.shared.get(a[k]) for k in ("a", "b")]
+        if acc is None or acc.shape[1] != (rows // MMA_M) * bn // 2 or any(
+                t is None or t.data.dtype.itemsize != 2 for t in tiles):
+            raise MmaIssueError(f"an mma of tile ({bm}, {bn}, {bk}) on {groups} warp group(s) needs a float32 "
+                                f"register array {a['acc']!r} of {(rows // MMA_M) * bn // 2} elements a thread and "
+                                f"shared 2-byte tiles {a['a']!r}, {a['b']!r}", self.site())
+        tile_a, tile_b = tiles
+        for g, lanes in self._warp_groups(s, mask):
+            if g >= groups:
+                raise MmaIssueError(f"warp group {g} issues an mma of a tile on warp groups 0..{groups - 1}",
+                                    self.site())
+            m = np.zeros(self.T, bool)
+            m[lanes] = True
+            a_off, b_off, scale_d = (self.uniform(self.ev(s, k, m), m, f"mma {k} in warp group {g}")
+                                     for k in ("a_offset", "b_offset", "scale_d"))
+            if not self.p.mma_async:
+                self._mma_logical(acc, lanes, (tile_a, a_off + g * rows * bk), (tile_b, b_off), (rows, bn, bk), scale_d)
+                continue
+            try:
+                steps = [(j, ks, tma_tile_descriptor(2 * a_off + (g * rows + MMA_M * j) * span, bm, span, "k", ks),
+                          tma_tile_descriptor(2 * b_off, bn, span, "k", ks))
+                         for j in range(rows // MMA_M) for ks in range(bk // MMA_K)]
+                # the elements it reads (2-byte elements: byte address / 2), for the protocol checks
+                reads = [(tile, np.concatenate([operand_addresses(d[w], rows_of, 0).ravel() for d in steps]) // 2)
+                         for tile, w, rows_of in ((tile_a, 2, MMA_M), (tile_b, 3, bn))]
+                self.proto.mma.issue(s.node, g, lanes, a["acc"], reads, span, self.site)
+                frags = acc[lanes]
+                for j, ks, da, db in steps:  # scale-d applies to k-step 0; later ones accumulate
+                    cols = slice(j * bn // 2, (j + 1) * bn // 2)
+                    frags[:, cols] = wgmma(frags[:, cols], tile_a.data, da, tile_b.data, db, n=bn, dtype=dtype,
+                                           scale_d=int(bool(scale_d) or ks > 0))
+            except MmaLayoutError as e:
+                raise MmaIssueError(str(e), self.site()) from None
+            acc[lanes] = frags
+
+    def _mma_logical(self, acc: np.ndarray, lanes: np.ndarray, a, b, shape, scale_d) -> None:
+        """Before lowering: the tiles lie dense row-major (a TMA load without a barrier copies the logical
+        tile), so the warp group's product of its ``rows`` of A (from element ``a_off``) and B is taken on
+        them directly, rounded like the tensor cores' k-steps."""
+        (tile_a, a_off), (tile_b, b_off) = a, b
+        rows, bn, bk = shape
+        for tile, lo, n in ((tile_a, a_off, rows * bk), (tile_b, b_off, bn * bk)):
+            if lo < 0 or lo + n > tile.data.size:
+                raise MmaIssueError(f"an mma reads {tile.name}[{lo}:{lo + n}], outside its {tile.data.size} elements",
+                                    self.site())
+        bt = tile_b.data[b_off:b_off + bn * bk].reshape(bn, bk).astype(np.float64)
+        frags = acc[lanes]
+        for j in range(rows // MMA_M):
+            r0 = a_off + MMA_M * j * bk
+            at = tile_a.data[r0:r0 + MMA_M * bk].reshape(MMA_M, bk).astype(np.float64)
+            cols = slice(j * bn // 2, (j + 1) * bn // 2)
+            tile = fragments_to_matrix(frags[:, cols], bn) if scale_d else np.zeros((MMA_M, bn), np.float32)
+            for ks in range(0, bk, MMA_K):
+                tile = tile + (at[:, ks:ks + MMA_K] @ bt[:, ks:ks + MMA_K].T).astype(np.float32)
+            rr, cc = np.meshgrid(np.arange(MMA_M), np.arange(bn), indexing="ij")
+            t, r = fragment_slot(rr, cc, bn)
+            frags[t, j * bn // 2 + r] = tile
+        acc[lanes] = frags
+
+    def _wgmma_fence(self, s: Step, mask: np.ndarray) -> None:
+        for _, lanes in self._warp_groups(s, mask):
+            self.proto.mma.fence(lanes)
+
+    def _wgmma_commit(self, s: Step, mask: np.ndarray) -> None:
+        for g, _ in self._warp_groups(s, mask):
+            self.proto.mma.commit(g)
+
+    def _wgmma_wait(self, s: Step, mask: np.ndarray) -> None:
+        for g, lanes in self._warp_groups(s, mask):
+            self.proto.mma.wait(g, lanes, int(s.attrs["pending"]))

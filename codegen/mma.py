@@ -1,0 +1,122 @@
+"""CUDA for the warpgroup-MMA nodes (mma, wgmma_fence, wgmma_commit, wgmma_wait).
+
+An ``mma`` node is a whole tile step; it becomes, for each 64-row block j of the warp group's rows and
+each k-step s of 16, one ``wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{bf16|f16}`` whose shared-memory
+matrix descriptors point at A + (rows of the warp group + 64 j) rows + 32 s bytes and B + 32 s bytes
+(K-major tiles whose rows are one swizzle span: REFERENCE §7). The instruction helpers are generated
+per (N, dtype) the kernel uses and appended to the prelude; nothing else changes for other kernels.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..ir.mma_layout import tma_tile_descriptor
+from .errors import CodegenError
+
+_PTX_TYPE = {"bfloat16": "bf16", "float16": "f16"}
+_SPANS = (32, 64, 128)  # the swizzle spans a K-major tile row may have (one row = one span)
+MMA_M, MMA_K = 64, 16
+
+FENCE_PRELUDE = r"""// warpgroup MMA ordering (wgmma.fence / commit_group / wait_group)
+__device__ __forceinline__ void cb_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cb_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cb_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+}
+// keeps the compiler from moving reads or writes of accumulator registers across an asynchronous MMA
+template <int N> __device__ __forceinline__ void cb_fence_acc(float* d) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+// a shared-memory matrix descriptor: the start address (bits 0-13, in 16-byte units) over the
+// constant fields (leading / stride byte offsets, base offset, swizzle mode), given as two halves
+__device__ __forceinline__ unsigned long long cb_wgmma_desc(unsigned addr, unsigned hi, unsigned lo) {
+  return ((unsigned long long)hi << 32 | lo) | (unsigned long long)((addr & 0x3FFFF) >> 4);
+}"""
+
+
+def descriptor_fields(rows: int, swizzle: int) -> int:
+    """The constant bits of the matrix descriptor of a K-major tile of ``rows`` rows, each one
+    ``swizzle``-byte span (leading and stride byte offsets, base offset, swizzle mode): the model's
+    descriptor (:func:`cbrules.ir.mma_layout.tma_tile_descriptor`) at start address 0."""
+    if swizzle not in _SPANS:
+        raise CodegenError(f"mma: swizzle {swizzle!r} is not a span of 32, 64 or 128 bytes")
+    return tma_tile_descriptor(0, rows, swizzle, "k").encode()
+
+
+def start_offset(first_row: int, swizzle: int, rows: int, kstep: int) -> int:
+    """Bytes from the tile's start to k-step ``kstep`` of the 64 rows from ``first_row`` (the model's
+    descriptor start, so codegen and the interpreter agree on every instruction's operand)."""
+    return tma_tile_descriptor(first_row * swizzle, rows, swizzle, "k", kstep).start
+
+
+def instruction_helper(n: int, dtype: str) -> str:
+    """``cb_wgmma_n{n}_{type}(d, desc_a, desc_b, scale_d)``: one m64n{n}k16 wgmma into the n/2 floats at d."""
+    t = _PTX_TYPE[dtype]
+    regs = n // 2
+    outs = ", ".join(f"%{i}" for i in range(regs))
+    operands = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    return (f"__device__ __forceinline__ void cb_wgmma_n{n}_{t}(float* d, unsigned long long da, "
+            f"unsigned long long db, int scale_d) {{\n"
+            f'  asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
+            f'               " wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{outs}}}, %{regs}, '
+            f'%{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n"\n'
+            f"               : {operands}\n"
+            f'               : "l"(da), "l"(db), "r"(scale_d) : "memory");\n}}')
+
+
+def check(a: Any, as_int: Callable[..., int]) -> tuple[int, int, int, int, int, str]:
+    """(BM, BN, BK, groups, swizzle, dtype) of an mma node, each checked before it reaches the text."""
+    shape = a["shape"]
+    if not (isinstance(shape, tuple) and len(shape) == 3):
+        raise CodegenError(f"mma into {a['acc']}: shape {shape!r} is not (BM, BN, BK)")
+    bm, bn, bk = (as_int(v, "an mma tile dimension", 1) for v in shape)
+    groups = as_int(a["groups"], "mma groups", 1)
+    swizzle = as_int(a["swizzle"], "mma swizzle", 1)
+    dtype = a["dtype"]
+    if dtype not in _PTX_TYPE:
+        raise CodegenError(f"mma into {a['acc']}: dtype {dtype!r} is not one of {', '.join(_PTX_TYPE)}")
+    if bm % (MMA_M * groups) or bn % 8 or not 8 <= bn <= 256 or bk % MMA_K or bk * 2 != swizzle \
+            or swizzle not in _SPANS:
+        raise CodegenError(f"mma into {a['acc']}: tile {shape} over {groups} warp groups with swizzle {swizzle} is "
+                           "not a whole number of m64nNk16 instructions on one-span rows")
+    return bm, bn, bk, groups, swizzle, dtype
+
+
+def statement(a: Any, ident: Callable[[Any], str], as_int: Callable[..., int], c_term: Callable) -> str:
+    """The C block of one mma node."""
+    bm, bn, bk, groups, swizzle, dtype = check(a, as_int)
+    acc, at, bt = ident(a["acc"]), ident(a["a"]), ident(a["b"])
+    rows = bm // groups
+    fields_a, fields_b = descriptor_fields(bm, swizzle), descriptor_fields(bn, swizzle)
+    fn = f"cb_wgmma_n{bn}_{_PTX_TYPE[dtype]}"
+    scale = c_term(a["scale_d"])
+    lines = [f"{{ const unsigned cb_a = cb_smem_addr({at} + {c_term(a['a_offset'])}) + "
+             f"((int)threadIdx.x / 128) * {rows * swizzle};",
+             f"  const unsigned cb_b = cb_smem_addr({bt} + {c_term(a['b_offset'])});"]
+    for j in range(rows // MMA_M):
+        for s in range(bk // MMA_K):
+            sd = scale if s == 0 else "1"
+            da = f"cb_wgmma_desc(cb_a + {start_offset(j * MMA_M, swizzle, bm, s)}, {_halves(fields_a)})"
+            db = f"cb_wgmma_desc(cb_b + {start_offset(0, swizzle, bn, s)}, {_halves(fields_b)})"
+            lines.append(f"  {fn}({acc} + {j * (bn // 2)}, {da}, {db}, {sd});")
+    return "\n".join(lines) + " }"
+
+
+def _halves(bits: int) -> str:
+    return f"{bits >> 32}, {bits & 0xFFFFFFFF}"
+
+
+def helpers(mmas: list[Any]) -> list[str]:
+    """The prelude text a kernel with these mma nodes (attribute mappings) needs."""
+    shapes = sorted({(a["shape"][1], a["dtype"]) for a in mmas})
+    return [FENCE_PRELUDE] + [instruction_helper(n, d) for n, d in shapes]
+
+
+def acc_fences(mmas: list[Any], ident: Callable[[Any], str]) -> str:
+    """Operand fences over every accumulator the kernel's mma nodes write."""
+    sizes = {}
+    for a in mmas:
+        bm, bn, groups = a["shape"][0], a["shape"][1], a["groups"]
+        sizes[ident(a["acc"])] = (bm // groups // MMA_M) * (bn // 2)
+    return "".join(f" cb_fence_acc<{n}>({acc});" for acc, n in sorted(sizes.items()))

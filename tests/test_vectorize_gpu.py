@@ -1,0 +1,35 @@
+"""Vector accesses on a Hopper GPU: the half-precision tiles the benchmarks use (one 4-, 8- or 16-byte
+copy a thread instead of one access per element) against numpy, outputs poisoned first."""
+import numpy as np
+import pytest
+
+from cbrules import api
+from cbrules.kernels import KERNELS, reductions
+from gpucheck import poisoned_run
+
+pytestmark = pytest.mark.gpu
+PERSISTENT = [(4096, 1024, 256), (16384, 8192, 512), (2048, 1024, 128)]  # row, width, threads: 8, 16, 16 bytes
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("row, width, threads", PERSISTENT)
+def test_vectorized_normalize(dtype, row, width, threads):
+    sp = KERNELS["persistent"]
+    ck = api.compile(reductions.persistent(2, row=row, width=width, threads=threads, dtype=dtype))
+    assert "cb_vcopy<" in ck.source.text
+    args = sp.make_inputs((300, row), np.random.default_rng(row), dtype)
+    failures = poisoned_run(ck, args, sp.expected(args), sp.outputs, *sp.tolerances((300, row), dtype), (300, row))
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("width", [512, 1024, 2048])
+def test_vectorized_inner_sum(dtype, width):
+    sp = KERNELS["inner_reduction"]
+    ck = api.compile(reductions.inner_reduction(3, width=width, dtype=dtype))
+    assert "cb_vcopy<" in ck.source.text
+    for shape in ((257, 5000), (64, 65536)):
+        args = sp.make_inputs(shape, np.random.default_rng(width), dtype)
+        rtol, atol = sp.tolerances(shape, dtype)
+        failures = poisoned_run(ck, args, sp.expected(args), sp.outputs, rtol, atol + 1e-2 * np.sqrt(shape[1]), shape)
+        assert not failures, "\n".join(failures)
