@@ -20,7 +20,7 @@ from .sexpr import Atom, Expr, Pos, RuleError, SList
 from ..ir.terms import evaluate as eval_term
 from ..ir.terms import Term, as_term
 from .schema import RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS, split_keys  # noqa: F401  (public here too)
-from .plan import AttrIndex, join_order, joined, literal
+from .plan import AttrIndex, join_order, joined, known_values
 from .values import Env, NodeRef, evaluate, holds
 
 MISSING = object()
@@ -291,9 +291,8 @@ class Matcher:
             # matcher has indexed the graph already, or the scope is large: an anchored match of a
             # few nodes must not cost an index of the whole graph)
             if op != "_" and (self._index is not None or len(pool) > _FEW):
-                for k, p in keys.items():
-                    v = b.get(p.value, MISSING) if isinstance(p, Atom) and p.kind == "var" else literal(p)
-                    same = None if k in STRUCTURAL_KEYS or v is MISSING else self.attr_index().lookup(op, k, v)
+                for path, v in known_values(keys, b):
+                    same = self.attr_index().lookup(op, path, v)
                     if same is not None and len(same) < len(pool):
                         pool = same
             return list(pool)

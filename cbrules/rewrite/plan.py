@@ -24,6 +24,13 @@ from .sexpr import Atom, Expr, SList
 _UNINDEXED = object()
 
 
+class _Bound:
+    """Stands for a bound variable's value while planning (the value is not known yet)."""
+
+
+_BOUND = _Bound()
+
+
 def _vars(e: Expr) -> list[str]:
     if isinstance(e, Atom):
         return [e.value] if e.kind == "var" else []
@@ -72,21 +79,24 @@ class AttrIndex:
         self.kg, self.by_op = kg, by_op
         self._tables: dict[tuple[str, str], Optional[dict]] = {}
 
-    def lookup(self, op: str, key: str, value: Any) -> Optional[list[int]]:
-        """The ``op`` nodes whose ``key`` may equal ``value`` (a superset, in id order), or None
-        when the index cannot answer (an unhashable value)."""
+    def lookup(self, op: str, path: tuple, value: Any) -> Optional[list[int]]:
+        """The ``op`` nodes whose attribute at ``path`` (a key, then keys into dictionary values)
+        may equal ``value`` (a superset, in id order), or None when the index cannot answer (an
+        unhashable value)."""
         k = _UNINDEXED if value is _UNINDEXED else index_key(value)
         if k is _UNINDEXED:
             return None
-        table = self._tables.get((op, key), _UNINDEXED)
+        table = self._tables.get((op, path), _UNINDEXED)
         if table is _UNINDEXED:
-            table = self._tables[(op, key)] = self._build(op, key)
+            table = self._tables[(op, path)] = self._build(op, path)
         return None if table is None else table.get(k, [])
 
-    def _build(self, op: str, key: str) -> Optional[dict]:
+    def _build(self, op: str, path: tuple) -> Optional[dict]:
         table: dict = {}
         for n in self.by_op.get(op, ()):
-            v = self.kg[n].get(key, _UNINDEXED)
+            v = self.kg[n]
+            for key in path:
+                v = v.get(key, _UNINDEXED) if isinstance(v, dict) else _UNINDEXED
             if v is _UNINDEXED:
                 continue
             k = index_key(v)
@@ -94,6 +104,20 @@ class AttrIndex:
                 return None
             table.setdefault(k, []).append(n)
         return table
+
+
+def known_values(keys: dict, b: dict, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
+    """(path, value) for each attribute a node pattern's ``keys`` require to equal a literal or a
+    bound variable, looking into ``(:key P ...)`` dictionary patterns."""
+    for k, p in keys.items():
+        if not path and k in STRUCTURAL_KEYS:
+            continue
+        if isinstance(p, Atom):
+            v = b.get(p.value, _UNINDEXED) if p.kind == "var" else literal(p)
+            if v is not _UNINDEXED:
+                yield path + (k,), v
+        elif isinstance(p, SList) and p.items and isinstance(p.items[0], Atom) and p.items[0].kind == "kw":
+            yield from known_values(split_keys(p.items, 0)[1], b, path + (k,))
 
 
 def _pattern(e: SList) -> tuple[Optional[str], dict]:
@@ -112,8 +136,7 @@ def _tie(e: SList, bound: set[str]) -> Optional[int]:
         return None
     if var in bound:
         return 0
-    if any(isinstance(p, Atom) and p.kind == "var" and p.value in bound
-           for k, p in keys.items() if k not in STRUCTURAL_KEYS):
+    if any(isinstance(v, _Bound) for _, v in known_values(keys, {x: _BOUND for x in bound})):
         return 1
     # a scope ties an op's nodes to a few; it ties "_" to every child or descendant, no better than
     # the written order
