@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional
 
-from ..ir.terms import Term, as_term
+from ..ir.terms import Term
 from .schema import RELATIONS, STRUCTURAL_KEYS, split_keys
 from .sexpr import Atom, Expr, SList
 
