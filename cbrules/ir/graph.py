@@ -42,12 +42,19 @@ class Param:
 class KernelGraph:
     """A kernel as a graph; the root node is the ``kernel`` scope."""
 
+    _scope_effects: Optional[dict] = None  # a graph made by __new__ (trace files) keeps none
+    _orders: Optional[dict] = None
+    _resources: Optional[dict] = None
+
     def __init__(self, name: str, params: tuple = (), block: tuple = (1, 1, 1), grid: Optional[tuple] = None,
                  symbols: tuple = ()):
         grid = tuple(const(g) if isinstance(g, int) else g for g in (grid or (1, 1, 1)))
         self.g = nx.DiGraph()
         self._next_id = 0
         self._effects: dict = {}  # node -> (its attribute items, reads, writes): see effects()
+        self._scope_effects: Optional[dict] = None  # node -> (reads, writes) while kept: see keep_derived()
+        self._orders: Optional[dict] = None  # scope -> its children in sibling order, while kept
+        self._resources: Optional[dict] = None  # scope -> (resource -> children, child -> effects, stale children)
         self.trace = None  # set by lowering in debug mode
         self.root = self.add("kernel", None, origin={"by": "build"}, name=name, params=params,
                              block=block, grid=grid, symbols=symbols, requires=())
@@ -68,14 +75,20 @@ class KernelGraph:
         self.g.add_node(nid, op=op, origin=dict(origin or {}), **full)
         if parent is not None:
             self.g.add_edge(parent, nid, kind=CONTAINS)
+            self.touch(parent)
+            self.touch(nid)
         return nid
 
     def add_depends(self, a: int, b: int) -> None:
         """Order ``a`` before ``b`` (siblings)."""
         self.g.add_edge(a, b, kind=DEPENDS)
+        if self._orders:
+            self._orders.pop(self.parent(a), None)
 
     def remove_depends(self, a: int, b: int) -> None:
         self.g.remove_edge(a, b)
+        if self._orders:
+            self._orders.pop(self.parent(a), None)
 
     def order_by_effects(self, seq: list[int]) -> None:
         """Add the depends edges that keep siblings ``seq`` (in program order) in that order
@@ -110,8 +123,13 @@ class KernelGraph:
     def by_op(self) -> dict[str, list[int]]:
         """Node ids grouped by op, each list sorted (one pass; matchers index with it)."""
         out: dict[str, list[int]] = {}
-        for n, d in sorted(self.g._node.items()):
-            out.setdefault(d["op"], []).append(n)
+        for n, d in self.g._node.items():  # ids mostly in order already: each list's sort is a pass
+            if d["op"] in out:
+                out[d["op"]].append(n)
+            else:
+                out[d["op"]] = [n]
+        for ids in out.values():
+            ids.sort()
         return out
 
     def parent(self, n: int) -> Optional[int]:
@@ -124,7 +142,7 @@ class KernelGraph:
         return sorted(c for c, d in self.g._succ[n].items() if d["kind"] == CONTAINS)
 
     def depends_edges(self) -> list[tuple[int, int]]:
-        return sorted((a, b) for a, b, k in self.g.edges(data="kind") if k == DEPENDS)
+        return sorted((a, b) for a, nbrs in self.g._succ.items() for b, d in nbrs.items() if d["kind"] == DEPENDS)
 
     def ancestors(self, n: int) -> Iterator[int]:
         """Enclosing scopes, innermost first."""
@@ -150,14 +168,103 @@ class KernelGraph:
         return self.g._node[n]["op"] in SCOPES
 
     def effects(self, n: int) -> tuple[set[str], set[str]]:
-        """Reads and writes of a node, including everything inside it when it is a scope."""
+        """Reads and writes of a node, including everything inside it when it is a scope (callers
+        must not change the sets)."""
+        kept = self._scope_effects
+        if kept is not None and n in kept:
+            return kept[n]
         r, w = self._own_effects(n)
+        if self.g._node[n]["op"] not in SCOPES:
+            if kept is not None:
+                kept[n] = (frozenset(r), frozenset(w))
+                return kept[n]
+            return set(r), set(w)
         reads, writes = set(r), set(w)
-        for d in (self._inside(n) if self.g._node[n]["op"] in SCOPES else ()):  # a union: order does not matter
-            r, w = self._own_effects(d)
-            reads |= r
-            writes |= w
+        succ, stack = self.g._succ, [n]
+        while stack:  # a union: order does not matter; a kept inner scope is not walked again
+            for c, d in succ[stack.pop()].items():
+                if d["kind"] != CONTAINS:
+                    continue
+                if kept is not None and c in kept:
+                    r, w = kept[c]
+                else:
+                    r, w = self._own_effects(c)
+                    if self.g._node[c]["op"] in SCOPES:
+                        stack.append(c)
+                reads |= r
+                writes |= w
+        if kept is not None:
+            kept[n] = (frozenset(reads), frozenset(writes))
+            return kept[n]
         return reads, writes
+
+    def lazy_effects(self, seq: list[int]) -> "_LazyEffects":
+        """The effects of nodes ``seq`` as a sequence whose items are read when asked (a
+        placement reads siblings only as far as the nearest conflicts)."""
+        return _LazyEffects(self, seq)
+
+    def keep_derived(self, keep: bool = True) -> None:
+        """Remember each node's effects (a scope's: with everything inside) and each scope's sibling
+        order until it changes. Placing a node asks for the order and the effects of every sibling;
+        without this a scope of k children holding m nodes costs O(m + k log k) per placement.
+        Only for a graph whose every change goes through :meth:`add` and :meth:`add_depends` /
+        :meth:`remove_depends` or is followed by :meth:`touch` (the rewrite engine's private copy);
+        ``keep=False`` forgets."""
+        self._scope_effects = {} if keep else None
+        self._orders = {} if keep else None
+        self._resources = {} if keep else None
+
+    def touch(self, n: int) -> None:
+        """``n`` changed (its attributes, its children, the depends edges among them, or it joins or
+        is about to leave its scope): the remembered effects of ``n`` and its scopes and the sibling
+        order of ``n``'s children go, and each scope's resource index rereads the child that holds ``n``."""
+        if self._orders:
+            self._orders.pop(n, None)
+        kept, index = self._scope_effects, self._resources
+        if not kept and not index:
+            return
+        while n is not None:
+            if kept:
+                kept.pop(n, None)
+            p = self.parent(n)
+            if index and p in index:
+                index[p][3].add(n)
+            n = p
+
+    def sibling_resources(self, scope: int) -> tuple[dict[str, set[int]], dict[str, set[int]]]:
+        """Each resource the children of ``scope`` read or write -> those children, and each one
+        they write -> the writers (kept while the graph keeps derived facts, and updated for the
+        children touched since)."""
+        index = self._resources
+        entry = None if index is None else index.get(scope)
+        if entry is None:
+            entry = ({}, {}, {}, set(self.children(scope)))
+            if index is not None:
+                index[scope] = entry
+        users, writers, seen, stale = entry
+        for c in stale:
+            old = seen.pop(c, None)
+            if old is not None:
+                for r in old[0] | old[1]:
+                    users[r].discard(c)
+                for r in old[1]:
+                    writers[r].discard(c)
+            if c in self.g and self.parent(c) == scope:
+                seen[c] = reads, writes = self.effects(c)
+                for r in reads | writes:
+                    users.setdefault(r, set()).add(c)
+                for r in writes:
+                    writers.setdefault(r, set()).add(c)
+        stale.clear()
+        return users, writers
+
+    def remembered_order(self, scope: int) -> Optional[list[int]]:
+        """The sibling order of ``scope``'s children while kept and unchanged (see :mod:`cbrules.ir.order`)."""
+        return None if self._orders is None else self._orders.get(scope)
+
+    def remember_order(self, scope: int, order: list[int]) -> None:
+        if self._orders is not None:
+            self._orders[scope] = order
 
     def _own_effects(self, n: int) -> tuple[set[str], set[str]]:
         """One node's own effects (callers must not change the sets), remembered: placing a node
@@ -167,11 +274,11 @@ class KernelGraph:
         d = self.g._node[n]
         cache = vars(self).setdefault("_effects", {})  # a graph made by __new__ (trace files) starts one
         seen = cache.get(n)
-        if seen is not None and len(seen[0]) == len(d) and all(
-                k == k2 and v is v2 for (k, v), (k2, v2) in zip(seen[0], d.items())):
+        items = tuple(d.items())
+        if seen is not None and seen[0] == items:  # compared in C, the same objects at once
             return seen[1], seen[2]
         r, w = effects(d["op"], d)
-        cache[n] = (tuple(d.items()), r, w)
+        cache[n] = (items, r, w)
         return r, w
 
     def kernel(self) -> dict:
@@ -203,6 +310,9 @@ class KernelGraph:
         # annotation and origin dicts, replaced rather than changed in place by builder and rules
         new.g = self.g.copy()
         new._next_id, new.root, new.trace, new._effects = self._next_id, self.root, None, {}
+        new._scope_effects = None if self._scope_effects is None else dict(self._scope_effects)
+        new._orders = None if self._orders is None else dict(self._orders)
+        new._resources = None if self._resources is None else {}  # rebuilt on use
         return new
 
     def verify(self, ready: bool = False, structure_only: bool = False) -> None:
@@ -214,10 +324,23 @@ class KernelGraph:
     def walk(self, n: Optional[int] = None) -> Iterable[int]:
         """Every node of a subtree, parents before children, in id order."""
         stack = [self.root if n is None else n]
+        nodes = self.g._node
         while stack:  # a stack, not recursion: a chain of generators costs its depth at every node
             n = stack.pop()
             yield n
-            stack.extend(reversed(self.children(n)))
+            if nodes[n]["op"] in SCOPES:  # only a scope contains nodes
+                stack.extend(reversed(self.children(n)))
+
+
+class _LazyEffects:
+    def __init__(self, kg: KernelGraph, seq: list[int]):
+        self.kg, self.seq = kg, seq
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def __getitem__(self, i: int) -> tuple[set[str], set[str]]:
+        return self.kg.effects(self.seq[i])
 
 
 def _plain(v: Any) -> str:

@@ -5,8 +5,9 @@ dependence analysis and, later, the rule checker's "unknown op / attribute" mess
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .terms import Term
 
@@ -236,17 +237,52 @@ def conflicts(a: tuple[set[str], set[str]], b: tuple[set[str], set[str]]) -> boo
     return bool(wa & (rb | wb) or ra & wb)
 
 
-def nearest_conflicts(seq: list[tuple[set[str], set[str]]], at: int,
+def nearest_conflicts(seq: Sequence[tuple[set[str], set[str]]], at: int,
                       mine: tuple[set[str], set[str]]) -> tuple[set[int], set[int]]:
     """Positions in ``seq`` (effects of siblings in program order) that a node placed at ``at``
     must follow and precede: per resource, the nearest writer on each side and, when the node
     writes, the readers between it and that writer. Everything farther away is already ordered
-    through those, so the depends edges stay linear in the number of siblings."""
+    through those, so the depends edges stay linear in the number of siblings. The siblings are
+    read outward from ``at`` only until every resource has met its writer (``seq`` may compute
+    each item on demand)."""
     reads, writes = mine
     before: set[int] = set()
     after: set[int] = set()
+    for span, out in ((range(at - 1, -1, -1), before), (range(at, len(seq)), after)):
+        open_ = reads | writes  # resources still looking for their nearest writer on this side
+        for i in span:
+            if not open_:
+                break
+            their_reads, their_writes = seq[i]
+            written = open_ & their_writes
+            if written or writes and open_ & writes & their_reads:
+                out.add(i)
+            open_ -= written
+    return before, after
+
+
+def nearest_conflicts_among(seq: Sequence[tuple[set[str], set[str]]], at: int, mine: tuple[set[str], set[str]],
+                            users: tuple[Mapping[str, set[int]], Mapping[str, set[int]]], place: Mapping[int, int],
+                            crowded: int = 64) -> tuple[set[int], set[int]]:
+    """:func:`nearest_conflicts`, reading for each resource only the siblings that use it
+    (``users``: resource -> sibling ids that use it, and that write it; ``place``: sibling id ->
+    position in ``seq``; ids not placed there are ignored). A resource used by more than
+    ``crowded`` siblings (the sync token) is scanned for as before: its writers are near."""
+    reads, writes = mine
+    using, writing = users
+    before: set[int] = set()
+    after: set[int] = set()
+    crowd: set[str] = set()
     for r in reads | writes:
-        for span, out in ((range(at - 1, -1, -1), before), (range(at, len(seq)), after)):
+        who = using.get(r)
+        if not who or r not in writes and not writing.get(r):
+            continue  # no writer to find, and readers order nothing unless the new node writes it
+        if len(who) > crowded:
+            crowd.add(r)
+            continue
+        places = sorted(place[c] for c in who if c in place)
+        cut = bisect.bisect_left(places, at)
+        for span, out in ((reversed(places[:cut]), before), (places[cut:], after)):
             for i in span:
                 their_reads, their_writes = seq[i]
                 if r in their_writes:
@@ -254,6 +290,10 @@ def nearest_conflicts(seq: list[tuple[set[str], set[str]]], at: int,
                     break
                 if r in their_reads and r in writes:
                     out.add(i)
+    if crowd:
+        b, a = nearest_conflicts(seq, at, (reads & crowd, writes & crowd))
+        before |= b
+        after |= a
     return before, after
 
 

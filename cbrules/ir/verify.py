@@ -41,10 +41,11 @@ def verify(kg: KernelGraph, ready: bool = False, structure_only: bool = False) -
     """
     _tree(kg)
     _attributes(kg)
-    _depends(kg)
+    edges = sibling_edges(kg)
+    _depends(kg, edges)
     if structure_only:
         return
-    order = linear_order(kg)
+    order = linear_order(kg, edges)
     _identifiers(kg)
     _values(kg)
     _names(kg)
@@ -119,12 +120,11 @@ def _register_count(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and 24 <= x <= 256 and x % 8 == 0
 
 
-def _depends(kg: KernelGraph) -> None:
+def _depends(kg: KernelGraph, edges: dict) -> None:
     for a, b in kg.depends_edges():
         if kg.parent(a) != kg.parent(b):
             raise GraphError("depends-siblings", f"depends edge {kg.describe(a)} -> {kg.describe(b)} joins "
                              "nodes of different scopes; order their enclosing siblings instead", b)
-    edges = sibling_edges(kg)
     for scope in kg.walk():
         if kg.is_scope(scope):
             try:

@@ -37,8 +37,8 @@ from typing import Any, Optional
 
 from ..ir.graph import KernelGraph
 from .match import Matcher
-from ..ir.ops import OPS, conflicts, nearest_conflicts
-from ..ir.order import sibling_order
+from ..ir.ops import OPS, conflicts, nearest_conflicts_among
+from ..ir.order import order_from, sibling_order, sibling_pairs
 from .schema import ACTIONS, settable as _settable, split_keys  # noqa: F401  (ACTIONS: public here too)
 from .sexpr import RuleError, SList
 from ..ir.terms import Term, as_term, substitute
@@ -70,6 +70,8 @@ class Rewriter:
         self.created: list[int] = []
         self.erased: list[int] = []
         self.changed: list[int] = []
+        self.moved: list[int] = []  # nodes given a new parent: what is inside them has new scopes too
+        self.erased_ops: set[str] = set()
 
     def env(self) -> Env:
         return Env(self.b, lambda n: self.kg[n])
@@ -97,6 +99,17 @@ class Rewriter:
             raise RuleError(e.pos, f"{what} {e}: {e} is the kernel node, which has no enclosing scope; "
                             "bind a statement inside the kernel instead")
 
+    def touched_ops(self) -> set[str]:
+        """The ops of every node this application created, erased, changed or gave new enclosing
+        scopes (a rule whose patterns name none of them matches what it matched before)."""
+        kg = self.kg
+        ops = set(self.erased_ops)
+        ops.update(kg.op(n) for n in (*self.created, *self.changed) if n in kg)
+        for m in self.moved:
+            if m in kg:
+                ops.update(kg.op(d) for d in kg.descendants(m))
+        return ops
+
     # ------------------------------------------------------------------ driver
     def run(self, actions: tuple) -> None:
         for a in actions:
@@ -112,22 +125,19 @@ class Rewriter:
         """
         kg = self.kg
         seq = [c for c in sibling_order(kg, scope) if c != n]
-        if n not in kg.children(scope):
+        if kg.parent(n) != scope:
             kg.g.add_edge(scope, n, kind="contains")
+            kg.touch(scope)
+            kg.touch(n)
         # entry/exit: before the siblings nothing precedes / after those nothing follows; the rest
         # is ordered through them (edges stay linear in the number of siblings)
-        sibs = set(seq)
-
-        def first(c: int) -> bool:  # no sibling precedes c
-            return not any(p in sibs and d["kind"] == "depends" for p, d in kg.g.pred[c].items())
-
-        def last(c: int) -> bool:  # no sibling follows c
-            return not any(q in sibs and d["kind"] == "depends" for q, d in kg.g.succ[c].items())
-
+        if where in ("entry", "exit"):
+            pairs = sibling_pairs(kg, seq)
+            led, led_by = {a for a, _ in pairs}, {b for _, b in pairs}
         if where == "entry":
-            at, before, after = 0, [], [c for c in seq if first(c)]
+            at, before, after = 0, [], [c for c in seq if c not in led_by]
         elif where == "exit":
-            at, before, after = len(seq), [c for c in seq if last(c)], []
+            at, before, after = len(seq), [c for c in seq if c not in led], []
         elif where == "before":
             at, before, after = seq.index(anchor), [], [anchor]
         else:
@@ -136,11 +146,20 @@ class Rewriter:
             kg.add_depends(s, n)
         for s in after:
             kg.add_depends(n, s)
-        preds, succs = nearest_conflicts([kg.effects(s) for s in seq], at, kg.effects(n))
+        # only the siblings that touch n's resources, by the scope's resource index
+        preds, succs = nearest_conflicts_among(kg.lazy_effects(seq), at, kg.effects(n), kg.sibling_resources(scope),
+                                               {c: i for i, c in enumerate(seq)})
         for i in preds:
             kg.add_depends(seq[i], n)
         for i in succs:
             kg.add_depends(n, seq[i])
+        # the new order, without sorting the whole scope again: at entry n precedes every source
+        # and at exit follows every sink, whatever its id; a new node (the largest id) placed next
+        # to an anchor leaves the order before it as it was (see order.order_from)
+        if where in ("entry", "exit"):
+            kg.remember_order(scope, [n, *seq] if where == "entry" else [*seq, n])
+        elif not seq or n > max(seq):
+            kg.remember_order(scope, seq[:at] + order_from(kg, [*seq[at:], n]))
 
     def instantiate(self, t: SList, parent: Optional[int]) -> int:
         """Create the nodes of a template under ``parent`` (not yet ordered among its siblings)."""
@@ -200,6 +219,8 @@ class Rewriter:
             self.kg.g.remove_edge(n, s)
         parent = self.kg.parent(n)
         if parent is not None:
+            self.kg.touch(n)
+            self.kg.touch(parent)
             self.kg.g.remove_edge(parent, n)
 
     def _erase(self, a, target) -> None:
@@ -208,6 +229,7 @@ class Rewriter:
             raise RuleError(a.pos, "cannot erase the kernel node")
         gone = [n, *self.kg.descendants(n)]
         self.detach(n)
+        self.erased_ops.update(self.kg.op(x) for x in gone)
         self.kg.g.remove_nodes_from(gone)
         self.erased.extend(gone)
 
@@ -222,6 +244,7 @@ class Rewriter:
             self.kg[n][k] = _coerce(spec, k, self.value(v))
             _bounded(k, self.kg[n][k], v, len(self.kg))
             _printable(self.kg.op(n), k, self.kg[n][k], v)
+        self.kg.touch(n)
         if n not in self.created:
             self.changed.append(n)
 
@@ -239,6 +262,8 @@ class Rewriter:
             raise RuleError(t.pos, f"wrap needs a scope template (for, if ...) to hold {kg.describe(n)}, "
                             f"got {t.head()}")
         g.add_edge(parent, s, kind="contains")
+        kg.touch(parent)
+        kg.touch(s)
         # the new scope takes ?n's place: its depends edges move over, then ?n moves inside
         for p in [p for p in g.pred[n] if g.edges[p, n]["kind"] == "depends"]:
             g.remove_edge(p, n)
@@ -246,12 +271,16 @@ class Rewriter:
         for q in [q for q in g.succ[n] if g.edges[n, q]["kind"] == "depends"]:
             g.remove_edge(n, q)
             kg.add_depends(s, q)
+        kg.touch(n)  # leaves parent's resource index
         g.remove_edge(parent, n)
+        kg.touch(s)
+        kg.touch(parent)
         if kg.children(s):
             self.place(n, s, "exit")  # after the template's own body
         else:
             g.add_edge(s, n, kind="contains")
         self.changed.append(n)
+        self.moved.append(n)
 
     def _wrap_body(self, a, target, t) -> None:
         s = self.node(target)
@@ -264,10 +293,14 @@ class Rewriter:
         new = self.instantiate(t, None)
         # the body keeps its depends edges: its nodes stay siblings, now inside the new scope
         for c in body:
+            kg.touch(c)  # leaves s's resource index
             g.remove_edge(s, c)
             g.add_edge(new, c, kind="contains")
         g.add_edge(s, new, kind="contains")
+        kg.touch(new)
+        kg.touch(s)
         self.changed.extend(body)
+        self.moved.extend(body)
 
     def _move(self, a, target, *kv) -> None:
         n = self.node(target)
@@ -286,6 +319,7 @@ class Rewriter:
         self.detach(n)
         self.place(n, scope, where)
         self.changed.append(n)
+        self.moved.append(n)
 
     # ------------------------------------------------------------------ cloning
     def _clone(self, a, target, *kv) -> None:
@@ -342,6 +376,7 @@ class Rewriter:
             cc = self._copy(c, kept, mapping, shifted, at)
             if cc is not None:
                 kg.g.add_edge(new, cc, kind="contains")
+                kg.touch(new)
                 seq.append(cc)
         kg.order_by_effects(seq)  # the copies keep the original's order wherever effects conflict
         return new
@@ -388,8 +423,9 @@ class Rewriter:
                 v = attrs.get(key)
                 nv = tuple(_replace(x, frm, to) for x in v) if isinstance(v, tuple) else \
                     _replace(v, frm, to) if isinstance(v, Term) else v
-                if nv != v:
+                if nv is not v and nv != v:
                     attrs[key] = nv
+                    self.kg.touch(n)
                     self.changed.append(n)
 
     def _let(self, a, var, expr) -> None:
@@ -407,11 +443,13 @@ def _replace(t: Any, frm: Term, to: Term) -> Any:
     """``t`` with every occurrence of the subterm ``frm`` replaced by ``to``."""
     if not isinstance(t, Term):
         return t
-    if t == frm:
+    if t.op == frm.op and t == frm:
         return to
     if not t.args:
         return t
-    return Term(t.op, tuple(_replace(x, frm, to) for x in t.args), t.value)
+    args = tuple(_replace(x, frm, to) for x in t.args)
+    # unchanged: the same object, so that the caller's comparison costs nothing
+    return t if all(a is b for a, b in zip(args, t.args)) else Term(t.op, args, t.value)
 
 
 def _coerce(spec, key: str, value: Any) -> Any:

@@ -94,8 +94,15 @@ class _Encoder:
     def __init__(self) -> None:
         self.opaque: dict[str, Term] = {}
         self._keys: dict[Term, str] = {}
+        self._done: dict[int, tuple[Term, eb.Call]] = {}  # id -> (term, expression): terms share subterms
 
     def expr(self, t: Term) -> eb.Call:
+        got = self._done.get(id(t))
+        if got is None or got[0] is not t:
+            got = self._done[id(t)] = (t, self._expr(t))
+        return got[1]
+
+    def _expr(self, t: Term) -> eb.Call:
         v, arity = t.value, len(t.args)
         if t.op == "const" and isinstance(v, bool):
             return _app("Bool", _lit(eb.Bool(v)))

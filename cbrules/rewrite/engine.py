@@ -8,9 +8,12 @@ Within a phase the first rule (in ``:after``/file order) with matches not applie
 all of them, each match checked again just before it is applied; then matching starts again from
 the first rule. A match is identified by the rule and the nodes it bound, so a rule fires once
 per set of nodes. Lowering works on a private copy of the user's graph, so a failure leaves the
-graph as it was. ``verify()`` runs after each phase that changed the graph (a phase that applied
-nothing, after a simplification that changed nothing, leaves a graph that already passed); in
-debug mode the structural checks also run after each application. ``Lowered.match_work`` counts
+graph as it was. ``verify()`` checks the lowered kernel; a lowering that fails is run again with
+``verify()`` after each phase that changed the graph, so the error names the first phase that left
+an invalid graph (debug mode and a lowering stopped early check each phase on the first run, and
+in debug mode the structural checks also run after each application). A verified graph costs a
+full pass per check; checking every phase of every lowering cost more than half the time of a
+large kernel, for an answer only a failing lowering needs. ``Lowered.match_work`` counts
 the matcher's search steps, the measure of matching cost the scaling tests compare across sizes.
 
 Lowering is bounded: in a phase one rule may fire at most ``RULE_FIRINGS_PER_NODE`` times the
@@ -21,7 +24,8 @@ the whole lowering has a wall-time limit (``time_limit``). Either bound ends in 
 """
 from __future__ import annotations
 
-import functools
+import contextlib
+import gc
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,14 +35,14 @@ import networkx as nx
 
 from .actions import Rewriter, RuleFailure
 from ..errors import CbrulesError
-from ..ir.graph import BUILTINS, KernelGraph
+from ..ir.graph import KernelGraph
 from .match import Matcher, MatchTimeout
-from ..ir.ops import OPS
+from .plan import watched_ops
 from .rulefile import GraphRule, RuleSet
 from ..ir.order import ScheduleError
 from .sexpr import RuleError
-from ..ir.terms import Term, evaluate, substitute
-from ..ir.terms import name as name_term
+from .simplifier import _SIMPLIFIED, _oracle, simplify_terms, term_ranges  # noqa: F401  (public here too)
+from ..ir.terms import Term
 from .values import NodeRef
 from ..ir.verify import GraphError
 
@@ -61,6 +65,7 @@ class LoweringError(CbrulesError):
     trace = None
     code: Optional[str] = None
     rule: Optional[str] = None
+    timed_out = False  # stopped by the time limit
 
 
 def rule_bound(nodes: int) -> int:
@@ -115,7 +120,7 @@ def _show(v) -> str:
 
 def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: Optional[int] = None,
           time_limit: Optional[float] = DEFAULT_TIME_LIMIT, simplify: bool = True,
-          stop_after_phase: Optional[str] = None) -> Lowered:
+          stop_after_phase: Optional[str] = None, _verify_phases: bool = False) -> Lowered:
     """Apply ``rules`` to a copy of ``kg``; the input graph is never modified.
 
     ``stop_after`` stops after that step, ``stop_after_phase`` once that phase (and its term
@@ -128,25 +133,51 @@ def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: O
         from .rulecheck import did_you_mean
         raise LoweringError(f"no phase {stop_after_phase!r} to stop after" + did_you_mean(stop_after_phase, rules.phases)
                             + f"; the phases are {', '.join(rules.phases)}")
-    kg = kg.copy()
-    kg.verify()
-    trace = Trace(kg.copy(), rules={r.name: r for r in rules.rules}, phases=list(rules.phases),
-                  files=list(rules.files)) if debug else None
-    run = _Run(rules, trace, debug, stop_after, time_limit, simplify)
+    trace = None
+    run = _Run(rules, debug, stop_after, time_limit, simplify)
     run.stop_after_phase = stop_after_phase
+    run.verify_phases = _verify_phases or debug or stop_after is not None or stop_after_phase is not None
     try:
-        return run.lower(kg)
+        with _no_cycle_collection():
+            built, kg = kg, kg.copy()
+            kg.verify()
+            if debug:
+                trace = run.trace = Trace(kg.copy(), rules={r.name: r for r in rules.rules},
+                                          phases=list(rules.phases), files=list(rules.files))
+            kg.keep_derived()  # every change to the private copy goes through the Rewriter, which says what it touched
+            return run.lower(kg)
     except LoweringError as e:
+        if not run.verify_phases and not e.timed_out:  # the first phase that left an invalid graph, as a checked run names it
+            try:
+                lower(built, rules, time_limit=time_limit, simplify=simplify, _verify_phases=True)
+            except LoweringError as first:
+                raise first from first.__cause__
         e.trace = trace
         raise
+
+
+@contextlib.contextmanager
+def _no_cycle_collection():
+    """Python's cycle collector off while lowering (as it was, after). A graph is a few hundred
+    thousand small dicts on a large kernel; lowering allocates enough to start many full
+    collections, each walking all of them (a third of the time of a 10,000-node body). Lowering
+    makes no cycles that must go before it ends: they are collected once the collector is back."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class _Run:
     """One lowering: the options, the bounds, and what has fired so far."""
 
-    def __init__(self, rules: RuleSet, trace: Optional[Trace], debug: bool, stop_after: Optional[int],
-                 time_limit: Optional[float], simplify: bool):
-        self.rules, self.trace, self.debug, self.stop_after = rules, trace, debug, stop_after
+    def __init__(self, rules: RuleSet, debug: bool, stop_after: Optional[int], time_limit: Optional[float],
+                 simplify: bool):
+        self.rules, self.debug, self.stop_after = rules, debug, stop_after
+        self.trace: Optional[Trace] = None  # debug mode: what happened
         self.time_limit, self.simplify = time_limit, simplify
         self.deadline = None if time_limit is None else time.monotonic() + time_limit
         self.fired: set = set()
@@ -156,7 +187,13 @@ class _Run:
         self.by_name: dict[str, GraphRule] = {}
         self.stop_after_phase: Optional[str] = None
         self.match_work = 0
+        # incremental matching: a rule's step when it last had nothing new to fire, and per op the
+        # step that last touched one of its nodes (see plan.watched_ops)
+        self.quiet: dict[str, int] = {}
+        self.touched: dict[str, int] = {}
+        self.watched: dict[str, Optional[frozenset]] = {}
         self.verified = False  # the graph is unchanged since it last passed verify()
+        self.verify_phases = True  # verify() after each phase that changed the graph, not only at the end
         self.oracle = _oracle(tuple(rules.egg_forms)) if rules.egg_forms else None
 
     def _decider(self, kg: KernelGraph):
@@ -195,11 +232,12 @@ class _Run:
                     self.fired.add(_match_key(rule, b))
                     self.step += 1
                     self.per_rule[rule.name] += 1
-                    kg = _apply(kg, rule, b, self.step, phase, self.trace, self.debug)
+                    kg, ops = _apply(kg, rule, b, self.step, phase, self.trace, self.debug)
+                    self.touched.update(dict.fromkeys(ops, self.step))
                     self.verified = False
                     if self.stop_after is not None and self.step >= self.stop_after:
                         return self._done(kg)
-            if not self.verified:  # verify() is a pure check: an unchanged graph passes it again
+            if self.verify_phases and not self.verified:  # a pure check: an unchanged graph passes it again
                 self._verify(kg, f"after phase {phase!r} the graph is invalid")
                 self.verified = True
             if phase == self.stop_after_phase:
@@ -212,6 +250,7 @@ class _Run:
         return self._done(kg)
 
     def _done(self, kg: KernelGraph) -> Lowered:
+        kg.keep_derived(False)  # the caller may change the graph it gets without telling it
         return Lowered(kg, self.trace, self.step, self.match_work)
 
     def _simplified(self, kg: KernelGraph) -> KernelGraph:
@@ -255,28 +294,44 @@ class _Run:
 
     def _time_error(self, matching: Optional[GraphRule] = None) -> LoweringError:
         doing = f" while matching rule {matching.name} ({matching.at})" if matching is not None else ""
-        return LoweringError(
+        err = LoweringError(
             f"phase {self.phase!r}: lowering ran past its time limit of {self.time_limit:g} s at step "
             f"{self.step}{doing}; rules still firing: {self._firing()}. If the kernel is just large, pass a "
             "larger time_limit to api.lower/engine.lower (None: no limit); otherwise a rule keeps rewriting "
             "or matching without end: add a guard that stops it")
+        err.timed_out = True
+        return err
 
     # ------------------------------------------------------------------ matching
     def _next_batch(self, kg: KernelGraph, rules: list[GraphRule]):
         """The first rule (in order) with matches not applied yet, and all those matches."""
-        index = Matcher(kg, deadline=self.deadline, decide=self._decider(kg))  # the graph does not change while we look
+        index = Matcher(kg, deadline=self.deadline, decide=self._decider(kg), plan=True)  # the graph does not change while we look
         for rule in rules:
+            if not self._may_have_news(rule):
+                continue
             batch = [b for b in self._matches(index.fresh(), rule) if _match_key(rule, b) not in self.fired]
             if batch:
                 return rule, batch
+            self.quiet[rule.name] = self.step
         return None
+
+    def _may_have_news(self, rule: GraphRule) -> bool:
+        """Whether ``rule`` may match something it has not fired on: it never looked, or a node of
+        an op it watches changed since it last found nothing new."""
+        since = self.quiet.get(rule.name)
+        if since is None:
+            return True
+        if rule.name not in self.watched:
+            self.watched[rule.name] = watched_ops(rule.match, rule.where)
+        ops = self.watched[rule.name]
+        return ops is None or any(self.touched.get(op, -1) > since for op in ops)
 
     def _still_matches(self, kg: KernelGraph, rule: GraphRule, b: dict) -> Optional[dict]:
         """``b``'s nodes matched again on the current graph (values re-read), unless already applied."""
         nodes = {k: v for k, v in b.items() if isinstance(v, NodeRef)}
         if any(v.id not in kg for v in nodes.values()):
             return None
-        m = Matcher(kg, deadline=self.deadline, decide=self._decider(kg))
+        m = Matcher(kg, deadline=self.deadline, decide=self._decider(kg), plan=True)
         return next((b2 for b2 in self._matches(m, rule, nodes) if _match_key(rule, b2) not in self.fired), None)
 
     def _matches(self, m: Matcher, rule: GraphRule, nodes: Optional[dict] = None) -> Iterator[dict]:
@@ -303,6 +358,8 @@ def _apply(kg: KernelGraph, rule: GraphRule, b: dict, step: int, phase: str, tra
     # lowering works on a private copy of the user's graph, so a failure (which stops lowering)
     # cannot touch what the user built; debug mode also keeps the graph as it was after each step
     work = kg.copy() if debug else kg
+    if debug:
+        kg.keep_derived(False)  # kept in the trace, where nothing tells it of changes
     rw = Rewriter(work, b, {"by": "rule", "rule": rule.name, "at": rule.at, "step": step})
     where = f"rule {rule.name} ({rule.at}), step {step}"
     try:
@@ -321,128 +378,17 @@ def _apply(kg: KernelGraph, rule: GraphRule, b: dict, step: int, phase: str, tra
         trace.records.append(Application(step, rule.name, rule.at, phase, {k: _show(v) for k, v in rw.b.items()},
                                          rw.created, rw.erased, sorted(set(rw.changed)), time.perf_counter() - t0))
         trace.graphs[step] = work  # never changed again: the next step works on a copy
-    return work
-
-
-# ---------------------------------------------------------------------------- egglog step
-def term_ranges(kg: KernelGraph) -> dict:
-    """Inclusive value ranges of names: loop variables from their bounds, builtins from the launch
-    shape, symbols (extents) non-negative. A name bound by several loops gets the union."""
-    from .egg import Range
-    bx, by, bz = kg.kernel()["block"]
-    ranges: dict[str, Range] = {f"threadIdx.{a}": Range(0, d - 1) for a, d in zip("xyz", (bx, by, bz))}
-    ranges.update({f"blockIdx.{a}": Range(0, None) for a in "xyz"})
-    ranges.update({p.name: Range(0, None) for p in kg.params().values() if p.kind == "symbol" and p.dtype == "int32"})
-
-    def const(t: Term):
-        try:
-            v = evaluate(t, {})
-            return v if isinstance(v, int) and not isinstance(v, bool) else None
-        except KeyError:
-            return None
-
-    loops: dict[str, list] = {}
-    for n in kg.nodes("for"):
-        d = kg[n]
-        lo = const(d["start"])
-        hi = const(d["stop"])
-        loops.setdefault(d["var"], []).append(Range(lo, None if hi is None else hi - 1))
-    for var, rs in loops.items():
-        los = [r.lo for r in rs]
-        his = [r.hi for r in rs]
-        ranges[var] = Range(None if None in los else min(los), None if None in his else max(his))
-    return {k: v for k, v in ranges.items() if k not in BUILTINS or v.lo is not None}
-
-
-@functools.lru_cache(maxsize=8)
-def _oracle(forms: tuple):
-    """One oracle per rule set, so its answers are shared by every lowering with those rules."""
-    from .egg import Oracle
-    return Oracle(forms)
-
-
-_SIMPLIFIED: dict = {}  # (terms, ranges, forms) -> SimplifyResult, most recent last
-_SIMPLIFIED_MAX = 256
-
-
-def _simplify_cached(terms: list, ranges: dict, forms: tuple):
-    """egglog's result for this term set under these ranges and forms; lowering the same kernel
-    again (the checker, the benchmarks, every CLI query) costs a lookup. Results that hit a budget
-    or failed are not kept, so their warning shows every time."""
-    from .egg import simplify
-    key = (tuple(dict.fromkeys(terms)), tuple(sorted(ranges.items())), tuple(forms))
-    if key in _SIMPLIFIED:
-        _SIMPLIFIED[key] = _SIMPLIFIED.pop(key)
-        return _SIMPLIFIED[key]
-    result = simplify(terms, ranges, forms)
-    if result.error is None and result.budget is None:
-        _SIMPLIFIED[key] = result
-        while len(_SIMPLIFIED) > _SIMPLIFIED_MAX:
-            del _SIMPLIFIED[next(iter(_SIMPLIFIED))]
-    return result
-
-
-def _loop_names(kg: KernelGraph) -> tuple[dict[int, dict[str, Term]], dict]:
-    """Per node, its enclosing loops' variables renamed after the loop (``i`` in loop #12 becomes
-    ``i@12``), and the range of each renamed variable from its own loop's bounds. The prologue,
-    main loop and epilogue share a variable name but not a range: per loop, the prologue's
-    ``i % S`` (i < P < S) folds to ``i`` and its parity to 0."""
-    from .egg import Range
-    scoped: dict[int, dict[str, Term]] = {}
-    ranges: dict = {}
-
-    def walk(n: int, outer: dict[str, Term]) -> None:
-        scoped[n] = outer
-        d = kg[n]
-        inner = outer
-        if d["op"] == "for":
-            scoped_name = f"{d['var']}@{n}"
-            inner = {**outer, d["var"]: Term("name", (), scoped_name)}
-            lo, hi = _const(substitute(d["start"], outer)), _const(substitute(d["stop"], outer))
-            if lo is None or hi is None or hi > lo:  # an empty loop (a short trip count's main loop) says nothing
-                ranges[scoped_name] = Range(lo, None if hi is None else hi - 1)
-        for c in kg.children(n):
-            walk(c, inner)
-    walk(kg.root, {})
-    return scoped, ranges
-
-
-def _const(t: Term):
-    try:
-        v = evaluate(t, {})
-        return v if isinstance(v, int) and not isinstance(v, bool) else None
-    except KeyError:
-        return None
+    return work, rw.touched_ops()
 
 
 def _simplify(kg: KernelGraph, rules: RuleSet, step: int, phase: str, trace: Optional[Trace]) -> KernelGraph:
     t0 = time.perf_counter()
     if trace is not None:
         kg = kg.copy()  # the trace holds the graph of the previous step
-    scoped, loop_ranges = _loop_names(kg)
-    back = {str(t.value): name_term(var) for m in scoped.values() for var, t in m.items()}
-    sites = []
-    for n in kg.nodes():
-        d = kg[n]
-        for k in OPS[d["op"]].terms:
-            v = d.get(k)
-            if isinstance(v, Term):
-                sites.append((n, k, None, v, substitute(v, scoped[n])))
-            elif isinstance(v, tuple):
-                sites.extend((n, k, i, x, substitute(x, scoped[n])) for i, x in enumerate(v) if isinstance(x, Term))
-    ranges = {k: r for k, r in term_ranges(kg).items() if k not in {v for m in scoped.values() for v in m}}
-    result = _simplify_cached([s[4] for s in sites], {**ranges, **loop_ranges}, rules.egg_forms)
-    changed = set()
-    for n, k, i, t, mine in sites:
-        new = substitute(result.terms.get(mine, mine), back)
-        if new != t:
-            changed.add(n)
-            if i is None:
-                kg[n][k] = new
-            else:
-                kg[n][k] = kg[n][k][:i] + (new,) + kg[n][k][i + 1:]
+    kg.keep_derived(False)  # terms change below without touch()
+    changed, matches = simplify_terms(kg, rules.egg_forms)
     if trace is not None:
         trace.records.append(Application(step, "egglog", "egglog", phase, {}, [], [], sorted(changed),
-                                         time.perf_counter() - t0, egg=dict(result.rule_matches)))
+                                         time.perf_counter() - t0, egg=matches))
         trace.graphs[step] = kg
     return kg

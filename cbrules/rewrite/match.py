@@ -20,9 +20,13 @@ from .sexpr import Atom, Expr, Pos, RuleError, SList
 from ..ir.terms import evaluate as eval_term
 from ..ir.terms import Term, as_term
 from .schema import RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS, split_keys  # noqa: F401  (public here too)
+from .plan import AttrIndex, join_order, joined, known_values
 from .values import Env, NodeRef, evaluate, holds
 
 MISSING = object()
+# an op with at most this many nodes is looked up inside a scope through the op index (each node's
+# scopes: the nesting depth) rather than by walking the scope's subtree (its size)
+_FEW = 64
 def _vars(e: Expr) -> list[str]:
     if isinstance(e, Atom):
         return [e.value] if e.kind == "var" else []
@@ -101,13 +105,19 @@ class Matcher:
     """Matches rules against one graph; remembers the deepest failure for "why not" queries."""
 
     def __init__(self, kg: KernelGraph, deadline: Optional[float] = None,
-                 decide: Optional[Callable[[Term], bool]] = None):
+                 decide: Optional[Callable[[Term], bool]] = None, plan: bool = False):
         """``deadline`` (a ``time.monotonic()`` value): past it, matching raises :class:`MatchTimeout`
         (a rule with many node patterns can take time exponential in their number). ``decide``
-        proves predicate terms for the ``provably-*`` guards (the engine's egglog oracle)."""
+        proves predicate terms for the ``provably-*`` guards (the engine's egglog oracle).
+        ``plan``: search the leading node patterns in a joined order (:mod:`cbrules.rewrite.plan`);
+        the bindings are the same, in the same order, but the deepest failure that :meth:`explain`
+        reports is the written search's only without it."""
         self.kg = kg
         self.decide = decide
+        self.plan = plan
+        self._attrs: Optional[AttrIndex] = None
         self._orders: dict[int, list[int]] = {}
+        self._places: dict[int, dict[int, int]] = {}  # scope -> each child's place in its order
         self._index: Optional[dict[str, list[int]]] = None  # op -> nodes, built on first use
         self._within: dict[tuple[int, str], list[int]] = {}  # (scope, op) -> nodes inside, on first use
         self.deepest: tuple[int, str, Any] = (-1, "", None)
@@ -120,7 +130,8 @@ class Matcher:
         failure record."""
         m = Matcher.__new__(Matcher)
         m.kg, m._orders, m._index, m._within = self.kg, self._orders, self.by_op(), self._within
-        m.decide = self.decide
+        m._places = self._places
+        m.decide, m.plan, m._attrs = self.decide, self.plan, self.attr_index()
         m.deepest, m.deadline, m.ticks = (-1, "", None), self.deadline, 0
         m.deepest_bindings = {}
         return m
@@ -133,14 +144,27 @@ class Matcher:
             self._index["_"] = sorted(self.kg.g.nodes)
         return self._index
 
+    def attr_index(self) -> AttrIndex:
+        """Nodes by op and attribute value (:class:`cbrules.rewrite.plan.AttrIndex`), on first use."""
+        if self._attrs is None:
+            self._attrs = AttrIndex(self.kg, self.by_op())
+        return self._attrs
+
     def inside(self, scope: int, op: str) -> list[int]:
         """The nodes of ``op`` (``"_"``: any) inside ``scope``, in id order; remembered, as the graph
         does not change while a matcher is in use (a join over loops asks once per outer binding)."""
         key = (scope, op)
         got = self._within.get(key)
         if got is None:
-            pool = self.kg.descendants(scope)
-            got = self._within[key] = pool if op == "_" else [n for n in pool if self.kg.op(n) == op]
+            # a rare op (in an op index already built: an anchored match builds none): its nodes
+            # whose scopes include ``scope``
+            few = self._index.get(op, ()) if op != "_" and self._index is not None else None
+            if few is not None and len(few) <= _FEW:
+                got = [n for n in few if n != scope and scope in self.kg.ancestors(n)]
+            else:
+                pool = self.kg.descendants(scope)
+                got = pool if op == "_" else [n for n in pool if self.kg.op(n) == op]
+            self._within[key] = got
         return got
 
     def _tick(self) -> None:
@@ -165,7 +189,10 @@ class Matcher:
     # ------------------------------------------------------------------ rules
     def matches(self, elements: tuple, guards: tuple, b: Optional[dict] = None) -> Iterator[dict]:
         """Every binding of the pattern elements that also satisfies every guard."""
-        for bound in self._elements(elements, 0, dict(b or {})):
+        order = join_order(elements, frozenset(b or ())) if self.plan else None
+        found = self._elements(elements, 0, dict(b or {})) if order is None else \
+            joined(self, elements, order, dict(b or {}))
+        for bound in found:
             ok = True
             for gi, g in enumerate(guards):
                 if not holds(g, self.env(bound)):
@@ -258,10 +285,17 @@ class Matcher:
             return list(self.inside(within, op))
         elif "child-of" in keys:
             pool = self.kg.children(self._scope_of(keys["child-of"], b))
-        elif "in" in keys:
-            return list(self.inside(self._scope_of(keys["in"], b), op))
-        else:  # the whole graph: the op index, built once per matcher
-            return list(self.by_op().get(op, ()))
+        else:  # inside a scope, or the whole graph (the op index, built once per matcher)
+            pool = self.inside(self._scope_of(keys["in"], b), op) if "in" in keys else self.by_op().get(op, ())
+            # an attribute that must equal a known value: its index, when shorter (and when this
+            # matcher has indexed the graph already, or the scope is large: an anchored match of a
+            # few nodes must not cost an index of the whole graph)
+            if op != "_" and (self._index is not None or len(pool) > _FEW):
+                for path, v in known_values(keys, b):
+                    same = self.attr_index().lookup(op, path, v)
+                    if same is not None and len(same) < len(pool):
+                        pool = same
+            return list(pool)
         return [n for n in pool if op == "_" or self.kg.op(n) == op]
 
     def node_pattern(self, e: SList, b: dict, within: Optional[int] = None) -> Iterator[dict]:
@@ -366,7 +400,9 @@ class Matcher:
         if scope is None:
             return [n], 0
         order = self.order(scope)
-        return order, order.index(n)
+        if scope not in self._places:
+            self._places[scope] = {c: i for i, c in enumerate(order)}
+        return order, self._places[scope][n]
 
     def _node(self, x: Expr, b: dict) -> Optional[int]:
         """The node ``x`` is bound to (None while unbound); a non-node value is a RuleError."""
@@ -377,6 +413,13 @@ class Matcher:
     def _ordered_pairs(self, e, b, adjacent: bool) -> Iterator[dict]:
         x, y = e.items[1], e.items[2]
         nx_, ny = self._node(x, b), self._node(y, b)
+        if nx_ is not None and ny is not None:  # both bound: compare their places, not every later sibling
+            self._tick()
+            order, i = self._position(nx_)
+            j = self._position(ny)[1] if self.kg.parent(ny) == self.kg.parent(nx_) else -1
+            if j == i + 1 or not adjacent and j > i:
+                yield b
+            return
         if nx_ is not None:
             order, i = self._position(nx_)
             pairs = [(nx_, m) for m in (order[i + 1:i + 2] if adjacent else order[i + 1:])]

@@ -1,0 +1,61 @@
+"""Joined search (rewrite/plan.py): the matcher may search a rule's leading node patterns in another
+order, but must find the same bindings, in the same order, with their variables listed the same way
+as the search in written order; and the engine skips a rule only when no node it watches changed."""
+import pytest
+
+from benchmarks.compile_times import synthetic
+from cbrules import api
+from cbrules.kernels import KERNELS
+from cbrules.rewrite.match import Matcher
+from cbrules.rewrite.plan import join_order, watched_ops
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return api.load_rules()
+
+
+def _graphs(kernel):
+    """The graph after every step of a debug-mode lowering: each phase's intermediate shapes."""
+    trace = api.lower(kernel, debug=True, time_limit=None).trace
+    return [trace.initial, *trace.graphs.values()]
+
+
+@pytest.mark.parametrize("kernel", ["pointwise", "matmul", "many loops"])
+def test_joined_search_finds_what_the_written_search_finds(rules, kernel):
+    k = synthetic("many loops", 48) if kernel == "many loops" else KERNELS[kernel].build(stages=3, war="mbarrier")
+    graphs = _graphs(k)
+    joined = 0
+    for rule in rules.rules:
+        if join_order(rule.match, frozenset()) is None:
+            continue
+        joined += 1
+        for g in graphs[::3]:
+            written = [list(b.items()) for b in Matcher(g).matches(rule.match, ())]
+            planned = [list(b.items()) for b in Matcher(g, plan=True).matches(rule.match, ())]
+            assert planned == written, f"{rule.name} ({rule.at})"
+    assert joined >= 3  # the rules that join loops with allocs through their loads, at least
+
+
+def _rule(rules, name):
+    return next(r for r in rules.rules if r.name == name)
+
+
+def test_join_order_ties_the_alloc_through_the_load(rules):
+    """(for ?L) (alloc ?a :buf ?buf) (tma_load :dst ?buf :in ?L) (load ... :in ?L): the load in
+    the loop first, then the alloc by its buffer name, then the reader."""
+    assert join_order(_rule(rules, "cb-slot-reader").match, frozenset()) == [0, 2, 1, 3]
+
+
+def test_join_order_keeps_a_wildcard_child_where_written(rules):
+    """(_ ?O :child-of ?K) is every child of the kernel: no better than the loop pattern before it."""
+    assert join_order(_rule(rules, "cb-ws-reject-nested").match, frozenset()) is None
+
+
+def test_watched_ops(rules):
+    r = _rule(rules, "cb-slot-reader")
+    assert watched_ops(r.match, r.where) == {"for", "alloc", "tma_load", "load"}
+    r = _rule(rules, "cb-tag-producer")  # a "_" pattern: any change may matter
+    assert watched_ops(r.match, r.where) is None
+    r = _rule(rules, "cb-one-wait-per-stage")  # (before ...) reads sibling order
+    assert watched_ops(r.match, r.where) is None
