@@ -37,12 +37,13 @@ def values(term, var, rng):
 
 def roles(kg):
     """(consumer if, producer else) of a warp-specialized kernel: before the if only the barrier
-    inits and one block sync, which every thread runs."""
+    inits (fenced to the async proxy) and one block sync, which every thread runs."""
     top = kg.children(kg.root)
     (cons,) = [c for c in top if kg.op(c) == "if" and kg[c].get("tag") == "cb-consumers"]
     before = [c for c in top if c != cons]
     assert [kg.op(c) for c in before if kg.op(c) != "if"] == ["syncthreads"]
-    assert {kg.op(d) for c in before if kg.op(c) == "if" for d in kg.descendants(c)} == {"for", "mbarrier_init"}
+    assert {kg.op(d) for c in before if kg.op(c) == "if" for d in kg.descendants(c)} == {"for", "mbarrier_init",
+                                                                                        "fence_proxy_async"}
     (els,) = [c for c in kg.children(cons) if kg.op(c) == "else"]
     return cons, els
 
