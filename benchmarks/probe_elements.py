@@ -1,0 +1,44 @@
+"""Run one built-in kernel once on the GPU and say which output elements differ from numpy (rows and
+columns), e.g. under a compute-sanitizer tool:
+
+    compute-sanitizer --tool memcheck python3 benchmarks/probe_elements.py persistent 512,2048 bfloat16 2
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(argv: list[str]) -> int:
+    from cbrules import api
+    from cbrules.kernels import KERNELS
+
+    name, shape, dtype, stages = argv[0], tuple(int(s) for s in argv[1].split(",")), argv[2], int(argv[3])
+    spec = KERNELS[name]
+    ck = api.compile(spec.build(shape, stages=stages, dtype=dtype))
+    args = spec.make_inputs(shape, np.random.default_rng(0), dtype)
+    want = spec.expected(args)
+    bound = ck.bind(**args)
+    for o in spec.outputs:  # poisoned: an element nobody writes shows up
+        bound.arrays[o].fill_bytes(0xFF)
+    bound.launch()
+    bound.finish()
+    rtol, atol = spec.tolerances(shape, dtype)
+    bad_any = False
+    for o in spec.outputs:
+        got = args[o].astype(np.float64)
+        bad = ~np.isclose(got, want[o], rtol=rtol, atol=atol)
+        print(f"{name} {shape} {dtype} S={stages} {o}: {int(bad.sum())} of {bad.size} elements differ")
+        if bad.any() and bad.ndim == 2:
+            rows, cols = np.unique(np.nonzero(bad)[0]), np.unique(np.nonzero(bad)[1])
+            print(f"  rows ({len(rows)}): {rows[:12].tolist()}  columns ({len(cols)}): {cols[:12].tolist()}")
+        bad_any |= bool(bad.any())
+    return 1 if bad_any else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
