@@ -108,17 +108,23 @@ def test_float32_kernels_keep_element_accesses():
 
 # ------------------------------------------------------------------------------ what stays per element
 
-def _vector_kernel(read_at, write_at, guarded=False):
-    """out[row, col] = exp(x[row, col]) with a thread's 8 elements in a vectorize loop; ``read_at`` and
-    ``write_at`` give the index of element v from the thread's first column ``c``."""
+def _tile_kernel():
+    """A kernel over x, out [M, 2048] bfloat16 with a [1, 1024] shared tile and x's map (``k.tmap``)."""
     k = Kernel("vk", block=128)
     m = k.symbol("M")
     x, out = k.tensor("x", (m, 2048), "bfloat16"), k.tensor("out", (m, 2048), "bfloat16")
     tile = k.alloc("tile", "shared", "bfloat16", (1, 1024))
     k.grid(m)
-    xm = k.tensor_map(x, box=(1, 256))
+    k.tmap = k.tensor_map(x, box=(1, 256))
+    return k, tile, out
+
+
+def _vector_kernel(read_at, write_at, guarded=False):
+    """out[row, col] = exp(x[row, col]) with a thread's 8 elements in a vectorize loop; ``read_at`` and
+    ``write_at`` give the index of element v from the thread's first column ``c``."""
+    k, tile, out = _tile_kernel()
     with k.loop("j", 2, circular_buffer=circular_buffer(2)) as j:
-        k.tma_load(xm, (blockIdx.x, j * 1024), tile, tile=(1, 1024))
+        k.tma_load(k.tmap, (blockIdx.x, j * 1024), tile, tile=(1, 1024))
         with k.loop("v", 8, kind="vectorize") as v:
             c = threadIdx.x * 8
             if guarded:
@@ -153,14 +159,9 @@ def test_guarded_read_stays_per_element():
 def test_base_the_loop_computes_stays_per_element():
     """The copy runs outside the loop: a base using a register the loop writes cannot move there."""
     from cbrules.ir.terms import name
-    k = Kernel("vk", block=128)
-    m = k.symbol("M")
-    x, out = k.tensor("x", (m, 2048), "bfloat16"), k.tensor("out", (m, 2048), "bfloat16")
-    tile = k.alloc("tile", "shared", "bfloat16", (1, 1024))
-    k.grid(m)
-    xm = k.tensor_map(x, box=(1, 256))
+    k, tile, out = _tile_kernel()
     with k.loop("j", 2, circular_buffer=circular_buffer(2)) as j:
-        k.tma_load(xm, (blockIdx.x, j * 1024), tile, tile=(1, 1024))
+        k.tma_load(k.tmap, (blockIdx.x, j * 1024), tile, tile=(1, 1024))
         with k.loop("v", 8, kind="vectorize") as v:
             k.assign(threadIdx.x, dst="first", dtype="int32")
             y = k.exp(k.load(tile, name("first") * 8 + v))

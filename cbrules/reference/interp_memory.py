@@ -61,19 +61,23 @@ class MemoryOps:
             raise InterpError(f"index {s.attrs['index']} is not an integer", self.site())
         return idx.astype(np.int64)
 
+    def _read(self, kind: str, arr, idx, lanes: np.ndarray):
+        """The values ``lanes`` read at ``idx`` of a register array, a shared buffer (protocol-checked)
+        or a global tensor."""
+        if kind == "register":
+            return arr[lanes, idx]
+        if kind == "shared":
+            self.proto.read(arr, idx, lanes, self.site)
+            return arr.data[idx]
+        return arr[idx]
+
     def _load(self, s: Step, mask: np.ndarray) -> None:
         lanes = np.nonzero(mask)[0]
         idx = self._index(s, mask, lanes)
         kind, arr = self._target(s.attrs["src"], idx, lanes, "reads")
-        if kind == "register":
-            if s.attrs["src"] in self.p.accumulators:
-                self.proto.mma.register_access(s.attrs["src"], lanes, False, self.site)
-            vals = arr[lanes, idx]
-        elif kind == "shared":
-            self.proto.read(arr, idx, lanes, self.site)
-            vals = arr.data[idx]
-        else:
-            vals = arr[idx]
+        if kind == "register" and s.attrs["src"] in self.p.accumulators:
+            self.proto.mma.register_access(s.attrs["src"], lanes, False, self.site)
+        vals = self._read(kind, arr, idx, lanes)
         dst = s.attrs["dst"]
         new = self.env[dst].copy()
         new[lanes] = vals
@@ -123,13 +127,7 @@ class MemoryOps:
         for k in range(n):
             (skind, src), (dkind, dst) = kinds["src"], kinds["dst"]
             si, di = at["src"] + k, at["dst"] + k
-            if skind == "register":
-                vals = src[lanes, si]
-            elif skind == "shared":
-                self.proto.read(src, si, lanes, self.site)
-                vals = src.data[si]
-            else:
-                vals = src[si]
+            vals = self._read(skind, src, si, lanes)
             if dkind == "register":
                 dst[lanes, di] = vals
             elif dkind == "shared":
