@@ -1,0 +1,81 @@
+"""The state the protocol checker (:mod:`.protocol`) keeps about ordering inside a block: the vector
+clocks of its threads (:class:`Clocks`: who has seen whose past, through arrivals, waits and syncs) and
+every mbarrier slot (:class:`Barriers`: init, arrivals, transaction bytes, completed phases, and whether
+the TMA unit may see the init)."""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+
+class Clocks:
+    """Vector clocks of the threads of a block (see the module docstring)."""
+
+    def __init__(self, threads: int):
+        self.now = np.zeros(threads, np.int64)
+        self.known = np.full((threads, threads), -1, np.int64)  # known[u, t]: t's latest clock ordered before u
+
+    def tick(self, lanes: np.ndarray) -> np.ndarray:
+        """What ``lanes`` release by arriving: their knowledge and their own clocks; then they tick."""
+        vec = self.known[lanes].max(axis=0)
+        vec[lanes] = np.maximum(vec[lanes], self.now[lanes])
+        self.now[lanes] += 1
+        return vec
+
+    def acquire(self, lanes: np.ndarray, vec: np.ndarray) -> None:
+        self.known[lanes] = np.maximum(self.known[lanes], vec)
+
+    def sync_all(self) -> None:
+        """A block-wide barrier: every thread learns everything, then every clock ticks."""
+        self.known[:] = np.maximum(self.known.max(axis=0), self.now)
+        self.now += 1
+
+    def sync_lanes(self, lanes: np.ndarray) -> None:
+        """A barrier among ``lanes`` only (a named barrier): they learn what any of them knew."""
+        vec = self.known[lanes].max(axis=0)
+        vec[lanes] = np.maximum(vec[lanes], self.now[lanes])
+        self.known[lanes] = np.maximum(self.known[lanes], vec)
+        self.now[lanes] += 1
+
+    def view_of(self, u: int) -> np.ndarray:
+        """Per thread, the latest clock ordered before thread ``u``'s present (its own: now)."""
+        v = self.known[u].copy()
+        v[u] = self.now[u]
+        return v
+
+
+class Barriers:
+    """Every mbarrier slot of a block, numbered globally (``names[i]`` = (buffer, slot))."""
+
+    def __init__(self, threads: int, sizes: dict[str, int]):
+        self.threads, self.size, self.base, self.names = threads, dict(sizes), {}, []
+        for buf, n in sizes.items():
+            self.base[buf] = len(self.names)
+            self.names += [(buf, s) for s in range(n)]
+
+    def reset(self) -> None:
+        n, t = len(self.names), self.threads
+        self.state = np.zeros(n, np.int8)  # 0 never initialised, 1 valid, 2 invalidated
+        self.visible = np.zeros((n, t), bool)  # threads that may use it (init ordered before them)
+        self.initialiser = np.full(n, -1, np.int64)  # the thread whose init is the latest
+        self.fenced = np.zeros(n, bool)  # that thread ran fence.proxy.async since: the TMA unit sees the init
+        self.count = np.zeros(n, np.int64)
+        self.pending = np.zeros(n, np.int64)
+        self.tx = np.zeros(n, np.int64)
+        self.phase = np.zeros(n, np.int64)  # completed phases, counted over every init of the slot
+        self.epoch = np.zeros(n, np.int64)  # ... of them before its latest init (which restarts parity at 0)
+        self.expected = np.zeros(n, np.int64)
+        self.delivered = np.zeros(n, np.int64)
+        self.observed = np.zeros((n, t), np.int64)  # completed phases each thread has seen via a wait
+        self.arrived = np.full((n, t), -1, np.int64)  # clocks released by the current phase's arrivals
+        self.released = np.full((n, t), -1, np.int64)  # ... by all completed phases
+        self.inflight: list[deque] = [deque() for _ in range(n)]
+
+    def label(self, sid: int) -> str:
+        b, s = self.names[sid]
+        return f"{b}[{s}]"
+
+    def current(self, sid: int) -> int:
+        """The current phase of the slot as the hardware numbers it: from 0 at its latest init."""
+        return int(self.phase[sid] - self.epoch[sid])
