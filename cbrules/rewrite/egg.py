@@ -173,14 +173,17 @@ class _Budgets:
     max_nodes: int
     rows: int = 0  # e-graph rows at the previous check
 
-    def exceeded(self, eg: eb.EGraph) -> str | None:
-        """Which budget the next run could pass, in words, or None.
+    def exceeded(self, eg: eb.EGraph, grew: bool = True) -> str | None:
+        """Which budget the next run could pass, in words, or None; ``grew``: the e-graph may
+        have changed since the last check (a run that updated nothing leaves its size as checked).
 
         egglog cannot be stopped inside a run, so the node budget also refuses a run that would
         pass it if the e-graph grew as much as in the previous run (a rule joining new terms with
         each other grows it quadratically: 10, 100, 10^4, 10^8 rows)."""
         if time.perf_counter() > self.deadline:
             return f"time budget of {self.time_limit_s:g} s"
+        if not grew:
+            return None  # the size passed the last check and the previous run changed nothing
         rows, before = _size(eg), self.rows
         self.rows = rows
         growth = rows / before if before else 1.0
@@ -200,19 +203,20 @@ def _run_rules(eg: eb.EGraph, rulesets: Sequence[str], budgets: _Budgets,
     cannot be interrupted inside a run.
     """
     order = sorted(rulesets, key=lambda rs: rs != RANGES_RULESET)  # stable: keeps file order
-    rounds = 0
+    rounds, grew = 0, True
     while rounds < budgets.iterations:
         rounds += 1
         changed = False
         for ruleset in order:
             for _ in range(_PASSES):
-                hit = budgets.exceeded(eg)
+                hit = budgets.exceeded(eg, grew)
                 if hit:
                     return rounds, hit
                 out = eg.run_program(eb.RunSchedule(eb.Run(_SPAN, eb.RunConfig(ruleset))))
                 report = out[0].report
                 for rule, n in report.num_matches_per_rule.items():
                     matches[rule] = matches.get(rule, 0) + n
+                grew = report.updated
                 if not report.updated:
                     break
                 changed = True
