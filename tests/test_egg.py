@@ -110,6 +110,22 @@ def test_duplicates_and_shared_subterms(forms):
     assert res.terms == {t: parse("i % 4"), parse("i + 0"): parse("i")}
 
 
+
+def test_each_distinct_node_is_inserted_once(forms):
+    # equal subterms built separately (distinct objects) share one seed-rule variable each;
+    # egglog's cost is per node inserted, so a kernel's terms cost their distinct nodes
+    texts = ["(i * 4 + 1) % 8", "(i * 4 + 1) / 8", "i * 4 + 1", "(i * 4 + 1) % 8"]
+    terms = [parse(t) for t in texts]
+    enc = egg._Encoder()
+    for n, t in enumerate(dict.fromkeys(terms)):
+        enc.root(n, t)
+    lets = [a for a in enc.actions if a.__class__.__name__ == "Let"]
+    assert len(lets) == 8  # i, 4, i*4, 1, i*4+1, 8, the % and the /
+    assert enc.names == {"i"}
+    res = simplify(terms, RANGES, forms)
+    assert res.terms == {t: simplify([t], RANGES, forms).terms[t] for t in terms}
+
+
 def test_rule_match_counts(forms):
     res, _ = run(forms, ["((i % 4) + 1) % 4", "(2 + 3) * 4"])
     assert res.rule_matches.get("mod-add-mod-l", 0) >= 1

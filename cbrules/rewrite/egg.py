@@ -2,8 +2,8 @@
 
 :func:`simplify` works on an e-graph holding the egglog forms of the rule files (loaded by
 :mod:`cbrules.rewrite.eggload`, each form on its own, so egglog's errors point at the user's file,
-line and column, and kept between calls), adds every term
-under a unique ``let`` name, asserts the range facts of names, runs the rulesets under round,
+line and column, and kept between calls), inserts every term and the range facts of its names
+with one seed rule (each distinct node once), runs the rulesets under round,
 time and size budgets, and extracts every term's cheapest form with one reused extractor.
 Rule files are egglog text: loading them never executes Python, and only declarations
 (:data:`EGGLOG_ALLOWED`) are accepted, so loading computes nothing and touches no file; the bridge
@@ -31,7 +31,9 @@ from .schema import EGGLOG_REFUSED, EggForm  # noqa: F401  (public here too)
 SHIPPED_RULES = RULES / "index.rules"
 SORT, RANGES_RULESET = "Idx", "ranges"
 _I64 = (-(2 ** 63), 2 ** 63 - 1)
-_LET_PREFIX = "$cbrules_t"  # `$`: egglog warns about globals without it; prefix avoids user names
+# the bridge's own declarations, added after the rule files' (`$`: no name a rule file can declare):
+# the table each term is filed in, and the ruleset of the one rule that inserts them
+_ROOT, _SEED = "$cbrules_root", "$cbrules_seed"
 _SPAN = eb.PanicSpan()
 _SCALE = 1000  # extraction cost units per declared :cost unit (literal size breaks ties)
 _PASSES = 16  # runs of one ruleset per round; ranges converge in about term-depth passes
@@ -89,35 +91,58 @@ def _lit(v: object) -> eb.Lit:
 
 
 class _Encoder:
-    """Terms to egglog expressions and back; other parts travel as ``(Opaque key)`` and return whole."""
+    """Terms to the actions of one seed rule and back; other parts travel as ``(Opaque key)`` and
+    return whole.
+
+    Every distinct node is bound once to a rule-local variable and every term is filed under its
+    index in the bridge's root table: egglog's cost is per node inserted, shared or not, and the
+    index terms of a kernel share most of their nodes (matmul: about 1,200 nodes, 180 distinct).
+    """
 
     def __init__(self) -> None:
         self.opaque: dict[str, Term] = {}
+        self.names: set[str] = set()  # the names the terms mention, for the range facts
+        self.actions: list = []
         self._keys: dict[Term, str] = {}
-        self._done: dict[int, tuple[Term, eb.Call]] = {}  # id -> (term, expression): terms share subterms
+        self._vars: dict[tuple, eb.Var] = {}  # structural key of a node -> its variable
+        self._done: dict[int, tuple[Term, eb.Var]] = {}  # id -> (term, variable): terms share subterms
 
-    def expr(self, t: Term) -> eb.Call:
+    def root(self, index: int, t: Term) -> None:
+        """File ``t`` under ``index`` in the root table."""
+        self.actions.append(eb.Set(_SPAN, _ROOT, [_lit(eb.Int(index))], self.expr(t)))
+
+    def expr(self, t: Term) -> eb.Var:
         got = self._done.get(id(t))
         if got is None or got[0] is not t:
-            got = self._done[id(t)] = (t, self._expr(t))
+            got = self._done[id(t)] = (t, self._node(t))
         return got[1]
 
-    def _expr(self, t: Term) -> eb.Call:
+    def _node(self, t: Term) -> eb.Var:
         v, arity = t.value, len(t.args)
         if t.op == "const" and isinstance(v, bool):
-            return _app("Bool", _lit(eb.Bool(v)))
-        if t.op == "const" and isinstance(v, int) and _I64[0] <= v <= _I64[1]:
-            return _app("Num", _lit(eb.Int(v)))
-        if t.op == "name":
-            return _app("Name", _lit(eb.String(str(v))))
-        fn = (_CALLS.get(v) if t.op == "call" and arity == 2 else _BINARY.get(t.op) if arity == 2
-              else _UNARY.get(t.op) if arity == 1 else None)
-        if fn:
-            return _app(fn, *map(self.expr, t.args))
-        if t not in self._keys:
-            self._keys[t] = key = f"#{len(self._keys)} {t}"
-            self.opaque[key] = t
-        return _app("Opaque", _lit(eb.String(self._keys[t])))
+            key, make = ("Bool", v), lambda: _app("Bool", _lit(eb.Bool(v)))
+        elif t.op == "const" and isinstance(v, int) and _I64[0] <= v <= _I64[1]:
+            key, make = ("Num", v), lambda: _app("Num", _lit(eb.Int(v)))
+        elif t.op == "name":
+            self.names.add(str(v))
+            key, make = ("Name", str(v)), lambda: _app("Name", _lit(eb.String(str(v))))
+        else:
+            fn = (_CALLS.get(v) if t.op == "call" and arity == 2 else _BINARY.get(t.op) if arity == 2
+                  else _UNARY.get(t.op) if arity == 1 else None)
+            if fn:
+                kids = [self.expr(a) for a in t.args]
+                key, make = (fn, *(k.name for k in kids)), lambda: _app(fn, *kids)
+            else:
+                if t not in self._keys:
+                    self._keys[t] = f"#{len(self._keys)} {t}"
+                    self.opaque[self._keys[t]] = t
+                k = self._keys[t]
+                key, make = ("Opaque", k), lambda: _app("Opaque", _lit(eb.String(k)))
+        var = self._vars.get(key)
+        if var is None:
+            var = self._vars[key] = eb.Var(_SPAN, f"n{len(self._vars)}")
+            self.actions.append(eb.Let(_SPAN, var.name, make()))
+        return var
 
     def term(self, dag: eb.TermDag, tid: int, memo: dict[int, Term]) -> Term:
         """The term for extracted node ``tid``; KeyError/TypeError/AttributeError on other shapes."""
@@ -148,14 +173,17 @@ class _Budgets:
     max_nodes: int
     rows: int = 0  # e-graph rows at the previous check
 
-    def exceeded(self, eg: eb.EGraph) -> str | None:
-        """Which budget the next run could pass, in words, or None.
+    def exceeded(self, eg: eb.EGraph, grew: bool = True) -> str | None:
+        """Which budget the next run could pass, in words, or None; ``grew``: the e-graph may
+        have changed since the last check (a run that updated nothing leaves its size as checked).
 
         egglog cannot be stopped inside a run, so the node budget also refuses a run that would
         pass it if the e-graph grew as much as in the previous run (a rule joining new terms with
         each other grows it quadratically: 10, 100, 10^4, 10^8 rows)."""
         if time.perf_counter() > self.deadline:
             return f"time budget of {self.time_limit_s:g} s"
+        if not grew:
+            return None  # the size passed the last check and the previous run changed nothing
         rows, before = _size(eg), self.rows
         self.rows = rows
         growth = rows / before if before else 1.0
@@ -175,19 +203,20 @@ def _run_rules(eg: eb.EGraph, rulesets: Sequence[str], budgets: _Budgets,
     cannot be interrupted inside a run.
     """
     order = sorted(rulesets, key=lambda rs: rs != RANGES_RULESET)  # stable: keeps file order
-    rounds = 0
+    rounds, grew = 0, True
     while rounds < budgets.iterations:
         rounds += 1
         changed = False
         for ruleset in order:
             for _ in range(_PASSES):
-                hit = budgets.exceeded(eg)
+                hit = budgets.exceeded(eg, grew)
                 if hit:
                     return rounds, hit
                 out = eg.run_program(eb.RunSchedule(eb.Run(_SPAN, eb.RunConfig(ruleset))))
                 report = out[0].report
                 for rule, n in report.num_matches_per_rule.items():
                     matches[rule] = matches.get(rule, 0) + n
+                grew = report.updated
                 if not report.updated:
                     break
                 changed = True
@@ -196,19 +225,19 @@ def _run_rules(eg: eb.EGraph, rulesets: Sequence[str], budgets: _Budgets,
     return rounds, f"iteration budget of {budgets.iterations} rounds (still rewriting)"
 
 
-def _range_facts(names: set[str], ranges: Mapping[str, Range]) -> list[eb.ActionCommand]:
+def _range_facts(names: set[str], ranges: Mapping[str, Range]) -> list[eb.Set]:
     facts = []
     for nm in sorted(names):
         for r in (BUILTIN_RANGES.get(nm), ranges.get(nm)):
             for fn, bound in (("lo", r and r.lo), ("hi", r and r.hi)):
                 if bound is not None and _I64[0] <= bound <= _I64[1]:
                     key = _app("Name", _lit(eb.String(nm)))
-                    facts.append(eb.ActionCommand(eb.Set(_SPAN, fn, [key], _lit(eb.Int(bound)))))
+                    facts.append(eb.Set(_SPAN, fn, [key], _lit(eb.Int(bound))))
     return facts
 
 
-def _extract(eg: eb.EGraph, enc: _Encoder, lets: dict[Term, str], costs: Mapping[str, int]) -> dict[Term, Term]:
-    """Cheapest form of every let-bound term, with one extractor (costs computed once)."""
+def _extract(eg: eb.EGraph, enc: _Encoder, terms: Sequence[Term], costs: Mapping[str, int]) -> dict[Term, Term]:
+    """Cheapest form of every term (filed under its index), with one extractor (costs computed once)."""
     # Among equally cheap forms prefer small constants (`(k + 1) % 4` over `(k + 9) % 4`) and
     # non-negative ones (`i - 1` over `i + -1`): literal size adds less than one node's cost.
     def base_cost(sort: str, v: eb.Value) -> int:
@@ -220,9 +249,9 @@ def _extract(eg: eb.EGraph, enc: _Encoder, lets: dict[Term, str], costs: Mapping
                          lambda _sort, _v, kids: sum(kids), base_cost)
     extractor = eb.Extractor([SORT], eg, model)
     dag, memo, out = eb.TermDag(), {}, {}
-    for t, let in lets.items():
+    for i, t in enumerate(terms):
         try:
-            sort, value = eg.eval_expr(eb.Var(_SPAN, let))
+            sort, value = eg.eval_expr(_app(_ROOT, _lit(eb.Int(i))))
             out[t] = enc.term(dag, extractor.extract_best(eg, dag, value, sort)[1], memo)
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             out[t] = t  # unextractable (all its nodes subsumed) or a shape with no term
@@ -255,17 +284,19 @@ def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence
         return _failed(result, e, start)
     try:
         enc = _Encoder()
-        lets = {t: f"{_LET_PREFIX}{i}" for i, t in enumerate(unique)}
-        names = {n for t in unique for n in t.names()} | set(ranges)
-        eg.run_program(*[eb.ActionCommand(eb.Let(_SPAN, lets[t], enc.expr(t))) for t in unique],
-                       *_range_facts(names, ranges))
+        for i, t in enumerate(unique):
+            enc.root(i, t)
+        # one rule without a query, run once: a top-level command per term costs several times more
+        seed = enc.actions + _range_facts(enc.names | set(ranges), ranges)
+        eg.run_program(eb.RuleCommand(eb.Rule(_SPAN, seed, [], "", _SEED)),
+                       eb.RunSchedule(eb.Run(_SPAN, eb.RunConfig(_SEED))))
         budgets = _Budgets(iterations, start + time_limit_s, time_limit_s, max_nodes)
         result.iterations, result.budget = _run_rules(eg, info.rulesets, budgets, result.rule_matches)
         if result.budget:
             warnings.warn(f"egglog stopped at its {result.budget}; {len(unique)} term(s) left unsimplified",
                           EggBudgetWarning, stacklevel=2)
         else:
-            result.terms = _extract(eg, enc, lets, info.costs)
+            result.terms = _extract(eg, enc, unique, info.costs)
         eg.run_program(eb.Pop(_SPAN, 1))
     except BaseException as e:  # pyo3's PanicException derives from BaseException
         _BASES.pop(key, None)  # a run that failed may have left the e-graph in any state
@@ -287,6 +318,7 @@ def _base(forms: tuple) -> tuple[eb.EGraph, _Loaded]:
         eg = eb.EGraph()
         try:
             info = _load(eg, forms)
+            eg.run_program(*eg.parse_program(f"(function {_ROOT} (i64) {SORT} :merge old) (ruleset {_SEED})", None))
         except _EggPanic as e:
             raise RuntimeError(str(e)) from e
         _BASES[forms] = (eg, info)

@@ -106,26 +106,48 @@ def _const(t: Term):
         return None
 
 
+def _scoper():
+    """``substitute`` for the loop renaming, memoised per (term, scope) and returning the term
+    itself when it mentions none of the scope's variables: most terms of a lowered graph are
+    shared between nodes and many mention no loop variable."""
+    memo: dict[tuple[int, int], tuple[Term, Term]] = {}
+
+    def scope(t: Term, mapping: dict[str, Term]) -> Term:
+        key = (id(t), id(mapping))
+        got = memo.get(key)
+        if got is None or got[0] is not t:
+            mine = t
+            if mapping and not mapping.keys().isdisjoint(t.names()):
+                mine = substitute(t, mapping)
+            got = memo[key] = (t, mine)
+        return got[1]
+    return scope
+
+
 def simplify_terms(kg: KernelGraph, forms: tuple) -> tuple[set[int], dict]:
     """Replace every term of ``kg`` (in place) by egglog's simplest form of it under the graph's
     range facts, each loop's variable renamed after its loop for the question; return the nodes
     changed and egglog's matches per rule."""
     scoped, loop_ranges = _loop_names(kg)
     back = {str(t.value): name_term(var) for m in scoped.values() for var, t in m.items()}
+    scope = _scoper()
     sites = []
     for n in kg.nodes():
         d = kg[n]
         for k in OPS[d["op"]].terms:
             v = d.get(k)
             if isinstance(v, Term):
-                sites.append((n, k, None, v, substitute(v, scoped[n])))
+                sites.append((n, k, None, v, scope(v, scoped[n])))
             elif isinstance(v, tuple):
-                sites.extend((n, k, i, x, substitute(x, scoped[n])) for i, x in enumerate(v) if isinstance(x, Term))
+                sites.extend((n, k, i, x, scope(x, scoped[n])) for i, x in enumerate(v) if isinstance(x, Term))
     ranges = {k: r for k, r in term_ranges(kg).items() if k not in {v for m in scoped.values() for v in m}}
     result = _simplify_cached([s[4] for s in sites], {**ranges, **loop_ranges}, forms)
     changed = set()
     for n, k, i, t, mine in sites:
-        new = substitute(result.terms.get(mine, mine), back)
+        out = result.terms.get(mine, mine)
+        if out is mine or out == mine:  # unchanged: renaming back gives ``t`` (no user name holds '@')
+            continue
+        new = substitute(out, back)
         if new != t:
             changed.add(n)
             if i is None:
