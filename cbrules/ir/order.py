@@ -111,10 +111,10 @@ class KeptOrder:
     ``seq``: the children in order; ``key``: a label per child that compares as its position does,
     spaced so that an insertion relabels nothing until a gap is used up; ``alone``: the children,
     in order, that were the only ready sibling when the sort took them; ``sources`` / ``sinks``:
-    the children no sibling precedes / follows. The sort takes a new node
-    (the largest id) only when nothing else is ready; so one whose first successor ``s`` is such a
-    child, with every predecessor before ``s`` and every other successor after it, goes right
-    before ``s`` and moves nothing else (see :meth:`KeptOrder.joins_before`)."""
+    the children no sibling precedes / follows. The sort takes a new node (the largest id) only
+    when nothing else is ready; so one whose first successor ``s`` is such a child, with every
+    predecessor before ``s`` and every other successor after it, goes right before ``s`` and moves
+    nothing else (:meth:`join`; anything else is sorted again)."""
 
     __slots__ = ("seq", "key", "alone", "top", "sources", "sinks")
     GAP = 1 << 20
@@ -255,8 +255,9 @@ def _smallest_first(waiting: dict[int, int], after: dict[int, list[int]],
                     alone: Optional[list[int]] = None) -> Optional[list[int]]:
     """Topological order taking the smallest ready id first (the lexicographic topological sort)
     of nodes that wait for ``waiting[n]`` others and release ``after[n]``; None when they form a
-    cycle. ``alone`` (when given) collects, in order, the nodes taken while no other was ready. Plain dicts and a heap: the scheduler, the verifier and every placement ask for it,
-    and a networkx DiGraph per call cost several times the sort itself. ``waiting`` is used up."""
+    cycle. ``alone`` (when given) collects, in order, the nodes taken while no other was ready.
+    Plain dicts and a heap: the scheduler, the verifier and every scope not kept ask for it, and a
+    networkx DiGraph per call cost several times the sort itself. ``waiting`` is used up."""
     ready = [n for n, k in waiting.items() if k == 0]
     heapq.heapify(ready)
     out = []
