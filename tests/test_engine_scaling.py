@@ -9,6 +9,7 @@ sizes, minutes at the next) or a hang does.
 """
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from benchmarks.compile_times import synthetic
 from cbrules import api
 from cbrules.ir import order
+from cbrules.ir.graph import KernelGraph
 from cbrules.kernels import specs
 from cbrules.rewrite import engine
 from cbrules.rewrite.actions import Rewriter
@@ -153,3 +155,47 @@ def test_large_kernels_lower_well_within_bound(family, nodes, bound_s):
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["nodes"] >= nodes - 8 and got["lowered"] > got["nodes"]
     assert got["cpu_s"] < bound_s, f"{family} of {nodes} nodes took {got['cpu_s']:.1f} CPU s"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kept_order_joins_as_the_sort_does(seed):
+    """Random scopes and random placements (a new node with random predecessors before a position
+    and successors from it, or first, or last): whenever the kept order takes the node without
+    sorting, order, sources, sinks and the children taken alone are what a fresh sort gives."""
+    rng = random.Random(seed)
+    kg = KernelGraph("k")
+    kg.keep_derived()
+    kids = [kg.add("syncthreads", kg.root) for _ in range(12)]
+    for _ in range(10):
+        a, b = sorted(rng.sample(kids, 2))
+        kg.add_depends(a, b)
+    joined = 0
+    for _ in range(150):
+        kept = order.kept_order(kg, kg.root)
+        seq = list(kept.seq)
+        n = kg.add("syncthreads", kg.root)
+        kind = rng.choice(["join", "join", "join", "first", "last"])
+        at = {"first": 0, "last": len(seq)}.get(kind, rng.randrange(len(seq) + 1))
+        preds = {"first": [], "last": seq}.get(kind, [c for c in seq[:at] if rng.random() < 0.15])
+        succs = {"first": seq, "last": []}.get(kind, ([seq[at]] if at < len(seq) and rng.random() < 0.9 else [])
+                                                 + [c for c in seq[at + 1:] if rng.random() < 0.1])
+        anchor_preds = kept.preds(kg, seq[at]) if at < len(seq) else []
+        for p in preds:
+            kg.add_depends(p, n)
+        for s in succs:
+            kg.add_depends(n, s)
+        mine = kept.preds(kg, n), kept.succs(kg, n)
+        if kind == "first":
+            kept.first(n, *mine)
+        elif kind == "last":
+            kept.last(n, *mine)
+        elif not kept.join(n, at, *mine, anchor_preds):
+            continue  # sorted afresh when next asked
+        joined += 1
+        fresh = kg.copy()
+        fresh._orders = {}
+        assert order.sibling_order(fresh, kg.root) == kept.seq
+        again = fresh.remembered_order(kg.root)
+        assert (again.alone, again.sources, again.sinks) == (kept.alone, kept.sources, kept.sinks)
+        kg.remember_order(kg.root, kept)
+    assert joined > 30
