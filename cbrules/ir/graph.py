@@ -15,7 +15,7 @@ import networkx as nx
 
 from .names import BUILTINS  # noqa: F401  (the CUDA builtins a term may name; public here too)
 from .ops import OPS, SCOPES, DependenceTracker, effects
-from .order import CONTAINS, DEPENDS
+from .order import CONTAINS, DEPENDS, KeptOrder
 from .terms import const
 
 
@@ -53,7 +53,7 @@ class KernelGraph:
         self._next_id = 0
         self._effects: dict = {}  # node -> (its attribute items, reads, writes): see effects()
         self._scope_effects: Optional[dict] = None  # node -> (reads, writes) while kept: see keep_derived()
-        self._orders: Optional[dict] = None  # scope -> its children in sibling order, while kept
+        self._orders: Optional[dict] = None  # scope -> its children's order.KeptOrder, while kept
         self._resources: Optional[dict] = None  # scope -> (resource -> children, child -> effects, stale children)
         self.trace = None  # set by lowering in debug mode
         self.root = self.add("kernel", None, origin={"by": "build"}, name=name, params=params,
@@ -258,11 +258,11 @@ class KernelGraph:
         stale.clear()
         return users, writers
 
-    def remembered_order(self, scope: int) -> Optional[list[int]]:
+    def remembered_order(self, scope: int) -> Optional[KeptOrder]:
         """The sibling order of ``scope``'s children while kept and unchanged (see :mod:`cbrules.ir.order`)."""
         return None if self._orders is None else self._orders.get(scope)
 
-    def remember_order(self, scope: int, order: list[int]) -> None:
+    def remember_order(self, scope: int, order: KeptOrder) -> None:
         if self._orders is not None:
             self._orders[scope] = order
 
@@ -311,7 +311,8 @@ class KernelGraph:
         new.g = self.g.copy()
         new._next_id, new.root, new.trace, new._effects = self._next_id, self.root, None, {}
         new._scope_effects = None if self._scope_effects is None else dict(self._scope_effects)
-        new._orders = None if self._orders is None else dict(self._orders)
+        # a kept order changes in place as nodes join it: each copy keeps its own
+        new._orders = None if self._orders is None else {s: o.copy() for s, o in self._orders.items()}
         new._resources = None if self._resources is None else {}  # rebuilt on use
         return new
 

@@ -38,7 +38,7 @@ from typing import Any, Optional
 from ..ir.graph import KernelGraph
 from .match import Matcher
 from ..ir.ops import OPS, conflicts, nearest_conflicts_among
-from ..ir.order import order_from, sibling_order, sibling_pairs
+from ..ir.order import kept_order, sibling_order, sibling_pairs
 from .schema import ACTIONS, settable as _settable, split_keys  # noqa: F401  (ACTIONS: public here too)
 from .sexpr import RuleError, SList
 from ..ir.terms import Term, as_term, substitute
@@ -124,7 +124,10 @@ class Rewriter:
         Against the other siblings, memory order follows from conflicting effects at that position.
         """
         kg = self.kg
-        seq = [c for c in sibling_order(kg, scope) if c != n]
+        kept = kept_order(kg, scope)
+        if kept is not None and n in kept.key:
+            kept = None  # n moves within its scope: sorted again when next asked
+        seq = kept.seq if kept is not None else [c for c in sibling_order(kg, scope) if c != n]
         if kg.parent(n) != scope:
             kg.g.add_edge(scope, n, kind="contains")
             kg.touch(scope)
@@ -132,34 +135,45 @@ class Rewriter:
         # entry/exit: before the siblings nothing precedes / after those nothing follows; the rest
         # is ordered through them (edges stay linear in the number of siblings)
         if where in ("entry", "exit"):
-            pairs = sibling_pairs(kg, seq)
-            led, led_by = {a for a, _ in pairs}, {b for _, b in pairs}
+            if kept is not None:  # its sources and sinks, in order
+                ends = sorted(kept.sources if where == "entry" else kept.sinks, key=kept.key.__getitem__)
+            else:
+                pairs = sibling_pairs(kg, seq)
+                led = {b for _, b in pairs} if where == "entry" else {a for a, _ in pairs}
+                ends = [c for c in seq if c not in led]
         if where == "entry":
-            at, before, after = 0, [], [c for c in seq if c not in led_by]
+            at, before, after = 0, [], ends
         elif where == "exit":
-            at, before, after = len(seq), [c for c in seq if c not in led], []
-        elif where == "before":
-            at, before, after = seq.index(anchor), [], [anchor]
+            at, before, after = len(seq), ends, []
         else:
-            at, before, after = seq.index(anchor) + 1, [anchor], []
+            at = kept.index(anchor) if kept is not None else seq.index(anchor)
+            at, before, after = (at, [], [anchor]) if where == "before" else (at + 1, [anchor], [])
+        anchor_preds = kept.preds(kg, seq[at]) if kept is not None and at < len(seq) and anchor else []
         for s in before:
             kg.add_depends(s, n)
         for s in after:
             kg.add_depends(n, s)
         # only the siblings that touch n's resources, by the scope's resource index
+        place = kept if kept is not None else {c: i for i, c in enumerate(seq)}  # sibling -> position
         preds, succs = nearest_conflicts_among(kg.lazy_effects(seq), at, kg.effects(n), kg.sibling_resources(scope),
-                                               {c: i for i, c in enumerate(seq)})
+                                               place)
         for i in preds:
             kg.add_depends(seq[i], n)
         for i in succs:
             kg.add_depends(n, seq[i])
-        # the new order, without sorting the whole scope again: at entry n precedes every source
-        # and at exit follows every sink, whatever its id; a new node (the largest id) placed next
-        # to an anchor leaves the order before it as it was (see order.order_from)
-        if where in ("entry", "exit"):
-            kg.remember_order(scope, [n, *seq] if where == "entry" else [*seq, n])
-        elif not seq or n > max(seq):
-            kg.remember_order(scope, seq[:at] + order_from(kg, [*seq[at:], n]))
+        # the new order without sorting the scope again: at entry n precedes every source and at
+        # exit follows every sink, whatever its id; a new node (the largest id) next to an anchor
+        # joins where the sort would put it when that moves no other sibling (see order.KeptOrder)
+        if kept is None:
+            return
+        mine = kept.preds(kg, n), kept.succs(kg, n)
+        if where == "entry":
+            kept.first(n, *mine)
+        elif where == "exit":
+            kept.last(n, *mine)
+        elif not kept.join(n, at, *mine, anchor_preds):
+            return
+        kg.remember_order(scope, kept)
 
     def instantiate(self, t: SList, parent: Optional[int]) -> int:
         """Create the nodes of a template under ``parent`` (not yet ordered among its siblings)."""
