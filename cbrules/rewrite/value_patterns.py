@@ -1,0 +1,76 @@
+"""Value patterns: how one attribute value is matched in a rule's ``:match`` -- ``?x`` (bind, or compare
+when bound; terms compare by value), ``_``, a literal, ``(one-of a b)``, ``(not P)``, ``(absent)``, and
+``(:key P ...)`` for dictionary attributes such as annotations -- and the explanation of the first key
+that fails (for ``why-not``)."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..ir.terms import Term, as_term
+from .schema import split_keys
+from .sexpr import Atom, Expr, SList
+
+MISSING = object()
+
+def _short(v: Any, limit: int = 80) -> str:
+    if isinstance(v, str):
+        text = f'"{v}"'
+    elif isinstance(v, dict):
+        text = "{" + ", ".join(f"{k}: {_short(x, limit)}" for k, x in v.items()) + "}"
+    else:
+        text = str(v)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _first_miss(path: str, p: Expr, value: Any, b: dict) -> str:
+    """Expected vs actual at the innermost key of a (:key P ...) pattern that fails."""
+    if isinstance(p, SList) and p.items and isinstance(p.items[0], Atom) and p.items[0].kind == "kw" \
+            and isinstance(value, dict):
+        _, keys = split_keys(p.items, 0)
+        for k, sub in keys.items():
+            got = value.get(k, MISSING)
+            nb = match_value(sub, got, b)
+            if nb is None:
+                return _first_miss(f"{path} :{k}", sub, got, b)
+            b = nb
+    return f"{path}: wants {p}, has {'nothing' if value is MISSING else _short(value)}"
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, (Term, int)) and isinstance(b, (Term, int)) and not isinstance(a, bool) \
+            and not isinstance(b, bool):
+        return as_term(a) == as_term(b)
+    return a == b
+
+
+def match_value(p: Expr, value: Any, b: dict) -> Optional[dict]:
+    """Match one attribute value against a value pattern; returns extended bindings or None."""
+    if isinstance(p, Atom):
+        if p.kind == "var":
+            if p.value in b:
+                return b if value is not MISSING and _equal(b[p.value], value) else None
+            return None if value is MISSING else {**b, p.value: value}
+        if p.kind == "sym" and p.value == "_":
+            return b if value is not MISSING else None
+        lit = {"true": True, "false": False}.get(p.value, p.value) if p.kind == "sym" else p.value
+        return b if value is not MISSING and _equal(lit, value) else None
+    head = p.head()
+    if head == "one-of":
+        for alt in p.items[1:]:
+            r = match_value(alt, value, b)
+            if r is not None:
+                return r
+        return None
+    if head == "not":
+        return b if match_value(p.items[1], value, b) is None else None
+    if head == "absent":
+        return b if value is MISSING or value is None else None
+    # (:key P ...) -- a dictionary attribute
+    if not isinstance(value, dict):
+        return None
+    _, keys = split_keys(p.items, 0)
+    for k, sub in keys.items():
+        b = match_value(sub, value.get(k, MISSING), b)
+        if b is None:
+            return None
+    return b
