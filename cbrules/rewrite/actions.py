@@ -36,19 +36,15 @@ import re
 from typing import Any, Optional
 
 from ..ir.graph import KernelGraph
-from .match import Matcher
 from ..ir.ops import OPS, conflicts, nearest_conflicts_among
 from ..ir.order import kept_order, sibling_order, sibling_pairs
 from .schema import ACTIONS, settable as _settable, split_keys  # noqa: F401  (ACTIONS: public here too)
 from .sexpr import RuleError, SList
-from ..ir.terms import Term, as_term, substitute
+from ..ir.terms import Term, as_term
 from .values import Env, NodeRef, evaluate
-from ..ir.verify import attribute_problem
-
-# values a rule sets: the shipped rules' largest term has 27 nodes and is 7 deep
-MAX_VALUE_SIZE = 10_000
-VALUE_PARTS_PER_NODE = 16
-MAX_VALUE_DEPTH = 200
+from .action_values import (MAX_VALUE_DEPTH, MAX_VALUE_SIZE, VALUE_PARTS_PER_NODE, _bounded,  # noqa: F401
+                            _coerce, _printable, _replace, _show)
+from .cloning import Cloning
 
 
 class RuleFailure(Exception):
@@ -60,7 +56,7 @@ class RuleFailure(Exception):
         self.code = code
 
 
-class Rewriter:
+class Rewriter(Cloning):
     """Applies one rule application's actions to a graph (the engine hands it a copy)."""
 
     def __init__(self, kg: KernelGraph, bindings: dict, origin: dict):
@@ -335,66 +331,6 @@ class Rewriter:
         self.changed.append(n)
         self.moved.append(n)
 
-    # ------------------------------------------------------------------ cloning
-    def _clone(self, a, target, *kv) -> None:
-        src = self.node(target)
-        self.not_root(target, src, "clone")
-        _, keys = split_keys(kv, 0)
-        matcher = Matcher(self.kg)
-        leaves = {n for n in self.kg.descendants(src) if not self.kg.is_scope(n)}
-        kept = leaves if "keep" not in keys else matcher.select(keys["keep"], self.b, src) & leaves
-        mapping: dict[str, Term] = {}
-        shifted: set[int] = set()
-        if "substitute" in keys:
-            if len(keys["substitute"]) != 3:
-                raise RuleError(keys["substitute"].pos, ":substitute takes (FILTER NAME TERM)")
-            pat, var, term = keys["substitute"].items
-            mapping = {str(self.value(var)): as_term(self.value(term))}
-            shifted = matcher.select(pat, self.b, src) & kept
-        parent = self.kg.parent(src)
-        new = self._copy(src, kept, mapping, shifted, keys.get("substitute"), root=True)
-        self.place(new, parent, "before", src)
-        if "set" in keys:
-            if not isinstance(keys["set"], SList):
-                raise RuleError(keys["set"].pos, "clone :set takes a list (:key value ...)")
-            self._set_attrs(new, keys["set"].items)
-        if "as" in keys:
-            self.b[keys["as"].value] = NodeRef(new)
-
-    def _copy(self, n: int, kept: set, mapping: dict, shifted: set, at: Optional[SList],
-              root: bool = False) -> Optional[int]:
-        """Copy ``n``'s subtree: kept leaves, and the scopes holding some (the root always)."""
-        kg = self.kg
-        inside = [d for d in kg.descendants(n) if d in kept] if kg.is_scope(n) else []
-        if not root and (n not in kept if not kg.is_scope(n) else not inside):
-            return None
-        attrs = kg.attrs(n)
-        # a leaf in the substituted set, or an inner scope holding only such leaves, sees the new value
-        if n in shifted or (not root and inside and all(d in shifted for d in inside)):
-            for k in OPS[kg.op(n)].terms:
-                v = attrs.get(k)
-                if isinstance(v, Term):
-                    attrs[k] = substitute(v, mapping)
-                elif isinstance(v, tuple):
-                    attrs[k] = tuple(substitute(x, mapping) if isinstance(x, Term) else x for x in v)
-                _bounded(k, attrs.get(k), at, len(self.kg))
-        first = kg[n]["origin"]
-        source = first.get("source") or (f"{first['rule']} @ {first['at']}" if first.get("rule")
-                                         else f"build @ {first.get('where', '?')}")
-        new = kg.add(kg.op(n), None, origin={**self.origin, "from": n, "source": source}, **attrs)
-        self.created.append(new)
-        if not kg.is_scope(n):
-            return new
-        seq = []
-        for c in sibling_order(kg, n):
-            cc = self._copy(c, kept, mapping, shifted, at)
-            if cc is not None:
-                kg.g.add_edge(new, cc, kind="contains")
-                kg.touch(new)
-                seq.append(cc)
-        kg.order_by_effects(seq)  # the copies keep the original's order wherever effects conflict
-        return new
-
     # ------------------------------------------------------------------ edges, bindings, failure
     def _add_edge(self, a, x, y) -> None:
         u, v = self.node(x), self.node(y)
@@ -451,60 +387,3 @@ class Rewriter:
                       str(self.value(pos[0])))
         code = str(self.value(keys["code"])) if "code" in keys else None
         raise RuleFailure(text, code)
-
-
-def _replace(t: Any, frm: Term, to: Term) -> Any:
-    """``t`` with every occurrence of the subterm ``frm`` replaced by ``to``."""
-    if not isinstance(t, Term):
-        return t
-    if t.op == frm.op and t == frm:
-        return to
-    if not t.args:
-        return t
-    args = tuple(_replace(x, frm, to) for x in t.args)
-    # unchanged: the same object, so that the caller's comparison costs nothing
-    return t if all(a is b for a, b in zip(args, t.args)) else Term(t.op, args, t.value)
-
-
-def _coerce(spec, key: str, value: Any) -> Any:
-    """Values of term attributes become terms (tuples of them for coordinates)."""
-    if key not in spec.terms:
-        return value
-    return tuple(as_term(x) for x in value) if isinstance(value, tuple) else as_term(value)
-
-
-def _printable(op: str, key: str, value: Any, expr) -> None:
-    """Refuse, at the rule's own text, a name or number codegen could not print safely (verify
-    would catch it after the phase, but could name only the node, not the action that set it)."""
-    bad = attribute_problem(op, key, value)
-    if bad:
-        raise RuleError(expr.pos, f"{op} :{key}: {bad}")
-
-
-def _bounded(key: str, value: Any, expr, nodes: int) -> None:
-    """Refuse a value a rule built that is too large to print, hash or simplify: a rule that feeds
-    its own output back (``(set ?L :stop (+ ?n ?n))`` once a new node) doubles it each time."""
-    sizes: dict[int, int] = {}  # terms share subterms: count each tree node, visit each object once
-
-    def size(v: Any, depth: int) -> int:
-        if depth > MAX_VALUE_DEPTH:
-            raise RuleError(expr.pos, f":{key} would be a value nested more than {MAX_VALUE_DEPTH} deep; a rule "
-                            "probably grows it each time it fires: guard the rule")
-        if isinstance(v, str):
-            return 1 + len(v)
-        if not isinstance(v, (Term, tuple, dict)):
-            return 1
-        if id(v) not in sizes:
-            parts = v.args if isinstance(v, Term) else v.values() if isinstance(v, dict) else v
-            sizes[id(v)] = 1 + sum(size(a, depth + 1) for a in parts)
-        return sizes[id(v)]
-
-    n, bound = size(value, 0), MAX_VALUE_SIZE + VALUE_PARTS_PER_NODE * nodes
-    if n > bound:
-        raise RuleError(expr.pos, f":{key} would be a value of {n} parts (term nodes, characters, elements), more "
-                        f"than {bound} for a graph of {nodes} nodes; a rule probably grows it each time it fires: "
-                        "guard the rule")
-
-
-def _show(v: Any, kg: KernelGraph) -> str:
-    return kg.describe(v.id) if isinstance(v, NodeRef) and v.id in kg else str(v)

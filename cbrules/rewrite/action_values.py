@@ -1,0 +1,74 @@
+"""The values rewrite actions set, checked before they reach the graph: terms where an attribute takes
+terms, names and numbers codegen can print, and a size bound that stops a rule feeding its own output
+back; plus term replacement and how a bound value is shown in a ``fail`` message."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..ir.graph import KernelGraph
+from ..ir.terms import Term, as_term
+from ..ir.verify import attribute_problem
+from .sexpr import RuleError
+from .values import NodeRef
+
+# values a rule sets: the shipped rules' largest term has 27 nodes and is 7 deep
+MAX_VALUE_SIZE = 10_000
+VALUE_PARTS_PER_NODE = 16
+MAX_VALUE_DEPTH = 200
+
+
+def _replace(t: Any, frm: Term, to: Term) -> Any:
+    """``t`` with every occurrence of the subterm ``frm`` replaced by ``to``."""
+    if not isinstance(t, Term):
+        return t
+    if t.op == frm.op and t == frm:
+        return to
+    if not t.args:
+        return t
+    args = tuple(_replace(x, frm, to) for x in t.args)
+    # unchanged: the same object, so that the caller's comparison costs nothing
+    return t if all(a is b for a, b in zip(args, t.args)) else Term(t.op, args, t.value)
+
+
+def _coerce(spec, key: str, value: Any) -> Any:
+    """Values of term attributes become terms (tuples of them for coordinates)."""
+    if key not in spec.terms:
+        return value
+    return tuple(as_term(x) for x in value) if isinstance(value, tuple) else as_term(value)
+
+
+def _printable(op: str, key: str, value: Any, expr) -> None:
+    """Refuse, at the rule's own text, a name or number codegen could not print safely (verify
+    would catch it after the phase, but could name only the node, not the action that set it)."""
+    bad = attribute_problem(op, key, value)
+    if bad:
+        raise RuleError(expr.pos, f"{op} :{key}: {bad}")
+
+
+def _bounded(key: str, value: Any, expr, nodes: int) -> None:
+    """Refuse a value a rule built that is too large to print, hash or simplify: a rule that feeds
+    its own output back (``(set ?L :stop (+ ?n ?n))`` once a new node) doubles it each time."""
+    sizes: dict[int, int] = {}  # terms share subterms: count each tree node, visit each object once
+
+    def size(v: Any, depth: int) -> int:
+        if depth > MAX_VALUE_DEPTH:
+            raise RuleError(expr.pos, f":{key} would be a value nested more than {MAX_VALUE_DEPTH} deep; a rule "
+                            "probably grows it each time it fires: guard the rule")
+        if isinstance(v, str):
+            return 1 + len(v)
+        if not isinstance(v, (Term, tuple, dict)):
+            return 1
+        if id(v) not in sizes:
+            parts = v.args if isinstance(v, Term) else v.values() if isinstance(v, dict) else v
+            sizes[id(v)] = 1 + sum(size(a, depth + 1) for a in parts)
+        return sizes[id(v)]
+
+    n, bound = size(value, 0), MAX_VALUE_SIZE + VALUE_PARTS_PER_NODE * nodes
+    if n > bound:
+        raise RuleError(expr.pos, f":{key} would be a value of {n} parts (term nodes, characters, elements), more "
+                        f"than {bound} for a graph of {nodes} nodes; a rule probably grows it each time it fires: "
+                        "guard the rule")
+
+
+def _show(v: Any, kg: KernelGraph) -> str:
+    return kg.describe(v.id) if isinstance(v, NodeRef) and v.id in kg else str(v)

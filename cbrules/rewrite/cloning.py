@@ -1,0 +1,79 @@
+"""``(clone ?L ...)``: the generic clone-by-schedule primitive the pipeline rules build the prologue,
+main loop and epilogue with (a copy of scope ?L placed before it, keeping the leaves a pattern selects,
+substituting a name by a term in some of them); mixed into :class:`cbrules.rewrite.actions.Rewriter`."""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..ir.ops import OPS
+from ..ir.order import sibling_order
+from ..ir.terms import Term, as_term, substitute
+from .action_values import _bounded
+from .match import Matcher
+from .schema import split_keys
+from .sexpr import RuleError, SList
+from .values import NodeRef
+
+
+class Cloning:
+    """``_clone`` and the subtree copy under it (needs the Rewriter's graph, bindings, origin, ``node``,
+    ``value``, ``place`` and ``_set_attrs``)."""
+
+    def _clone(self, a, target, *kv) -> None:
+        src = self.node(target)
+        self.not_root(target, src, "clone")
+        _, keys = split_keys(kv, 0)
+        matcher = Matcher(self.kg)
+        leaves = {n for n in self.kg.descendants(src) if not self.kg.is_scope(n)}
+        kept = leaves if "keep" not in keys else matcher.select(keys["keep"], self.b, src) & leaves
+        mapping: dict[str, Term] = {}
+        shifted: set[int] = set()
+        if "substitute" in keys:
+            if len(keys["substitute"]) != 3:
+                raise RuleError(keys["substitute"].pos, ":substitute takes (FILTER NAME TERM)")
+            pat, var, term = keys["substitute"].items
+            mapping = {str(self.value(var)): as_term(self.value(term))}
+            shifted = matcher.select(pat, self.b, src) & kept
+        parent = self.kg.parent(src)
+        new = self._copy(src, kept, mapping, shifted, keys.get("substitute"), root=True)
+        self.place(new, parent, "before", src)
+        if "set" in keys:
+            if not isinstance(keys["set"], SList):
+                raise RuleError(keys["set"].pos, "clone :set takes a list (:key value ...)")
+            self._set_attrs(new, keys["set"].items)
+        if "as" in keys:
+            self.b[keys["as"].value] = NodeRef(new)
+
+    def _copy(self, n: int, kept: set, mapping: dict, shifted: set, at: Optional[SList],
+              root: bool = False) -> Optional[int]:
+        """Copy ``n``'s subtree: kept leaves, and the scopes holding some (the root always)."""
+        kg = self.kg
+        inside = [d for d in kg.descendants(n) if d in kept] if kg.is_scope(n) else []
+        if not root and (n not in kept if not kg.is_scope(n) else not inside):
+            return None
+        attrs = kg.attrs(n)
+        # a leaf in the substituted set, or an inner scope holding only such leaves, sees the new value
+        if n in shifted or (not root and inside and all(d in shifted for d in inside)):
+            for k in OPS[kg.op(n)].terms:
+                v = attrs.get(k)
+                if isinstance(v, Term):
+                    attrs[k] = substitute(v, mapping)
+                elif isinstance(v, tuple):
+                    attrs[k] = tuple(substitute(x, mapping) if isinstance(x, Term) else x for x in v)
+                _bounded(k, attrs.get(k), at, len(self.kg))
+        first = kg[n]["origin"]
+        source = first.get("source") or (f"{first['rule']} @ {first['at']}" if first.get("rule")
+                                         else f"build @ {first.get('where', '?')}")
+        new = kg.add(kg.op(n), None, origin={**self.origin, "from": n, "source": source}, **attrs)
+        self.created.append(new)
+        if not kg.is_scope(n):
+            return new
+        seq = []
+        for c in sibling_order(kg, n):
+            cc = self._copy(c, kept, mapping, shifted, at)
+            if cc is not None:
+                kg.g.add_edge(new, cc, kind="contains")
+                kg.touch(new)
+                seq.append(cc)
+        kg.order_by_effects(seq)  # the copies keep the original's order wherever effects conflict
+        return new
