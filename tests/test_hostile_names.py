@@ -97,6 +97,7 @@ def test_alloc_shapes_are_positive_ints(shape, message):
     (dict(stages=2.5), "stages must be an int, got 2.5"), (dict(stages=True), "stages must be an int"),
     (dict(stages="3"), "stages must be an int"), (dict(stages=3, prefetch=1.0), "prefetch must be an int"),
     (dict(stages=3, war=1), "war must be"),
+    (dict(stages=3, strict_trip_count="yes"), "strict_trip_count must be True or False"),
 ])
 def test_circular_buffer_options_are_ints(options, message):
     with pytest.raises(BuildError, match=message):
@@ -118,6 +119,20 @@ def test_circular_buffer_ranges_stay_with_the_rules():
 ])
 def test_builder_values(build, message):
     with pytest.raises(BuildError, match=message):
+        build(Kernel("k", block=64))
+
+
+@pytest.mark.parametrize("build", [
+    lambda k: k.select(object(), 1.0, 2.0),
+    lambda k: k.exp([1.0]),
+    lambda k: k.assign({"a": 1}),
+    lambda k: k.store(k.tensor("t", (4,)), 0, object()),
+])
+def test_values_that_are_no_terms_are_named(build):
+    """Any value where a term is needed (an operand, an index, a stored value) that is no number, term
+    or expression text: a named error that is still a TypeError, not a raw one."""
+    from cbrules.ir.terms import TermTypeError
+    with pytest.raises(TermTypeError, match="cannot make a term from"):
         build(Kernel("k", block=64))
 
 

@@ -150,8 +150,8 @@ def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = N
     if warp_specialize or registers is not None:  # absent otherwise: annotations stay as they were
         opts["warp_specialize"] = warp_specialize
         opts["registers"] = registers
-    if strict_trip_count:  # absent otherwise, as above
-        opts["strict_trip_count"] = True
+    if strict_trip_count is not False:  # absent otherwise, as above; a non-bool is refused below
+        opts["strict_trip_count"] = strict_trip_count
     return _cb_options(opts, "circular_buffer(...)")
 
 

@@ -95,6 +95,11 @@ def call(fn: str, *args: TermLike) -> Term:
     return Term("call", tuple(as_term(a) for a in args), fn)
 
 
+class TermTypeError(CbrulesError, TypeError):
+    """A value that is no number, term or expression text where a term is needed (a TypeError too,
+    for callers that catch that)."""
+
+
 def as_term(x: TermLike) -> Term:
     """Coerce Python numbers, text (parsed) and terms into a term."""
     if isinstance(x, Term):
@@ -105,7 +110,8 @@ def as_term(x: TermLike) -> Term:
         return const(x)
     if isinstance(x, str):
         return parse(x)
-    raise TypeError(f"cannot make a term from {x!r} ({type(x).__name__})")
+    raise TermTypeError(f"cannot make a term from {x!r} ({type(x).__name__}); give an int, a float, a term "
+                        "(e.g. threadIdx.x, a loaded value) or an expression text")
 
 
 # ------------------------------------------------------------------------------ device functions
