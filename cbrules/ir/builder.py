@@ -60,16 +60,6 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
         self._stored: set[str] = set()  # buffers written by plain stores (their coverage is not judged)
         self._fragments: dict[str, tuple[int, int, int]] = {}  # accumulator -> (bm, bn, groups)
 
-    # the checks the mixed-in calls (builder_mma) use, so that module need not import this one
-    def _where(self, call: str) -> str:
-        return f"{call} at {_call_site()}"
-
-    def _error(self, message: str) -> BuildError:
-        return BuildError(message)
-
-    def _int_arg(self, value: Any, where: str, what: str, low: Optional[int] = None) -> int:
-        return _int(value, where, what, low)
-
     # ---------------------------------------------------------------- names
     def _claim(self, nm: Any, what: str, call: str, reuse: bool = False) -> str:
         """Check ``nm`` (given to builder call ``call``) and record it as naming a ``what``;

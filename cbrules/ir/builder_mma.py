@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from .builder_values import BuildError, _call_site, _int
 from .ops import DTYPE_BYTES
 from .terms import Term, TermLike, as_term, name
 
@@ -47,28 +48,28 @@ class MmaBuilder:
         nm = self._known(acc, ("buffer",), call)
         frag = self._fragments.get(nm)
         if frag is None:
-            raise self._error(f"{self._where(call)}: {nm!r} is not an accumulator; pass the handle "
+            raise BuildError(f"{call} at {_call_site()}: {nm!r} is not an accumulator; pass the handle "
                              "mma_accumulator(...) returned")
         return frag
 
     def mma_accumulator(self, bm: int, bn: int, acc: str = "acc", groups: Optional[int] = None):
         """A zeroed float32 accumulator for a tile C[bm, bn] on ``groups`` consumer warp groups (default: the
         block's threads / 128); each warp group holds bm/groups rows in 64-row blocks. Returns its handle."""
-        where = self._where("mma_accumulator")
-        bm, bn = self._int_arg(bm, where, "bm", 1), self._int_arg(bn, where, "bn", 1)
+        where = f"mma_accumulator at {_call_site()}"
+        bm, bn = _int(bm, where, "bm", 1), _int(bn, where, "bn", 1)
         block = self.graph.kernel()["block"]
         if block[1] != 1 or block[2] != 1 or block[0] % WARPGROUP:
-            raise self._error(f"{where}: warpgroup MMA runs on whole warp groups of a one-dimensional block; the "
+            raise BuildError(f"{where}: warpgroup MMA runs on whole warp groups of a one-dimensional block; the "
                              f"block is {block}: use 128 x (consumer warp groups) threads in x")
-        groups = block[0] // WARPGROUP if groups is None else self._int_arg(groups, where, "groups", 1)
+        groups = block[0] // WARPGROUP if groups is None else _int(groups, where, "groups", 1)
         if groups * WARPGROUP != block[0]:
-            raise self._error(f"{where}: {groups} consumer warp groups need a block of {groups * WARPGROUP} threads, "
+            raise BuildError(f"{where}: {groups} consumer warp groups need a block of {groups * WARPGROUP} threads, "
                              f"the block has {block[0]}; make them agree")
         if bm % (MMA_M * groups):
-            raise self._error(f"{where}: bm={bm} does not split into 64-row blocks over {groups} warp groups; use a "
+            raise BuildError(f"{where}: bm={bm} does not split into 64-row blocks over {groups} warp groups; use a "
                              f"multiple of {MMA_M * groups}")
         if bn % 8 or not 8 <= bn <= MMA_MAX_N:
-            raise self._error(f"{where}: bn={bn}: a wgmma computes N = 8..256 columns in steps of 8; use such a bn")
+            raise BuildError(f"{where}: bn={bn}: a wgmma computes N = 8..256 columns in steps of 8; use such a bn")
         size = (bm // groups // MMA_M) * (bn // 2)
         buf = self.alloc(acc, "register", "float32", (size,))
         self._fragments[buf.name] = (bm, bn, groups)
@@ -85,22 +86,22 @@ class MmaBuilder:
         """Issue ``acc += a @ b^T`` on the tensor cores: ``a`` a shared [BM, BK] tile, ``b`` a shared
         [BN, BK] tile (B given K-major), both bfloat16 or both float16, their rows BK * 2 = 32, 64 or 128
         bytes and filled by TMA loads with that swizzle. ``scale_d=0`` overwrites acc instead."""
-        where = self._where("mma")
+        where = f"mma at {_call_site()}"
         bm, bn, groups = self._mma_fragment(acc, "mma")
         a_name, b_name = self._known(a, ("buffer",), "mma"), self._known(b, ("buffer",), "mma")
         for t, nm in ((a, "a"), (b, "b")):
             if t.space != "shared" or t.dtype not in MMA_DTYPES or len(t.shape) != 2:
-                raise self._error(f"{where}: operand {nm} ({t.name!r}, {t.space} {t.dtype} {t.shape}) must be a "
+                raise BuildError(f"{where}: operand {nm} ({t.name!r}, {t.space} {t.dtype} {t.shape}) must be a "
                                  f"two-dimensional shared tile of {' or '.join(MMA_DTYPES)}")
         if a.dtype != b.dtype:
-            raise self._error(f"{where}: operands of different types ({a.dtype}, {b.dtype}); give both one type")
+            raise BuildError(f"{where}: operands of different types ({a.dtype}, {b.dtype}); give both one type")
         bk = a.shape[1]
         if a.shape != (bm, bk) or b.shape != (bn, bk):
-            raise self._error(f"{where}: tiles a {a.shape} and b {b.shape} do not fit the accumulator's tile "
+            raise BuildError(f"{where}: tiles a {a.shape} and b {b.shape} do not fit the accumulator's tile "
                              f"[{bm}, {bn}]: a must be [{bm}, BK] and b [{bn}, BK] (B given as [N, K])")
         row_bytes = bk * DTYPE_BYTES[a.dtype]
         if row_bytes not in (32, 64, 128):
-            raise self._error(f"{where}: BK={bk} makes tile rows of {row_bytes} bytes; a row must be one swizzle "
+            raise BuildError(f"{where}: BK={bk} makes tile rows of {row_bytes} bytes; a row must be one swizzle "
                              f"span (32, 64 or 128 bytes): use BK = 16, 32 or 64 for {a.dtype}")
         self._node("mma", acc=acc.name, a=a_name, b=b_name, shape=(bm, bn, bk), groups=groups, dtype=a.dtype,
                    swizzle=row_bytes, a_offset=as_term(a_offset), b_offset=as_term(b_offset),
@@ -114,17 +115,17 @@ class MmaBuilder:
         write it with one TMA store while the next is staged (rules/tma_store.rules), in BM x W of shared
         memory a slot; the TMA store clips the box at the tensor's edges, so the staged elements need no
         bounds test. Its register indices depend on the chunk, so the rules unroll that loop (rules/mma.rules)."""
-        where = self._where("mma_store")
+        where = f"mma_store at {_call_site()}"
         bm, bn, groups = self._mma_fragment(acc, "mma_store")
         self._known(tmap, ("tensor map",), "mma_store")
         tensor = tmap.tensor
         width = tmap.box[-1]
         if len(tensor.shape) != 2 or tmap.box[0] != bm or bn % width or width % 8:
-            raise self._error(f"{where}: tensor map {tmap.name!r} has box {tmap.box}; the accumulator's tile is "
+            raise BuildError(f"{where}: tensor map {tmap.name!r} has box {tmap.box}; the accumulator's tile is "
                              f"[{bm}, {bn}]: map the two-dimensional output with box ({bm}, W), W a multiple of 8 "
                              f"dividing {bn}")
         if not isinstance(coords, (tuple, list)) or len(coords) != 2:
-            raise self._error(f"{where}: coords {coords!r} must be (row, column) of the tile's first element")
+            raise BuildError(f"{where}: coords {coords!r} must be (row, column) of the tile's first element")
         row0, col0 = (as_term(c) for c in coords)
         n = tensor.shape[1]
         half, chunk_regs = bn // 2, width // 2
@@ -149,4 +150,4 @@ class MmaBuilder:
 
     def wgmma_wait(self, pending: int = 0) -> None:
         """``wgmma.wait_group pending``: all but the newest ``pending`` committed groups are complete."""
-        self._node("wgmma_wait", pending=self._int_arg(pending, self._where("wgmma_wait"), "pending", 0))
+        self._node("wgmma_wait", pending=_int(pending, f"wgmma_wait at {_call_site()}", "pending", 0))
