@@ -2,6 +2,9 @@
 columns), e.g. under a compute-sanitizer tool:
 
     compute-sanitizer --tool memcheck python3 benchmarks/probe_elements.py persistent 512,2048 bfloat16 2
+    compute-sanitizer --tool racecheck python3 benchmarks/probe_elements.py inner_reduction 257,5000 bfloat16 3 rows=4
+
+(build parameters after the stage count, NAME=INTEGER).
 """
 from __future__ import annotations
 
@@ -18,8 +21,9 @@ def main(argv: list[str]) -> int:
     from cbrules.kernels import KERNELS
 
     name, shape, dtype, stages = argv[0], tuple(int(s) for s in argv[1].split(",")), argv[2], int(argv[3])
+    params = {k: int(v) for k, v in (kv.split("=") for kv in argv[4:])}
     spec = KERNELS[name]
-    ck = api.compile(spec.build(shape, stages=stages, dtype=dtype))
+    ck = api.compile(spec.build(shape, stages=stages, dtype=dtype, **params))
     args = spec.make_inputs(shape, np.random.default_rng(0), dtype)
     want = spec.expected(args)
     bound = ck.bind(**args)
@@ -32,7 +36,7 @@ def main(argv: list[str]) -> int:
     for o in spec.outputs:
         got = args[o].astype(np.float64)
         bad = ~np.isclose(got, want[o], rtol=rtol, atol=atol)
-        print(f"{name} {shape} {dtype} S={stages} {o}: {int(bad.sum())} of {bad.size} elements differ")
+        print(f"{name} {shape} {dtype} S={stages} {params} {o}: {int(bad.sum())} of {bad.size} elements differ")
         if bad.any() and bad.ndim == 2:
             rows, cols = np.unique(np.nonzero(bad)[0]), np.unique(np.nonzero(bad)[1])
             print(f"  rows ({len(rows)}): {rows[:12].tolist()}  columns ({len(cols)}): {cols[:12].tolist()}")

@@ -4,6 +4,7 @@ torch and the copy ceiling, on one Hopper GPU. Prints a markdown table; validate
     python3 benchmarks/sweep.py --op exp --shape 16384x16384 --param rows=4,8,16 --war sync,mbarrier
     python3 benchmarks/sweep.py --op inner_sum --shape 65536x4096 --param width=256,512,1024,2048
     python3 benchmarks/sweep.py --op normalize --kernel two_pass --shape 4096x65536 --param width=1024,2048
+    python3 benchmarks/sweep.py --op inner_sum --shape 65536x4096 --dtype bfloat16 --param rows=1,4
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def main(argv=None) -> int:
     p.add_argument("--stages", default="2,3,4")
     p.add_argument("--war", default="sync")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="element type of every tensor (torch runs in it too)")
     a = p.parse_args(argv)
 
     import torch
@@ -43,16 +46,18 @@ def main(argv=None) -> int:
     m, n = (int(v) for v in a.shape.split("x")[:2])
     spec = KERNELS[a.kernel or OPS[a.op].kernel]
     gen = torch.Generator(device="cuda").manual_seed(0)
+    half = a.dtype != "float32"
     if a.op == "matmul":  # MxN with K = N, rated in TFLOP/s (printed where the others print GB/s)
         t = {"a": torch.randn(m, n, device="cuda", generator=gen), "b": torch.randn(n, n, device="cuda", generator=gen)}
     else:
         t = {"x": torch.randn(m, n, device="cuda", generator=gen)}
     if a.op == "add":
         t["y"] = torch.randn(m, n, device="cuda", generator=gen)
+    t = {k: v.to(getattr(torch, a.dtype)) for k, v in t.items()}
     want = _TORCH[a.op](t, torch)
     out_name = "c" if a.op == "matmul" else "out"
     t[out_name] = torch.empty_like(want)
-    nbytes = io_bytes(a.op, (m, n)) if a.op != "matmul" else 2 * m * n * n // 1000  # so "GB/s" reads TFLOP/s
+    nbytes = io_bytes(a.op, (m, n), a.dtype) if a.op != "matmul" else 2 * m * n * n // 1000  # so "GB/s" reads TFLOP/s
 
     def median_ms(fn) -> float:
         for _ in range(3):
@@ -73,12 +78,13 @@ def main(argv=None) -> int:
         for stages, war in itertools.product((int(s) for s in a.stages.split(",")), a.war.split(",")):
             label = " ".join(f"{k}={v}" for k, v in params.items()) or "default"
             try:
-                ck = api.compile(spec.factory(stages=stages, war=war, **spec.build_params((m, n)), **params))
+                dtype = {"dtype": a.dtype} if half else {}  # float32 kernels are built as before
+                ck = api.compile(spec.factory(stages=stages, war=war, **spec.build_params((m, n)), **dtype, **params))
                 bound = ck.bind(**t)
                 t[out_name].fill_(float("nan"))
                 bound.launch()
                 runtime.synchronize()
-                rtol, atol = OPS[a.op].tol((m, n, n))
+                rtol, atol = OPS[a.op].tol((m, n, n), a.dtype)
                 if not torch.allclose(t[out_name], want, rtol=rtol, atol=atol):
                     raise AssertionError("output differs from torch")
                 ms = median_ms(bound.launch)

@@ -24,6 +24,40 @@ def test_wide_inner_reduction(stages, prefetch, war):
     np.testing.assert_allclose(got, x.astype(np.float64).sum(1), rtol=1e-4, atol=1e-3)
 
 
+def _variant(name, trips_shape, **params):
+    """The built-in kernel ``name`` built with tile ``params``, for the CPU checker."""
+    import dataclasses
+    import functools
+    from cbrules.kernels import KERNELS
+    spec = KERNELS[name]
+    return dataclasses.replace(spec, factory=functools.partial(spec.factory, **params), shape_for_trips=trips_shape)
+
+
+@pytest.mark.parametrize("dtype, width, rows", [("float32", 256, 3), ("bfloat16", 1024, 4), ("float16", 512, 2)])
+@pytest.mark.parametrize("stages, prefetch, war", [(2, 1, "sync"), (3, None, "mbarrier")])
+def test_inner_reduction_rows_a_block(dtype, width, rows, stages, prefetch, war):
+    """Several rows a block, the last block reaching past M (its rows arrive as zeros and store
+    nothing): every trip count 0 .. 4S, interpreted with the protocol checks, against numpy and the
+    kernel before lowering."""
+    from cbrules.check import Checker, trip_counts
+    spec = _variant("inner_reduction", lambda t: (2 * rows + 1, width * t - 64), width=width, rows=rows)
+    checker = Checker(dtype=dtype)
+    for trips in trip_counts(stages):
+        r = checker.check(spec, trips, stages, prefetch, war)
+        assert r.ok, f"trips {trips}: {r.status} {r.detail}"
+
+
+@pytest.mark.parametrize("dtype, rows, cols", [("float32", 512, 32), ("bfloat16", 768, 32)])
+def test_outer_reduction_tiles_taller_than_a_box(dtype, rows, cols):
+    """Tiles of 2 or 3 boxes of 256 rows, M cutting through the last box."""
+    from cbrules.check import Checker, trip_counts
+    spec = _variant("outer_reduction", lambda t: (rows * t - 300, 3 * cols + 8), rows=rows, cols=cols)
+    checker = Checker(dtype=dtype)
+    for trips in trip_counts(3)[:6]:
+        r = checker.check(spec, trips, 3)
+        assert r.ok, f"trips {trips}: {r.status} {r.detail}"
+
+
 def test_tall_pointwise_tiles():
     x = np.random.default_rng(0).standard_normal((37, 1000), dtype=np.float32)
     y = np.random.default_rng(1).standard_normal((37, 1000), dtype=np.float32)
@@ -37,6 +71,10 @@ def test_bad_tile_parameters_are_refused():
         reductions.outer_reduction(cols=48)
     with pytest.raises(ValueError, match="multiple of 256"):
         reductions.inner_reduction(width=300)
+    with pytest.raises(ValueError, match="rows must be at least 1"):
+        reductions.inner_reduction(rows=0)
+    with pytest.raises(ValueError, match="must be a multiple of 256"):
+        reductions.outer_reduction(rows=384, cols=64)
 
 
 @pytest.mark.parametrize("stages, prefetch, war", [(2, 1, "sync"), (3, 2, "mbarrier"), (4, 0, "sync")])

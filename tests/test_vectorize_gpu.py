@@ -33,3 +33,27 @@ def test_vectorized_inner_sum(dtype, width):
         rtol, atol = sp.tolerances(shape, dtype)
         failures = poisoned_run(ck, args, sp.expected(args), sp.outputs, rtol, atol + 1e-2 * np.sqrt(shape[1]), shape)
         assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("width, rows", [(1024, 4), (512, 8), (256, 2)])
+def test_inner_sum_rows_a_block(dtype, width, rows):
+    """Several rows a block; M not a multiple of the rows (the last block's extra rows store nothing)."""
+    sp = KERNELS["inner_reduction"]
+    ck = api.compile(reductions.inner_reduction(3, width=width, rows=rows, dtype=dtype))
+    for shape in ((257, 5000), (1023, 4096)):
+        args = sp.make_inputs(shape, np.random.default_rng(width + rows), dtype)
+        rtol, atol = sp.tolerances(shape, dtype)
+        failures = poisoned_run(ck, args, sp.expected(args), sp.outputs, rtol, atol + 1e-2 * np.sqrt(shape[1]), shape)
+        assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("dtype, rows, cols", [("bfloat16", 512, 64), ("bfloat16", 512, 32), ("float32", 512, 32)])
+def test_outer_sum_tiles_taller_than_a_box(dtype, rows, cols):
+    sp = KERNELS["outer_reduction"]
+    ck = api.compile(reductions.outer_reduction(3, rows=rows, cols=cols, dtype=dtype))
+    for shape in ((1500, 264), (4096, 1000)):
+        args = sp.make_inputs(shape, np.random.default_rng(rows + cols), dtype)
+        rtol, atol = sp.tolerances(shape, dtype)
+        failures = poisoned_run(ck, args, sp.expected(args), sp.outputs, rtol, atol + 1e-2 * np.sqrt(shape[0]), shape)
+        assert not failures, "\n".join(failures)

@@ -8,6 +8,7 @@ from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes, thr
 from ..ir.ops import DTYPE_BYTES, HALF_DTYPES
 
 COLS = 256
+MAX_BOX = 256  # elements of a TMA box in one dimension
 
 
 def vector_lanes(dtype: str, per: int) -> int:
@@ -23,31 +24,49 @@ def vector_lanes(dtype: str, per: int) -> int:
 
 
 def inner_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, width: int = COLS,
-                    dtype: str = "float32", warp_specialize: bool = False, registers=None) -> Kernel:
-    """``out[m] = sum(x[m, :])``: one block per row, the loop over its N-tiles circular-buffered.
-    A tile is ``width`` columns (a multiple of 256; wider tiles arrive as several 256-wide boxes)."""
+                    dtype: str = "float32", warp_specialize: bool = False, registers=None, rows: int = 1) -> Kernel:
+    """``out[m] = sum(x[m, :])``: a block per ``rows`` rows, the loop over their N-tiles circular-buffered.
+    A tile is ``width`` columns (a multiple of 256; wider tiles arrive as several 256-wide boxes) of
+    each of the block's rows; a thread keeps one sum per row and the block reduces each at the end
+    (several short rows a block share its set-up, prologue and launch)."""
     if width % COLS:
         raise ValueError(f"inner_reduction: width {width} must be a multiple of {COLS}")
+    if rows < 1:
+        raise ValueError(f"inner_reduction: rows must be at least 1, got {rows}")
     k = Kernel("inner_reduction", block=COLS)
     m, n = k.symbol("M"), k.symbol("N")
     x, out = k.tensor("x", (m, n), dtype), k.tensor("out", (m,), dtype)
     x_map = k.tensor_map(x, box=(1, COLS))
-    tile = k.alloc("tile", "shared", dtype, (1, width))
-    k.grid(m)
-    acc = k.assign(0.0, dst="acc")
+    tile = k.alloc("tile", "shared", dtype, (rows, width) if rows > 1 else (1, width))
+    k.grid(ceil_div(m, rows) if rows > 1 else m)
+    sums = ["acc"] if rows == 1 else [f"acc{r}" for r in range(rows)]
+    for s in sums:
+        k.assign(0.0, dst=s)
     cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
     vec = vector_lanes(dtype, width // COLS)
     with k.loop("j", ceil_div(n, width), circular_buffer=cb) as j:
-        k.tma_load(x_map, (blockIdx.x, j * width), tile, tile=(1, width))  # columns past N arrive as zeros
-        if vec == 1:
-            for lane in lanes(width // COLS, COLS):  # unrolled here: one column of every box
-                k.reduce(k.load(tile, lane), kind="serial", dst="acc")
-        for c in range(width // COLS // vec if vec > 1 else 0):  # `vec` side by side, a sum needs no order
-            with k.loop("v", vec, kind="vectorize") as v:
-                k.reduce(k.load(tile, (threadIdx.x + c * COLS) * vec + v), kind="serial", dst="acc")
-    total = k.reduce(acc, kind="block")
-    with k.if_(threadIdx.x.eq(0)):
-        k.store(out, blockIdx.x, total)
+        if rows == 1:
+            k.tma_load(x_map, (blockIdx.x, j * width), tile, tile=(1, width))  # columns past N arrive as zeros
+        else:  # one row of the tile a load (rows past M arrive as zeros too)
+            with k.loop("r", rows, kind="unroll") as r:
+                k.tma_load(x_map, (blockIdx.x * rows + r, j * width), tile, offset=r * width, tile=(1, width))
+        for r, acc in enumerate(sums):
+            if vec == 1:
+                for lane in lanes(width // COLS, COLS):  # unrolled here: one column of every box
+                    k.reduce(k.load(tile, lane + r * width if rows > 1 else lane), kind="serial", dst=acc)
+            for c in range(width // COLS // vec if vec > 1 else 0):  # `vec` side by side, a sum needs no order
+                with k.loop("v", vec, kind="vectorize") as v:
+                    at = (threadIdx.x + c * COLS) * vec + v
+                    k.reduce(k.load(tile, at + r * width if rows > 1 else at), kind="serial", dst=acc)
+    if rows == 1:
+        total = k.reduce(acc, kind="block")
+        with k.if_(threadIdx.x.eq(0)):
+            k.store(out, blockIdx.x, total)
+        return k
+    for r, acc in enumerate(sums):
+        total = k.reduce(acc, kind="block")
+        with k.if_(threadIdx.x.eq(0).and_((blockIdx.x * rows + r).lt(m))):
+            k.store(out, blockIdx.x * rows + r, total)
     return k
 
 
@@ -56,15 +75,20 @@ def outer_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, r
     """``out[n] = sum(x[:, n])``: a block per ``cols`` columns, the serial loop over M (in tiles of
     ``rows`` rows) circular-buffered. With ``cols`` < 256 the block's 256 threads split each tile's
     rows into 256 / cols groups and add the groups' sums through shared memory at the end (more
-    blocks for narrow tensors)."""
+    blocks for narrow tensors). A tile taller than a box (256 rows) arrives as several boxes, one
+    under the other (more bytes in flight a block where there are few blocks)."""
     if COLS % cols or rows % (COLS // cols):
         raise ValueError(f"outer_reduction: cols={cols} must divide {COLS} and rows={rows} must be a multiple "
                          f"of {COLS // max(cols, 1)}")
+    if rows > MAX_BOX and rows % MAX_BOX:
+        raise ValueError(f"outer_reduction: rows={rows} is taller than a box ({MAX_BOX} rows): it must be a "
+                         f"multiple of {MAX_BOX}")
     groups = COLS // cols
     k = Kernel("outer_reduction", block=COLS)
     m, n = k.symbol("M"), k.symbol("N")
     x, out = k.tensor("x", (m, n), dtype), k.tensor("out", (n,), dtype)
-    x_map = k.tensor_map(x, box=(rows, cols))
+    box = min(rows, MAX_BOX)
+    x_map = k.tensor_map(x, box=(box, cols))
     tile = k.alloc("tile", "shared", dtype, (rows, cols))
     k.grid(ceil_div(n, cols))
     lane, group = (threadIdx.x, None) if groups == 1 else (threadIdx.x % cols, threadIdx.x / cols)
@@ -72,7 +96,12 @@ def outer_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, r
     k.assign(0.0, dst="acc")
     cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
     with k.loop("i", ceil_div(m, rows), circular_buffer=cb) as i:
-        k.tma_load(x_map, (i * rows, blockIdx.x * cols), tile)  # rows past M arrive as zeros
+        if rows == box:
+            k.tma_load(x_map, (i * rows, blockIdx.x * cols), tile)  # rows past M arrive as zeros
+        else:  # boxes of whole rows, one under the other: the tile stays row-major
+            with k.loop("b", rows // box, kind="unroll") as b:
+                k.tma_load(x_map, (i * rows + b * box, blockIdx.x * cols), tile, offset=b * (box * cols),
+                           tile=(box, cols))
         with k.loop("r", rows // groups, kind="unroll") as r:
             row = r if groups == 1 else r * groups + group
             k.reduce(k.load(tile, row * cols + lane), kind="serial", dst="acc")
