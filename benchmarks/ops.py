@@ -40,11 +40,13 @@ class Op:
     notes: dict = field(default_factory=dict)    # shape -> note printed in the table
     skips: dict = field(default_factory=dict)    # shape label -> reason (not run)
     params: dict = field(default_factory=dict)   # build parameters chosen by benchmarks/sweep.py
-    choose: Optional[Callable[[tuple], tuple[str, dict]]] = None  # shape -> (kernel, params), overrides both
+    # (shape, dtype) -> (kernel, params), overrides both
+    choose: Optional[Callable[[tuple, str], tuple[str, dict]]] = None
 
-    def generated(self, shape: tuple) -> tuple[str, dict]:
-        """The cbrules kernel and build parameters measured for ``shape``."""
-        return self.choose(shape) if self.choose else (self.kernel, dict(self.params))
+    def generated(self, shape: tuple, dtype: str = "float32") -> tuple[str, dict]:
+        """The cbrules kernel and build parameters measured for ``shape`` (tensors of ``dtype``;
+        without ``choose``, see :func:`variant_params` for half precision)."""
+        return self.choose(shape, dtype) if self.choose else (self.kernel, dict(self.params))
 
     def tol(self, shape: tuple, dtype: str = "float32") -> tuple[float, float]:
         if dtype != "float32":
@@ -68,12 +70,23 @@ _MM_SKIP = ("matmul is compute-bound: a 16384^3 fp32 (non-tensor-core) product i
             "launch at these kernels' speed; 20+ timed launches of ~10 variants would blow the 8-minute "
             "budget, so M=N=K=4096 and 8192 are measured instead")
 
-def _normalize_kernel(shape: tuple) -> tuple[str, dict]:
+def _normalize_kernel(shape: tuple, dtype: str = "float32") -> tuple[str, dict]:
     """Rows up to 16384 floats stay in registers (256 threads, 4 KB stages); a row of 32768 too,
     over 512 threads with 32 KB stages (one block an SM, so it needs many bytes in flight: 16 KB
     stages gave 0.80x copy, 32 KB 0.92x); a row of 65536 floats (256 KB) fits neither the register
-    file nor shared memory: two passes."""
+    file nor shared memory: two passes.
+
+    Half precision (bfloat16 sweeps, ``benchmarks/results/bf16/sweeps.md``): boxes of 256 elements
+    (512 bytes, as float32's 128; 1-D boxes of 256 bytes cost 3-13%), and the whole row in flight at
+    once: four stages a row up to 16384 (16384x16384: 3571 -> 4105 GB/s), two of 16384 for 32768
+    (2849 -> 3264); two passes over 16384-wide tiles by 512 threads (2444 -> 2871)."""
     n = shape[1]
+    if dtype != "float32":
+        if n <= 16384:
+            return "persistent", {"row": n, "width": max(n // 4, 1024), "threads": 256, "box": 256}
+        if n <= 32768:
+            return "persistent", {"row": n, "width": 16384, "threads": 512, "box": 256}
+        return "two_pass", {"width": 16384, "threads": 512}
     if n <= 16384:
         return "persistent", {"row": n, "width": 1024, "threads": 256}
     if n <= 32768:
@@ -167,27 +180,44 @@ def build_variant(kernel: str, stages, warp_specialize: bool = False, registers=
 
 # the tile parameter that sets a stage's bytes, per kernel: in a 2-byte type it doubles, so a stage holds
 # the bytes the float32 sweep chose (half of them left too few bytes in flight: normalize 32768x32768
-# 0.66x copy with the float32 tiles in bfloat16, where float32 had found 16 KB stages 0.80x, 32 KB 0.92x)
-_STAGE_EXTENT = {"multi_dim": "width", "pointwise": "width", "inner_reduction": "width", "outer_reduction": "cols",
-                 "persistent": "width", "two_pass": "width"}
+# 0.66x copy with the float32 tiles in bfloat16, where float32 had found 16 KB stages 0.80x, 32 KB 0.92x);
+# normalize's kernels choose their half-precision tiles themselves (_normalize_kernel)
+_STAGE_EXTENT = {"multi_dim": "width", "pointwise": "width", "inner_reduction": "width", "outer_reduction": "cols"}
+# an inner-sum block reads at least this many bytes: several short rows a block
+HALF_BLOCK_BYTES = 32 * 1024
+
+
+def _half_blocks(name: str, shape: tuple, params: dict, dtype: str) -> dict:
+    """What the bfloat16 sweeps (``benchmarks/results/bf16/sweeps.md``) chose beyond a stage of the
+    float32 bytes: an inner-sum block takes HALF_BLOCK_BYTES of rows (4 rows of 4096: 0.84x -> 1.06x
+    torch; a block of one 8 KB row pays its set-up, prologue and launch for 8 KB), an outer-sum stage
+    twice the rows (at 4096 columns its 64 blocks leave half the SMs idle, so each needs twice the
+    bytes in flight: 0.90x -> 1.10x torch; the other shapes within 4% of 128 rows)."""
+    if name == "inner_reduction":
+        rows = HALF_BLOCK_BYTES // (shape[1] * DTYPE_BYTES[dtype])
+        return {"rows": rows} if rows > 1 else {}
+    if name == "outer_reduction":
+        return {"rows": params["rows"] * 2}
+    return {}
 
 
 def variant_params(op: str, shape: tuple, dtype: str = "float32", tma_store: bool = False) -> tuple[str, dict]:
     """(kernel, build parameters) of a variant: float32 and no TMA store are the kernel's defaults
     (left out, so those kernels are built exactly as before); a half-precision variant's stages hold
     the bytes of the float32 one (twice the elements)."""
-    name, params = OPS[op].generated(shape)
+    name, params = OPS[op].generated(shape, dtype)
     if tma_store:
         if op not in TMA_STORE_OPS:
             raise ValueError(f"{op}: no TMA-store variant (only {', '.join(TMA_STORE_OPS)})")
         params = {**params, **TMA_STORE_PARAMS, "tma_store": True}
-    if dtype != "float32":
+    if dtype != "float32" and (tma_store or name in _STAGE_EXTENT):
         key = "rows" if tma_store else _STAGE_EXTENT[name]  # a TMA-stored tile is one 256-wide box
         wider = {**params, key: params[key] * 4 // DTYPE_BYTES[dtype]}
         # a loop along a row keeps at least 4 tiles (a 4096-wide row: 1024 columns a stage), enough for S <= 4
-        along_row = name in ("inner_reduction", "persistent", "two_pass") and shape[1] // wider["width"] < 4
-        params = {**(params if along_row else wider), "dtype": dtype}
-    return name, params
+        along_row = name == "inner_reduction" and shape[1] // wider["width"] < 4
+        params = params if along_row else wider
+        params = {**params, **({} if tma_store else _half_blocks(name, shape, params, dtype))}
+    return name, params if dtype == "float32" else {**params, "dtype": dtype}
 
 
 def build_generated(op: str, shape: tuple, stages: int, dtype: str = "float32", tma_store: bool = False,
