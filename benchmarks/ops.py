@@ -77,7 +77,7 @@ def _normalize_kernel(shape: tuple, dtype: str = "float32") -> tuple[str, dict]:
     file nor shared memory: two passes.
 
     Half precision (bfloat16 sweeps, ``benchmarks/results/bf16/sweeps.md``): boxes of 256 elements
-    (512 bytes, as float32's 128; 1-D boxes of 256 bytes cost 3-13%), and the whole row in flight at
+    (512 bytes, as float32's 128; boxes of 256 bytes cost up to 13% at 32768 columns), and the whole row in flight at
     once: four stages a row up to 16384 (16384x16384: 3571 -> 4105 GB/s), two of 16384 for 32768
     (2849 -> 3264); two passes over 16384-wide tiles by 512 threads (2444 -> 2871)."""
     n = shape[1]
