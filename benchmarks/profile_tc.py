@@ -63,7 +63,26 @@ def _between(text: str, start: str, end: str, new: str) -> str:
 
 
 def no_epilogue(t: str) -> str:
-    return _between(t, "    #pragma unroll\n    for (int acc_q", "cb_bulk_wait<0>();\n    }\n", "")
+    """No staging and no store; the accumulators stay live behind a test that never passes (M < 0),
+    or ptxas would drop the wgmma."""
+    return _between(t, "    #pragma unroll\n    for (int acc_q", "cb_bulk_wait<0>();\n    }\n",
+                    "    if (M < 0) {\n      #pragma unroll\n      for (int i = 0; i < 128; ++i) c[threadIdx.x * 128 + i] = acc[i];\n    }\n")
+
+
+def swizzled_store(t: str) -> str:
+    """Stage C in the 128-byte swizzle (the 16-byte chunk of a row XOR the row mod 8) into a
+    1024-aligned slot and TMA-store it with a 128B-swizzled map: the staging stores go conflict-free
+    (8 rows x 4 words a warp instruction, against all 8 rows on one bank set unswizzled)."""
+    t = _sub(t, "cb_stage_10 = reinterpret_cast<cb_bf16*>(cb_smem + 128);", "cb_stage_10 = reinterpret_cast<cb_bf16*>(cb_smem + 1024);")
+    old = t[t.index("          cb_stage_10[(("):]
+    old = old[:old.index(";\n") + 2]
+    new = ("          if (acc_r % 2 == 0) {  // two neighbouring columns as one 32-bit store\n"
+           "            const int sr = (int)threadIdx.x / 128 * 64 + (int)threadIdx.x / 32 % 4 * 16 + (int)threadIdx.x % 32 / 4 + acc_r / 2 % 2 * 8;\n"
+           "            const int sc = acc_r / 4 * 8 + (int)threadIdx.x % 4 * 2;\n"
+           "            const cb_bf16 lo(v0), hi(acc[acc_q * 32 + acc_r + 1]);\n"
+           "            *reinterpret_cast<unsigned*>(&cb_stage_10[acc_q % 2 * 8192 + sr * 64 + ((sc / 8) ^ (sr % 8)) * 8 + sc % 8]) =\n"
+           "                (unsigned)lo.bits | (unsigned)hi.bits << 16; }\n")
+    return _sub(t, old, new)
 
 
 def no_mma(t: str) -> str:
@@ -108,9 +127,82 @@ def cluster2(t: str) -> str:
     return t
 
 
-VARIANTS = {"default": None, "no-epilogue": no_epilogue, "no-mma": no_mma, "mma-only": mma_only,
-            "warp-release": warp_release, "cluster2": cluster2}
-COMPUTES = ("default", "warp-release", "cluster2", "persistent")
+def cluster_launch(t: str) -> str:
+    """The default kernel launched in clusters of two blocks that share nothing (the launch's own cost)."""
+    return _sub(t, 'extern "C" __global__ void __launch_bounds__', 'extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__')
+
+
+VARIANTS = {"default": None, "cluster-launch": cluster_launch, "no-epilogue": no_epilogue, "no-mma": no_mma, "mma-only": mma_only,
+            "warp-release": warp_release, "cluster2": cluster2, "swizzled-store": swizzled_store}
+COMPUTES = ("default", "warp-release", "cluster2", "persistent", "swizzled-store", "group16", "persistent-swizzled")
+
+
+def _sustain(compiled: dict, seconds: float) -> list:
+    """Each implementation alone, back to back for ``seconds`` at 8192^3, while a thread samples the SM
+    clock and board power (nvidia-smi): under the power cap, the clock an implementation holds says
+    how much energy a FLOP of it costs."""
+    import statistics
+    import threading
+    import torch
+    from benchmarks import triton_matmul
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty_like(x)
+    impls = {"cublas": lambda: torch.matmul(x, w.T, out=c), "triton": lambda: triton_matmul.matmul(x, w, c)}
+    for name in ("default", "swizzled-store", "persistent-swizzled", "mma-only"):
+        impls[name] = compiled[name].bind(a=x, b=w, c=c).launch
+    samples, stop = [], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            q = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True).stdout.split(",")
+            samples.append((time.time(), float(q[0]), float(q[1])))
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    rows = []
+    for name, fn in impls.items():
+        fn()
+        torch.cuda.synchronize()
+        t0, n = time.time(), 0
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        while time.time() - t0 < seconds:
+            for _ in range(20):
+                fn()
+            n += 20
+            torch.cuda.synchronize()
+        e.record()
+        e.synchronize()
+        t1 = time.time()
+        here = [(clk, pw) for t, clk, pw in samples if t0 + 0.3 * (t1 - t0) <= t <= t1]
+        tf = 2.0 * 8192 ** 3 * n / (s.elapsed_time(e) / 1e3) / 1e12
+        row = {"shape": [8192, 8192, 8192], "variant": f"{name} sustained", "tflops": tf,
+               "sm_mhz": statistics.median(h[0] for h in here) if here else None,
+               "watts": statistics.median(h[1] for h in here) if here else None}
+        rows.append(row)
+        print(f"sustained {name}: {tf:.1f} TFLOP/s, SM {row['sm_mhz']} MHz, {row['watts']} W ({len(here)} samples)", flush=True)
+        time.sleep(1.0)
+    stop.set()
+    return rows
+
+
+def _triton_fixed(a, b, c) -> None:
+    """The Triton peer in the configuration its autotuner picks at 8192^3 (128x256x64, 3 stages, 8 warps)."""
+    import triton
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    from benchmarks import triton_matmul
+    descs = [TensorDescriptor.from_tensor(t, blk) for t, blk in ((a, [128, 64]), (b, [256, 64]), (c, [128, 256]))]
+    m, n, k = a.shape[0], b.shape[0], a.shape[1]
+    tiles = triton.cdiv(m, 128) * triton.cdiv(n, 256)
+    triton_matmul._matmul_persistent.fn[(min(132, tiles),)](*descs, m, n, k, BM=128, BN=256, BK=64, GROUP_M=8,
+                                                             NUM_SMS=132, num_stages=3, num_warps=8)
+
+
+def _param(src, name: str, **changes):
+    """``src`` with parameter ``name`` changed (a tensor map's box or swizzle)."""
+    return dataclasses.replace(src, params=tuple(dataclasses.replace(q, **changes) if q.name == name else q
+                                                 for q in src.params))
 
 
 def main(argv=None) -> int:
@@ -118,6 +210,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--cpu", action="store_true", help="only generate and compile the variants (no GPU)")
+    p.add_argument("--sustain", type=float, default=0.0,
+                   help="also run each implementation alone for this many seconds at 8192^3, sampling SM clock and power")
     p.add_argument("--once", help="launch these variants (comma-separated) once each at 8192^3 and stop (for ncu)")
     a = p.parse_args(argv)
     from cbrules import api
@@ -132,10 +226,15 @@ def main(argv=None) -> int:
     for name, edit in VARIANTS.items():
         src = base if edit is None else dataclasses.replace(base, text=edit(base.text))
         if name == "cluster2":  # each block loads 128 of the tile's 256 B rows
-            src = dataclasses.replace(src, params=tuple(dataclasses.replace(q, box=(128, 64)) if q.name == "b_tmap" else q
-                                                        for q in src.params))
+            src = _param(src, "b_tmap", box=(128, 64))
+        if name == "swizzled-store":
+            src = _param(src, "c_tmap", swizzle="128B")
         sources[name] = src
     sources["persistent"] = api.generate(matmul_tc(**ws, persistent=132))
+    sources["group16"] = api.generate(matmul_tc(**ws, group_m=16))
+    ps = sources["persistent"]
+    sources["persistent-swizzled"] = _param(dataclasses.replace(ps, text=swizzled_store(ps.text.replace("_11", "_10"))),
+                                            "c_tmap", swizzle="128B")
     compiled = {}
     for name, src in sources.items():
         (out / f"{name}.cu").write_text(src.text) if name in ("cluster2",) else None
@@ -150,7 +249,12 @@ def main(argv=None) -> int:
         x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
         c = torch.empty_like(x)
         for name in a.once.split(","):
-            compiled[name].bind(a=x, b=x, c=c).launch()
+            if name == "cublas":
+                torch.matmul(x, x.T, out=c)
+            elif name == "triton":  # the autotuner's pick at 8192^3, without the autotuning launches
+                _triton_fixed(x, x, c)
+            else:
+                compiled[name].bind(a=x, b=x, c=c).launch()
         torch.cuda.synchronize()
         return 0
     from benchmarks import triton_matmul
@@ -184,6 +288,8 @@ def main(argv=None) -> int:
             print(f"{m}x{n}x{k} {name}: {tf:.1f} TFLOP/s ({secs[name] * 1e3:.3f} ms)"
                   f"{'' if ok is not False else ' WRONG err %.3g' % errs[name]}", flush=True)
     smi.terminate()
+    if a.sustain:
+        rows += _sustain(compiled, a.sustain)
     meta = {"device": torch.cuda.get_device_name(), "rounds": a.rounds, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (out / "profile.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return 0
