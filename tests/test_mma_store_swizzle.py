@@ -1,16 +1,19 @@
-"""matmul_tc(store_swizzle=True): the epilogue stages C in the swizzle of its tensor map
-(rules/tma_store.rules, tma-store-to-swizzled-staging) and the TMA store reads it back dense. Through the
-CPU checker (trip counts, a persistent walk, against numpy), the generated CUDA, the builder's refusal,
-and mutations: dense staging under a swizzled map, and slots off the pattern."""
+"""Tile stores through swizzled tensor maps: the rules stage each box in the map's swizzle
+(rules/tma_store.rules, tma-store-to-swizzled-staging) and the TMA store reads it back dense. A small
+kernel at every span and dtype, and matmul_tc(store_swizzle=True) through the CPU checker (trip counts,
+a persistent walk, against numpy); the generated CUDA, the refusals, and mutations: dense staging under
+a swizzled map, and slots off the pattern."""
 import dataclasses
 import functools
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 from cbrules import api
 from cbrules.check import Checker
-from cbrules.ir.builder import Kernel, SwizzleError, ceil_div
+from cbrules.ir.builder import Kernel, SwizzleError, ceil_div, threadIdx
+from cbrules.ir.terms import call
 from cbrules.kernels import KERNELS
 from cbrules.kernels.matmul_tc import MatmulTileError, matmul_tc
 from cbrules.reference.hazards import InterpError
@@ -19,6 +22,7 @@ from rulekit import write_rules
 
 pytestmark = pytest.mark.xdist_group("mma-check")
 WS = dict(warp_specialize=True, registers=(40, 232))
+SWIZZLE_SPANS = {"32B": 32, "64B": 64, "128B": 128}
 SWIZZLED = dataclasses.replace(KERNELS["matmul_tc"], factory=functools.partial(matmul_tc, store_swizzle=True))
 
 # after the shipped rule staged it swizzled, the staging store goes back to its dense index while the
@@ -43,6 +47,43 @@ MISALIGNED = """
   :match ((alloc ?a :tag "cb-stage" :align 1024))
   :rewrite ((set ?a :align 128)))
 """
+
+
+def doubled_rows_kernel(swizzle: str, dtype: str):
+    """out = 2 * x over [N, W] (W * esize = the swizzle span) in boxes of 8 rows, a warp writing element
+    e = 32 j + lane of each box (an inner loop over j, as matmul_tc's epilogue), each box staged and
+    TMA-stored through a map with ``swizzle``; the last box ragged (N % 8 rows). (A clipped store
+    directly in the staging loop would be moved after the TMA store by tma-store-drop-tile-bounds: the
+    checker names that, PartialTileStore.)"""
+    w = SWIZZLE_SPANS[swizzle] // (4 if dtype == "float32" else 2)
+    k = Kernel("doubled_rows", block=32)
+    n = k.symbol("N")
+    x, out = k.tensor("x", (n, w), dtype), k.tensor("out", (n, w), dtype)
+    om = k.tensor_map(out, box=(8, w), swizzle=swizzle)
+    k.grid(1)
+    with k.loop("i", ceil_div(n, 8)) as i:
+        with k.loop("j", 8 * w // 32, kind="unroll") as j:
+            row, col = (j * 32 + threadIdx.x) / w, (j * 32 + threadIdx.x) % w
+            v = k.load(x, call("min", i * 8 + row, n - 1) * w + col)  # rows past N: read the last, clipped anyway
+            k.store(out, (i * 8 + row) * w + col, k.mul(v, 2.0), tile=(om, (i * 8, 0), row * w + col), clip=True)
+    return k
+
+
+def doubled_rows_args(swizzle: str, dtype: str, n: int = 29):
+    w = SWIZZLE_SPANS[swizzle] // (4 if dtype == "float32" else 2)
+    np_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
+    x = np.random.default_rng(1).standard_normal((n, w)).astype(np_dtype)
+    return {"x": x, "out": np.full((n, w), np.nan, np_dtype)}, 2 * x.astype(np.float64)
+
+
+@pytest.mark.parametrize("swizzle", SWIZZLE_SPANS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_tile_stored_through_each_swizzle_equals_numpy(swizzle, dtype):
+    args, want = doubled_rows_args(swizzle, dtype)
+    kg = api.lower(doubled_rows_kernel(swizzle, dtype))
+    assert [p.swizzle for p in kg.params().values() if p.kind == "tmap"] == [swizzle]
+    got = run(kg, args)["out"].astype(np.float64)
+    np.testing.assert_array_equal(got, want)  # doubling is exact in both dtypes
 
 
 def _lower_and_run(shape, rules=(), out_dtype=None, persistent=0, ws=True, seed=0):
