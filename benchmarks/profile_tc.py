@@ -6,15 +6,18 @@ and the Triton peer:
     python3 benchmarks/profile_tc.py --out DIR [--rounds 7]
 
 Variants (see VARIANTS): the default kernel; ``no-epilogue`` (the mainloop alone: no staging, no TMA
-store); ``no-mma`` (the producer and the barriers alone: how fast TMA and L2 feed the slots);
-``mma-only`` (the consumers issue every wgmma on the first S resident slots, no barrier waits after
-them: the issue/wait ceiling); ``warp-release`` (one empty-barrier arrival a consumer warp instead of
-one a thread); ``cluster2`` (thread-block clusters of two tile rows sharing the B tile: each block
-loads half of B and multicasts it to both, the empty barriers count the consumers of both blocks);
-``persistent`` (132 blocks walking the tiles); ``swizzled-store`` (the epilogue staged in the 128-byte
-swizzle: no bank conflicts); ``group16``; ``cluster-launch``. Only COMPUTES compute c (checked); the
-others are timed only. ``--sustain S`` runs each implementation alone for S seconds and samples the
-SM clock and board power; ``--once`` launches the named ones once (for ncu).
+store; the accumulators kept live, or ptxas drops the wgmma); ``no-mma`` (the producer and the
+barriers alone: how fast TMA and L2 feed the slots); ``mma-only`` (the consumers issue every wgmma on
+the first S resident slots, no barrier waits after them: the issue/wait ceiling, and no load traffic);
+``warp-release`` (one empty-barrier arrival a consumer warp instead of one a thread);
+``swizzled-store`` (the epilogue staged in the 128-byte swizzle by hand, two columns a 32-bit store);
+``persistent``, ``group16``, ``store-swizzle`` (the rules' swizzled staging, matmul_tc(store_swizzle=True))
+and ``store-swizzle-group16`` generated. With ``--cluster``: ``cluster-launch`` (clusters of two blocks
+sharing nothing) and ``cluster2`` (two tile rows sharing the B tile: each block loads half of B and
+multicasts it to both, the empty barriers count the consumers of both blocks; experimental: see
+CLUSTER_VARIANTS). Only COMPUTES compute c (checked); the others are timed only. ``--sustain S`` runs
+some implementations alone for S seconds each and samples the SM clock and board power; ``--once``
+launches the named ones once (for ncu). Figures: benchmarks/results/matmul_tc/levers/profile/.
 """
 from __future__ import annotations
 
@@ -138,8 +141,11 @@ def cluster_launch(t: str) -> str:
     return _sub(t, 'extern "C" __global__ void __launch_bounds__', 'extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__')
 
 
-VARIANTS = {"default": None, "cluster-launch": cluster_launch, "no-epilogue": no_epilogue, "no-mma": no_mma, "mma-only": mma_only,
-            "warp-release": warp_release, "cluster2": cluster2, "swizzled-store": swizzled_store}
+VARIANTS = {"default": None, "no-epilogue": no_epilogue, "no-mma": no_mma, "mma-only": mma_only,
+            "warp-release": warp_release, "swizzled-store": swizzled_store}
+# opt-in (--cluster): this cluster2 (the post-epilogue invalidation kept so that ptxas does not serialize
+# the wgmma, arrivals without .release.cluster) hung in its only run (results/matmul_tc/levers/profile)
+CLUSTER_VARIANTS = {"cluster-launch": cluster_launch, "cluster2": cluster2}
 COMPUTES = ("default", "warp-release", "cluster2", "persistent", "swizzled-store", "group16", "persistent-swizzled",
             "store-swizzle", "store-swizzle-group16", "cluster2-group16")
 
@@ -156,7 +162,7 @@ def _sustain(compiled: dict, seconds: float) -> list:
     w = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     c = torch.empty_like(x)
     impls = {"cublas": lambda: torch.matmul(x, w.T, out=c), "triton": lambda: triton_matmul.matmul(x, w, c)}
-    for name in ("default", "store-swizzle-group16", "cluster2", "cluster2-group16", "mma-only"):
+    for name in [n for n in ("default", "store-swizzle-group16", "cluster2", "cluster2-group16", "mma-only") if n in compiled]:
         impls[name] = compiled[name].bind(a=x, b=w, c=c).launch
     samples, stop = [], threading.Event()
 
@@ -219,6 +225,7 @@ def main(argv=None) -> int:
     p.add_argument("--cpu", action="store_true", help="only generate and compile the variants (no GPU)")
     p.add_argument("--sustain", type=float, default=0.0,
                    help="also run each implementation alone for this many seconds at 8192^3, sampling SM clock and power")
+    p.add_argument("--cluster", action="store_true", help="also the cluster variants (experimental: see CLUSTER_VARIANTS)")
     p.add_argument("--once", help="launch these variants (comma-separated) once each at 8192^3 and stop (for ncu)")
     a = p.parse_args(argv)
     from cbrules import api
@@ -230,7 +237,7 @@ def main(argv=None) -> int:
     ws = {"stages": 4, "warp_specialize": True, "registers": (40, 232)}
     base = api.generate(matmul_tc(**ws))
     sources = {}
-    for name, edit in VARIANTS.items():
+    for name, edit in {**VARIANTS, **(CLUSTER_VARIANTS if a.cluster else {})}.items():
         src = base if edit is None else dataclasses.replace(base, text=edit(base.text))
         if name == "cluster2":  # each block loads 128 of the tile's 256 B rows
             src = _param(src, "b_tmap", box=(128, 64))
@@ -241,8 +248,9 @@ def main(argv=None) -> int:
     sources["group16"] = api.generate(matmul_tc(**ws, group_m=16))
     sources["store-swizzle"] = api.generate(matmul_tc(**ws, store_swizzle=True))
     sources["store-swizzle-group16"] = api.generate(matmul_tc(**ws, store_swizzle=True, group_m=16))
-    sources["cluster2-group16"] = _param(dataclasses.replace(sources["group16"], text=cluster2(sources["group16"].text)),
-                                         "b_tmap", box=(128, 64))
+    if a.cluster:
+        sources["cluster2-group16"] = _param(dataclasses.replace(sources["group16"], text=cluster2(sources["group16"].text)),
+                                             "b_tmap", box=(128, 64))
     ps = sources["persistent"]
     sources["persistent-swizzled"] = _param(dataclasses.replace(ps, text=swizzled_store(ps.text.replace("_11", "_10"))),
                                             "c_tmap", swizzle="128B")
@@ -279,8 +287,9 @@ def main(argv=None) -> int:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen)
         ref = x.float() @ w.float().T
         tol = 2e-2 * ref.abs().max().item()
-        names = list(compiled) if k == 8192 else ["default", "swizzled-store", "store-swizzle", "store-swizzle-group16",
-                                                   "persistent", "persistent-swizzled", "cluster2"]
+        names = list(compiled) if k == 8192 else [n for n in ("default", "swizzled-store", "store-swizzle",
+                                                              "store-swizzle-group16", "persistent",
+                                                              "persistent-swizzled", "cluster2") if n in compiled]
         launches = {"cublas": (lambda c: lambda: torch.matmul(x, w.T, out=c)),
                     "triton": (lambda c: lambda: triton_matmul.matmul(x, w, c))}
         for name in names:
