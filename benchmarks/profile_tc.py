@@ -78,21 +78,25 @@ def no_epilogue(t: str) -> str:
     """No staging and no store; the accumulators stay live behind a test that never passes (M < 0),
     or ptxas would drop the wgmma."""
     return _between(t, "    #pragma unroll\n    for (int acc_q", "cb_bulk_wait<0>();\n    }\n",
-                    "    if (M < 0) {\n      #pragma unroll\n      for (int i = 0; i < 128; ++i) c[threadIdx.x * 128 + i] = acc[i];\n    }\n")
+                    "    if (M < 0) {\n      #pragma unroll\n"
+                    "      for (int i = 0; i < 128; ++i) c[threadIdx.x * 128 + i] = acc[i];\n    }\n")
 
 
 def swizzled_store(t: str) -> str:
     """Stage C in the 128-byte swizzle (the 16-byte chunk of a row XOR the row mod 8) into a
     1024-aligned slot and TMA-store it with a 128B-swizzled map: the staging stores go conflict-free
     (8 rows x 4 words a warp instruction, against all 8 rows on one bank set unswizzled)."""
-    t = _sub(t, "cb_stage_10 = reinterpret_cast<cb_bf16*>(cb_smem + 128);", "cb_stage_10 = reinterpret_cast<cb_bf16*>(cb_smem + 1024);")
+    t = _sub(t, "cb_stage_10 = reinterpret_cast<cb_bf16*>(cb_smem + 128);",
+             "cb_stage_10 = reinterpret_cast<cb_bf16*>(cb_smem + 1024);")
     old = t[t.index("          cb_stage_10[(("):]
     old = old[:old.index(";\n") + 2]
     new = ("          if (acc_r % 2 == 0) {  // two neighbouring columns as one 32-bit store\n"
-           "            const int sr = (int)threadIdx.x / 128 * 64 + (int)threadIdx.x / 32 % 4 * 16 + (int)threadIdx.x % 32 / 4 + acc_r / 2 % 2 * 8;\n"
+           "            const int sr = (int)threadIdx.x / 128 * 64 + (int)threadIdx.x / 32 % 4 * 16\n"
+           "                           + (int)threadIdx.x % 32 / 4 + acc_r / 2 % 2 * 8;\n"
            "            const int sc = acc_r / 4 * 8 + (int)threadIdx.x % 4 * 2;\n"
            "            const cb_bf16 lo(v0), hi(acc[acc_q * 32 + acc_r + 1]);\n"
-           "            *reinterpret_cast<unsigned*>(&cb_stage_10[acc_q % 2 * 8192 + sr * 64 + ((sc / 8) ^ (sr % 8)) * 8 + sc % 8]) =\n"
+           "            *reinterpret_cast<unsigned*>(\n"
+           "                &cb_stage_10[acc_q % 2 * 8192 + sr * 64 + ((sc / 8) ^ (sr % 8)) * 8 + sc % 8]) =\n"
            "                (unsigned)lo.bits | (unsigned)hi.bits << 16; }\n")
     return _sub(t, old, new)
 
@@ -109,17 +113,20 @@ def mma_only(t: str) -> str:
 
 
 def warp_release(t: str) -> str:
-    t = _sub(t, "cb_mbar_init(cb_smem_addr(&cb_empty_6[cb_s]), 256);", "cb_mbar_init(cb_smem_addr(&cb_empty_6[cb_s]), 8);")
-    return _sub(t, "cb_mbar_arrive(cb_smem_addr(&cb_empty_6", "if (threadIdx.x % 32 == 0) cb_mbar_arrive(cb_smem_addr(&cb_empty_6",
+    t = _sub(t, "cb_mbar_init(cb_smem_addr(&cb_empty_6[cb_s]), 256);",
+             "cb_mbar_init(cb_smem_addr(&cb_empty_6[cb_s]), 8);")
+    return _sub(t, "cb_mbar_arrive(cb_smem_addr(&cb_empty_6",
+                "if (threadIdx.x % 32 == 0) cb_mbar_arrive(cb_smem_addr(&cb_empty_6",
                 count=3)
 
 
 def cluster2(t: str) -> str:
     """Two blocks (tile rows 2i and 2i+1 of one tile column, consecutive in the grouped order) share B."""
-    t = _sub(t, "__device__ __forceinline__ bool cb_elect_one()", CLUSTER_HELPERS + "__device__ __forceinline__ bool cb_elect_one()")
-    t = _sub(t, 'extern "C" __global__ void __launch_bounds__', 'extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__')
+    t = _sub(cluster_launch(t), "__device__ __forceinline__ bool cb_elect_one()",
+             CLUSTER_HELPERS + "__device__ __forceinline__ bool cb_elect_one()")
     # the empty barriers count lane 0 and lane 1 of every consumer warp of both blocks
-    t = _sub(t, "cb_mbar_init(cb_smem_addr(&cb_empty_6[cb_s]), 256);", "cb_mbar_init(cb_smem_addr(&cb_empty_6[cb_s]), 16);")
+    t = _sub(t, "cb_mbar_init(cb_smem_addr(&cb_empty_6[cb_s]), 256);",
+             "cb_mbar_init(cb_smem_addr(&cb_empty_6[cb_s]), 16);")
     t = _sub(t, "    cb_fence_proxy_async();  // pre-prologue\n  }\n  __syncthreads();  // pre-prologue\n",
              "    cb_fence_proxy_async();  // pre-prologue\n    cb_fence_mbarrier_init();\n  }\n  cb_cluster_sync();\n")
     t = _sub(t, "cb_mbar_arrive(cb_smem_addr(&cb_empty_6", "cb_mbar_arrive_pair(cb_smem_addr(&cb_empty_6", count=3)
@@ -138,7 +145,8 @@ def cluster2(t: str) -> str:
 
 def cluster_launch(t: str) -> str:
     """The default kernel launched in clusters of two blocks that share nothing (the launch's own cost)."""
-    return _sub(t, 'extern "C" __global__ void __launch_bounds__', 'extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__')
+    return _sub(t, 'extern "C" __global__ void __launch_bounds__',
+                'extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__')
 
 
 VARIANTS = {"default": None, "no-epilogue": no_epilogue, "no-mma": no_mma, "mma-only": mma_only,
@@ -162,7 +170,8 @@ def _sustain(compiled: dict, seconds: float) -> list:
     w = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     c = torch.empty_like(x)
     impls = {"cublas": lambda: torch.matmul(x, w.T, out=c), "triton": lambda: triton_matmul.matmul(x, w, c)}
-    for name in [n for n in ("default", "store-swizzle-group16", "cluster2", "cluster2-group16", "mma-only") if n in compiled]:
+    wanted = ("default", "store-swizzle-group16", "cluster2", "cluster2-group16", "mma-only")
+    for name in [n for n in wanted if n in compiled]:
         impls[name] = compiled[name].bind(a=x, b=w, c=c).launch
     samples, stop = [], threading.Event()
 
@@ -194,7 +203,8 @@ def _sustain(compiled: dict, seconds: float) -> list:
                "sm_mhz": statistics.median(h[0] for h in here) if here else None,
                "watts": statistics.median(h[1] for h in here) if here else None}
         rows.append(row)
-        print(f"sustained {name}: {tf:.1f} TFLOP/s, SM {row['sm_mhz']} MHz, {row['watts']} W ({len(here)} samples)", flush=True)
+        print(f"sustained {name}: {tf:.1f} TFLOP/s, SM {row['sm_mhz']} MHz, {row['watts']} W "
+              f"({len(here)} samples)", flush=True)
         time.sleep(1.0)
     stop.set()
     return rows
@@ -224,8 +234,10 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--cpu", action="store_true", help="only generate and compile the variants (no GPU)")
     p.add_argument("--sustain", type=float, default=0.0,
-                   help="also run each implementation alone for this many seconds at 8192^3, sampling SM clock and power")
-    p.add_argument("--cluster", action="store_true", help="also the cluster variants (experimental: see CLUSTER_VARIANTS)")
+                   help="also run some implementations alone for this many seconds each at 8192^3, "
+                        "sampling SM clock and power")
+    p.add_argument("--cluster", action="store_true",
+                   help="also the cluster variants (experimental: see CLUSTER_VARIANTS)")
     p.add_argument("--once", help="launch these variants (comma-separated) once each at 8192^3 and stop (for ncu)")
     a = p.parse_args(argv)
     from cbrules import api
@@ -249,8 +261,8 @@ def main(argv=None) -> int:
     sources["store-swizzle"] = api.generate(matmul_tc(**ws, store_swizzle=True))
     sources["store-swizzle-group16"] = api.generate(matmul_tc(**ws, store_swizzle=True, group_m=16))
     if a.cluster:
-        sources["cluster2-group16"] = _param(dataclasses.replace(sources["group16"], text=cluster2(sources["group16"].text)),
-                                             "b_tmap", box=(128, 64))
+        g16 = sources["group16"]
+        sources["cluster2-group16"] = _param(dataclasses.replace(g16, text=cluster2(g16.text)), "b_tmap", box=(128, 64))
     ps = sources["persistent"]
     sources["persistent-swizzled"] = _param(dataclasses.replace(ps, text=swizzled_store(ps.text.replace("_11", "_10"))),
                                             "c_tmap", swizzle="128B")
@@ -279,7 +291,8 @@ def main(argv=None) -> int:
     from benchmarks import triton_matmul
     from benchmarks.matmul_tc import _time_interleaved
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
-                            "--format=csv", "-lms", "250"], stdout=open(out / "smi.csv", "w"), stderr=subprocess.DEVNULL)
+                            "--format=csv", "-lms", "250"], stdout=open(out / "smi.csv", "w"),
+                           stderr=subprocess.DEVNULL)
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
     for m, n, k in ((8192, 8192, 8192), (8192, 8192, 1024)):
@@ -311,7 +324,8 @@ def main(argv=None) -> int:
     smi.terminate()
     if a.sustain:
         rows += _sustain(compiled, a.sustain)
-    meta = {"device": torch.cuda.get_device_name(), "rounds": a.rounds, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    meta = {"device": torch.cuda.get_device_name(), "rounds": a.rounds,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (out / "profile.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return 0
 

@@ -134,8 +134,8 @@ def test_dense_staging_under_a_swizzled_map_gives_a_wrong_result(tmp_path):
 
 
 def test_a_swizzled_slot_off_the_pattern_is_named(tmp_path):
-    with pytest.raises(InterpError, match=r"TMA store with 128B swizzle reads cb_stage_\d+, allocated 128-byte aligned: "
-                                          r"its slots must start on the 1024-byte pattern"):
+    with pytest.raises(InterpError, match=r"TMA store with 128B swizzle reads cb_stage_\d+, allocated 128-byte "
+                                          r"aligned: its slots must start on the 1024-byte pattern"):
         _lower_and_run((128, 256, 64), rules=[write_rules(tmp_path / "align", MISALIGNED).parent])
 
 

@@ -265,12 +265,12 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
                 raise BuildError(f"{where}: tile must be (tensor map, coords, element), got {tile!r}")
             tmap, coords, element = tile
             self._known(tmap, ("tensor map",), "store(tile=...)")
-            if tmap.swizzle != "none" and (math.prod(tmap.box) * DTYPE_BYTES[tmap.tensor.dtype]) % swizzle_repeat(tmap.swizzle):
-                raise SwizzleError(f"{where}: tile store through tensor map {tmap.name!r} ({tmap.swizzle} swizzle): its "
-                                   f"box {tmap.box} spans {math.prod(tmap.box) * DTYPE_BYTES[tmap.tensor.dtype]} bytes, "
-                                   f"not a multiple of the {swizzle_repeat(tmap.swizzle)}-byte pattern, so the second "
-                                   "staging slot would start on another phase of it; use a box of whole patterns "
-                                   "(8 rows of the swizzle span) or a map without swizzle")
+            if tmap.swizzle != "none" and tmap.box_bytes % swizzle_repeat(tmap.swizzle):
+                raise SwizzleError(f"{where}: tile store through tensor map {tmap.name!r} ({tmap.swizzle} swizzle): "
+                                   f"its box {tmap.box} spans {tmap.box_bytes} bytes, not a multiple of the "
+                                   f"{swizzle_repeat(tmap.swizzle)}-byte pattern, so the second staging slot would "
+                                   "start on another phase of it; use a box of whole patterns (8 rows of the swizzle "
+                                   "span) or a map without swizzle")
             if dst.space != "global" or tmap.tensor.name != dst_name:
                 raise BuildError(f"{where}: tile store into {dst_name!r} through tensor map {tmap.name!r}, which "
                                  f"maps {tmap.tensor.name!r}; a TMA store writes the tensor its map covers: "
