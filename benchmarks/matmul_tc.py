@@ -8,7 +8,7 @@ transposed view ``b.T``, which it reads as "TN" without a copy). Each figure is 
 every implementation runs 5 launches in turn (CUDA events; clock and power drift fall on all alike), after
 3 warm-up launches each; every result is checked against a float32 product first.
 ``--sweep`` also measures the matmul_tc tile / stage variants listed in VARIANTS (what helped and what
-did not). Writes results.json, results.md and, where cuobjdump is on the PATH, the default variant's
+did not); without it, the default, the persistent variants and the levers (LEVERS). Writes results.json, results.md and, where cuobjdump is on the PATH, the default variant's
 SASS summary (HGMMA count, local-memory traffic, setmaxnreg) to --out.
 """
 from __future__ import annotations
@@ -40,7 +40,14 @@ VARIANTS = {
     "256x128x64 S=3": {"stages": 3, "bm": 256, "bn": 128},
     "128x256x32 S=6": {"stages": 6, "bk": 32},
     "128x256x64 S=4 no register sharing": {"stages": 4, "registers": None},
+    # the levers of the 8192^3 profile (benchmarks/profile_tc.py): measured on every run
+    "128x256x64 S=4 swizzled store": {"stages": 4, "store_swizzle": True},
+    "128x256x64 S=4 group_m=16": {"stages": 4, "group_m": 16},
+    "128x256x64 S=4 swizzled store, group_m=16": {"stages": 4, "store_swizzle": True, "group_m": 16},
+    "128x256x64 S=4 persistent, swizzled store, group_m=16": {"stages": 4, "persistent": "sms", "store_swizzle": True,
+                                                             "group_m": 16},
 }
+LEVERS = ("swizzled store", "group_m=16")
 
 
 def _time_interleaved(launches: dict, torch, rounds: int = 9, per_round: int = 5, warmup: int = 3) -> dict:
@@ -100,7 +107,8 @@ def main(argv=None) -> int:
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    variants = VARIANTS if a.sweep else {k: v for k, v in VARIANTS.items() if v is DEFAULT or "persistent" in k}
+    variants = VARIANTS if a.sweep else {k: v for k, v in VARIANTS.items()
+                                         if v is DEFAULT or "persistent" in k or any(w in k for w in LEVERS)}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     variants = {label: {k: sms if v == "sms" else v for k, v in kw.items()} for label, kw in variants.items()}
     compiled = {label: api.compile(matmul_tc(**{**WS, **kw})) for label, kw in variants.items()}
@@ -140,7 +148,9 @@ def main(argv=None) -> int:
                   f"{'' if ok else ' WRONG'}" + (f" [{row['config']}]" if 'config' in row else ''), flush=True)
         del x, w, ref
     sass = {"default": _sass_summary(compiled["128x256x64 S=4 (default)"], out, "matmul_tc_default"),
-            "persistent": _sass_summary(compiled["128x256x64 S=4 persistent"], out, "matmul_tc_persistent")}
+            "persistent": _sass_summary(compiled["128x256x64 S=4 persistent"], out, "matmul_tc_persistent"),
+            "swizzled-store group_m=16": _sass_summary(compiled["128x256x64 S=4 swizzled store, group_m=16"], out,
+                                                       "matmul_tc_swizzled_store")}
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "rounds": a.rounds, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sass": sass}
     (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

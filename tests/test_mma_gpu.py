@@ -92,3 +92,19 @@ def test_persistent_not_warp_specialized():
     # each tile's K loop pipelined on its own (barriers initialised and invalidated per tile)
     ck = _compiled(stages=3, bn=128, persistent=5)
     assert not [f for shape in ((500, 1000, 304), (1000, 520, 200)) for f in _run(ck, shape)]
+
+
+@pytest.mark.parametrize("kw", [dict(stages=4), dict(stages=4, group_m=16), dict(stages=3, bn=128),
+                                dict(stages=4, dtype="float16", out_dtype="float16"),
+                                dict(stages=4, out_dtype="float32"), dict(stages=3, war="mbarrier", ws=False),
+                                dict(stages=4, persistent=132), dict(stages=3, bn=192, persistent=4)],
+                         ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
+def test_swizzled_epilogue_staging(kw):
+    # store_swizzle=True: C staged in its map's 128-byte swizzle, ragged edges clipped by the TMA store
+    kw = dict(kw)
+    ws = WS if kw.pop("ws", True) else {}
+    ck = _compiled(store_swizzle=True, **kw, **ws)
+    dtype, out_dtype = kw.get("dtype", "bfloat16"), kw.get("out_dtype")
+    failures = [f for shape in ((129, 264, 200), (500, 1000, 304), (1024, 2048, 4096))
+                for f in _run(ck, shape, dtype, out_dtype, seed=3)]
+    assert not failures, "\n".join(failures)

@@ -1,6 +1,6 @@
 """TMA-store epilogues and swizzled tiles on a Hopper GPU: the interpreter's swizzled layout against
-the hardware's, and the tile-output / swizzling kernels at the seed shapes against numpy; torch
-bfloat16 tensors borrowed through DLPack."""
+the hardware's, tile stores through swizzled maps, and the tile-output / swizzling kernels at the seed
+shapes against numpy; torch bfloat16 tensors borrowed through DLPack."""
 import numpy as np
 import pytest
 
@@ -80,3 +80,15 @@ def test_torch_bfloat16_tensors_are_borrowed():
     ck(x=x, y=y, out=out)
     torch.cuda.synchronize()
     assert torch.equal(out, x + y)  # one rounding of the float32 sum, as torch's bf16 add does
+
+
+@pytest.mark.parametrize("swizzle", SPANS)
+@pytest.mark.parametrize("dtype", ("float32", "bfloat16"))
+def test_tile_stored_through_a_swizzled_map(swizzle, dtype):
+    """The rules stage each box in the map's swizzle and the hardware's TMA store reads it back dense
+    (rules/tma_store.rules, tma-store-to-swizzled-staging): the CPU model's layout is the hardware's."""
+    from test_mma_store_swizzle import doubled_rows_args, doubled_rows_kernel
+    ck = api.compile(doubled_rows_kernel(swizzle, dtype))
+    for n in (8, 29, 1000):
+        args, want = doubled_rows_args(swizzle, dtype, n)
+        assert not poisoned_run(ck, args, {"out": want}, ("out",), 0.0, 0.0, (n,))

@@ -33,7 +33,7 @@ from .builder_values import (MAX_BLOCK_THREADS, Buffer, BuildError, StagingAlign
                              blockIdx, ceil_div, circular_buffer, gridDim, lanes, threadIdx)
 from .coverage import PartialTileError  # noqa: F401  (public via the builder)
 from .graph import KernelGraph, Param
-from .limits import SWIZZLE_SPAN, SwizzleError, TmaBoxError  # noqa: F401  (public via the builder)
+from .limits import SWIZZLE_SPAN, SwizzleError, TmaBoxError, swizzle_repeat  # noqa: F401  (public via the builder)
 from .names import IdentifierError, NameClashError  # noqa: F401  (public via the builder)
 from .ops import (BINARY, DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS, REDUCE_COMBINE, SPACES, UNARY,
                   DependenceTracker,
@@ -250,7 +250,9 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
         ``clip=True`` (with ``tile``): the element may lie outside the tensor; the store is wrapped in the
         bounds test of its place in the box (coords + element < the tensor's shape, an ``if`` tagged
         ``tile-bounds``), which the rules drop once the store writes a staging slot, since the TMA store
-        clips the box at the tensor's edges (tma-store-drop-tile-bounds)."""
+        clips the box at the tensor's edges (tma-store-drop-tile-bounds). Through a swizzled map the
+        staging slots hold the box in that swizzle (the 16-byte chunks of a row XORed by the row, so a
+        warp writing a column of rows spreads over the banks) and the TMA store reads it back dense."""
         where = f"store at {_call_site()}"
         dst_name = self._known(dst, _MEMORY, "store")
         if dst.space == "global":
@@ -263,9 +265,12 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
                 raise BuildError(f"{where}: tile must be (tensor map, coords, element), got {tile!r}")
             tmap, coords, element = tile
             self._known(tmap, ("tensor map",), "store(tile=...)")
-            if tmap.swizzle != "none":
-                raise SwizzleError(f"{where}: tile stores through swizzled tensor map {tmap.name!r} are not "
-                                   "supported; store through a map without swizzle")
+            if tmap.swizzle != "none" and tmap.box_bytes % swizzle_repeat(tmap.swizzle):
+                raise SwizzleError(f"{where}: tile store through tensor map {tmap.name!r} ({tmap.swizzle} swizzle): "
+                                   f"its box {tmap.box} spans {tmap.box_bytes} bytes, not a multiple of the "
+                                   f"{swizzle_repeat(tmap.swizzle)}-byte pattern, so the second staging slot would "
+                                   "start on another phase of it; use a box of whole patterns (8 rows of the swizzle "
+                                   "span) or a map without swizzle")
             if dst.space != "global" or tmap.tensor.name != dst_name:
                 raise BuildError(f"{where}: tile store into {dst_name!r} through tensor map {tmap.name!r}, which "
                                  f"maps {tmap.tensor.name!r}; a TMA store writes the tensor its map covers: "
@@ -275,6 +280,8 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
                                  f"({len(tmap.box)})")
             attrs["tile"] = {"tensor": dst_name, "map": tmap.name, "coords": tuple(as_term(c) for c in coords),
                              "index": as_term(element), "box": tmap.box, "dtype": tmap.tensor.dtype}
+            if tmap.swizzle != "none":  # the rules stage the tile in the layout the map's TMA store reads
+                attrs["tile"]["swizzle"] = SWIZZLE_SPAN[tmap.swizzle]
         elif clip:
             raise BuildError(f"{where}: clip=True needs tile=: it tests the element's place in the tile's box")
         if clip:

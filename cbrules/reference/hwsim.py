@@ -57,6 +57,17 @@ def swizzled(data: np.ndarray, itemsize: int, span: int, lo: int, buf: str, site
     return out
 
 
+def unswizzled(data: np.ndarray, itemsize: int, span: int, lo: int, buf: str, site: Callable) -> np.ndarray:
+    """What a TMA store through a ``span``-byte swizzled map reads from ``data`` (a box's elements of a
+    shared buffer from element ``lo``): the box dense again, logical element i taken from
+    :func:`cbrules.ir.terms.swizzle_index` (i). ``lo`` must be on the pattern's repeat, as for loads."""
+    if (lo * itemsize) % (8 * span):
+        raise InterpError(f"a TMA store with {span}B swizzle reads {buf}[{lo}], {lo * itemsize} bytes into the "
+                          f"buffer: not on the {8 * span}-byte pattern, so the hardware would read it on "
+                          "another phase of the pattern", site())
+    return data[swizzle_index(np.arange(data.size), itemsize, span)]
+
+
 def inside_box(mask: np.ndarray, coords: Sequence[int], shape: Sequence[int]) -> None:
     """Set ``mask`` (the box's shape) where the box at ``coords`` lies inside a tensor of ``shape``."""
     part = _clip(coords, mask.shape, shape)

@@ -10,9 +10,11 @@ from typing import Optional
 
 import numpy as np
 
-from .hwsim import inside_box, read_box, swizzled, write_box
+from .hwsim import inside_box, read_box, swizzled, unswizzled, write_box
 from .interp_roles import Blocked
+from ..ir.limits import SWIZZLE_SPAN
 from ..ir.ops import DTYPE_BYTES, MAX_BACKOFF_NS
+from ..ir.terms import swizzle_index
 from .hazards import DivergentSync, InterpError, TmaIssueError
 from ..schedule import Step
 from ..ir.verify import attribute_problem
@@ -190,6 +192,14 @@ class MemoryOps:
         lo = self.uniform(fns["offset"](self.env, ln), mask, "TMA offset")
         n = int(np.prod(tmap.box))
         self._smem_range(src, lo, n)
+        span = SWIZZLE_SPAN[tmap.swizzle]
+        align = int(self.p.allocs[src.name].get("align") or 0)
+        if span and align % (8 * span):  # the hardware anchors the pattern on the address, not the buffer
+            raise InterpError(f"a TMA store with {span}B swizzle reads {src.name}, allocated {align}-byte aligned: "
+                              f"its slots must start on the {8 * span}-byte pattern (align the buffer to it)",
+                              self.site())
+        # the shared element holding each logical element of the box (a swizzled map reads it swizzled)
+        place = swizzle_index(np.arange(n), DTYPE_BYTES[tmap.dtype], span) if span else np.arange(n)
         if a.get("wait", "read") != "read":  # a bulk group left in flight: the protocol tracks its reads
             if lanes.size > 1:
                 raise TmaIssueError(f"{lanes.size} threads issue this TMA store; issue it from one elected thread",
@@ -197,9 +207,12 @@ class MemoryOps:
             tensor = self.tensors[tmap.tensor]
             inside = np.zeros(tuple(tmap.box), bool)
             inside_box(inside, coords, tensor.shape)
-            self.proto.bulk_store(s.node, src, lo, lo + n, lo + np.flatnonzero(inside), int(lanes[0]), self.site)
+            self.proto.bulk_store(s.node, src, lo, lo + n, lo + place[inside.ravel()], int(lanes[0]), self.site)
         self.proto.read(src, np.arange(lo, lo + n), np.full(n, lanes[0]), self.site)
-        write_box(self.tensors[tmap.tensor], coords, src.data[lo:lo + n].reshape(tmap.box))
+        data = src.data[lo:lo + n]
+        if span:
+            data = unswizzled(data, DTYPE_BYTES[tmap.dtype], span, lo, src.name, self.site)
+        write_box(self.tensors[tmap.tensor], coords, data.reshape(tmap.box))
 
     def _tma_store_wait(self, s: Step, mask: np.ndarray) -> None:
         self.proto.bulk_wait(np.nonzero(mask)[0], int(s.attrs["pending"]), bool(s.attrs["read"]))
