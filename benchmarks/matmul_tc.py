@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024))
 WS = {"warp_specialize": True, "registers": (40, 232)}
-DEFAULT = {"stages": 4}  # the kernel's defaults: 128x256x64 tiles, two consumer warp groups, group_m 8
+DEFAULT = {"stages": 4}  # the kernel's defaults: 128x256x64 tiles, two consumer warp groups, group_m 8, C staged swizzled
 VARIANTS = {
     "128x256x64 S=4 (default)": DEFAULT,
     "128x256x64 S=4 persistent": {"stages": 4, "persistent": "sms"},  # one block an SM
@@ -41,13 +41,13 @@ VARIANTS = {
     "128x256x32 S=6": {"stages": 6, "bk": 32},
     "128x256x64 S=4 no register sharing": {"stages": 4, "registers": None},
     # the levers of the 8192^3 profile (benchmarks/profile_tc.py): measured on every run
-    "128x256x64 S=4 swizzled store": {"stages": 4, "store_swizzle": True},
+    "128x256x64 S=4 dense store staging": {"stages": 4, "store_swizzle": False},
     "128x256x64 S=4 group_m=16": {"stages": 4, "group_m": 16},
     "128x256x64 S=4 swizzled store, group_m=16": {"stages": 4, "store_swizzle": True, "group_m": 16},
     "128x256x64 S=4 persistent, swizzled store, group_m=16": {"stages": 4, "persistent": "sms", "store_swizzle": True,
                                                              "group_m": 16},
 }
-LEVERS = ("swizzled store", "group_m=16")
+LEVERS = ("dense store", "swizzled store", "group_m=16")
 
 
 def _time_interleaved(launches: dict, torch, rounds: int = 9, per_round: int = 5, warmup: int = 3) -> dict:

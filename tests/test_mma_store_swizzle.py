@@ -140,8 +140,9 @@ def test_a_swizzled_slot_off_the_pattern_is_named(tmp_path):
 
 
 def test_generated_epilogue_writes_swizzled_places_in_1024_aligned_slots():
-    plain = api.generate(matmul_tc(stages=4, **WS))
+    plain = api.generate(matmul_tc(stages=4, store_swizzle=False, **WS))
     src = api.generate(matmul_tc(stages=4, store_swizzle=True, **WS))
+    assert api.generate(matmul_tc(stages=4, **WS)).text == src.text  # the default where the box allows it
     assert [p.swizzle for p in src.params if p.name == "c_tmap"] == ["128B"]
     assert [p.swizzle for p in plain.params if p.name == "c_tmap"] == ["none"]
     body = src.text.split('extern "C"')[1]
@@ -157,6 +158,8 @@ def test_refusals():
         matmul_tc(store_swizzle=1)
     with pytest.raises(MatmulTileError, match="store_swizzle with bn=24"):
         matmul_tc(bn=24, store_swizzle=True)  # 24 bfloat16 columns: 48 bytes, no swizzle span
+    dense = api.generate(matmul_tc(bn=24, stages=3))  # the default stages such a box dense instead
+    assert [p.swizzle for p in dense.params if p.name == "c_tmap"] == ["none"]
     k = Kernel("k", block=128)
     n = k.symbol("N")
     out = k.tensor("out", (n, 64), "bfloat16")
