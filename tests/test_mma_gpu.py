@@ -97,13 +97,15 @@ def test_persistent_not_warp_specialized():
 @pytest.mark.parametrize("kw", [dict(stages=4), dict(stages=4, group_m=16), dict(stages=3, bn=128),
                                 dict(stages=4, dtype="float16", out_dtype="float16"),
                                 dict(stages=4, out_dtype="float32"), dict(stages=3, war="mbarrier", ws=False),
-                                dict(stages=4, persistent=132), dict(stages=3, bn=192, persistent=4)],
+                                dict(stages=4, persistent=132), dict(stages=3, bn=192, persistent=4),
+                                dict(stages=4, swizzle=False), dict(stages=3, persistent=4, swizzle=False)],
                          ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
 def test_swizzled_epilogue_staging(kw):
     # store_swizzle=True: C staged in its map's 128-byte swizzle, ragged edges clipped by the TMA store
+    # (the default elsewhere in this file); swizzle=False: the dense staging it replaced
     kw = dict(kw)
     ws = WS if kw.pop("ws", True) else {}
-    ck = _compiled(store_swizzle=True, **kw, **ws)
+    ck = _compiled(store_swizzle=kw.pop("swizzle", True), **kw, **ws)
     dtype, out_dtype = kw.get("dtype", "bfloat16"), kw.get("out_dtype")
     failures = [f for shape in ((129, 264, 200), (500, 1000, 304), (1024, 2048, 4096))
                 for f in _run(ck, shape, dtype, out_dtype, seed=3)]
