@@ -104,44 +104,57 @@ class _Encoder:
         self.names: set[str] = set()  # the names the terms mention, for the range facts
         self.actions: list = []
         self._keys: dict[Term, str] = {}
-        self._vars: dict[tuple, eb.Var] = {}  # structural key of a node -> its variable
-        self._done: dict[int, tuple[Term, eb.Var]] = {}  # id -> (term, variable): terms share subterms
+        self._vars: dict[tuple, str] = {}  # structural key of a node -> the name of its variable
+        self._objs: dict[str, eb.Var] = {}  # that name -> the variable
+        self._done: dict[int, tuple[Term, str]] = {}  # id -> (term, name): terms share subterms
 
     def root(self, index: int, t: Term) -> None:
         """File ``t`` under ``index`` in the root table."""
-        self.actions.append(eb.Set(_SPAN, _ROOT, [_lit(eb.Int(index))], self.expr(t)))
+        self.actions.append(eb.Set(_SPAN, _ROOT, [_lit(eb.Int(index))], self._objs[self.expr(t)]))
 
-    def expr(self, t: Term) -> eb.Var:
+    def expr(self, t: Term) -> str:
+        """The name of the rule-local variable bound to ``t``'s node (bound here if new)."""
         got = self._done.get(id(t))
         if got is None or got[0] is not t:
             got = self._done[id(t)] = (t, self._node(t))
         return got[1]
 
-    def _node(self, t: Term) -> eb.Var:
-        v, arity = t.value, len(t.args)
-        if t.op == "const" and isinstance(v, bool):
-            key, make = ("Bool", v), lambda: _app("Bool", _lit(eb.Bool(v)))
-        elif t.op == "const" and isinstance(v, int) and _I64[0] <= v <= _I64[1]:
-            key, make = ("Num", v), lambda: _app("Num", _lit(eb.Int(v)))
-        elif t.op == "name":
-            self.names.add(str(v))
-            key, make = ("Name", str(v)), lambda: _app("Name", _lit(eb.String(str(v))))
+    def _node(self, t: Term) -> str:
+        # the key names the node by its head and its children's variables; the egglog call is
+        # built only for a node not seen before (most occurrences are shared subterms)
+        op, v, arity = t.op, t.value, len(t.args)
+        if op == "const" and isinstance(v, bool):
+            key = ("Bool", v)
+        elif op == "const" and isinstance(v, int) and _I64[0] <= v <= _I64[1]:
+            key = ("Num", v)
+        elif op == "name":
+            key = ("Name", str(v))
         else:
-            fn = (_CALLS.get(v) if t.op == "call" and arity == 2 else _BINARY.get(t.op) if arity == 2
-                  else _UNARY.get(t.op) if arity == 1 else None)
+            fn = (_CALLS.get(v) if op == "call" and arity == 2 else _BINARY.get(op) if arity == 2
+                  else _UNARY.get(op) if arity == 1 else None)
             if fn:
-                kids = [self.expr(a) for a in t.args]
-                key, make = (fn, *(k.name for k in kids)), lambda: _app(fn, *kids)
+                key = (fn, *[self.expr(a) for a in t.args])
             else:
                 if t not in self._keys:
                     self._keys[t] = f"#{len(self._keys)} {t}"
                     self.opaque[self._keys[t]] = t
-                k = self._keys[t]
-                key, make = ("Opaque", k), lambda: _app("Opaque", _lit(eb.String(k)))
+                key = ("Opaque", self._keys[t])
         var = self._vars.get(key)
         if var is None:
-            var = self._vars[key] = eb.Var(_SPAN, f"n{len(self._vars)}")
-            self.actions.append(eb.Let(_SPAN, var.name, make()))
+            head = key[0]
+            if head == "Bool":
+                call = _app(head, _lit(eb.Bool(v)))
+            elif head == "Num":
+                call = _app(head, _lit(eb.Int(v)))
+            elif head in ("Name", "Opaque"):
+                if head == "Name":
+                    self.names.add(key[1])
+                call = _app(head, _lit(eb.String(key[1])))
+            else:
+                call = _app(head, *[self._objs[k] for k in key[1:]])
+            var = self._vars[key] = f"n{len(self._vars)}"
+            self._objs[var] = eb.Var(_SPAN, var)
+            self.actions.append(eb.Let(_SPAN, var, call))
         return var
 
     def term(self, dag: eb.TermDag, tid: int, memo: dict[int, Term]) -> Term:
@@ -248,11 +261,12 @@ def _extract(eg: eb.EGraph, enc: _Encoder, terms: Sequence[Term], costs: Mapping
                          lambda fn, _args: _SCALE * costs.get(fn, 1),
                          lambda _sort, _v, kids: sum(kids), base_cost)
     extractor = eb.Extractor([SORT], eg, model)
+    # every term's e-class from one snapshot of the root table (a lookup per term costs ten times more)
+    roots = {eg.value_to_i64(row.inputs[0]): row.output for row in eg.freeze().functions[_ROOT].rows}
     dag, memo, out = eb.TermDag(), {}, {}
     for i, t in enumerate(terms):
         try:
-            sort, value = eg.eval_expr(_app(_ROOT, _lit(eb.Int(i))))
-            out[t] = enc.term(dag, extractor.extract_best(eg, dag, value, sort)[1], memo)
+            out[t] = enc.term(dag, extractor.extract_best(eg, dag, roots[i], SORT)[1], memo)
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             out[t] = t  # unextractable (all its nodes subsumed) or a shape with no term
     return out
