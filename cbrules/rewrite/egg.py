@@ -208,19 +208,23 @@ class _Budgets:
 
 def _run_rules(eg: eb.EGraph, rulesets: Sequence[str], budgets: _Budgets,
                matches: dict[str, int]) -> tuple[int, str | None]:
-    """Run rounds until one changes nothing; return how many ran and the budget hit, if any.
+    """Run rounds until every ruleset has run once since the last change; return how many rounds
+    ran and the budget hit, if any.
 
     A round runs every ruleset in declaration order (``ranges`` first), each to a fixpoint
-    capped at ``_PASSES`` runs, so later rulesets see the earlier ones' normal forms. Every run
-    is a single egglog iteration and the budgets are checked before each one, since egglog
+    capped at ``_PASSES`` runs, so later rulesets see the earlier ones' normal forms. A ruleset
+    whose last run changed nothing and that has seen no change since is skipped: egglog matches
+    only what is new since a rule last ran (semi-naive), so that run would find no match. Every
+    run is a single egglog iteration and the budgets are checked before each one, since egglog
     cannot be interrupted inside a run.
     """
     order = sorted(rulesets, key=lambda rs: rs != RANGES_RULESET)  # stable: keeps file order
-    rounds, grew = 0, True
+    rounds, grew, settled = 0, True, set()  # settled: rulesets that ran since the last change, finding none
     while rounds < budgets.iterations:
         rounds += 1
-        changed = False
         for ruleset in order:
+            if ruleset in settled:
+                continue
             for _ in range(_PASSES):
                 hit = budgets.exceeded(eg, grew)
                 if hit:
@@ -231,10 +235,11 @@ def _run_rules(eg: eb.EGraph, rulesets: Sequence[str], budgets: _Budgets,
                     matches[rule] = matches.get(rule, 0) + n
                 grew = report.updated
                 if not report.updated:
+                    settled.add(ruleset)
                     break
-                changed = True
-        if not changed:
-            return rounds, None  # saturated: the last runs added nothing
+                settled.clear()
+            if len(settled) == len(order):
+                return rounds, None  # saturated: no ruleset has anything new to match
     return rounds, f"iteration budget of {budgets.iterations} rounds (still rewriting)"
 
 
