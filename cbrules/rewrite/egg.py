@@ -271,7 +271,8 @@ def _extract(eg: eb.EGraph, enc: _Encoder, terms: Sequence[Term], costs: Mapping
     dag, memo, out = eb.TermDag(), {}, {}
     for i, t in enumerate(terms):
         try:
-            out[t] = enc.term(dag, extractor.extract_best(eg, dag, roots[i], SORT)[1], memo)
+            got = enc.term(dag, extractor.extract_best(eg, dag, roots[i], SORT)[1], memo)
+            out[t] = t if got == t else got  # unchanged: the caller's own term, so `is` tells
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             out[t] = t  # unextractable (all its nodes subsumed) or a shape with no term
     return out
@@ -289,8 +290,8 @@ def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence
     every term maps to itself, ``error`` is set and a ``RuntimeWarning`` is emitted.
     """
     start = time.perf_counter()
-    unique = list(dict.fromkeys(terms))
-    result = SimplifyResult({t: t for t in unique})
+    result = SimplifyResult({t: t for t in terms})  # every term to itself until extracted
+    unique = list(result.terms)
     key = tuple(forms)
     try:
         eg, info = _base(key)
