@@ -40,7 +40,8 @@ def auto_choices() -> dict:
     for op in OPS:
         for shape in shapes(op):
             s = chosen_stages(op, shape)
-            same = api.generate(build_generated(op, shape, "auto")).text == api.generate(build_generated(op, shape, s)).text
+            auto, swept = (api.generate(build_generated(op, shape, v)).text for v in ("auto", s))
+            same = auto == swept
             out[(op, shape_label(shape))] = (s, same)
     return out
 

@@ -222,7 +222,8 @@ def test_auto_stages_from_bytes_in_flight_blocks_and_trip_count(name):
         b = rec.bindings
         stage_bytes = int(b["?stage_bytes"])
         assert int(b["?in_flight_at_3"]) == int(b["?blocks_at_3"]) * 2 * stage_bytes  # the trace explains S
-        bounds = [_auto_model(stage_bytes, threads)] + ([] if b["?trip_count"] == "unknown" else [int(b["?trip_count"])])
+        trips = [] if b["?trip_count"] == "unknown" else [int(b["?trip_count"])]
+        bounds = [_auto_model(stage_bytes, threads)] + trips
         assert int(b["?S"]) == max(2, min(bounds))
     mains = [n for n in g.nodes("for") if g[n].get("part") == "main"]
     assert mains
