@@ -307,7 +307,7 @@ def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence
         for i, t in enumerate(unique):
             enc.root(i, t)
         # one rule without a query, run once: a top-level command per term costs several times more
-        named = enc.names | (set(ranges) if info.rules_name_names else set())  # names a rule builds too
+        named = enc.names | (set(ranges) if info.rules_mention_names else set())  # names a rule builds too
         seed = enc.actions + _range_facts(named, ranges)
         eg.run_program(eb.RuleCommand(eb.Rule(_SPAN, seed, [], "", _SEED)),
                        eb.RunSchedule(eb.Run(_SPAN, eb.RunConfig(_SEED))))

@@ -106,7 +106,7 @@ class _Loaded:
     rule_keys: set = field(default_factory=set)
     # a rule mentions `(Name ...)`: it might build a name no term mentions, which then needs its
     # range facts; otherwise names no term mentions stay apart from every term and need none
-    rules_name_names: bool = False
+    rules_mention_names: bool = False
 
     def note(self, cmd: object) -> None:
         variants = cmd.variants if isinstance(cmd, eb.Datatype) else []
@@ -145,7 +145,7 @@ def _load(eg: eb.EGraph, forms: Sequence[EggForm]) -> _Loaded:
         for cmd in cmds:
             info.note(cmd)
         if _rule_keys(cmds[0]) and "(Name" in form.text:
-            info.rules_name_names = True
+            info.rules_mention_names = True
     return info
 
 
