@@ -183,7 +183,9 @@ def markdown(kernels: list[dict], scale: list[dict], meta: dict) -> str:
               "graph; rules = `engine.lower(simplify=False)`; lower = `api.lower` (with egglog); match work = "
               "the matcher's search steps (`Lowered.match_work`: candidates and pattern elements tried); rules CPU = "
               "the process's CPU seconds for rules (less stretched than wall time by other work on the machine; the "
-              "plot shows it). Each size runs in its own process.", "",
+              "plot shows it). Each size runs in its own process."
+              + (f" These rows are from an earlier run: `{meta['scaling_command']}`." if meta.get("scaling_command")
+                 else ""), "",
               "![time against nodes](compile_times.svg)", "",
               "| family | nodes built → lowered | rule applications | match work | build | rules | rules CPU | "
               "lower (with egglog) |",
@@ -257,6 +259,8 @@ def main(argv=None) -> int:
     p.add_argument("--loop-sizes", default="100,300,1000,2000", help="sizes of the many-loops family")
     p.add_argument("--scale-timeout", type=float, default=1500.0)
     p.add_argument("--skip-kernels", action="store_true", help="only the scaling part")
+    p.add_argument("--reuse-scaling", action="store_true", help="keep the scaling rows of OUT/compile_times.json "
+                   "and measure only the kernels")
     p.add_argument("--scale-case", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.scale_case:
@@ -272,9 +276,13 @@ def main(argv=None) -> int:
             "egglog": metadata.version("egglog"), "repeat": a.repeat,
             "load": " / ".join(f"{x:.1f}" for x in os.getloadavg())}
     kernels = [] if a.skip_kernels else kernel_times(a.repeat)
-    scale = scaling([int(s) for s in a.sizes.split(",") if s], [int(s) for s in a.loop_sizes.split(",") if s],
-                    a.scale_timeout)
     out = Path(a.out)
+    if a.reuse_scaling:
+        old = json.loads((out / "compile_times.json").read_text())
+        scale, meta["scaling_command"] = old["scaling"], old["meta"].get("scaling_command", old["meta"]["command"])
+    else:
+        scale = scaling([int(s) for s in a.sizes.split(",") if s], [int(s) for s in a.loop_sizes.split(",") if s],
+                        a.scale_timeout)
     out.mkdir(parents=True, exist_ok=True)
     md = markdown(kernels, scale, meta)
     (out / "compile_times.md").write_text(md)

@@ -192,8 +192,9 @@ def markdown(records: list[dict], skipped: list[dict], meta: dict) -> str:
         if ws.count("\n") > 1 else []
     auto = auto_table(records)
     auto_part = ["## stages=\"auto\" beside the swept stage counts", "",
-                 "auto: the S the rules choose (`cb-auto-stages`: as many stages as fit in half the shared "
-                 "memory of an SM, at most 4 and at most the trip count, at least 2), measured in the same run "
+                 "auto: the S the rules choose (`cb-auto-stages`: the fewest of S = 2..4 whose resident blocks "
+                 "keep 128 KB in flight per SM, else the most in flight; at most the trip count, at least 2), "
+                 "measured in the same run "
                  "as the swept S = 2..4.", "", auto, ""] if auto.count("\n") > 1 else []
     return "\n".join(head + ["## Summary", "", summary_table(records), "", *auto_part, *ws_part, "## Notes", "",
                              notes_section(records, skipped), "", "## Every measurement", "",

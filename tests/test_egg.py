@@ -265,6 +265,15 @@ def test_builtin_ranges_and_caller_ranges_merge(forms):
     assert got == [const(0), name("threadIdx.x")]
 
 
+def test_range_facts_reach_a_name_only_a_rule_builds(forms):
+    """Names no term mentions get no range facts, unless a rule mentions names: then a name it
+    builds (here `m`, bounded by the caller) still carries its range."""
+    user = [egg.EggForm('(rule ((= e (Opaque s))) ((union e (Name "m"))) :name "opaque-is-m")', "u.rules", 1, 1)]
+    pred = parse("elect_one() < 5")
+    assert simplify([pred], {"m": Range(0, 3)}, forms + user).terms[pred] == const(True)
+    assert simplify([pred], {"m": Range(0, 9)}, forms + user).terms[pred] != const(True)
+
+
 def test_user_rules_in_the_default_ruleset_run(tmp_path, forms):
     path = tmp_path / "u.rules"
     path.write_text('(rewrite (Mul x (Num 2)) (Add x x) :name "twice")\n')

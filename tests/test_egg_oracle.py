@@ -1,7 +1,10 @@
 """egglog earns its place: the rules' oracle (provably-equal / provably-le under range facts), one
 barrier operation per stage, ranges per loop, one simplification per lowering with a cache,
 stages="auto", and refusals with codes."""
+import math
+
 import numpy as np
+
 import pytest
 
 from cbrules import api
@@ -199,15 +202,28 @@ def test_egglog_runs_once_per_lowering_and_is_cached():
 
 
 # ------------------------------------------------------------------ stages="auto"
+def _auto_model(stage_bytes: int, threads: int) -> int:
+    """The S the occupancy model picks (before the trip count): blocks an SM holds at S stages,
+    the bytes they keep in flight, the fewest stages reaching 128 KB, else the most in flight."""
+    in_flight = {}
+    for s in (2, 3, 4):
+        blocks = min(32, 2048 // threads, 233472 // (s * stage_bytes + 1024))
+        in_flight[s] = blocks * (s - 1) * stage_bytes
+    enough = [s for s in (2, 3, 4) if in_flight[s] >= 131072]
+    return enough[0] if enough else max((2, 3, 4), key=lambda s: in_flight[s])  # ties: fewer stages
+
+
 @pytest.mark.parametrize("name", SEED_MATRIX)
-def test_auto_stages_from_stage_bytes_budget_trips_and_cap(name):
+def test_auto_stages_from_bytes_in_flight_blocks_and_trip_count(name):
     sp = KERNELS[name]
     g = api.lower(sp.build(sp.default_shape, stages="auto", prefetch="auto"), debug=True)
+    threads = math.prod(g.kernel()["block"])
     for rec in (r for r in g.trace.records if r.rule == "cb-auto-stages"):
         b = rec.bindings
-        stage_bytes, fit = int(b["?stage_bytes"]), int(b["?fit_in_half_smem"])
-        assert fit == 116224 // stage_bytes
-        bounds = [4, fit] + ([] if b["?trip_count"] == "unknown" else [int(b["?trip_count"])])
+        stage_bytes = int(b["?stage_bytes"])
+        assert int(b["?in_flight_at_3"]) == int(b["?blocks_at_3"]) * 2 * stage_bytes  # the trace explains S
+        trips = [] if b["?trip_count"] == "unknown" else [int(b["?trip_count"])]
+        bounds = [_auto_model(stage_bytes, threads)] + trips
         assert int(b["?S"]) == max(2, min(bounds))
     mains = [n for n in g.nodes("for") if g[n].get("part") == "main"]
     assert mains
@@ -216,13 +232,16 @@ def test_auto_stages_from_stage_bytes_budget_trips_and_cap(name):
         assert 2 <= cb["stages"] <= 4 and cb["prefetch"] == cb["stages"] - 1
 
 
-def test_auto_stages_respect_the_trip_count_and_big_stages():
-    def chosen(k):
-        g = api.lower(k)
-        return {g[n]["annotations"]["circular_buffer"]["stages"] for n in g.nodes("for")
-                if g[n].get("part") == "main"}
-    assert chosen(KERNELS["single_dim"].build(stages="auto", tiles_per_block=3)) == {3}
-    assert chosen(KERNELS["matmul"].build(stages="auto", tile=128, patch=8, bk=32)) == {3}  # 32 KB a stage
+@pytest.mark.parametrize("stage_bytes, threads, want", [
+    (1024, 256, 4),     # 8 blocks an SM keep 24 KB in flight at S=4: the most there is
+    (16384, 256, 3),    # outer_sum's 128x32 tiles: 4 blocks at S=3 reach 128 KB, S=4 would hold 3
+    (32768, 512, 3),    # normalize 32768^2: 2 blocks at S=3 keep 128 KB, S=4 leaves one block (96 KB)
+    (65536, 256, 3),    # one block an SM at S=2 and at S=3 (193 KB): S=3 keeps 128 KB in flight
+    (40000, 1024, 4),   # two blocks by threads: 2 x 3 x 40000 at S=4
+    (200000, 256, 2),   # no S fits: nothing in flight, the fewest stages (the shared-memory check refuses it)
+])
+def test_auto_stages_model(stage_bytes, threads, want):
+    assert _auto_model(stage_bytes, threads) == want
 
 
 def test_auto_is_the_only_word_stages_take():

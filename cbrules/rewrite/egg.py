@@ -104,44 +104,57 @@ class _Encoder:
         self.names: set[str] = set()  # the names the terms mention, for the range facts
         self.actions: list = []
         self._keys: dict[Term, str] = {}
-        self._vars: dict[tuple, eb.Var] = {}  # structural key of a node -> its variable
-        self._done: dict[int, tuple[Term, eb.Var]] = {}  # id -> (term, variable): terms share subterms
+        self._vars: dict[tuple, str] = {}  # structural key of a node -> the name of its variable
+        self._objs: dict[str, eb.Var] = {}  # that name -> the variable
+        self._done: dict[int, tuple[Term, str]] = {}  # id -> (term, name): terms share subterms
 
     def root(self, index: int, t: Term) -> None:
         """File ``t`` under ``index`` in the root table."""
-        self.actions.append(eb.Set(_SPAN, _ROOT, [_lit(eb.Int(index))], self.expr(t)))
+        self.actions.append(eb.Set(_SPAN, _ROOT, [_lit(eb.Int(index))], self._objs[self.expr(t)]))
 
-    def expr(self, t: Term) -> eb.Var:
+    def expr(self, t: Term) -> str:
+        """The name of the rule-local variable bound to ``t``'s node (bound here if new)."""
         got = self._done.get(id(t))
         if got is None or got[0] is not t:
             got = self._done[id(t)] = (t, self._node(t))
         return got[1]
 
-    def _node(self, t: Term) -> eb.Var:
-        v, arity = t.value, len(t.args)
-        if t.op == "const" and isinstance(v, bool):
-            key, make = ("Bool", v), lambda: _app("Bool", _lit(eb.Bool(v)))
-        elif t.op == "const" and isinstance(v, int) and _I64[0] <= v <= _I64[1]:
-            key, make = ("Num", v), lambda: _app("Num", _lit(eb.Int(v)))
-        elif t.op == "name":
-            self.names.add(str(v))
-            key, make = ("Name", str(v)), lambda: _app("Name", _lit(eb.String(str(v))))
+    def _node(self, t: Term) -> str:
+        # the key names the node by its head and its children's variables; the egglog call is
+        # built only for a node not seen before (most occurrences are shared subterms)
+        op, v, arity = t.op, t.value, len(t.args)
+        if op == "const" and isinstance(v, bool):
+            key = ("Bool", v)
+        elif op == "const" and isinstance(v, int) and _I64[0] <= v <= _I64[1]:
+            key = ("Num", v)
+        elif op == "name":
+            key = ("Name", str(v))
         else:
-            fn = (_CALLS.get(v) if t.op == "call" and arity == 2 else _BINARY.get(t.op) if arity == 2
-                  else _UNARY.get(t.op) if arity == 1 else None)
+            fn = (_CALLS.get(v) if op == "call" and arity == 2 else _BINARY.get(op) if arity == 2
+                  else _UNARY.get(op) if arity == 1 else None)
             if fn:
-                kids = [self.expr(a) for a in t.args]
-                key, make = (fn, *(k.name for k in kids)), lambda: _app(fn, *kids)
+                key = (fn, *[self.expr(a) for a in t.args])
             else:
                 if t not in self._keys:
                     self._keys[t] = f"#{len(self._keys)} {t}"
                     self.opaque[self._keys[t]] = t
-                k = self._keys[t]
-                key, make = ("Opaque", k), lambda: _app("Opaque", _lit(eb.String(k)))
+                key = ("Opaque", self._keys[t])
         var = self._vars.get(key)
         if var is None:
-            var = self._vars[key] = eb.Var(_SPAN, f"n{len(self._vars)}")
-            self.actions.append(eb.Let(_SPAN, var.name, make()))
+            head = key[0]
+            if head == "Bool":
+                call = _app(head, _lit(eb.Bool(v)))
+            elif head == "Num":
+                call = _app(head, _lit(eb.Int(v)))
+            elif head in ("Name", "Opaque"):
+                if head == "Name":
+                    self.names.add(key[1])
+                call = _app(head, _lit(eb.String(key[1])))
+            else:
+                call = _app(head, *[self._objs[k] for k in key[1:]])
+            var = self._vars[key] = f"n{len(self._vars)}"
+            self._objs[var] = eb.Var(_SPAN, var)
+            self.actions.append(eb.Let(_SPAN, var, call))
         return var
 
     def term(self, dag: eb.TermDag, tid: int, memo: dict[int, Term]) -> Term:
@@ -195,19 +208,23 @@ class _Budgets:
 
 def _run_rules(eg: eb.EGraph, rulesets: Sequence[str], budgets: _Budgets,
                matches: dict[str, int]) -> tuple[int, str | None]:
-    """Run rounds until one changes nothing; return how many ran and the budget hit, if any.
+    """Run rounds until every ruleset has run once since the last change; return how many rounds
+    ran and the budget hit, if any.
 
     A round runs every ruleset in declaration order (``ranges`` first), each to a fixpoint
-    capped at ``_PASSES`` runs, so later rulesets see the earlier ones' normal forms. Every run
-    is a single egglog iteration and the budgets are checked before each one, since egglog
+    capped at ``_PASSES`` runs, so later rulesets see the earlier ones' normal forms. A ruleset
+    whose last run changed nothing and that has seen no change since is skipped: egglog matches
+    only what is new since a rule last ran (semi-naive), so that run would find no match. Every
+    run is a single egglog iteration and the budgets are checked before each one, since egglog
     cannot be interrupted inside a run.
     """
     order = sorted(rulesets, key=lambda rs: rs != RANGES_RULESET)  # stable: keeps file order
-    rounds, grew = 0, True
+    rounds, grew, settled = 0, True, set()  # settled: rulesets that ran since the last change, finding none
     while rounds < budgets.iterations:
         rounds += 1
-        changed = False
         for ruleset in order:
+            if ruleset in settled:
+                continue
             for _ in range(_PASSES):
                 hit = budgets.exceeded(eg, grew)
                 if hit:
@@ -218,10 +235,11 @@ def _run_rules(eg: eb.EGraph, rulesets: Sequence[str], budgets: _Budgets,
                     matches[rule] = matches.get(rule, 0) + n
                 grew = report.updated
                 if not report.updated:
+                    settled.add(ruleset)
                     break
-                changed = True
-        if not changed:
-            return rounds, None  # saturated: the last runs added nothing
+                settled.clear()
+            if len(settled) == len(order):
+                return rounds, None  # saturated: no ruleset has anything new to match
     return rounds, f"iteration budget of {budgets.iterations} rounds (still rewriting)"
 
 
@@ -248,11 +266,13 @@ def _extract(eg: eb.EGraph, enc: _Encoder, terms: Sequence[Term], costs: Mapping
                          lambda fn, _args: _SCALE * costs.get(fn, 1),
                          lambda _sort, _v, kids: sum(kids), base_cost)
     extractor = eb.Extractor([SORT], eg, model)
+    # every term's e-class from one snapshot of the root table (a lookup per term costs ten times more)
+    roots = {eg.value_to_i64(row.inputs[0]): row.output for row in eg.freeze().functions[_ROOT].rows}
     dag, memo, out = eb.TermDag(), {}, {}
     for i, t in enumerate(terms):
         try:
-            sort, value = eg.eval_expr(_app(_ROOT, _lit(eb.Int(i))))
-            out[t] = enc.term(dag, extractor.extract_best(eg, dag, value, sort)[1], memo)
+            got = enc.term(dag, extractor.extract_best(eg, dag, roots[i], SORT)[1], memo)
+            out[t] = t if got == t else got  # unchanged: the caller's own term, so `is` tells
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             out[t] = t  # unextractable (all its nodes subsumed) or a shape with no term
     return out
@@ -270,8 +290,8 @@ def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence
     every term maps to itself, ``error`` is set and a ``RuntimeWarning`` is emitted.
     """
     start = time.perf_counter()
-    unique = list(dict.fromkeys(terms))
-    result = SimplifyResult({t: t for t in unique})
+    result = SimplifyResult({t: t for t in terms})  # every term to itself until extracted
+    unique = list(result.terms)
     key = tuple(forms)
     try:
         eg, info = _base(key)
@@ -287,7 +307,8 @@ def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence
         for i, t in enumerate(unique):
             enc.root(i, t)
         # one rule without a query, run once: a top-level command per term costs several times more
-        seed = enc.actions + _range_facts(enc.names | set(ranges), ranges)
+        named = enc.names | (set(ranges) if info.rules_mention_names else set())  # names a rule builds too
+        seed = enc.actions + _range_facts(named, ranges)
         eg.run_program(eb.RuleCommand(eb.Rule(_SPAN, seed, [], "", _SEED)),
                        eb.RunSchedule(eb.Run(_SPAN, eb.RunConfig(_SEED))))
         budgets = _Budgets(iterations, start + time_limit_s, time_limit_s, max_nodes)

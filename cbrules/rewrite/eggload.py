@@ -104,6 +104,9 @@ class _Loaded:
     costs: dict[str, int] = field(default_factory=dict)  # constructor -> declared :cost
     rulesets: list[str] = field(default_factory=list)  # in declaration order; "" = default
     rule_keys: set = field(default_factory=set)
+    # a rule mentions `(Name ...)`: it might build a name no term mentions, which then needs its
+    # range facts; otherwise names no term mentions stay apart from every term and need none
+    rules_mention_names: bool = False
 
     def note(self, cmd: object) -> None:
         variants = cmd.variants if isinstance(cmd, eb.Datatype) else []
@@ -141,6 +144,8 @@ def _load(eg: eb.EGraph, forms: Sequence[EggForm]) -> _Loaded:
             raise _EggPanic(form, e) from e
         for cmd in cmds:
             info.note(cmd)
+        if _rule_keys(cmds[0]) and "(Name" in form.text:
+            info.rules_mention_names = True
     return info
 
 
