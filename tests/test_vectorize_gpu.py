@@ -11,6 +11,17 @@ pytestmark = pytest.mark.gpu
 PERSISTENT = [(4096, 1024, 256), (16384, 8192, 512), (2048, 1024, 128)]  # row, width, threads: 8, 16, 16 bytes
 
 
+def _check_sums(sp, ck, shapes, dtype, seed, axis):
+    """Run a sum kernel on each shape against numpy; the tolerance grows with the summed length (a sum
+    of ~sqrt(n)-sized values rounded to the output dtype)."""
+    for shape in shapes:
+        args = sp.make_inputs(shape, np.random.default_rng(seed), dtype)
+        rtol, atol = sp.tolerances(shape, dtype)
+        failures = poisoned_run(ck, args, sp.expected(args), sp.outputs, rtol, atol + 1e-2 * np.sqrt(shape[axis]),
+                                shape)
+        assert not failures, "\n".join(failures)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("row, width, threads", PERSISTENT)
 def test_vectorized_normalize(dtype, row, width, threads):
@@ -28,11 +39,7 @@ def test_vectorized_inner_sum(dtype, width):
     sp = KERNELS["inner_reduction"]
     ck = api.compile(reductions.inner_reduction(3, width=width, dtype=dtype))
     assert "cb_vcopy<" in ck.source.text
-    for shape in ((257, 5000), (64, 65536)):
-        args = sp.make_inputs(shape, np.random.default_rng(width), dtype)
-        rtol, atol = sp.tolerances(shape, dtype)
-        failures = poisoned_run(ck, args, sp.expected(args), sp.outputs, rtol, atol + 1e-2 * np.sqrt(shape[1]), shape)
-        assert not failures, "\n".join(failures)
+    _check_sums(sp, ck, ((257, 5000), (64, 65536)), dtype, seed=width, axis=1)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -41,22 +48,14 @@ def test_inner_sum_rows_a_block(dtype, width, rows):
     """Several rows a block; M not a multiple of the rows (the last block's extra rows store nothing)."""
     sp = KERNELS["inner_reduction"]
     ck = api.compile(reductions.inner_reduction(3, width=width, rows=rows, dtype=dtype))
-    for shape in ((257, 5000), (1023, 4096)):
-        args = sp.make_inputs(shape, np.random.default_rng(width + rows), dtype)
-        rtol, atol = sp.tolerances(shape, dtype)
-        failures = poisoned_run(ck, args, sp.expected(args), sp.outputs, rtol, atol + 1e-2 * np.sqrt(shape[1]), shape)
-        assert not failures, "\n".join(failures)
+    _check_sums(sp, ck, ((257, 5000), (1023, 4096)), dtype, seed=width + rows, axis=1)
 
 
 @pytest.mark.parametrize("dtype, rows, cols", [("bfloat16", 512, 64), ("bfloat16", 512, 32), ("float32", 512, 32)])
 def test_outer_sum_tiles_taller_than_a_box(dtype, rows, cols):
     sp = KERNELS["outer_reduction"]
     ck = api.compile(reductions.outer_reduction(3, rows=rows, cols=cols, dtype=dtype))
-    for shape in ((1500, 264), (4096, 1000)):
-        args = sp.make_inputs(shape, np.random.default_rng(rows + cols), dtype)
-        rtol, atol = sp.tolerances(shape, dtype)
-        failures = poisoned_run(ck, args, sp.expected(args), sp.outputs, rtol, atol + 1e-2 * np.sqrt(shape[0]), shape)
-        assert not failures, "\n".join(failures)
+    _check_sums(sp, ck, ((1500, 264), (4096, 1000)), dtype, seed=rows + cols, axis=0)
 
 
 # the bfloat16 benchmark's own choices (benchmarks/ops.py: rows a block, tall tiles, 256-element boxes,
