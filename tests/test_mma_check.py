@@ -2,6 +2,8 @@
 run from the swizzled bytes the TMA model wrote, asynchronously, against numpy and the kernel before
 lowering; the wgmma protocol model on its own; and mutations of the MMA rules, each caught with its
 named failure."""
+import dataclasses
+import functools
 import re
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from cbrules import api
 from cbrules.check import Checker
 from cbrules.ir.mma_layout import MMA_K, MMA_M, tma_tile_descriptor
 from cbrules.kernels import KERNELS
+from cbrules.kernels.matmul_tc import matmul_tc
 from cbrules.reference import protocol
 from cbrules.reference.hazards import Site
 from cbrules.reference.interp import run
@@ -122,12 +125,18 @@ def test_control_folder_runs_clean_and_equals_numpy(mutation, folders):
     np.testing.assert_allclose(c, SPEC.expected(args)["c"], rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("stages, ws", [(2, False), (2, True), (4, False)])
-def test_check_passes_for_trip_counts_0_to_4S(stages, ws):
-    """``cbrules check matmul_tc`` in-process: every trip count 0..4S ok (short K loops run predicated)."""
+DENSE = dataclasses.replace(SPEC, factory=functools.partial(matmul_tc, store_swizzle=False))
+
+
+@pytest.mark.parametrize("spec, stages, ws", [(SPEC, 2, False), (SPEC, 2, True), (SPEC, 4, False),
+                                              (DENSE, 2, True), (DENSE, 3, False)],
+                         ids=["swizzled-S2", "swizzled-S2-ws", "swizzled-S4", "dense-S2-ws", "dense-S3"])
+def test_check_passes_for_trip_counts_0_to_4S(spec, stages, ws):
+    """``cbrules check matmul_tc`` in-process: every trip count 0..4S ok (short K loops run predicated),
+    with the default swizzled epilogue staging and with dense staging."""
     checker = Checker(blocks="sample", dtype="bfloat16")
     for trips in range(0, 4 * stages + 1):
-        res = checker.check(SPEC, trips, stages, warp_specialize=ws, registers=(40, 232) if ws else None)
+        res = checker.check(spec, trips, stages, warp_specialize=ws, registers=(40, 232) if ws else None)
         assert res.ok and res.status == "ok", f"trips {trips}: {res.status} {res.detail}"
 
 
