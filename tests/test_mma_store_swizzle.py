@@ -1,8 +1,8 @@
 """Tile stores through swizzled tensor maps: the rules stage each box in the map's swizzle
 (rules/tma_store.rules, tma-store-to-swizzled-staging) and the TMA store reads it back dense. A small
-kernel at every span and dtype, and matmul_tc(store_swizzle=True) on the CPU model (the checker over trip counts is in test_mma_check.py;
-a persistent walk, against numpy); the generated CUDA, the refusals, and mutations: dense staging under
-a swizzled map, and slots off the pattern."""
+kernel at every span and dtype, and matmul_tc(store_swizzle=True) on the CPU model (a persistent walk,
+against numpy; the checker over trip counts is in test_mma_check.py); the generated CUDA, the refusals,
+and mutations: dense staging under a swizzled map, and slots off the pattern."""
 
 import ml_dtypes
 import numpy as np
