@@ -166,7 +166,7 @@ class Env:
 
     def __init__(self, bindings: Mapping[str, Any], node_attrs: Callable[[int], Mapping[str, Any]],
                  decide: Callable[[Term], bool] | None = None):
-        self.bindings = dict(bindings)
+        self.bindings = bindings  # read only: matcher and actions make one per evaluation, so no copy
         self.node_attrs = node_attrs
         self.decide = decide  # proves a predicate term under the graph's range facts, if given
 
