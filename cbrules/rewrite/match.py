@@ -83,6 +83,7 @@ class Matcher(Relations):
         self._places: dict[int, dict[int, int]] = {}  # scope -> each child's place in its order
         self._index: Optional[dict[str, list[int]]] = None  # op -> nodes, built on first use
         self._within: dict[tuple[int, str], list[int]] = {}  # (scope, op) -> nodes inside, on first use
+        self._grouped: dict[int, dict[str, list[int]]] = {}  # scope -> op -> nodes inside, one walk a scope
         self.deepest: tuple[int, str, Any] = (-1, "", None)
         self.deepest_bindings: dict = {}  # the bindings the deepest failure was tried with
         self.deadline = deadline
@@ -93,6 +94,7 @@ class Matcher(Relations):
         failure record."""
         m = Matcher.__new__(Matcher)
         m.kg, m._orders, m._index, m._within = self.kg, self._orders, self.by_op(), self._within
+        m._grouped = self._grouped
         m._places = self._places
         m.decide, m.plan, m._attrs = self.decide, self.plan, self.attr_index()
         m.deepest, m.deadline, m.ticks = (-1, "", None), self.deadline, 0
@@ -124,9 +126,14 @@ class Matcher(Relations):
             few = self._index.get(op, ()) if op != "_" and self._index is not None else None
             if few is not None and len(few) <= _FEW:
                 got = [n for n in few if n != scope and scope in self.kg.ancestors(n)]
-            else:
-                pool = self.kg.descendants(scope)
-                got = pool if op == "_" else [n for n in pool if self.kg.op(n) == op]
+            else:  # one walk of the scope answers every op (a rule asks for several in each loop)
+                grouped = self._grouped.get(scope)
+                if grouped is None:
+                    pool, nodes = self.kg.descendants(scope), self.kg.g._node
+                    grouped = self._grouped[scope] = {"_": pool}
+                    for n in pool:  # in id order, as pool is
+                        grouped.setdefault(nodes[n]["op"], []).append(n)
+                got = grouped.get(op, [])
             self._within[key] = got
         return got
 
@@ -278,11 +285,11 @@ class Matcher(Relations):
         # the node's variable joins the bindings after the checks (most candidates fail one) unless a
         # check names it; the scopes named (:in, :child-of) are then read once, when first needed
         scopes: dict[str, int] = {}
-        kg = self.kg
+        kg, nodes = self.kg, self.kg.g._node
         for n in self.candidates(e, b, within, among):
             self._tick()
             b2: Optional[dict] = b if var is None or late else {**b, var: NodeRef(n)}
-            attrs = kg[n]
+            attrs = nodes[n]
             for k, p, check in checks:
                 if check is not None:
                     b2 = check(attrs.get(k, MISSING), b2)
