@@ -25,9 +25,9 @@ def _replace(t: Any, frm: Term, to: Term) -> Any:
         return to
     if not t.args:
         return t
-    args = tuple(_replace(x, frm, to) for x in t.args)
+    args = [_replace(x, frm, to) for x in t.args]
     # unchanged: the same object, so that the caller's comparison costs nothing
-    return t if all(a is b for a, b in zip(args, t.args)) else Term(t.op, args, t.value)
+    return t if all(a is b for a, b in zip(args, t.args)) else Term(t.op, tuple(args), t.value)
 
 
 def _coerce(spec, key: str, value: Any) -> Any:

@@ -177,19 +177,22 @@ class Matcher(Relations):
         if i == len(els):
             yield b
             return
-        found = False
+        found, last = False, i + 1 == len(els)
         for b2 in self.element(els[i], b):
             found = True
-            yield from self._elements(els, i + 1, b2)
+            if last:  # what the call for the end would do, without a generator per binding
+                self._tick()
+                yield b2
+            else:
+                yield from self._elements(els, i + 1, b2)
         if not found:
             self._fail(i, "no node matches" if els[i].head() not in RELATIONS else "relation does not hold", els[i], b)
 
     def element(self, e: SList, b: dict) -> Iterator[dict]:
         head = e.head()
-        if head in RELATIONS:
-            yield from getattr(self, "_rel_" + head.replace("-", "_"))(e, b)
-        else:
-            yield from self.node_pattern(e, b)
+        if head in RELATIONS:  # every relation is a generator: nothing runs before the caller iterates
+            return getattr(self, "_rel_" + head.replace("-", "_"))(e, b)
+        return self.node_pattern(e, b)
 
     def explain(self) -> str:
         """The deepest failure in words: for a node pattern the first attribute that no candidate
