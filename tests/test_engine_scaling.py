@@ -18,7 +18,7 @@ import pytest
 
 from benchmarks.compile_times import synthetic
 from cbrules import api
-from cbrules.ir import order
+from cbrules.ir import graph as graph_module, order
 from cbrules.ir.graph import KernelGraph
 from cbrules.kernels import specs
 from cbrules.rewrite import engine
@@ -80,6 +80,39 @@ def test_many_loops_sibling_order_is_linear(rules, monkeypatch):
     siblings after it again (what placement did before: about 7 times the sorting for 3.3 times
     the loops, 55 times for 10 times)."""
     assert_linear(sort_work(rules, 48, monkeypatch), sort_work(rules, 160, monkeypatch), "siblings sorted")
+
+
+def graph_work(rules, family: str, nodes: int, monkeypatch) -> tuple[int, int]:
+    """(nodes as built, graph work of lowering): the nodes that subtree walks visit (``descendants``,
+    the matcher's scope index, a clone's copy, the effects of a scope) plus the nodes whose own
+    effects are computed, the work of applying rules besides matching and sorting."""
+    seen = [0]
+    inside, effects = KernelGraph._inside, graph_module.effects
+
+    def counting_inside(self, n):
+        for x in inside(self, n):
+            seen[0] += 1
+            yield x
+
+    def counting_effects(op, attrs):
+        seen[0] += 1
+        return effects(op, attrs)
+
+    with monkeypatch.context() as m:
+        m.setattr(KernelGraph, "_inside", counting_inside)
+        m.setattr(graph_module, "effects", counting_effects)
+        k = synthetic(family, nodes)
+        engine.lower(k.graph, rules, simplify=False, time_limit=None)
+    return len(k.graph), seen[0]
+
+
+@pytest.mark.parametrize("family, small, large", [("many loops", 48, 160), ("long body", 100, 400)])
+def test_graph_work_is_linear(rules, monkeypatch, family, small, large):
+    """What an application walks (a scope's subtree, the effects of its nodes) stays near the nodes
+    it touches: an action or an index that walked the kernel scope, or every node, per application
+    would make this grow with the square of the loops."""
+    assert_linear(graph_work(rules, family, small, monkeypatch), graph_work(rules, family, large, monkeypatch),
+                  "nodes walked and effects computed")
 
 
 @pytest.mark.parametrize("kernel", ["many loops", "matmul_tc", "inner_reduction", "persistent"])
