@@ -48,6 +48,8 @@ def _printable(op: str, key: str, value: Any, expr) -> None:
 def _bounded(key: str, value: Any, expr, nodes: int) -> None:
     """Refuse a value a rule built that is too large to print, hash or simplify: a rule that feeds
     its own output back (``(set ?L :stop (+ ?n ?n))`` once a new node) doubles it each time."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return  # one part, one level: within every bound
     sizes: dict[int, int] = {}  # terms share subterms: count each tree node, visit each object once
 
     def size(v: Any, depth: int) -> int:

@@ -217,9 +217,21 @@ def written_rank(els: tuple, b: dict) -> dict[str, int]:
     """Each variable's place in the order the written search binds them (the given bindings first,
     then first appearance in the text), so planned bindings list their variables the same way."""
     rank = {k: i for i, k in enumerate(b)}
-    for v in (v for e in els for v in _vars(e)):
+    for v in _text_vars(els):
         rank.setdefault(v, len(rank))
     return rank
+
+
+_TEXT_VARS: dict[int, tuple] = {}  # id of a rule's elements -> (the elements, their variables in text order)
+
+
+def _text_vars(els: tuple) -> list[str]:
+    got = _TEXT_VARS.get(id(els))
+    if got is None or got[0] is not els:
+        if len(_TEXT_VARS) > 4096:  # rule sets come and go
+            _TEXT_VARS.clear()
+        got = _TEXT_VARS[id(els)] = (els, list(dict.fromkeys(v for e in els for v in _vars(e))))
+    return got[1]
 
 
 # relations whose answer depends only on nodes their inner pattern names (plus what is bound):
