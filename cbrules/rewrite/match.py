@@ -286,20 +286,24 @@ class Matcher(Relations):
         np = _node_pattern(e)
         var, late, checks = np.var, np.late, np.checks
         # the node's variable joins the bindings after the checks (most candidates fail one) unless a
-        # check names it; the scopes named (:in, :child-of) are then read once, when first needed
+        # check names it; a scope named by a variable bound before the pattern is read once
         scopes: dict[str, int] = {}
         kg, nodes = self.kg, self.kg.g._node
         for n in self.candidates(e, b, within, among):
-            self._tick()
+            self.ticks += 1  # _tick, inline: once per candidate
+            if not self.ticks & 1023 and self.deadline is not None and time.monotonic() >= self.deadline:
+                raise MatchTimeout()
             b2: Optional[dict] = b if var is None or late else {**b, var: NodeRef(n)}
             attrs = nodes[n]
             for k, p, check in checks:
                 if check is not None:
                     b2 = check(attrs.get(k, MISSING), b2)
                 else:
-                    scope = scopes.get(k) if late or var is None else None
+                    scope = scopes.get(k)
                     if scope is None:
-                        scope = scopes[k] = self._scope_of(p, b2)
+                        scope = self._scope_of(p, b2)
+                        if isinstance(p, Atom) and p.kind == "var" and p.value in b:
+                            scopes[k] = scope
                     if not (scope in kg.ancestors(n) if k == "in" else kg.parent(n) == scope):
                         b2 = None
                 if b2 is None:
