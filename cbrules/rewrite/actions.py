@@ -68,9 +68,12 @@ class Rewriter(Cloning):
         self.changed: list[int] = []
         self.moved: list[int] = []  # nodes given a new parent: what is inside them has new scopes too
         self.erased_ops: set[str] = set()
+        # one Env for the application: it reads ``self.b`` (changed in place by let, :as and clone's
+        # :as), not a copy, so every value sees the bindings as they are when it is evaluated
+        self._env = Env(self.b, lambda n: self.kg[n])
 
     def env(self) -> Env:
-        return Env(self.b, lambda n: self.kg[n])
+        return self._env
 
     def value(self, e) -> Any:
         return evaluate(e, self.env())
