@@ -38,7 +38,7 @@ from typing import Any, Optional
 from ..ir.graph import KernelGraph
 from ..ir.ops import OPS, conflicts, nearest_conflicts_among
 from ..ir.order import kept_order, sibling_order, sibling_pairs
-from .schema import ACTIONS, settable as _settable, split_keys, split_keys_once  # noqa: F401  (ACTIONS: public here too)
+from .schema import ACTIONS, settable as _settable, split_keys, split_keys_once  # noqa: F401  (ACTIONS: public)
 from .sexpr import RuleError, SList
 from ..ir.terms import Term, as_term
 from .values import Env, NodeRef, evaluate
