@@ -7,6 +7,7 @@ cost (20 times the figures in ``benchmarks/results/compile_times.md``), so a loa
 machine cannot make them fail, while a return of the quadratic engine (tens of seconds at these
 sizes, minutes at the next) or a hang does.
 """
+import gc
 import json
 import os
 import random
@@ -139,6 +140,27 @@ def test_kept_order_is_the_sorted_order(rules, monkeypatch, kernel):
     k = synthetic("many loops", 48) if kernel == "many loops" else specs.get(kernel).build()
     engine.lower(k.graph, rules, simplify=False, time_limit=None)
     assert {"before", "after"} <= set(checked)
+
+
+def test_lowering_gives_the_collector_back_as_it_was(rules):
+    """Lowering turns the cycle collector off and hands what it allocated to the oldest generation
+    at the end (gc.freeze, then unfreeze); a program's own frozen objects stay frozen."""
+    assert gc.isenabled()
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        engine.lower(synthetic("many loops", 48).graph, rules, simplify=False, time_limit=None)
+        assert gc.isenabled() and gc.get_freeze_count() == frozen > 0
+    finally:
+        gc.unfreeze()
+    engine.lower(synthetic("many loops", 48).graph, rules, simplify=False, time_limit=None)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    gc.disable()
+    try:
+        engine.lower(synthetic("many loops", 48).graph, rules, simplify=False, time_limit=None)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_match_work_counts_the_search(rules):

@@ -171,9 +171,11 @@ def _no_cycle_collection():
             # what lowering allocated joins the oldest generation directly (freeze, then unfreeze,
             # moves every tracked object there): enabled as it is, the collector's next young
             # collection walks all of it only to promote it (a tenth of the time of lowering 1,000
-            # loops); the oldest generation's collections see it as they would have anyway
-            gc.freeze()
-            gc.unfreeze()
+            # loops); the oldest generation's collections see it as they would have anyway. Not
+            # when the program froze objects itself: unfreezing would hand those back as well
+            if not gc.get_freeze_count():
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 
