@@ -7,6 +7,7 @@ cost (20 times the figures in ``benchmarks/results/compile_times.md``), so a loa
 machine cannot make them fail, while a return of the quadratic engine (tens of seconds at these
 sizes, minutes at the next) or a hang does.
 """
+import gc
 import json
 import os
 import random
@@ -18,7 +19,7 @@ import pytest
 
 from benchmarks.compile_times import synthetic
 from cbrules import api
-from cbrules.ir import order
+from cbrules.ir import graph as graph_module, order
 from cbrules.ir.graph import KernelGraph
 from cbrules.kernels import specs
 from cbrules.rewrite import engine
@@ -82,6 +83,39 @@ def test_many_loops_sibling_order_is_linear(rules, monkeypatch):
     assert_linear(sort_work(rules, 48, monkeypatch), sort_work(rules, 160, monkeypatch), "siblings sorted")
 
 
+def graph_work(rules, family: str, nodes: int, monkeypatch) -> tuple[int, int]:
+    """(nodes as built, graph work of lowering): the nodes that subtree walks visit (``descendants``,
+    the matcher's scope index, a clone's copy, the effects of a scope) plus the nodes whose own
+    effects are computed, the work of applying rules besides matching and sorting."""
+    seen = [0]
+    inside, effects = KernelGraph._inside, graph_module.effects
+
+    def counting_inside(self, n):
+        for x in inside(self, n):
+            seen[0] += 1
+            yield x
+
+    def counting_effects(op, attrs):
+        seen[0] += 1
+        return effects(op, attrs)
+
+    with monkeypatch.context() as m:
+        m.setattr(KernelGraph, "_inside", counting_inside)
+        m.setattr(graph_module, "effects", counting_effects)
+        k = synthetic(family, nodes)
+        engine.lower(k.graph, rules, simplify=False, time_limit=None)
+    return len(k.graph), seen[0]
+
+
+@pytest.mark.parametrize("family, small, large", [("many loops", 48, 160), ("long body", 100, 400)])
+def test_graph_work_is_linear(rules, monkeypatch, family, small, large):
+    """What an application walks (a scope's subtree, the effects of its nodes) stays near the nodes
+    it touches: an action or an index that walked the kernel scope, or every node, per application
+    would make this grow with the square of the loops."""
+    assert_linear(graph_work(rules, family, small, monkeypatch), graph_work(rules, family, large, monkeypatch),
+                  "nodes walked and effects computed")
+
+
 @pytest.mark.parametrize("kernel", ["many loops", "matmul_tc", "inner_reduction", "persistent"])
 def test_kept_order_is_the_sorted_order(rules, monkeypatch, kernel):
     """After every placement the kept order of the scope (and its sources, sinks and the children
@@ -106,6 +140,27 @@ def test_kept_order_is_the_sorted_order(rules, monkeypatch, kernel):
     k = synthetic("many loops", 48) if kernel == "many loops" else specs.get(kernel).build()
     engine.lower(k.graph, rules, simplify=False, time_limit=None)
     assert {"before", "after"} <= set(checked)
+
+
+def test_lowering_gives_the_collector_back_as_it_was(rules):
+    """Lowering turns the cycle collector off and hands what it allocated to the oldest generation
+    at the end (gc.freeze, then unfreeze); a program's own frozen objects stay frozen."""
+    assert gc.isenabled()
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        engine.lower(synthetic("many loops", 48).graph, rules, simplify=False, time_limit=None)
+        assert gc.isenabled() and gc.get_freeze_count() == frozen > 0
+    finally:
+        gc.unfreeze()
+    engine.lower(synthetic("many loops", 48).graph, rules, simplify=False, time_limit=None)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    gc.disable()
+    try:
+        engine.lower(synthetic("many loops", 48).graph, rules, simplify=False, time_limit=None)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_match_work_counts_the_search(rules):

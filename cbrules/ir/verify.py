@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from ..errors import CbrulesError
 from .names import BUILTINS, RULES, problem
 from .ops import DTYPES, LOOP_KINDS, MAX_BACKOFF_NS, OPS, REDUCE_COMBINE, SCOPES, SPACES, term_values
-from .order import CONTAINS, ScheduleError, linear_order, sibling_edges, sibling_order
+from .order import CONTAINS, DEPENDS, ScheduleError, sibling_edges, sibling_order
 from .terms import BINARY_OPS, UNARY_OPS, Term, call_problem
 
 if TYPE_CHECKING:  # the graph imports this module to verify itself
@@ -39,16 +39,16 @@ def verify(kg: KernelGraph, ready: bool = False, structure_only: bool = False) -
     every single rule application, while a phase may still be half-way through a protocol);
     ``ready`` adds what code generation needs: every TMA load has a barrier to complete on.
     """
-    _tree(kg)
+    walked, parent = _tree(kg)  # every node, parents first, and each one's scope: read once here
     _attributes(kg)
     edges = sibling_edges(kg)
-    _depends(kg, edges)
+    orders = _depends(kg, edges, walked, parent)
     if structure_only:
         return
-    order = linear_order(kg, edges)
-    _identifiers(kg)
-    _values(kg)
-    _names(kg)
+    order = _program_order(kg, orders)
+    _identifiers(kg, walked)
+    _values(kg, walked)
+    _names(kg, walked, parent)
     _barriers(kg, order)
     _block_shape(kg)
     if ready:
@@ -58,14 +58,17 @@ def verify(kg: KernelGraph, ready: bool = False, structure_only: bool = False) -
                                  "(or let the shipped rules lower it), or pass barrier= and slot=", n)
 
 
-def _tree(kg: KernelGraph) -> None:
+def _tree(kg: KernelGraph) -> tuple[list[int], dict[int, int]]:
+    """Check the scope tree; return every node, parents before children (``kg.walk()``), and each
+    node's parent (the root has none)."""
+    parent: dict[int, int] = {}
     kernels = kg.nodes("kernel")
     if kernels != [kg.root]:
         extra = [n for n in kernels if n != kg.root]
         raise GraphError("single-root", f"{kg.describe(extra[0])} is a second kernel node; a graph "
                          "has exactly one root", extra[0] if extra else None)
-    for n in kg.g.nodes:
-        parents = [p for p in kg.g.predecessors(n) if kg.g.edges[p, n]["kind"] == CONTAINS]
+    for n, preds in kg.g._pred.items():
+        parents = [p for p, d in preds.items() if d["kind"] == CONTAINS]
         if n == kg.root:
             if parents:
                 raise GraphError("single-root", f"the kernel node is contained by {kg.describe(parents[0])}", n)
@@ -77,6 +80,7 @@ def _tree(kg: KernelGraph) -> None:
         if kg.op(parents[0]) not in SCOPES:
             raise GraphError("scope-tree", f"{kg.describe(n)} is contained by {kg.describe(parents[0])}, "
                              "which is not a scope (kernel/for/if)", n)
+        parent[n] = parents[0]
     for n in kg.nodes("else"):
         p = kg.parent(n)
         if p is None or kg.op(p) != "if":
@@ -84,11 +88,12 @@ def _tree(kg: KernelGraph) -> None:
                              "is a child of the if it completes", n)
         if len([c for c in kg.children(p) if kg.op(c) == "else"]) > 1:
             raise GraphError("else-branch", f"{kg.describe(p)} has more than one else branch", n)
-    reachable = set(kg.walk())
-    lost = sorted(set(kg.g.nodes) - reachable)
-    if lost:
+    walked = list(kg.walk())
+    if len(walked) != len(kg):  # each node but the root has one parent: the walk meets each at most once
+        lost = sorted(set(kg.g.nodes) - set(walked))
         raise GraphError("scope-tree", f"{kg.describe(lost[0])} is not reachable from the kernel "
                          "(its scopes form a cycle)", lost[0])
+    return walked, parent
 
 
 def _attributes(kg: KernelGraph) -> None:
@@ -120,17 +125,36 @@ def _register_count(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and 24 <= x <= 256 and x % 8 == 0
 
 
-def _depends(kg: KernelGraph, edges: dict) -> None:
-    for a, b in kg.depends_edges():
-        if kg.parent(a) != kg.parent(b):
-            raise GraphError("depends-siblings", f"depends edge {kg.describe(a)} -> {kg.describe(b)} joins "
-                             "nodes of different scopes; order their enclosing siblings instead", b)
-    for scope in kg.walk():
+def _depends(kg: KernelGraph, edges: dict, walked: list[int], parent: dict[int, int]) -> dict[int, list[int]]:
+    """Check the depends edges; return each scope's children in sibling order."""
+    if any(parent.get(a) != parent.get(b) for a, b in _depends_pairs(kg)):  # the first in id order is named
+        for a, b in kg.depends_edges():
+            if parent.get(a) != parent.get(b):
+                raise GraphError("depends-siblings", f"depends edge {kg.describe(a)} -> {kg.describe(b)} joins "
+                                 "nodes of different scopes; order their enclosing siblings instead", b)
+    orders = {}
+    for scope in walked:
         if kg.is_scope(scope):
             try:
-                sibling_order(kg, scope, edges)
+                orders[scope] = sibling_order(kg, scope, edges)
             except ScheduleError as e:
                 raise GraphError("depends-acyclic", str(e), scope) from None
+    return orders
+
+
+def _depends_pairs(kg: KernelGraph) -> Iterator[tuple[int, int]]:
+    return ((a, b) for a, nbrs in kg.g._succ.items() for b, d in nbrs.items() if d["kind"] == DEPENDS)
+
+
+def _program_order(kg: KernelGraph, orders: dict[int, list[int]]) -> list[int]:
+    """``linear_order`` from the sibling orders :func:`_depends` found (each scope is sorted once)."""
+    out, todo = [], [kg.root]
+    while todo:
+        n = todo.pop()
+        out.append(n)
+        if n in orders:
+            todo.extend(reversed(orders[n]))
+    return out
 
 
 # identifier-valued attributes codegen prints, per op (compute ops: their ``dst`` register)
@@ -155,7 +179,7 @@ def _ident_attrs(kg: KernelGraph, n: int) -> Iterator[tuple[str, Any]]:
             yield f"parameter {getattr(p, 'kind', '?')}", getattr(p, "name", p)
 
 
-def _identifiers(kg: KernelGraph) -> None:
+def _identifiers(kg: KernelGraph, walked: list[int]) -> None:
     """Every name codegen prints is an identifier, and names one thing in the kernel: a parameter, a
     buffer, a register (written any number of times) or loop variables (siblings may share one;
     a nested loop may not reuse an enclosing loop's variable)."""
@@ -168,7 +192,7 @@ def _identifiers(kg: KernelGraph) -> None:
                              f"{kg.describe(had[1])}; the generated CUDA would mix them up: rename one", n)
         what.setdefault(name, (kind, n))
 
-    for n in kg.walk():
+    for n in walked:
         op = kg.op(n)
         for key, name in _ident_attrs(kg, n):
             why = problem(name, RULES)
@@ -194,16 +218,17 @@ def attribute_problem(op: str, key: str, value: Any) -> str | None:
     if key in _ident_keys(op):
         why = problem(value, RULES)
         return f"{value!r} {why[0]}; {why[1]}" if why else None
-    for o, k, low, many in _INT_ATTRS:
-        if (o, k) == (op, key):
-            if many and not isinstance(value, tuple):
-                return f"{value!r} is not a tuple of ints"
-            bad = next((p for p in map(lambda v: _int_problem(v, low), value if many else (value,)) if p), None)
-            high = _INT_HIGH.get((op, key))
-            if bad is None and high is not None and value > high:
-                bad = f"{value} is above {high}"
-            return bad
-    return None
+    entry = _INT_ATTR.get((op, key))
+    if entry is None:
+        return None
+    low, many = entry
+    if many and not isinstance(value, tuple):
+        return f"{value!r} is not a tuple of ints"
+    bad = next((p for p in map(lambda v: _int_problem(v, low), value if many else (value,)) if p), None)
+    high = _INT_HIGH.get((op, key))
+    if bad is None and high is not None and value > high:
+        bad = f"{value} is above {high}"
+    return bad
 
 
 def _int_problem(v: Any, low: int) -> str | None:
@@ -220,18 +245,24 @@ _INT_ATTRS = (("alloc", "shape", 1, True), ("alloc", "align", 1, False), ("mbarr
               ("tma_store_wait", "pending", 0, False), ("copy", "count", 1, False), ("mma", "shape", 1, True),
               ("mma", "groups", 1, False), ("mma", "swizzle", 0, False), ("wgmma_wait", "pending", 0, False))
 _INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16}
+_INT_ATTR: dict[tuple[str, str], tuple[int, bool]] = {}  # (op, key) -> (lowest value, a tuple?)
+_INT_KEYS: dict[str, list[tuple[str, int]]] = {}  # op -> its (key, lowest value), in _INT_ATTRS order
+for _o, _k, _low, _many in _INT_ATTRS:
+    _INT_ATTR.setdefault((_o, _k), (_low, _many))
+    _INT_KEYS.setdefault(_o, []).append((_k, _low))
 
 
-def _values(kg: KernelGraph) -> None:
+def _values(kg: KernelGraph, walked: list[int]) -> None:
     """Integer attributes are ints in range, enumerations hold known values, and every term is
     made of known operators, device functions and constants (infinities and NaN only where a value
     is computed: an index, bound or predicate holding one is a mistake)."""
-    for n in kg.walk():
+    seen: dict[tuple, tuple] = {}  # (id of a term, finite) -> (the term, its problem)
+    for n in walked:
         d, op = kg[n], kg.op(n)
-        for o, key, low, _ in _INT_ATTRS:
-            bad = attribute_problem(op, key, d[key]) if o == op and d.get(key) is not None else None
+        for key, low in _INT_KEYS.get(op, ()):
+            bad = attribute_problem(op, key, d[key]) if d.get(key) is not None else None
             if bad:
-                most = f" and <= {_INT_HIGH[o, key]}" if (o, key) in _INT_HIGH else ""
+                most = f" and <= {_INT_HIGH[op, key]}" if (op, key) in _INT_HIGH else ""
                 raise GraphError("int-valued", f"{kg.describe(n)}: {key} must be int(s) >= {low}{most}: {bad}", n)
         if op == "alloc" and d.get("align") and d["align"] & (d["align"] - 1):
             raise GraphError("int-valued", f"{kg.describe(n)}: align {d['align']} is not a power of two", n)
@@ -244,7 +275,10 @@ def _values(kg: KernelGraph) -> None:
         for key in OPS[op].terms:
             v = d.get(key)
             for t in (v if isinstance(v, tuple) else () if v is None else (v,)):
-                why = _term_problem(t, finite=key not in _VALUE_KEYS)
+                finite = key not in _VALUE_KEYS
+                known = seen.get((id(t), finite))  # cloned nodes share their terms: each is read once
+                why = known[1] if known is not None and known[0] is t else _term_problem(t, finite)
+                seen[id(t), finite] = (t, why)
                 if why:
                     raise GraphError("term", f"{kg.describe(n)}: {key} {why}", n)
     for p in kg.kernel()["params"]:
@@ -276,15 +310,27 @@ def _term_problem(t: Any, finite: bool = True) -> str | None:
     return next((w for w in (_term_problem(a, finite) for a in t.args) if w), None)
 
 
-def _names(kg: KernelGraph) -> None:
+def _names(kg: KernelGraph, walked: list[int], parent: dict[int, int]) -> None:
     """Every buffer and register read has a definition (or comes from the host), and every name in
     a term is bound where it is used: an enclosing loop's variable, a symbol, a builtin or a register."""
     params = kg.params()
     symbols = {p for p in params if params[p].kind == "symbol"}
     buffers = kg.buffers()
-    written_bufs = {kg[n]["dst"] for n in kg.nodes() if kg.op(n) in ("tma_load", "store", "copy")}
-    registers = {kg[n]["dst"] for n in kg.nodes() if OPS[kg.op(n)].category == "compute" or kg.op(n) == "load"}
+    written_bufs, registers = set(), set()
+    for d in kg.g._node.values():
+        if d["op"] in ("tma_load", "store", "copy"):
+            written_bufs.add(d["dst"])
+        if OPS[d["op"]].category == "compute" or d["op"] == "load":
+            registers.add(d["dst"])
     builtins = set(BUILTINS)
+    seen: dict[int, tuple] = {}  # id of a term -> (the term, its names)
+    # the variables of the loops around each scope (a scope's own included), parents first
+    scope_vars: dict[int, frozenset] = {}
+    for n in walked:
+        if kg.is_scope(n):
+            p = parent.get(n)
+            around = scope_vars[p] if p is not None else frozenset()
+            scope_vars[n] = around | {kg[n]["var"]} if kg.op(n) == "for" else around
     for n in kg.nodes():
         d, op = kg[n], kg.op(n)
         for key in ("src", "dst", "barrier"):
@@ -313,11 +359,15 @@ def _names(kg: KernelGraph) -> None:
                 if bad:
                     raise GraphError("name-defined", f"{kg.describe(n)}: grid {t} uses {bad[0]!r}, which is not "
                                      "a symbol of the kernel", n)
-        loop_vars = {kg[a]["var"] for a in kg.ancestors(n) if kg.op(a) == "for"}
-        if op == "for":
-            loop_vars.discard(d["var"])
+        p = parent.get(n)
+        loop_vars = scope_vars[p] if p is not None else frozenset()
+        if op == "for":  # no enclosing loop reuses it (_identifiers)
+            loop_vars = loop_vars - {d["var"]}
         for t in term_values(op, d):
-            for name in t.names():
+            names = seen.get(id(t))  # cloned nodes share their terms: each term's names read once
+            if names is None:
+                names = seen[id(t)] = (t, tuple(t.names()))
+            for name in names[1]:
                 # four lookups, not a union per node: the registers alone grow with the graph
                 if name not in loop_vars and name not in symbols and name not in builtins and name not in registers:
                     raise GraphError("name-defined", f"{kg.describe(n)} uses {name!r} in {t}, which is not a "
@@ -351,7 +401,7 @@ def _block_shape(kg: KernelGraph) -> None:
     bx, by, bz = kg.kernel()["block"]
     for n in kg.nodes():
         d = kg[n]
-        if any(t.op == "call" and t.value == "elect_one" for t in _subterms(term_values(d["op"], d))) and bx < 32:
+        if bx < 32 and any(t.op == "call" and t.value == "elect_one" for t in _subterms(term_values(d["op"], d))):
             raise GraphError("elect-one-warp", f"{kg.describe(n)} uses elect_one() but blockDim.x = {bx} "
                              "< 32; the elect-one predicate needs one full warp", n)
         if d["op"] == "reduce" and d["kind"] == "block" and (bx * by * bz) % 32:

@@ -25,9 +25,9 @@ def _replace(t: Any, frm: Term, to: Term) -> Any:
         return to
     if not t.args:
         return t
-    args = tuple(_replace(x, frm, to) for x in t.args)
+    args = [_replace(x, frm, to) for x in t.args]
     # unchanged: the same object, so that the caller's comparison costs nothing
-    return t if all(a is b for a, b in zip(args, t.args)) else Term(t.op, args, t.value)
+    return t if all(a is b for a, b in zip(args, t.args)) else Term(t.op, tuple(args), t.value)
 
 
 def _coerce(spec, key: str, value: Any) -> Any:
@@ -48,6 +48,8 @@ def _printable(op: str, key: str, value: Any, expr) -> None:
 def _bounded(key: str, value: Any, expr, nodes: int) -> None:
     """Refuse a value a rule built that is too large to print, hash or simplify: a rule that feeds
     its own output back (``(set ?L :stop (+ ?n ?n))`` once a new node) doubles it each time."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return  # one part, one level: within every bound
     sizes: dict[int, int] = {}  # terms share subterms: count each tree node, visit each object once
 
     def size(v: Any, depth: int) -> int:

@@ -38,7 +38,7 @@ from typing import Any, Optional
 from ..ir.graph import KernelGraph
 from ..ir.ops import OPS, conflicts, nearest_conflicts_among
 from ..ir.order import kept_order, sibling_order, sibling_pairs
-from .schema import ACTIONS, settable as _settable, split_keys  # noqa: F401  (ACTIONS: public here too)
+from .schema import ACTIONS, settable as _settable, split_keys, split_keys_once  # noqa: F401  (ACTIONS: public)
 from .sexpr import RuleError, SList
 from ..ir.terms import Term, as_term
 from .values import Env, NodeRef, evaluate
@@ -68,9 +68,12 @@ class Rewriter(Cloning):
         self.changed: list[int] = []
         self.moved: list[int] = []  # nodes given a new parent: what is inside them has new scopes too
         self.erased_ops: set[str] = set()
+        # one Env for the application: it reads ``self.b`` (changed in place by let, :as and clone's
+        # :as), not a copy, so every value sees the bindings as they are when it is evaluated
+        self._env = Env(self.b, lambda n: self.kg[n])
 
     def env(self) -> Env:
-        return Env(self.b, lambda n: self.kg[n])
+        return self._env
 
     def value(self, e) -> Any:
         return evaluate(e, self.env())
@@ -174,7 +177,7 @@ class Rewriter(Cloning):
     def instantiate(self, t: SList, parent: Optional[int]) -> int:
         """Create the nodes of a template under ``parent`` (not yet ordered among its siblings)."""
         op = t.head()
-        pos, keys = split_keys(t.items, 1)
+        pos, keys = split_keys_once(t.items, 1)
         spec = OPS[op]
         attrs = {}
         for k, v in keys.items():

@@ -19,9 +19,9 @@ from ..ir.order import sibling_order
 from .sexpr import Atom, Expr, RuleError, SList
 from ..ir.terms import Term
 from .schema import RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS, split_keys  # noqa: F401  (public here too)
-from .plan import AttrIndex, join_order, joined, known_values
+from .plan import AttrIndex, join_order, joined, known_values, pattern_parts
 from .relations import Relations
-from .value_patterns import MISSING, _first_miss, _short, match_value  # noqa: F401  (public here too)
+from .value_patterns import MISSING, _first_miss, _short, compiled, match_value  # noqa: F401  (public here too)
 from .values import Env, NodeRef, evaluate, holds
 
 # an op with at most this many nodes is looked up inside a scope through the op index (each node's
@@ -31,6 +31,33 @@ def _vars(e: Expr) -> list[str]:
     if isinstance(e, Atom):
         return [e.value] if e.kind == "var" else []
     return [v for x in e.items for v in _vars(x)]
+
+
+class _NodePattern:
+    """A node pattern read once (the matcher tries it on every candidate node): its op, node
+    variable, ``:key`` items and their checks (``None`` for the scope keys), and whether the node's
+    variable can join the bindings after the checks (no check names it)."""
+
+    __slots__ = ("op", "var", "keys", "late", "checks")
+
+    def __init__(self, e: SList):
+        self.op = e.head()
+        self.var, self.keys = pattern_parts(e)
+        named = {v for p in self.keys.values() for v in _vars(p)}
+        self.late = self.var is not None and self.var not in named
+        self.checks = tuple((k, p, None if k in ("in", "child-of") else compiled(p)) for k, p in self.keys.items())
+
+
+_NODE_PATTERNS: dict[int, tuple] = {}  # id of a node pattern -> (the pattern, its _NodePattern)
+
+
+def _node_pattern(e: SList) -> _NodePattern:
+    got = _NODE_PATTERNS.get(id(e))
+    if got is None or got[0] is not e:
+        if len(_NODE_PATTERNS) > 8192:  # rule sets come and go
+            _NODE_PATTERNS.clear()
+        got = _NODE_PATTERNS[id(e)] = (e, _NodePattern(e))
+    return got[1]
 
 
 class MatchTimeout(Exception):
@@ -56,6 +83,7 @@ class Matcher(Relations):
         self._places: dict[int, dict[int, int]] = {}  # scope -> each child's place in its order
         self._index: Optional[dict[str, list[int]]] = None  # op -> nodes, built on first use
         self._within: dict[tuple[int, str], list[int]] = {}  # (scope, op) -> nodes inside, on first use
+        self._grouped: dict[int, dict[str, list[int]]] = {}  # scope -> op -> nodes inside, one walk a scope
         self.deepest: tuple[int, str, Any] = (-1, "", None)
         self.deepest_bindings: dict = {}  # the bindings the deepest failure was tried with
         self.deadline = deadline
@@ -66,6 +94,7 @@ class Matcher(Relations):
         failure record."""
         m = Matcher.__new__(Matcher)
         m.kg, m._orders, m._index, m._within = self.kg, self._orders, self.by_op(), self._within
+        m._grouped = self._grouped
         m._places = self._places
         m.decide, m.plan, m._attrs = self.decide, self.plan, self.attr_index()
         m.deepest, m.deadline, m.ticks = (-1, "", None), self.deadline, 0
@@ -97,9 +126,14 @@ class Matcher(Relations):
             few = self._index.get(op, ()) if op != "_" and self._index is not None else None
             if few is not None and len(few) <= _FEW:
                 got = [n for n in few if n != scope and scope in self.kg.ancestors(n)]
-            else:
-                pool = self.kg.descendants(scope)
-                got = pool if op == "_" else [n for n in pool if self.kg.op(n) == op]
+            else:  # one walk of the scope answers every op (a rule asks for several in each loop)
+                grouped = self._grouped.get(scope)
+                if grouped is None:
+                    pool, nodes = self.kg.descendants(scope), self.kg.g._node
+                    grouped = self._grouped[scope] = {"_": pool}
+                    for n in pool:  # in id order, as pool is
+                        grouped.setdefault(nodes[n]["op"], []).append(n)
+                got = grouped.get(op, [])
             self._within[key] = got
         return got
 
@@ -143,19 +177,22 @@ class Matcher(Relations):
         if i == len(els):
             yield b
             return
-        found = False
+        found, last = False, i + 1 == len(els)
         for b2 in self.element(els[i], b):
             found = True
-            yield from self._elements(els, i + 1, b2)
+            if last:  # what the call for the end would do, without a generator per binding
+                self._tick()
+                yield b2
+            else:
+                yield from self._elements(els, i + 1, b2)
         if not found:
             self._fail(i, "no node matches" if els[i].head() not in RELATIONS else "relation does not hold", els[i], b)
 
     def element(self, e: SList, b: dict) -> Iterator[dict]:
         head = e.head()
-        if head in RELATIONS:
-            yield from getattr(self, "_rel_" + head.replace("-", "_"))(e, b)
-        else:
-            yield from self.node_pattern(e, b)
+        if head in RELATIONS:  # every relation is a generator: nothing runs before the caller iterates
+            return getattr(self, "_rel_" + head.replace("-", "_"))(e, b)
+        return self.node_pattern(e, b)
 
     def explain(self) -> str:
         """The deepest failure in words: for a node pattern the first attribute that no candidate
@@ -203,17 +240,20 @@ class Matcher(Relations):
 
     # ------------------------------------------------------------------ node patterns
     def _scope_of(self, x: Expr, b: dict) -> int:
-        v = evaluate(x, self.env(b))
+        # a bound variable (what scopes almost always are) read without evaluating an expression
+        v = b.get(x.value, MISSING) if isinstance(x, Atom) and x.kind == "var" else MISSING
+        if v is MISSING:
+            v = evaluate(x, self.env(b))
         if not isinstance(v, NodeRef):
             raise RuleError(x.pos, f"{x} must be bound to a node, got {v!r}")
         return v.id
 
     def candidates(self, e: SList, b: dict, within: Optional[int] = None,
                    among: Optional[list[int]] = None) -> list[int]:
-        op = e.head()
-        pos, keys = split_keys(e.items, 1)
-        if pos and isinstance(pos[0], Atom) and pos[0].kind == "var" and pos[0].value in b:
-            ref = b[pos[0].value]
+        np = _node_pattern(e)
+        op, var, keys = np.op, np.var, np.keys
+        if var is not None and var in b:
+            ref = b[var]
             pool = [ref.id] if isinstance(ref, NodeRef) and ref.id in self.kg else []
         elif among is not None:
             pool = among
@@ -243,23 +283,34 @@ class Matcher(Relations):
                      among: Optional[list[int]] = None) -> Iterator[tuple[int, dict]]:
         """(node, bindings) for every node matching pattern ``e`` (inside ``within``, or among
         the given nodes in their order)."""
-        pos, keys = split_keys(e.items, 1)
-        var = pos[0].value if pos and isinstance(pos[0], Atom) and pos[0].kind == "var" else None
+        np = _node_pattern(e)
+        var, late, checks = np.var, np.late, np.checks
+        # the node's variable joins the bindings after the checks (most candidates fail one) unless a
+        # check names it; a scope named by a variable bound before the pattern is read once
+        scopes: dict[str, int] = {}
+        kg, nodes = self.kg, self.kg.g._node
         for n in self.candidates(e, b, within, among):
-            self._tick()
-            b2: Optional[dict] = b if var is None else {**b, var: NodeRef(n)}
-            attrs = self.kg[n]
-            for k, p in keys.items():
-                if k == "in":
-                    ok = self._scope_of(p, b2) in self.kg.ancestors(n)
-                    b2 = b2 if ok else None
-                elif k == "child-of":
-                    b2 = b2 if self.kg.parent(n) == self._scope_of(p, b2) else None
+            self.ticks += 1  # _tick, inline: once per candidate
+            if not self.ticks & 1023 and self.deadline is not None and time.monotonic() >= self.deadline:
+                raise MatchTimeout()
+            b2: Optional[dict] = b if var is None or late else {**b, var: NodeRef(n)}
+            attrs = nodes[n]
+            for k, p, check in checks:
+                if check is not None:
+                    b2 = check(attrs.get(k, MISSING), b2)
                 else:
-                    b2 = match_value(p, attrs.get(k, MISSING), b2)
+                    scope = scopes.get(k)
+                    if scope is None:
+                        scope = self._scope_of(p, b2)
+                        if isinstance(p, Atom) and p.kind == "var" and p.value in b:
+                            scopes[k] = scope
+                    if not (scope in kg.ancestors(n) if k == "in" else kg.parent(n) == scope):
+                        b2 = None
                 if b2 is None:
                     break
             if b2 is not None:
+                if late:  # the variable where binding it first puts it: right after ``b``'s
+                    b2 = {**b, var: NodeRef(n)} if b2 is b else {**b, var: NodeRef(n), **b2}
                 yield n, b2
 
     def select(self, pattern: SList, b: dict, scope: int) -> set[int]:

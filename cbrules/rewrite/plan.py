@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Optional
 
 from ..ir.terms import Term
-from .schema import RELATIONS, STRUCTURAL_KEYS, split_keys
+from .schema import RELATIONS, STRUCTURAL_KEYS, split_keys_once
 from .sexpr import Atom, Expr, SList
 
 _UNINDEXED = object()
@@ -117,11 +117,13 @@ def known_values(keys: dict, b: dict, path: tuple = ()) -> Iterator[tuple[tuple,
             if v is not _UNINDEXED:
                 yield path + (k,), v
         elif isinstance(p, SList) and p.items and isinstance(p.items[0], Atom) and p.items[0].kind == "kw":
-            yield from known_values(split_keys(p.items, 0)[1], b, path + (k,))
+            yield from known_values(split_keys_once(p.items, 0)[1], b, path + (k,))
 
 
-def _pattern(e: SList) -> tuple[Optional[str], dict]:
-    pos, keys = split_keys(e.items, 1)
+def pattern_parts(e: SList) -> tuple[Optional[str], dict]:
+    """A node pattern's node variable (None for none) and its ``:key`` items (remembered per
+    pattern; the caller must not change the dict)."""
+    pos, keys = split_keys_once(e.items, 1)
     var = pos[0].value if pos and isinstance(pos[0], Atom) and pos[0].kind == "var" else None
     return var, keys
 
@@ -130,7 +132,7 @@ def _tie(e: SList, bound: set[str]) -> Optional[int]:
     """How closely ``e`` is tied to the variables bound: 0 its node, 1 an attribute equal to a
     bound variable, 2 its scope (an op's nodes in it), 3 nothing; None while a scope it names is
     unbound."""
-    var, keys = _pattern(e)
+    var, keys = pattern_parts(e)
     scopes = [keys[k] for k in STRUCTURAL_KEYS if k in keys]
     if any(not set(_vars(s)) <= bound for s in scopes):
         return None
@@ -215,9 +217,21 @@ def written_rank(els: tuple, b: dict) -> dict[str, int]:
     """Each variable's place in the order the written search binds them (the given bindings first,
     then first appearance in the text), so planned bindings list their variables the same way."""
     rank = {k: i for i, k in enumerate(b)}
-    for v in (v for e in els for v in _vars(e)):
+    for v in _text_vars(els):
         rank.setdefault(v, len(rank))
     return rank
+
+
+_TEXT_VARS: dict[int, tuple] = {}  # id of a rule's elements -> (the elements, their variables in text order)
+
+
+def _text_vars(els: tuple) -> list[str]:
+    got = _TEXT_VARS.get(id(els))
+    if got is None or got[0] is not els:
+        if len(_TEXT_VARS) > 4096:  # rule sets come and go
+            _TEXT_VARS.clear()
+        got = _TEXT_VARS[id(els)] = (els, list(dict.fromkeys(v for e in els for v in _vars(e))))
+    return got[1]
 
 
 # relations whose answer depends only on nodes their inner pattern names (plus what is bound):

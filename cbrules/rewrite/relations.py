@@ -9,7 +9,7 @@ from typing import Iterator, Optional
 from ..ir.order import DEPENDS
 from ..ir.terms import evaluate as eval_term
 from .sexpr import Atom, Expr, Pos, RuleError, SList
-from .schema import split_keys
+from .schema import split_keys, split_keys_once
 from .value_patterns import match_value
 from .values import NodeRef, evaluate
 
@@ -67,12 +67,15 @@ class Relations:
         yield from self._reader(e, b, last=True)
 
     def _inner(self, e: SList, pattern_at: int, b: dict) -> list[tuple[int, dict]]:
-        _, keys = split_keys(e.items, pattern_at + 1)
+        return list(self._inner_matches(e, pattern_at, b))
+
+    def _inner_matches(self, e: SList, pattern_at: int, b: dict) -> Iterator[tuple[int, dict]]:
+        _, keys = split_keys_once(e.items, pattern_at + 1)
         if "around" in keys:  # the node itself and its enclosing scopes, innermost first
             n = self._scope_of(keys["around"], b)
-            return list(self.node_matches(e.items[pattern_at], b, among=[n, *self.kg.ancestors(n)]))
+            return self.node_matches(e.items[pattern_at], b, among=[n, *self.kg.ancestors(n)])
         scope = self._scope_of(keys["in"], b)
-        return list(self.node_matches(e.items[pattern_at], b, within=scope))
+        return self.node_matches(e.items[pattern_at], b, within=scope)
 
     # ------------------------------------------------------------------ order
     def _position(self, n: int) -> tuple[list[int], int]:
@@ -144,13 +147,13 @@ class Relations:
             yield b
 
     def _rel_no(self, e, b):
-        if not self._inner(e, 1, b):
+        if next(self._inner_matches(e, 1, b), None) is None:  # one match is enough to know
             yield b
 
     def _rel_nearest(self, e, b):
-        found = self._inner(e, 2, b)
-        if found:
-            r = self._bind_node(e.items[1], found[0][0], b)
+        found = next(self._inner_matches(e, 2, b), None)  # the nearest is the first
+        if found is not None:
+            r = self._bind_node(e.items[1], found[0], b)
             if r is not None:
                 yield r
 

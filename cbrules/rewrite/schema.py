@@ -99,6 +99,20 @@ def split_keys(items, start: int) -> tuple[list, dict]:
     return pos, keys
 
 
+_SPLIT: dict[tuple[int, int], tuple] = {}  # (id of the items, start) -> (items, positional, keys)
+
+
+def split_keys_once(items, start: int) -> tuple[list, dict]:
+    """:func:`split_keys` of a rule's text (an immutable tuple), remembered: the matcher splits
+    the same patterns for every candidate node. The caller must not change what it gets."""
+    got = _SPLIT.get((id(items), start))
+    if got is None or got[0] is not items:
+        if len(_SPLIT) > 8192:  # rule sets come and go (tests, the CLI reading user files)
+            _SPLIT.clear()
+        got = _SPLIT[(id(items), start)] = (items, *split_keys(items, start))
+    return got[1], got[2]
+
+
 def settable(key: str, expr) -> None:
     """``op`` and ``origin`` say what a node is and where it came from: a rule replaces the node instead."""
     if key in ("op", "origin"):

@@ -4,10 +4,10 @@ when bound; terms compare by value), ``_``, a literal, ``(one-of a b)``, ``(not 
 that fails (for ``why-not``)."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..ir.terms import Term, as_term
-from .schema import split_keys
+from .schema import split_keys, split_keys_once
 from .sexpr import Atom, Expr, SList
 
 MISSING = object()
@@ -45,15 +45,77 @@ def _equal(a: Any, b: Any) -> bool:
 
 def match_value(p: Expr, value: Any, b: dict) -> Optional[dict]:
     """Match one attribute value against a value pattern; returns extended bindings or None."""
+    return compiled(p)(value, b)
+
+
+_COMPILED: dict[int, tuple] = {}  # id of a value pattern -> (the pattern, its matching function)
+
+
+def compiled(p: Expr) -> Callable[[Any, dict], Optional[dict]]:
+    """``p`` as a function of (value, bindings) doing what :func:`_interpret` does, remembered per
+    pattern: the matcher tries each pattern of a rule on every candidate node, and reading the
+    pattern's text again each time was most of the cost."""
+    got = _COMPILED.get(id(p))
+    if got is None or got[0] is not p:
+        if len(_COMPILED) > 8192:  # rule sets come and go (tests, the CLI reading user files)
+            _COMPILED.clear()
+        got = _COMPILED[id(p)] = (p, _compile(p))
+    return got[1]
+
+
+def _compile(p: Expr) -> Callable[[Any, dict], Optional[dict]]:
     if isinstance(p, Atom):
         if p.kind == "var":
-            if p.value in b:
-                return b if value is not MISSING and _equal(b[p.value], value) else None
-            return None if value is MISSING else {**b, p.value: value}
+            name = p.value
+
+            def var(value: Any, b: dict) -> Optional[dict]:
+                if name in b:
+                    return b if value is not MISSING and _equal(b[name], value) else None
+                return None if value is MISSING else {**b, name: value}
+            return var
         if p.kind == "sym" and p.value == "_":
-            return b if value is not MISSING else None
+            return lambda value, b: b if value is not MISSING else None
         lit = {"true": True, "false": False}.get(p.value, p.value) if p.kind == "sym" else p.value
-        return b if value is not MISSING and _equal(lit, value) else None
+        if isinstance(lit, str):  # what _equal does for text: MISSING equals no text
+            return lambda value, b: b if lit == value else None
+        return lambda value, b: b if value is not MISSING and _equal(lit, value) else None
+    head = p.head()
+    if head == "absent":
+        return lambda value, b: b if value is MISSING or value is None else None
+    if head == "not" and len(p.items) == 2:
+        inner = compiled(p.items[1])
+        return lambda value, b: b if inner(value, b) is None else None
+    if head == "one-of":
+        alts = [compiled(alt) for alt in p.items[1:]]
+
+        def one_of(value: Any, b: dict) -> Optional[dict]:
+            for f in alts:
+                r = f(value, b)
+                if r is not None:
+                    return r
+            return None
+        return one_of
+    if head == "not" or not (p.items and isinstance(p.items[0], Atom) and p.items[0].kind == "kw"):
+        # malformed or odd forms: _interpret raises (or not) where it always did
+        return lambda value, b: _interpret(p, value, b)
+    subs: list = []  # (key, its function) once the pattern is first tried on a dictionary
+
+    def dictionary(value: Any, b: dict) -> Optional[dict]:
+        if not isinstance(value, dict):
+            return None
+        if not subs:
+            subs.extend((k, compiled(sub)) for k, sub in split_keys_once(p.items, 0)[1].items())
+        for k, f in subs:
+            b = f(value.get(k, MISSING), b)
+            if b is None:
+                return None
+        return b
+    return dictionary
+
+
+def _interpret(p: Expr, value: Any, b: dict) -> Optional[dict]:
+    if isinstance(p, Atom):
+        return compiled(p)(value, b)
     head = p.head()
     if head == "one-of":
         for alt in p.items[1:]:
@@ -68,7 +130,7 @@ def match_value(p: Expr, value: Any, b: dict) -> Optional[dict]:
     # (:key P ...) -- a dictionary attribute
     if not isinstance(value, dict):
         return None
-    _, keys = split_keys(p.items, 0)
+    _, keys = split_keys_once(p.items, 0)
     for k, sub in keys.items():
         b = match_value(sub, value.get(k, MISSING), b)
         if b is None:

@@ -166,7 +166,7 @@ class Env:
 
     def __init__(self, bindings: Mapping[str, Any], node_attrs: Callable[[int], Mapping[str, Any]],
                  decide: Callable[[Term], bool] | None = None):
-        self.bindings = dict(bindings)
+        self.bindings = bindings  # read only: matcher and actions make one per evaluation, so no copy
         self.node_attrs = node_attrs
         self.decide = decide  # proves a predicate term under the graph's range facts, if given
 
@@ -201,10 +201,11 @@ def evaluate(e: Expr, env: Env) -> Any:
         if e.kind == "sym":
             return {"true": True, "false": False, "nil": None}.get(e.value, e.value)
         return e.value
-    if not len(e):
+    items = e.items  # what e.head() and len(e) read, without their calls (this runs for every value)
+    if not items:
         return ()
-    head = e.head()
-    args = e.items[1:]
+    head = items[0].value if isinstance(items[0], Atom) and items[0].kind == "sym" else None
+    args = items[1:]
     try:
         if head in ("and", "or"):
             for a in args:
@@ -234,7 +235,7 @@ def evaluate(e: Expr, env: Env) -> Any:
             return (key in attrs and attrs[key] is not None) if head == "has" else attrs.get(key)
         if head not in FUNCTIONS:
             raise RuleError(e.pos, f"unknown function {head!r}")
-        return FUNCTIONS[head][2](*(evaluate(a, env) for a in args))
+        return FUNCTIONS[head][2](*[evaluate(a, env) for a in args])
     except RuleError:
         raise
     except (IdentifierError, DeviceFunctionError) as x:  # a name or call that may not reach CUDA
