@@ -14,7 +14,7 @@ from .graph import Param
 from .limits import SWIZZLE_SPAN, SwizzleError, check_box, check_swizzle, swizzle_repeat
 from .ops import DTYPE_BYTES
 from .terms import TermLike, as_term
-from .tma_view import check_divides, normalize_split
+from .tma_view import TmaSplitError, check_divides, normalize_split
 
 
 class TmaBuilder:
@@ -47,6 +47,13 @@ class TmaBuilder:
         names.check(mname, where)
         check_box(mname, box, tensor.dtype)
         check_swizzle(mname, box, DTYPE_BYTES[tensor.dtype], swizzle)
+        itemsize = DTYPE_BYTES[tensor.dtype]
+        for d, inner in split_dims:
+            if d == len(tensor.shape) - 1 and inner * itemsize % 16:  # the view's outer stride: inner elements
+                raise TmaSplitError(f"tensor map {mname!r}: splitting the innermost dimension into stretches of "
+                                    f"{inner} x {itemsize} = {inner * itemsize} bytes gives the view a stride of "
+                                    f"{inner * itemsize} bytes, but TMA strides are multiples of 16 bytes: split "
+                                    f"by a multiple of {16 // math.gcd(16, itemsize)} elements")
         known = [(d, n) for d, n in split_dims if tensor.shape[d].op == "const"]
         check_divides(mname, {d: tensor.shape[d].value for d, _ in known}, known, "when declared")
         extra = {} if swizzle == "none" else {"swizzle": swizzle}
