@@ -1,0 +1,44 @@
+"""Split tensor maps on a Hopper GPU: the launcher's encoding of the view must land the boxes numpy's
+reshape says (outputs poisoned first), and persistent(one_box=True) must normalize as numpy does."""
+import numpy as np
+import pytest
+
+from cbrules import api
+from cbrules.ir.bind import NP_DTYPES
+from cbrules.kernels import KERNELS, reductions
+from gpucheck import poisoned_run
+from test_tma_split import CASES, boxes_by_numpy, split_copy
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rank, split, box, shape", CASES)
+def test_split_map_boxes_on_the_gpu(rank, split, box, shape, dtype):
+    src = (np.arange(np.prod(shape)).reshape(shape) % 250 + 1).astype(NP_DTYPES[dtype])  # exact in bfloat16
+    want = boxes_by_numpy(src, split, box).astype(np.float64)
+    ck = api.compile(split_copy(rank, split, box, dtype))
+    args = {"x": src, "out": np.zeros(want.shape, NP_DTYPES[dtype])}
+    failures = poisoned_run(ck, args, {"out": want}, ("out",), 0.0, 0.0, shape)
+    assert not failures, "\n".join(failures)
+
+
+# row, width, threads, box: the bfloat16 benchmark's 32768-wide rows (one (64, 256) box a stage), a float32
+# row of 32768 (one (64, 128) box a stage) and narrower rows of several stages
+ONE_BOX = [("bfloat16", 32768, 16384, 512, 256), ("float32", 32768, 8192, 512, 128),
+           ("bfloat16", 16384, 4096, 256, 256), ("float32", 4096, 1024, 256, 256)]
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("dtype, row, width, threads, box", ONE_BOX)
+def test_persistent_one_box(dtype, row, width, threads, box, stages):
+    if row // width < stages:
+        pytest.skip("fewer tiles than stages")
+    sp = KERNELS["persistent"]
+    ck = api.compile(reductions.persistent(stages, row=row, width=width, threads=threads, box=box, dtype=dtype,
+                                           one_box=True))
+    for m in (300, 37):
+        shape = (m, row)
+        args = sp.make_inputs(shape, np.random.default_rng(row + m), dtype)
+        failures = poisoned_run(ck, args, sp.expected(args), sp.outputs, *sp.tolerances(shape, dtype), shape)
+        assert not failures, "\n".join(failures)
