@@ -24,16 +24,17 @@ F32 = np.float32
 T = 128  # threads of the copy kernel
 
 
-def split_copy(rank: int, split: dict, box: tuple, dtype: str = "float32") -> Kernel:
+def split_copy(rank: int, split: dict, box: tuple, dtype: str = "float32", swizzle: str = "none") -> Kernel:
     """Every block TMA-loads one box of the split view of a rank-``rank`` tensor (block b takes the
-    box at b's place in the view's grid of boxes) and copies it to row b of ``out`` as it landed."""
+    box at b's place in the view's grid of boxes) and copies it to row b of ``out`` in logical order
+    (through the swizzled addresses, with ``swizzle``)."""
     k = Kernel("split_copy", block=T)
     dims = [k.symbol(f"N{d}") for d in range(rank)]
     x = k.tensor("x", tuple(dims), dtype)
     elems = math.prod(box)
     out = k.tensor("out", (k.symbol("B"), elems), dtype)
-    xm = k.tensor_map(x, box=box, split=split)
-    tile = k.alloc("tile", "shared", dtype, (elems,))
+    xm = k.tensor_map(x, box=box, split=split, swizzle=swizzle)
+    tile = k.alloc("tile", "shared", dtype, (elems,), align=1024)
     view = tma_view.view_shape(dims, tuple(sorted(split.items())))
     counts = [ceil_div(n, b) for n, b in zip(view, box)]
     k.grid(functools.reduce(lambda a, b: a * b, counts))
@@ -72,11 +73,17 @@ CASES = [  # rank, split, box, tensor shape: ragged and zero-filled at the view'
 ]
 
 
-def run_copy(rank, split, box, shape, dtype="float32", lowered=False):
+SWIZZLED = [  # rank, split, box, shape, dtype: 128-byte rows of the box, 1024 bytes a box
+    (2, {1: 32}, (2, 4, 32), (5, 32 * 7), "float32"),
+    (2, {1: 64}, (2, 4, 64), (3, 64 * 5), "bfloat16"),
+]
+
+
+def run_copy(rank, split, box, shape, dtype="float32", lowered=False, swizzle="none"):
     x = (np.arange(math.prod(shape)).reshape(shape) % 1000 + 1).astype(ml_dtypes.bfloat16 if dtype == "bfloat16"
                                                                         else F32)
     want = boxes_by_numpy(x, split, box)
-    k = split_copy(rank, split, box, dtype)
+    k = split_copy(rank, split, box, dtype, swizzle)
     got = run(api.lower(k) if lowered else k, {"x": x, "out": np.full(want.shape, np.nan, x.dtype)})["out"]
     return got, want
 
@@ -91,6 +98,13 @@ def test_split_map_boxes_match_numpy_reshape(rank, split, box, shape):
 def test_split_map_lowered_and_in_bfloat16(rank, split, box, shape):
     """Lowered (a barrier-completed copy of box_bytes) and in a 2-byte type."""
     got, want = run_copy(rank, split, box, shape, "bfloat16", lowered=True)
+    np.testing.assert_array_equal(got.astype(F32), want.astype(F32))
+
+
+@pytest.mark.parametrize("rank, split, box, shape, dtype", SWIZZLED)
+def test_a_swizzled_split_map_reads_back_in_logical_order(rank, split, box, shape, dtype):
+    """The swizzle is laid over the box as it lands in shared memory, whatever the view's rank."""
+    got, want = run_copy(rank, split, box, shape, dtype, lowered=True, swizzle="128B")
     np.testing.assert_array_equal(got.astype(F32), want.astype(F32))
 
 

@@ -7,17 +7,18 @@ from cbrules import api
 from cbrules.ir.bind import NP_DTYPES
 from cbrules.kernels import KERNELS, reductions
 from gpucheck import poisoned_run
-from test_tma_split import CASES, boxes_by_numpy, split_copy
+from test_tma_split import CASES, SWIZZLED, boxes_by_numpy, split_copy
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("rank, split, box, shape", CASES)
-def test_split_map_boxes_on_the_gpu(rank, split, box, shape, dtype):
+@pytest.mark.parametrize("rank, split, box, shape, dtype, swizzle",
+                         [(*c, d, "none") for c in CASES for d in ("float32", "bfloat16")]
+                         + [(*c, "128B") for c in SWIZZLED])
+def test_split_map_boxes_on_the_gpu(rank, split, box, shape, dtype, swizzle):
     src = (np.arange(np.prod(shape)).reshape(shape) % 250 + 1).astype(NP_DTYPES[dtype])  # exact in bfloat16
     want = boxes_by_numpy(src, split, box).astype(np.float64)
-    ck = api.compile(split_copy(rank, split, box, dtype))
+    ck = api.compile(split_copy(rank, split, box, dtype, swizzle))
     args = {"x": src, "out": np.zeros(want.shape, NP_DTYPES[dtype])}
     failures = poisoned_run(ck, args, {"out": want}, ("out",), 0.0, 0.0, shape)
     assert not failures, "\n".join(failures)
