@@ -12,6 +12,7 @@ import pytest
 
 from cbrules import api
 from cbrules.check import Checker, trip_counts
+from cbrules.codegen import runtime
 from cbrules.ir import tma_view
 from cbrules.ir.bind import bind
 from cbrules.ir.builder import BuildError, Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
@@ -19,6 +20,7 @@ from cbrules.ir.limits import TmaBoxError, TmaLimitError
 from cbrules.ir.tma_view import TmaSplitError
 from cbrules.kernels import KERNELS, reductions
 from cbrules.reference.interp import InterpError, run
+from test_hostile_launch import FAKE_PTR, FakeCai
 
 F32 = np.float32
 T = 128  # threads of the copy kernel
@@ -186,6 +188,15 @@ def test_a_symbolic_dimension_the_split_does_not_divide_is_refused_at_launch():
     x = np.zeros((5, 64 * 7 + 16), F32)  # rows of 464: TMA-legal pitch, not whole stretches of 64
     with pytest.raises(TmaSplitError, match=r"\(at launch\): dimension 1 of extent 464 is not a multiple of .* 64"):
         bind(k.graph, {"x": x, "out": np.zeros((15, 384), F32)})
+
+
+def test_the_gpu_launcher_refuses_an_undivided_dimension_before_the_driver(tmp_path, monkeypatch):
+    """The launcher encodes the view from the real shape: a row of 464 is no whole number of 64s."""
+    ck = api.compile(split_copy(*CASES[0][:3]), cache_dir=str(tmp_path))
+    monkeypatch.setattr(runtime, "_context", lambda *a, **k: pytest.fail("a launch check reached the driver"))
+    with pytest.raises(TmaSplitError, match=r"'x_tmap' \(at launch\): dimension 1 of extent 464"):
+        ck.bind(x=FakeCai((5, 464)), out=FakeCai((15, 384), ptr=FAKE_PTR + 0x10_0000))
+    ck.check(x=FakeCai((5, 448)), out=FakeCai((15, 384), ptr=FAKE_PTR + 0x10_0000))  # 7 x 64: accepted
 
 
 def test_an_innermost_split_whose_view_stride_is_no_tma_stride_is_refused():
