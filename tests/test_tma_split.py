@@ -10,13 +10,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cbrules import api
+from cbrules import api, tracefile
 from cbrules.check import Checker, trip_counts
 from cbrules.codegen import runtime
 from cbrules.ir import tma_view
 from cbrules.ir.bind import bind
 from cbrules.ir.builder import BuildError, Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
 from cbrules.ir.limits import TmaBoxError, TmaLimitError
+from cbrules.ir.verify import GraphError
 from cbrules.ir.tma_view import TmaSplitError
 from cbrules.kernels import KERNELS, reductions
 from cbrules.reference.interp import InterpError, run
@@ -172,6 +173,24 @@ def test_a_constant_dimension_the_split_does_not_divide_is_refused_when_declared
     with pytest.raises(TmaSplitError, match=r"'x_tmap' \(when declared\): dimension 1 of extent 1000 is not "
                                             r"a multiple of its split inner extent 256"):
         tensor_map_of(("M", 1000), (1, 2, 256), {1: 256})
+
+
+@pytest.mark.parametrize("split", [((1, -3),), ((5, 64),), ((1, 64), (1, 64)), ((1, True),), (1, 64)], ids=repr)
+def test_a_graph_with_a_hostile_split_does_not_verify(split):
+    """A trace file's graph is rebuilt from data: its split maps are checked as the builder checks them."""
+    kg = split_copy(*CASES[0][:3]).graph
+    kg.kernel()["params"] = tuple(dataclasses.replace(p, split=split) if p.kind == "tmap" else p
+                                  for p in kg.kernel()["params"])
+    with pytest.raises(GraphError, match="tensor map 'x_tmap' has split"):
+        kg.verify()
+
+
+def test_a_split_map_survives_a_trace_file(tmp_path):
+    kg = api.lower(split_copy(*CASES[3][:3]), debug=True)
+    tracefile.save(kg.trace, tmp_path / "split.cbtrace", "split_copy", "")
+    back, _, _ = tracefile.load(tmp_path / "split.cbtrace")
+    (tmap,) = [p for p in back.initial.kernel()["params"] if p.kind == "tmap"]
+    assert tmap.split == ((2, 32),) and tmap.box == CASES[3][2]
 
 
 def test_the_box_is_in_the_views_rank_and_limits():
