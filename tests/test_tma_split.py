@@ -240,6 +240,8 @@ def test_a_tile_wider_than_a_split_maps_box_and_a_tile_store_through_it_are_refu
     x = k.tensor("x", (k.symbol("M"), k.symbol("N")))
     xm = k.tensor_map(x, box=(1, 2, 64), split={1: 64})
     tile = k.alloc("t", "shared", "float32", (1, 256))
+    with pytest.raises(BuildError, match="2 coordinates for tensor map 'x_tmap' of rank 3"):
+        k.tma_load(xm, (0, 0), tile)  # the tensor's rank, not the view's
     with pytest.raises(BuildError, match="a split map loads one box a tile"):
         k.tma_load(xm, (0, 0, 0), tile, tile=(1, 2, 128))
     with pytest.raises(BuildError, match="tile stores go through a map without split="):

@@ -81,6 +81,9 @@ class TmaBuilder:
         attrs = dict(tmap=self._known(tmap, ("tensor map",), "tma_load"), coords=tuple(as_term(c) for c in coords),
                      dst=self._known(dst, ("buffer",), "tma_load"), offset=as_term(offset), bytes=tmap.box_bytes,
                      box=tmap.box, tile=_ints(tmap.box if tile is None else tile, where, "tile"))
+        if len(attrs["coords"]) != len(tmap.box):  # one coordinate a dimension of the map (of its view, if split)
+            raise BuildError(f"{where}: {len(attrs['coords'])} coordinates for tensor map {tmap.name!r} of rank "
+                             f"{len(tmap.box)} (box {tmap.box}); give one a dimension, outermost first")
         if tmap.split and attrs["tile"] != tmap.box:  # several boxes would step out of the view's inner extent
             raise BuildError(f"{where}: tile {attrs['tile']} through split tensor map {tmap.name!r} (box "
                              f"{tmap.box}): a split map loads one box a tile; give the map the tile's box")
