@@ -134,12 +134,39 @@ def test_a_view_reaching_past_the_tensor_is_refused(monkeypatch):
         run_copy(*CASES[0])
 
 
+def split_store(box=(1, 2, 2, 32), coords=(1, 1, 2, 0)) -> Kernel:
+    """Element e of a shared tile is e + 1; one TMA store puts it at ``coords`` of y's view [A, B, C / 32, 32]."""
+    k = Kernel("split_store", block=T)
+    y = k.tensor("y", (k.symbol("A"), k.symbol("B"), k.symbol("C")))
+    ym = k.tensor_map(y, box=box, split={2: 32})
+    elems = math.prod(box)
+    tile = k.alloc("tile", "shared", "float32", (elems,))
+    with k.loop("e", elems // T, kind="unroll") as e:
+        k.store(tile, e * T + threadIdx.x, k.add(k.assign((e * T + threadIdx.x) * 1.0), 1.0))
+    k.fence_proxy_async()
+    k.syncthreads()
+    with k.elect_one():
+        k.tma_store(ym, coords, tile)
+    return k
+
+
+def test_a_tma_store_through_a_split_map_writes_the_views_box_clipped():
+    y = np.zeros((2, 3, 32 * 3), F32)
+    got = run(split_store(), {"y": y})["y"]
+    want = y.copy()
+    view = want.reshape(2, 3, 3, 32)  # numpy's view of the same bytes
+    box = (np.arange(128, dtype=F32) + 1).reshape(1, 2, 2, 32)
+    view[1:2, 1:3, 2:3, :] = box[:, :, :1, :]  # view dimension 2 has 3 stretches: the box's second is clipped
+    np.testing.assert_array_equal(got, want)
+
+
 def test_split_map_source_compiles_at_every_rank(tmp_path):
     """NVRTC takes the rank-3 and rank-4 box copies (the latter from the rank-4/5 prelude, which only
     kernels with such maps carry)."""
     for rank, split, box, _ in (CASES[0], CASES[3]):
         ck = api.compile(split_copy(rank, split, box), cache_dir=str(tmp_path))
         assert ("cp.async.bulk.tensor.4d" in ck.source.text) == (len(box) == 4)
+    assert "cb_tma_store(&y_tmap" in api.compile(split_store(), cache_dir=str(tmp_path)).source.text
 
 
 # ------------------------------------------------------------------------------ refusals

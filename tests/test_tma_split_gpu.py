@@ -7,7 +7,7 @@ from cbrules import api
 from cbrules.ir.bind import NP_DTYPES
 from cbrules.kernels import KERNELS, reductions
 from gpucheck import poisoned_run
-from test_tma_split import CASES, SWIZZLED, boxes_by_numpy, split_copy
+from test_tma_split import CASES, SWIZZLED, boxes_by_numpy, split_copy, split_store
 
 pytestmark = pytest.mark.gpu
 
@@ -22,6 +22,16 @@ def test_split_map_boxes_on_the_gpu(rank, split, box, shape, dtype, swizzle):
     args = {"x": src, "out": np.zeros(want.shape, NP_DTYPES[dtype])}
     failures = poisoned_run(ck, args, {"out": want}, ("out",), 0.0, 0.0, shape)
     assert not failures, "\n".join(failures)
+
+
+def test_a_tma_store_through_a_rank_4_split_map_on_the_gpu():
+    """The rank-4/5 prelude's store: the box lands at the view's coordinates, its outside part clipped, and
+    nothing else of y changes."""
+    y = np.random.default_rng(1).standard_normal((2, 3, 32 * 3)).astype(np.float32)
+    want = y.copy()
+    want.reshape(2, 3, 3, 32)[1:2, 1:3, 2:3, :] = (np.arange(128, dtype=np.float32) + 1).reshape(1, 2, 2, 32)[:, :, :1]
+    api.compile(split_store())(y=y)
+    np.testing.assert_array_equal(y, want)
 
 
 # row, width, threads, box: the bfloat16 benchmark's 32768-wide rows (one (64, 256) box a stage), a float32
