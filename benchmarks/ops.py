@@ -79,13 +79,15 @@ def _normalize_kernel(shape: tuple, dtype: str = "float32") -> tuple[str, dict]:
     Half precision (bfloat16 sweeps, ``benchmarks/results/bf16/sweeps.md``): boxes of 256 elements
     (512 bytes, as float32's 128; boxes of 256 bytes cost up to 13% at 32768 columns), and the whole row in flight at
     once: four stages a row up to 16384 (16384x16384: 3571 -> 4105 GB/s), two of 16384 for 32768
-    (2849 -> 3264); two passes over 16384-wide tiles by 512 threads (2444 -> 2871)."""
+    (2849 -> 3264); two passes over 16384-wide tiles by 512 threads (2444 -> 2871). At 32768 a stage
+    arrives as one (64, 256) box through the row split into stretches of 256 (``one_box``) instead of
+    64 one-row boxes: 3259 -> 3619 GB/s in the probe (benchmarks/box_probe.py); at 16384 it was neutral."""
     n = shape[1]
     if dtype != "float32":
         if n <= 16384:
             return "persistent", {"row": n, "width": max(n // 4, 1024), "threads": 256, "box": 256}
         if n <= 32768:
-            return "persistent", {"row": n, "width": 16384, "threads": 512, "box": 256}
+            return "persistent", {"row": n, "width": 16384, "threads": 512, "box": 256, "one_box": True}
         return "two_pass", {"width": 16384, "threads": 512}
     if n <= 16384:
         return "persistent", {"row": n, "width": 1024, "threads": 256}

@@ -33,6 +33,7 @@ HALF_PRELUDE = (Path(__file__).with_name("prelude_half.cu")).read_text()
 STORE_PRELUDE = (Path(__file__).with_name("prelude_store.cu")).read_text()  # ... and bulk-group TMA stores
 SWIZZLE_PRELUDE = (Path(__file__).with_name("prelude_swizzle.cu")).read_text()  # ... and swizzled tiles
 VECTOR_PRELUDE = (Path(__file__).with_name("prelude_vector.cu")).read_text()  # ... and vector accesses
+TMA5_PRELUDE = (Path(__file__).with_name("prelude_tma5.cu")).read_text()  # ... and maps of rank 4 and 5
 VECTOR_BYTES = (4, 8, 16)
 REDUCE_SCRATCH_BYTES = 32 * 8
 MAX_SHARED_BYTES = 227 * 1024  # per block on H100/H200 with the opt-in attribute
@@ -282,6 +283,7 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
         + ([STORE_PRELUDE] if async_stores else []) \
         + ([SWIZZLE_PRELUDE] if any("cb_swizzle(" in line for line in e.lines) else []) \
         + ([VECTOR_PRELUDE] if any("cb_vcopy<" in line for line in e.lines) else []) \
+        + ([TMA5_PRELUDE] if any(p.kind == "tmap" and len(p.box) > 3 for p in k["params"]) else []) \
         + ([PRELUDE_ROLES] if roles else []) + (_mma.helpers(e.mmas) if e.mmas else [])
     text = "\n".join([
         *preludes, e.elect_one(), *([BACKOFF_WAIT] if e.uses_backoff else []), "",

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..ir.bind import LaunchError, bind_symbols, check_arguments, check_dtype, launch_grid
 from ..ir.limits import check_tensor_map
+from ..ir.tma_view import view_layout
 
 from . import runtime, tma
 from .cuda import KernelSource
@@ -87,10 +88,12 @@ def _check_tensor_map(param, array: HostOrDevice) -> None:
     """The TMA limits for ``param``'s tensor as it will be on the device: numpy arrays become fresh
     C-contiguous allocations (cuMemAlloc aligns to 256 bytes), borrowed arrays stay as they are."""
     if isinstance(array, np.ndarray):
-        strides = runtime._c_strides(array.shape, array.itemsize)
-        check_tensor_map(param.name, array.shape, strides, array.itemsize, 0, param.box)
+        shape, strides = view_layout(param.name, array.shape, runtime._c_strides(array.shape, array.itemsize),
+                                     param.split)
+        check_tensor_map(param.name, shape, strides, array.itemsize, 0, param.box)
     else:
-        check_tensor_map(param.name, array.shape, array.strides, array.dtype.itemsize, array.ptr, param.box)
+        shape, strides = view_layout(param.name, array.shape, array.strides, param.split)
+        check_tensor_map(param.name, shape, strides, array.dtype.itemsize, array.ptr, param.box)
 
 
 @dataclass
@@ -177,7 +180,8 @@ class CompiledKernel:
             if p.kind == "tensor":
                 args.append(("ptr", arrays[p.name].ptr))
             elif p.kind == "tmap":
-                args.append(("tmap", tma.encode_tensor_map(p.name, arrays[p.tensor], p.box, swizzle=p.swizzle)))
+                args.append(("tmap", tma.encode_tensor_map(p.name, arrays[p.tensor], p.box, swizzle=p.swizzle,
+                                                               split=p.split)))
             else:  # a symbol, or a scalar of another dtype (k.scalar)
                 args.append((_ARG_KINDS[p.dtype], symbols[p.name]))
         return BoundLaunch(fn, grid, self.source.block, self.source.shared_bytes, args,

@@ -9,6 +9,7 @@ import numpy as np
 from cuda.bindings import driver as cu
 
 from ..ir.limits import TmaLimitError, check_swizzle, check_tensor_map
+from ..ir.tma_view import view_layout
 from .runtime import DeviceArray, _check, _context, as_device_array
 
 _TMA_DTYPES = {np.dtype(t): n for t, n in [
@@ -21,12 +22,13 @@ _SWIZZLE = {"none": "NONE", "32B": "32B", "64B": "64B", "128B": "128B"}
 
 def encode_tensor_map(name: str, array: DeviceArray, box: Sequence[int], *,
                       elem_strides: Sequence[int] | None = None,
-                      l2_promotion: str = "128B", swizzle: str = "none") -> bytes:
+                      l2_promotion: str = "128B", swizzle: str = "none", split: Sequence = ()) -> bytes:
     """Encode a tiled CUtensorMap for ``array`` and return its 128 raw bytes.
 
     ``box`` (and ``elem_strides``) are outermost-first like ``array.shape``. No
     interleave, zero fill out of bounds; ``swizzle`` none/32B/64B/128B (the shared-memory layout
-    the kernel's reads expect). The map stores the raw address: keep ``array``'s memory alive
+    the kernel's reads expect); ``split`` ((dimension, inner) pairs) maps the tensor's split view
+    (:mod:`cbrules.ir.tma_view`) instead of its own shape. The map stores the raw address: keep ``array``'s memory alive
     while the map is used.
     """
     if isinstance(array, np.ndarray):
@@ -40,17 +42,18 @@ def encode_tensor_map(name: str, array: DeviceArray, box: Sequence[int], *,
         raise ValueError(f"l2_promotion must be one of {list(_L2)}, got {l2_promotion!r}")
     box = [int(b) for b in box]
     es = [int(e) for e in elem_strides] if elem_strides is not None else [1] * len(box)
-    check_tensor_map(name, array.shape, array.strides, array.dtype.itemsize, array.ptr, box, es)
+    shape, strides_bytes = view_layout(name, array.shape, array.strides, split)
+    check_tensor_map(name, shape, strides_bytes, array.dtype.itemsize, array.ptr, box, es)
     check_swizzle(name, box, array.dtype.itemsize, swizzle)
     _context()
     # The driver lists axes innermost first and omits the innermost stride.
     u64, u32 = cu.cuuint64_t, cu.cuuint32_t  # plain ints are rejected by the bindings
-    strides = [u64(s) for s in reversed(array.strides[:-1])]
+    strides = [u64(s) for s in reversed(strides_bytes[:-1])]
     if not strides:  # rank 1: an empty list becomes NULL, which the driver refuses
         strides = [u64(-(-array.nbytes // 16) * 16)]  # never read; a valid value anyway
     tmap = _check(cu.cuTensorMapEncodeTiled(
         getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kind}"), len(box), array.ptr,
-        [u64(n) for n in reversed(array.shape)], strides,
+        [u64(n) for n in reversed(shape)], strides,
         [u32(b) for b in reversed(box)], [u32(e) for e in reversed(es)],
         cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         getattr(cu.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{_SWIZZLE[swizzle]}"),

@@ -265,6 +265,9 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
                 raise BuildError(f"{where}: tile must be (tensor map, coords, element), got {tile!r}")
             tmap, coords, element = tile
             self._known(tmap, ("tensor map",), "store(tile=...)")
+            if tmap.split:  # the tile's bounds test and staging speak the tensor's dimensions, not a view's
+                raise BuildError(f"{where}: tile store through split tensor map {tmap.name!r}; tile stores go "
+                                 "through a map without split=")
             if tmap.swizzle != "none" and tmap.box_bytes % swizzle_repeat(tmap.swizzle):
                 raise SwizzleError(f"{where}: tile store through tensor map {tmap.name!r} ({tmap.swizzle} swizzle): "
                                    f"its box {tmap.box} spans {tmap.box_bytes} bytes, not a multiple of the "

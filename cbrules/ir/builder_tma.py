@@ -14,6 +14,7 @@ from .graph import Param
 from .limits import SWIZZLE_SPAN, SwizzleError, check_box, check_swizzle, swizzle_repeat
 from .ops import DTYPE_BYTES
 from .terms import TermLike, as_term
+from .tma_view import TmaSplitError, check_divides, normalize_split
 
 
 class TmaBuilder:
@@ -21,26 +22,46 @@ class TmaBuilder:
     ``_known``, ``_add_param``, ``_node``, ``_scopes`` and ``_tile_writes``)."""
 
     def tensor_map(self, tensor: Buffer, box: Sequence[int], mname: Optional[str] = None,
-                   swizzle: str = "none") -> TensorMap:
+                   swizzle: str = "none", split: Optional[dict] = None) -> TensorMap:
         """A TMA tensor map over ``tensor`` with the given box (outermost-first, like the shape).
 
         ``swizzle`` ("none", "32B", "64B", "128B") is the shared-memory layout its loads write: the 16-byte
         chunks of each row XORed by the row number (bank-conflict-free column reads); reads of such a
         tile are given logical indices, which the rules turn into swizzled addresses. The inner box
-        dimension must then span exactly the swizzle width (a :class:`SwizzleError` otherwise)."""
+        dimension must then span exactly the swizzle width (a :class:`SwizzleError` otherwise).
+
+        ``split={d: inner}`` maps a view of higher rank over the same tensor: dimension ``d`` becomes
+        ``(extent / inner, inner)`` (see :mod:`cbrules.ir.tma_view`), so one box may span several
+        ``inner``-long stretches of it, e.g. a [M, 32768] tensor with ``split={1: 256}`` and box
+        ``(1, 64, 256)`` loads 16384 elements of a row at once. The box and the coordinates of loads
+        through the map are in the view's dimensions; the extent must be a multiple of ``inner``
+        (a :class:`TmaSplitError` here for a constant extent, at launch for a symbolic one)."""
         mname = f"{tensor.name}_tmap" if mname is None else mname
         where = f"tensor_map({mname!r}) at {_call_site()}"
         box = _ints(box, where, "box", low=None)  # the range is check_box's (a TmaBoxError)
-        if len(box) != len(tensor.shape):
-            raise BuildError(f"tensor map over {tensor.name!r}: box {tuple(box)} has rank {len(box)}, "
-                             f"the tensor has rank {len(tensor.shape)}")
+        split_dims = normalize_split(mname, split, len(tensor.shape))
+        rank = len(tensor.shape) + len(split_dims)
+        if len(box) != rank:
+            seen = f"its split view has rank {rank}" if split_dims else f"the tensor has rank {rank}"
+            raise BuildError(f"tensor map over {tensor.name!r}: box {tuple(box)} has rank {len(box)}, {seen}")
         names.check(mname, where)
         check_box(mname, box, tensor.dtype)
         check_swizzle(mname, box, DTYPE_BYTES[tensor.dtype], swizzle)
+        itemsize = DTYPE_BYTES[tensor.dtype]
+        for d, inner in split_dims:
+            if d == len(tensor.shape) - 1 and inner * itemsize % 16:  # the view's outer stride: inner elements
+                raise TmaSplitError(f"tensor map {mname!r}: splitting the innermost dimension into stretches of "
+                                    f"{inner} x {itemsize} = {inner * itemsize} bytes gives the view a stride of "
+                                    f"{inner * itemsize} bytes, but TMA strides are multiples of 16 bytes: split "
+                                    f"by a multiple of {16 // math.gcd(16, itemsize)} elements")
+        known = [(d, n) for d, n in split_dims if tensor.shape[d].op == "const"]
+        check_divides(mname, {d: tensor.shape[d].value for d, _ in known}, known, "when declared")
         extra = {} if swizzle == "none" else {"swizzle": swizzle}
+        if split_dims:
+            extra["split"] = split_dims
         self._add_param(Param(mname, "tmap", tensor.dtype, tensor.shape, tensor.name, box, **extra), "tensor map",
                         f"tensor_map({mname!r})")
-        return TensorMap(mname, tensor, box, swizzle)
+        return TensorMap(mname, tensor, box, swizzle, split_dims)
 
     def _mark_written(self, tname: str) -> None:
         k = self.graph.kernel()
@@ -60,6 +81,12 @@ class TmaBuilder:
         attrs = dict(tmap=self._known(tmap, ("tensor map",), "tma_load"), coords=tuple(as_term(c) for c in coords),
                      dst=self._known(dst, ("buffer",), "tma_load"), offset=as_term(offset), bytes=tmap.box_bytes,
                      box=tmap.box, tile=_ints(tmap.box if tile is None else tile, where, "tile"))
+        if len(attrs["coords"]) != len(tmap.box):  # one coordinate a dimension of the map (of its view, if split)
+            raise BuildError(f"{where}: {len(attrs['coords'])} coordinates for tensor map {tmap.name!r} of rank "
+                             f"{len(tmap.box)} (box {tmap.box}); give one a dimension, outermost first")
+        if tmap.split and attrs["tile"] != tmap.box:  # several boxes would step out of the view's inner extent
+            raise BuildError(f"{where}: tile {attrs['tile']} through split tensor map {tmap.name!r} (box "
+                             f"{tmap.box}): a split map loads one box a tile; give the map the tile's box")
         if tmap.swizzle != "none":
             self._check_swizzled_tile(tmap, dst, attrs["tile"], where)
             attrs["swizzle"] = SWIZZLE_SPAN[tmap.swizzle]

@@ -49,6 +49,7 @@ class TensorMap:
     tensor: Buffer
     box: tuple
     swizzle: str = "none"
+    split: tuple = ()  # (dimension, inner extent) pairs: the box and coordinates are in the split view
 
     @property
     def box_bytes(self) -> int:

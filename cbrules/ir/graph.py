@@ -37,6 +37,7 @@ class Param:
     written: bool = False
     swizzle: str = "none"  # tmap: the shared-memory layout TMA writes (none, 32B, 64B, 128B)
     finite: bool = True  # a float symbol (k.scalar): the launcher refuses infinities and NaN
+    split: tuple = ()  # tmap: (dimension, inner extent) pairs its view splits (cbrules.ir.tma_view)
 
 
 class KernelGraph:

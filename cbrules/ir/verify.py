@@ -15,6 +15,7 @@ from .names import BUILTINS, RULES, problem
 from .ops import DTYPES, LOOP_KINDS, MAX_BACKOFF_NS, OPS, REDUCE_COMBINE, SCOPES, SPACES, term_values
 from .order import CONTAINS, DEPENDS, ScheduleError, sibling_edges, sibling_order
 from .terms import BINARY_OPS, UNARY_OPS, Term, call_problem
+from .tma_view import TmaSplitError, normalize_split
 
 if TYPE_CHECKING:  # the graph imports this module to verify itself
     from .graph import KernelGraph
@@ -285,6 +286,18 @@ def _values(kg: KernelGraph, walked: list[int]) -> None:
         if getattr(p, "kind", None) not in ("symbol", "tensor", "tmap") or getattr(p, "dtype", None) not in DTYPES:
             raise GraphError("attributes", f"{kg.describe(kg.root)}: parameter {p!r} has an unknown kind or dtype",
                              kg.root)
+        if p.kind == "tmap" and p.split and not _split_ok(p):  # a graph from a trace file: as the builder checks
+            raise GraphError("attributes", f"{kg.describe(kg.root)}: tensor map {p.name!r} has split {p.split!r} "
+                             f"and box {p.box!r}; expected (dimension, inner extent) pairs the builder accepts for "
+                             f"its rank-{len(p.shape)} tensor and a box of the view's rank", kg.root)
+
+
+def _split_ok(p: Any) -> bool:
+    try:
+        pairs = normalize_split(p.name, dict(p.split), len(p.shape))
+    except (TmaSplitError, TypeError, ValueError):
+        return False
+    return pairs == tuple(p.split) and len(p.box) == len(p.shape) + len(pairs)
 
 
 _VALUE_KEYS = ("value", "args", "src")  # terms that compute a value (a reduce's src), not an index

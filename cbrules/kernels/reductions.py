@@ -123,22 +123,31 @@ def outer_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, r
 
 def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: int = 1024, box: int = 128,
                width: int = COLS, threads: int = COLS, dtype: str = "float32", warp_specialize: bool = False,
-               registers=None) -> Kernel:
+               registers=None, one_box: bool = False) -> Kernel:
     """``out = (x - mean) / sqrt(var)`` per row of a [M, row] tensor (``row`` fixed at build time).
 
     One block of ``threads`` per row; each stage brings a ``width``-wide tile as several ``box``-wide
     TMA boxes under one barrier arrival; every thread keeps its row/threads elements of the row in
     registers for the second pass. Wider tiles keep more bytes in flight; more threads hold fewer
     elements each (a row of 32768 floats is 128 registers a thread at 256 threads, 32 at 1024).
+    ``one_box=True`` brings each stage as ONE box instead, (width / box, box) through a map over the
+    rows split into stretches of ``box`` (fewer TMA copies in flight per byte: 0.85x -> 0.95x Triton for
+    the bfloat16 32768x32768 normalize, benchmarks/results/bf16/sweeps.md); the same shared layout.
     """
     if width % threads or row % width:
         raise ValueError(f"persistent: width {width} must be a multiple of threads={threads}, and row {row} "
                          f"a multiple of width")
+    if one_box and width % box:
+        raise ValueError(f"persistent: one_box=True loads a stage as (width / box, box): width {width} must be a "
+                         f"multiple of box={box}")
     tiles, per = row // width, width // threads  # stages in a row, elements a thread takes per stage
     k = Kernel("persistent", block=threads)
     m = k.symbol("M")
     x, out = k.tensor("x", (m, row), dtype), k.tensor("out", (m, row), dtype)
-    x_map = k.tensor_map(x, box=(1, box))
+    if one_box:  # the row as [row / box, box]: a stage's tile is one box of width / box such stretches
+        x_map = k.tensor_map(x, box=(1, width // box, box), split={1: box})
+    else:
+        x_map = k.tensor_map(x, box=(1, box))
     tile = k.alloc("tile", "shared", dtype, (1, width))
     vals = k.alloc("vals", "register", "float32", (row // threads,))
     k.grid(m)
@@ -148,7 +157,10 @@ def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: i
     # q = j * per + c * vec + u of its registers is column (q / vec * threads + threadIdx.x) * vec + u
     vec = vector_lanes(dtype, per)
     with k.loop("j", tiles, circular_buffer=cb) as j:
-        k.tma_load(x_map, (blockIdx.x, j * width), tile, tile=(1, width))
+        if one_box:
+            k.tma_load(x_map, (blockIdx.x, j * (width // box), 0), tile)
+        else:
+            k.tma_load(x_map, (blockIdx.x, j * width), tile, tile=(1, width))
         for c, lane in enumerate(lanes(per, threads) if vec == 1 else ()):  # unrolled: a column of every `threads`
             v = k.load(tile, lane)
             k.store(vals, j * per + c if per > 1 else j, v)

@@ -10,6 +10,7 @@ import numpy as np
 
 from .hazards import InterpError
 from ..ir.terms import swizzle_index
+from ..ir.tma_view import view_layout
 
 _IDENTITY = {"sum": 0, "max": -np.inf, "min": np.inf}
 
@@ -24,6 +25,20 @@ def _clip(coords: Sequence[int], box: Sequence[int], shape: Sequence[int]):
         src.append(slice(lo, hi))
         dst.append(slice(lo - c, hi - c))
     return tuple(src), tuple(dst)
+
+
+def tensor_view(tensor: np.ndarray, name: str, split: Sequence, site: Callable) -> np.ndarray:
+    """``tensor`` as the split tensor map ``name`` addresses it: a numpy view with the shape and byte
+    strides :func:`cbrules.ir.tma_view.view_layout` gives the launcher's encoding, so boxes read and
+    write what the hardware's would. A view reaching past the tensor's bytes is refused."""
+    if not split:
+        return tensor
+    shape, strides = view_layout(name, tensor.shape, tensor.strides, split)
+    reach = sum((n - 1) * s for n, s in zip(shape, strides)) + tensor.itemsize
+    if not tensor.flags.c_contiguous or min(strides) <= 0 or reach > tensor.nbytes:
+        raise InterpError(f"the split view {tuple(shape)} (strides {tuple(strides)} bytes) of tensor map {name!r} "
+                          f"reaches {reach} bytes of a {tensor.nbytes}-byte tensor", site())
+    return np.lib.stride_tricks.as_strided(tensor, shape, strides, writeable=tensor.flags.writeable)
 
 
 def read_box(tensor: np.ndarray, coords: Sequence[int], box: Sequence[int]) -> np.ndarray:

@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from .hwsim import inside_box, read_box, swizzled, unswizzled, write_box
+from .hwsim import inside_box, read_box, swizzled, tensor_view, unswizzled, write_box
 from .interp_roles import Blocked
 from ..ir.limits import SWIZZLE_SPAN
 from ..ir.ops import DTYPE_BYTES, MAX_BACKOFF_NS
@@ -161,7 +161,7 @@ class MemoryOps:
             slot = pick(fns["slot"](env, ln))
             self._smem_range(dst, lo, box_elems)
             sid = self.proto.slot_id(a["barrier"], slot, self.site)
-            data = read_box(self.tensors[tmap.tensor], coords, box)
+            data = read_box(self._global(tmap), coords, box)
             if a.get("swizzle"):  # the box lands in the swizzled layout the hardware writes
                 data = swizzled(data, itemsize, int(a["swizzle"]), lo, dst.name, self.site)
             self.proto.mma.tma_written(dst, lo, box_elems, int(a.get("swizzle") or 0))
@@ -173,7 +173,7 @@ class MemoryOps:
         lo = self.uniform(fns["offset"](env, ln), mask, "TMA offset")
         tile = tuple(a.get("tile") or box)
         self._smem_range(dst, lo, int(np.prod(tile)))
-        data = read_box(self.tensors[tmap.tensor], coords, tile)
+        data = read_box(self._global(tmap), coords, tile)
         self.proto.tma_load(None, s.node, dst, lo, data, data.size * itemsize, int(lanes[0]), self.site)
 
     def _smem_range(self, buf, lo: int, n: int) -> None:
@@ -204,7 +204,7 @@ class MemoryOps:
             if lanes.size > 1:
                 raise TmaIssueError(f"{lanes.size} threads issue this TMA store; issue it from one elected thread",
                                     self.site())
-            tensor = self.tensors[tmap.tensor]
+            tensor = self._global(tmap)
             inside = np.zeros(tuple(tmap.box), bool)
             inside_box(inside, coords, tensor.shape)
             self.proto.bulk_store(s.node, src, lo, lo + n, lo + place[inside.ravel()], int(lanes[0]), self.site)
@@ -212,7 +212,11 @@ class MemoryOps:
         data = src.data[lo:lo + n]
         if span:
             data = unswizzled(data, DTYPE_BYTES[tmap.dtype], span, lo, src.name, self.site)
-        write_box(self.tensors[tmap.tensor], coords, data.reshape(tmap.box))
+        write_box(self._global(tmap), coords, data.reshape(tmap.box))
+
+    def _global(self, tmap) -> np.ndarray:
+        """The tensor of ``tmap`` in the map's dimensions (its split view, if it has one)."""
+        return tensor_view(self.tensors[tmap.tensor], tmap.name, tmap.split, self.site)
 
     def _tma_store_wait(self, s: Step, mask: np.ndarray) -> None:
         self.proto.bulk_wait(np.nonzero(mask)[0], int(s.attrs["pending"]), bool(s.attrs["read"]))
