@@ -120,14 +120,14 @@ class Case:
 
 CASES = [
     Case("base"),
-    Case("base-again"),  # the same cubin, a second launch: are the same rows wrong?
     Case("debug", edit=debug, debug=True),
+    Case("global-reads", edit=global_reads),
+    Case("no-pipeline", edit=no_pipeline),
+    Case("base-again"),  # a second launch of the same kernel: are the same rows wrong?
     Case("sync-after-wait", edit=sync_after_wait),
     Case("tid0-issues", edit=tid0_issues),
     Case("fence-before-issue", edit=fence_before_issue),
     Case("fence-init", edit=fence_init),
-    Case("global-reads", edit=global_reads),
-    Case("no-pipeline", edit=no_pipeline),
     Case("split-scratch", edit=split_scratch),
     Case("no-inval", edit=no_inval),
     Case("S3", stages=3),
