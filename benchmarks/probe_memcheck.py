@@ -58,10 +58,19 @@ def tid0_issues(t: str) -> str:
 
 
 def fence_before_issue(t: str) -> str:
-    """A generic->async proxy fence before each refill of a slot the block has read."""
-    return _sub(t, "      cb_mbar_arrive_expect_tx(cb_smem_addr(&cb_full_4[(j + 1) % 2]), 512);",
-                "      cb_fence_proxy_async();\n"
-                "      cb_mbar_arrive_expect_tx(cb_smem_addr(&cb_full_4[(j + 1) % 2]), 512);")
+    """A generic->async proxy fence by the issuing thread before each refill of a slot the block has
+    read (after the WAR sync or empty-barrier wait, before arrive_expect_tx and the TMA copies)."""
+    t2, n = re.subn(r"(?m)^( *)(cb_mbar_arrive_expect_tx\(cb_smem_addr\(&cb_full_\d+\[\(j \+ \d+\) % \d+\]\))",
+                    r"\1cb_fence_proxy_async();\n\1\2", t)
+    if n != 1:
+        raise SystemExit(f"probe_memcheck: expected one refill in the main loop, found {n}")
+    return t2
+
+
+def reader_fence(t: str) -> str:
+    """Every thread fences its tile read to the async proxy before the end-of-iteration sync."""
+    return _sub(t, "    s1 = CbSum()(s1, v0);\n    __syncthreads();\n",
+                "    s1 = CbSum()(s1, v0);\n    cb_fence_proxy_async();\n    __syncthreads();\n")
 
 
 def fence_init(t: str) -> str:
@@ -116,6 +125,7 @@ class Case:
     build: tuple = ()  # extra build parameters of the persistent kernel
     edit: object = None  # text -> text, on the generated CUDA of (stages, dtype, build)
     debug: bool = False
+    repeat: int = 1  # launches, each on fresh inputs (another seed)
 
 
 CASES = [
@@ -136,6 +146,20 @@ CASES = [
     Case("threads128", build=(("threads", 128),)),
     Case("f32-S3", stages=3, dtype="float32"),
     Case("f32-S3-global-reads", stages=3, dtype="float32", edit=global_reads),
+]
+# the second call: what the wrong reads hold, and each candidate fix launched several times
+CASES_2 = [
+    Case("debug", edit=debug, debug=True, repeat=3),
+    Case("base", repeat=2),
+    Case("fence-before-issue", edit=fence_before_issue, repeat=5),
+    Case("reader-fence", edit=reader_fence, repeat=4),
+    Case("tid0-issues", edit=tid0_issues, repeat=4),
+    Case("war-mbarrier", build=(("war", "mbarrier"),), repeat=4),
+    Case("war-mbarrier-fence", build=(("war", "mbarrier"),), edit=fence_before_issue, repeat=4),
+    Case("S3-fence", stages=3, edit=fence_before_issue, repeat=3),
+    Case("f32-S3-fence", stages=3, dtype="float32", edit=fence_before_issue, repeat=3),
+    Case("threads128-fence", build=(("threads", 128),), edit=fence_before_issue, repeat=2),
+    Case("debug-fence", edit=lambda t: debug(fence_before_issue(t)), debug=True, repeat=2),
 ]
 
 
@@ -202,9 +226,22 @@ def _report_debug(x: np.ndarray, dbg: np.ndarray) -> None:
     for i in np.nonzero(bad_vals.any(axis=1))[0][:4]:
         cols = np.nonzero(bad_vals[i])[0]
         print(f"    row {i}: wrong tile reads at columns {cols[:8].tolist()} (stages {np.unique(cols // 256).tolist()})")
+    # what a wrong read holds: the same column of another stage (+k stages), the poison, or else
+    kinds: dict = {}
+    for i, c in zip(*np.nonzero(bad_vals)):
+        hit = [k for k in (-3, -2, -1, 1, 2, 3) if 0 <= c + 256 * k < ROW and vals[i, c] == xf[i, c + 256 * k]]
+        key = f"stage {hit[0]:+d}" if hit else ("nan (poison)" if np.isnan(vals[i, c]) else "other")
+        kinds[key] = kinds.get(key, 0) + 1
+    if kinds:
+        print(f"  wrong reads hold: {kinds} (+2: the slot's next stage, a refill that overtook the read; "
+              "-2: the slot's previous stage, a read before the data landed)")
 
 
-def run_case(case: Case, rng_seed: int = 0) -> bool:
+def run_case(case: Case) -> bool:
+    return any([_run_once(case, seed) for seed in range(case.repeat)])
+
+
+def _run_once(case: Case, rng_seed: int) -> bool:
     from cbrules.codegen.launch import CompiledKernel
     from cbrules.codegen.nvrtc import compile_cuda
     from cbrules.codegen.runtime import DeviceArray
@@ -227,7 +264,7 @@ def run_case(case: Case, rng_seed: int = 0) -> bool:
     rtol, atol = spec.tolerances(SHAPE, case.dtype)
     got = args["out"].astype(np.float64)
     bad = ~np.isclose(got, want, rtol=rtol, atol=atol)
-    print(f"{case.name}: S={case.stages} {case.dtype} {dict(case.build)}: {int(bad.sum())} of {bad.size} "
+    print(f"{case.name} #{rng_seed}: S={case.stages} {case.dtype} {dict(case.build)}: {int(bad.sum())} of {bad.size} "
           f"elements differ", flush=True)
     if bad.any():
         _report_rows(args["x"].astype(np.float64), got, bad)
@@ -240,9 +277,10 @@ def run_case(case: Case, rng_seed: int = 0) -> bool:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--second", action="store_true", help="the second call's cases (CASES_2)")
     ap.add_argument("--compile-only", action="store_true", help="generate and compile every case, run nothing")
     a = ap.parse_args(argv)
-    cases = [c for c in CASES if not a.only or c.name in a.only.split(",")]
+    cases = [c for c in (CASES_2 if a.second else CASES) if not a.only or c.name in a.only.split(",")]
     if a.compile_only:
         from cbrules.codegen.nvrtc import compile_cuda
         for c in cases:
