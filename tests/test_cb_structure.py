@@ -64,7 +64,7 @@ def check_pipelined_loop(kg, name, S, P, war, var, trip):
         assert evaluate(kg[parts["epilogue"]]["stop"], n_sym) == n
         assert not ops_in(kg, parts["epilogue"], "tma_load")  # the epilogue loads nothing
         assert set(kg[x]["op"] for x in kg.descendants(parts["prologue"])) <= {
-            "if", "for", "tma_load", "mbarrier_arrive_expect_tx", "mbarrier_wait"}
+            "if", "for", "tma_load", "mbarrier_arrive_expect_tx", "mbarrier_wait", "fence_proxy_async"}
 
     # barriers: full[S] (+ empty[S]); one arrive-expect-tx per stage for all its buffers, so the
     # full barrier expects one arrival; every barrier invalidated
@@ -76,6 +76,8 @@ def check_pipelined_loop(kg, name, S, P, war, var, trip):
     assert full == opts["full"] and inits[full] == 1
     issuers = [x for x in kg.descendants(main) if kg[x].get("tag") == "cb-issue"]
     assert len(issuers) == 1 and set(ops_in(kg, main, "tma_load")) <= set(kg.descendants(issuers[0]))
+    # the threads read the slots with plain loads: a refill starts with a proxy fence (cb-fence-refill)
+    assert [kg.op(c) for c in kg.children(issuers[0])][:2] == ["fence_proxy_async", "mbarrier_arrive_expect_tx"]
     # one elected init block and one block sync before the loop, one sync and one inval block after
     # it, for the full and the empty barriers together
     mine = {full, opts.get("empty")}

@@ -280,7 +280,7 @@ def test_the_hand_built_tma_kernel_runs_clean():
 # ------------------------------------------------------------------------------ protocol failures
 def pipeline(tiles=3, *, init=True, init_sync=True, double_init=False, count=1, expect=256, arrive_all=False,
              tma_all=False, wait=True, parity=lambda i: i % 2, war_sync=True, inval=True, inval_in_loop=False,
-             stray_load=False, fence=True):
+             stray_load=False, fence=True, refill_fence=True, reader_fence=False):
     """exp(x) in tiles of 64 under one full barrier, correct by default; each knob breaks one thing."""
     k = Kernel("hand", block=T)
     n = k.symbol("N")
@@ -297,12 +297,16 @@ def pipeline(tiles=3, *, init=True, init_sync=True, double_init=False, count=1, 
         k.syncthreads()
     with k.loop("i", tiles) as i:
         with k.if_(True if arrive_all else "elect_one()"):
+            if refill_fence:  # the plain reads of the tile before (the WAR sync) come before the TMA refill
+                k.fence_proxy_async()
             k.mbarrier_arrive_expect_tx(full, 0, expect)
         with k.if_(True if tma_all else "elect_one()"):
             k.tma_load(xm, (i * T,), tile, full, slot=0)
         if wait:
             k.mbarrier_wait(full, 0, parity=parity(i))
         k.store(out, i * T + threadIdx.x, k.exp(k.load(tile, threadIdx.x)))
+        if reader_fence:
+            k.fence_proxy_async()
         if war_sync:
             k.syncthreads()
         if inval_in_loop:
@@ -310,6 +314,7 @@ def pipeline(tiles=3, *, init=True, init_sync=True, double_init=False, count=1, 
                 k.mbarrier_inval(full, 0)
     if stray_load:
         with k.elect_one():
+            k.fence_proxy_async()
             k.tma_load(xm, (0,), tile, full, slot=0)
     if inval:
         with k.elect_one():
@@ -324,6 +329,12 @@ def run_pipeline(k, tiles=3):
 
 def test_the_correct_pipeline_is_clean():
     x, got = run_pipeline(pipeline())
+    np.testing.assert_array_equal(got, np.exp(x))
+
+
+def test_readers_fences_order_their_reads_before_the_refill():
+    """Each reader fencing after its read, before the WAR sync, is as good as the issuer's fence."""
+    x, got = run_pipeline(pipeline(refill_fence=False, reader_fence=True))
     np.testing.assert_array_equal(got, np.exp(x))
 
 
@@ -345,7 +356,11 @@ FAILURES = {
     "no inval": (dict(inval=False), protocol.MissingInval, "full[0] is still valid"),
     "use after inval": (dict(inval_in_loop=True, inval=False), protocol.UseAfterInval, "after it was invalidated"),
     "load left in flight": (dict(stray_load=True), protocol.OutstandingTma, "still in flight"),
-    "init not fenced": (dict(fence=False), protocol.UnfencedInit, "no fence.proxy.async has made visible"),
+    # the refill's fence by the initialising thread would publish the init as well
+    "init not fenced": (dict(fence=False, refill_fence=False), protocol.UnfencedInit,
+                        "no fence.proxy.async has made visible"),
+    "refill not fenced": (dict(refill_fence=False), protocol.UnfencedRefill,
+                          "no fence.proxy.async orders thread 0's plain read of tile[0]"),
 }
 
 
@@ -375,6 +390,7 @@ def empty_barrier_pipeline(arrive_before_read: bool):
     with k.loop("i", 3) as i:
         with k.elect_one():
             k.mbarrier_wait(empty, 0, parity=(i + 1) % 2)  # a fresh barrier passes parity 1 at once
+            k.fence_proxy_async()  # the reads the empty barrier ordered before come before the refill
             k.mbarrier_arrive_expect_tx(full, 0, 256)
             k.tma_load(xm, (i * T,), tile, full, slot=0)
         k.mbarrier_wait(full, 0, parity=i % 2)

@@ -45,8 +45,10 @@ WRONG_BYTES = """
                                                            :bytes (+ ?bytes DELTA)))))
 """
 
-# cb-init-barriers' fence that makes the inits visible to the TMA unit (the async proxy), erased
+# cb-init-barriers' fence that makes the inits visible to the TMA unit (the async proxy), erased; the
+# refill fences go too (the elected thread's fence before its first refill would publish the inits)
 UNFENCED_INIT = """
+(disable cb-fence-refill)
 (graph-rule mut-init-unfenced
   :doc "the elected thread's fence.proxy.async after the barrier inits is dropped"
   :phase cb-stage
@@ -79,6 +81,8 @@ MUTATIONS = {
     "no-empty-barriers": ("(disable cb-war-empty-barriers)\n", "mbarrier", (protocol.WarHazard,)),
     "short-prologue": (SHORT_PROLOGUE, "sync", (protocol.Deadlock, protocol.RawHazard)),
     "unfenced-init": (UNFENCED_INIT, "mbarrier", (protocol.UnfencedInit,)),
+    "no-refill-fence": ("(disable cb-fence-refill)\n", "sync", (protocol.UnfencedRefill,)),
+    "no-refill-fence-mbarrier": ("(disable cb-fence-refill)\n", "mbarrier", (protocol.UnfencedRefill,)),
 }
 
 

@@ -127,9 +127,9 @@ def test_nvrtc_compiles_tma_store_kernels(kernel, dtype):
 def test_generated_order_fence_wait_sync_store():
     t = api.generate(KERNELS["multi_dim"].build(stages=2, tma_store=True, war="mbarrier")).text
     main = t[t.index("// main"):t.index("// epilogue")]
-    order = [main.index(s) for s in ("cb_stage_", "cb_fence_proxy_async();", "cb_bulk_wait_read<0>();",
-                                     "__syncthreads();", "cb_tma_store_async(")]
-    assert order == sorted(order)
+    at = main.index("cb_stage_")  # each after the one before (the refill's fence comes before them all)
+    for step in ("cb_fence_proxy_async();", "cb_bulk_wait_read<0>();", "__syncthreads();", "cb_tma_store_async("):
+        at = main.index(step, at)
     assert t.rindex("cb_bulk_wait<0>();") > t.rindex("cb_mbar_inval")  # the kernel's last act
 
 

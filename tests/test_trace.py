@@ -61,7 +61,7 @@ def test_counts_and_filters(lowered):
 
 
 def test_history_back_to_the_builder(lowered):
-    # the kernel's own fence publishes its barrier init; the rule's sits in the loop
+    # the kernel's own fences publish its barrier init and order its reads before each refill; the rule's sits in the loop
     (fence,) = [n for n in lowered.nodes("fence_proxy_async") if lowered.op(lowered.parent(n)) == "for"]
     h = trace.history(lowered.trace, fence)
     assert "created by fence-each-sync" in h[0] and "test.rules:8" in h[0]
@@ -83,11 +83,12 @@ def test_why_not_names_the_failing_guard(lowered):
 
 def test_graph_at_step_and_stop_after(folder, lowered):
     f = next(r.step for r in lowered.trace.records if r.rule == "fence-each-sync")
-    # one fence (the kernel's, after its barrier init) before the rule's step, two after it
-    assert trace.program_at(lowered.trace, f - 1).count("fence_proxy_async") == 1
-    assert trace.program_at(lowered.trace, f).count("fence_proxy_async") == 2
+    # two fences (the kernel's, after its barrier init and before each refill) before the rule's step,
+    # three after it
+    assert trace.program_at(lowered.trace, f - 1).count("fence_proxy_async") == 2
+    assert trace.program_at(lowered.trace, f).count("fence_proxy_async") == 3
     early = api.lower(exp1d_tma(), rules=[folder], debug=True, stop_after=f - 1)
-    assert len(early.nodes("fence_proxy_async")) == 1 and early.trace.records[-1].step == f - 1
+    assert len(early.nodes("fence_proxy_async")) == 2 and early.trace.records[-1].step == f - 1
 
 
 def test_dot_shows_before_and_after(lowered):

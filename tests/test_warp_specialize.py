@@ -72,7 +72,9 @@ def test_warp_specialized_structure_and_compile(case):
         issuers = [n for n in ops_in(kg, loop, "if") if kg[n].get("tag") == "cb-issue"]
         assert ops_in(kg, loop, "tma_load") and len(ops_in(kg, loop, "mbarrier_arrive_expect_tx")) == len(issuers)
         assert {kg.op(n) for n in kg.descendants(loop)} <= {"if", "for", "mbarrier_wait", "tma_load",
-                                                            "mbarrier_arrive_expect_tx"}
+                                                            "mbarrier_arrive_expect_tx", "fence_proxy_async"}
+        # the consumers read the slots with plain loads: each refill starts with a proxy fence
+        assert all(kg.op(kg.children(n)[0]) == "fence_proxy_async" for n in issuers)
         assert all(kg[n]["pred"] == call("elect_warp", consumers // 32) for n in ops_in(kg, loop, "if"))
     # the consumers: the kernel's code; no load issued, no block-wide sync, empties freed each iteration
     assert not [n for n in in_cons if kg.op(n) in ("tma_load", "syncthreads")]

@@ -32,6 +32,7 @@ def exp1d_tma(tiles_per_block: int = 8) -> Kernel:
     with k.loop("i", call("min", tiles_per_block, n_tiles - first)) as i:
         base = (first + i) * TILE
         with k.elect_one():
+            k.fence_proxy_async()  # the last iteration's plain reads of the tile come before the TMA refill
             k.mbarrier_arrive_expect_tx(full, 0, x_map.box_bytes)
             k.tma_load(x_map, (base,), tile, full, slot=0)
         k.mbarrier_wait(full, 0, parity=i % 2)

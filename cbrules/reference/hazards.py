@@ -53,6 +53,11 @@ class WarHazard(ProtocolError):
     """A TMA refill of shared data that some thread may still read (or that is still in flight)."""
 
 
+class UnfencedRefill(WarHazard):
+    """A TMA refill (the async proxy) of shared data read with plain loads (the generic proxy) with no
+    ``fence.proxy.async`` ordered between the reads and the refill."""
+
+
 class TxMismatch(ProtocolError):
     """Expect-tx bytes of a phase that differ from the bytes the TMA loads delivered to it."""
 

@@ -167,7 +167,8 @@ class _BlockRunner(MemoryOps, MmaOps):
                           "mbarrier_inval", "syncthreads", "bar_sync", "setmaxnreg", "mma", "wgmma_fence", "fence_proxy_async",
                           "wgmma_commit", "wgmma_wait")}
         self.handlers["alloc"] = lambda s, mask: None
-        self.handlers["fence_mbarrier_init"] = self._fence_proxy_async  # also publishes inits to the TMA unit
+        # publishes inits to the TMA unit, but orders no data accesses across proxies
+        self.handlers["fence_mbarrier_init"] = lambda s, mask: self.proto.proxy_fence(np.nonzero(mask)[0], data=False)
         for op in UNARY:
             self.handlers[op] = self._unary
         for op in ("add", "sub", "mul", "div", "max", "min"):

@@ -208,7 +208,7 @@ class MemoryOps:
             inside = np.zeros(tuple(tmap.box), bool)
             inside_box(inside, coords, tensor.shape)
             self.proto.bulk_store(s.node, src, lo, lo + n, lo + place[inside.ravel()], int(lanes[0]), self.site)
-        self.proto.read(src, np.arange(lo, lo + n), np.full(n, lanes[0]), self.site)
+        self.proto.read(src, np.arange(lo, lo + n), np.full(n, lanes[0]), self.site, plain=False)  # the TMA unit reads
         data = src.data[lo:lo + n]
         if span:
             data = unswizzled(data, DTYPE_BYTES[tmap.dtype], span, lo, src.name, self.site)

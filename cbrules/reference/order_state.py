@@ -1,7 +1,7 @@
 """The state the protocol checker (:mod:`.protocol`) keeps about ordering inside a block: the vector
 clocks of its threads (:class:`Clocks`: who has seen whose past, through arrivals, waits and syncs) and
 every mbarrier slot (:class:`Barriers`: init, arrivals, transaction bytes, completed phases, and whether
-the TMA unit may see the init)."""
+the TMA unit may see the init), and the proxy fences (:class:`ProxyFences`)."""
 from __future__ import annotations
 
 from collections import deque
@@ -43,6 +43,35 @@ class Clocks:
         v = self.known[u].copy()
         v[u] = self.now[u]
         return v
+
+
+class ProxyFences:
+    """The ``fence.proxy.async`` of a block's threads, as (thread, clock, view) records: thread ``w``'s
+    fence covers every access ordered before it (its view then). A TMA refill by ``u`` (the async
+    proxy) may overwrite an element a thread read with a plain load (the generic proxy) only if a
+    fence covering that read is itself ordered before ``u`` (:meth:`covered`)."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.reset()
+
+    def reset(self) -> None:
+        self.who = np.zeros(0, np.int64)
+        self.at = np.zeros(0, np.int64)
+        self.views = np.zeros((0, self.threads), np.int64)
+
+    def fence(self, lanes: np.ndarray, clocks: Clocks) -> None:
+        """``lanes`` fence; their clocks tick, so that their later reads are not covered."""
+        views = np.stack([clocks.view_of(int(w)) for w in lanes]) if lanes.size else self.views[:0]
+        self.who = np.concatenate([self.who, lanes.astype(np.int64)])
+        self.at = np.concatenate([self.at, clocks.now[lanes]])
+        self.views = np.concatenate([self.views, views])
+        clocks.now[lanes] += 1
+
+    def covered(self, u: int, clocks: Clocks) -> np.ndarray:
+        """Per thread, its latest clock whose accesses a fence ordered before thread ``u`` covers (-1: none)."""
+        ok = self.at <= clocks.view_of(u)[self.who]
+        return self.views[ok].max(axis=0) if ok.any() else np.full(self.threads, -1, np.int64)
 
 
 class Barriers:

@@ -14,7 +14,9 @@ Three pieces of state, all per block:
 * **ordering between threads** (:class:`Clocks`): vector clocks. A thread's clock ticks at every
   arrive and every block sync; a wait that observes a phase learns the clocks of every arrival of
   the completed phases. A shared element remembers, per thread, the clock at which the thread last
-  read it; a refill by thread ``u`` is safe only if every such read is ordered before ``u``'s issue.
+  read it; a refill by thread ``u`` is safe only if every such read is ordered before ``u``'s issue,
+  and, since the refill writes through the async proxy, a ``fence.proxy.async`` after the read is
+  ordered before the issue too (:class:`ProxyFences`).
 
 Every failure is a :class:`ProtocolError` subclass naming the node, the barrier and slot, the
 block, and the iteration (the values of the enclosing loop variables).
@@ -27,12 +29,12 @@ from typing import Optional
 import numpy as np
 
 # the checker's failures live in .hazards; they are public here too
-from .order_state import Barriers, Clocks  # noqa: F401  (public here too)
+from .order_state import Barriers, Clocks, ProxyFences  # noqa: F401  (public here too)
 from .mma_groups import MmaGroups
 from .hazards import (DivergentSync, Deadlock, DoubleInit, ElectError, InterpError,  # noqa: F401
                       MissingInval, OutstandingTma, PartialTileStore, ProtocolError, RawHazard, Site, SiteFn,
                       StoreInFlight, StoreOverwrite, TmaIssueError, TooManyArrivals, TxMismatch, UnfencedInit,
-                      UseAfterInval, UseBeforeInit, WarHazard)
+                      UnfencedRefill, UseAfterInval, UseBeforeInit, WarHazard)
 
 INFLIGHT = np.iinfo(np.int64).max  # phase of an element whose load has not been delivered yet
 
@@ -64,6 +66,7 @@ class SharedBuffer:
             self.w_phase = np.zeros(size, np.int64)  # ... and the phase (INFLIGHT until delivered)
             self.w_node = np.full(size, -1, np.int64)
             self.readers = np.full((size, threads), -1, np.int32)  # clock of each thread's last read
+            self.plain = np.full((size, threads), -1, np.int32)  # ... last plain load (generic proxy)
 
 
 @dataclass
@@ -91,6 +94,7 @@ class BlockProtocol:
         """Fresh state for the next block."""
         self.bars.reset()
         self.clocks = Clocks(self.threads)
+        self.fences = ProxyFences(self.threads)
         self.named: dict[int, np.ndarray] = {}  # named barrier -> threads waiting in it
         self.named_count: dict[int, int] = {}
         self.named_gen: dict[int, int] = {}  # times each named barrier has opened
@@ -137,10 +141,14 @@ class BlockProtocol:
         b.arrived[sid] = -1
         b.initialiser[sid], b.fenced[sid] = lanes[0], False
 
-    def proxy_fence(self, lanes: np.ndarray) -> None:
-        """``fence.proxy.async``: the inits these threads made become visible to the async proxy (TMA)."""
+    def proxy_fence(self, lanes: np.ndarray, data: bool = True) -> None:
+        """``fence.proxy.async``: the inits these threads made become visible to the async proxy (TMA),
+        and (``data``; not so ``fence.mbarrier_init``) the shared accesses ordered before the fence
+        are ordered before the async proxy's later accesses."""
         b = self.bars
         b.fenced |= np.isin(b.initialiser, lanes)
+        if data:
+            self.fences.fence(lanes, self.clocks)
 
     def inval(self, sid: int, lanes: np.ndarray, site: SiteFn) -> None:
         b = self.bars
@@ -283,7 +291,7 @@ class BlockProtocol:
             buf.data[lo:hi] = data
             if buf.tracked:
                 buf.w_slot[lo:hi] = -1
-                buf.readers[lo:hi] = -1
+                buf.readers[lo:hi] = buf.plain[lo:hi] = -1
             return
         b = self.bars
         bname, slot = b.names[sid]
@@ -312,12 +320,23 @@ class BlockProtocol:
                                 f"{b.label(sid)}) while thread {t} may still read {buf.name}[{e}]: its read is "
                                 "not ordered before the refill by a block sync or an arrive/wait chain",
                                 site(), bname, slot)
+            covered = self.fences.covered(issuer, self.clocks)
+            unfenced = np.nonzero((buf.plain[lo:hi] > covered).any(axis=1))[0]
+            if unfenced.size:
+                e = lo + unfenced[0]
+                t = int(np.nonzero(buf.plain[e] > covered)[0][0])
+                raise UnfencedRefill(f"thread {issuer} refills {buf.name}[{lo}:{hi}] (completing on {b.label(sid)}) "
+                                     f"through the async proxy, but no fence.proxy.async orders thread {t}'s plain "
+                                     f"read of {buf.name}[{e}] before it (the WAR protection orders the generic "
+                                     "proxy only): the issuing thread runs fence_proxy_async before the refill",
+                                     site(), bname, slot)
             buf.w_slot[lo:hi], buf.w_phase[lo:hi], buf.w_node[lo:hi] = sid, INFLIGHT, node
-            buf.readers[lo:hi] = -1
+            buf.readers[lo:hi] = buf.plain[lo:hi] = -1
         b.inflight[sid].append(Transfer(node, buf, lo, data, nbytes))
 
-    def read(self, buf: SharedBuffer, idx: np.ndarray, lanes: np.ndarray, site: SiteFn) -> None:
-        """Threads ``lanes`` read ``buf[idx]`` (one element each): check RAW, remember the reads."""
+    def read(self, buf: SharedBuffer, idx: np.ndarray, lanes: np.ndarray, site: SiteFn, plain: bool = True) -> None:
+        """Threads ``lanes`` read ``buf[idx]`` (one element each): check RAW, remember the reads
+        (``plain``: a load through the generic proxy, not the TMA unit's)."""
         if not buf.tracked:
             return
         slots = buf.w_slot[idx]
@@ -336,6 +355,8 @@ class BlockProtocol:
                                 f"{self.bars.label(sid)} (a missing wait, or a wait with the wrong parity)",
                                 site(), *self.bars.names[sid])
         buf.readers[idx, lanes] = self.clocks.now[lanes]
+        if plain:
+            buf.plain[idx, lanes] = self.clocks.now[lanes]
 
     def write(self, buf: SharedBuffer, idx: np.ndarray, lanes: Optional[np.ndarray] = None,
               site: Optional[SiteFn] = None) -> None:
@@ -347,7 +368,7 @@ class BlockProtocol:
         buf.fresh[idx] = True
         if buf.tracked:
             buf.w_slot[idx] = -1
-            buf.readers[idx] = -1
+            buf.readers[idx] = buf.plain[idx] = -1
 
     # ------------------------------------------------------------------ TMA stores (bulk async-groups)
     def bulk_store(self, node: int, buf: SharedBuffer, lo: int, hi: int, inside: np.ndarray, issuer: int,
