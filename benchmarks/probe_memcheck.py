@@ -2,9 +2,12 @@
 variants of its generated CUDA (an experiment harness, not a kernel source: each edit is checked to
 apply exactly as often as expected), run once each against numpy in one process, so that
 
-    compute-sanitizer --tool memcheck python3 benchmarks/probe_memcheck.py [--only NAME,...]
+    compute-sanitizer --tool memcheck python3 benchmarks/probe_memcheck.py --unfenced [--second] [--only NAME,...]
 
 runs all of them under one tool, and the same command without the sanitizer is the control.
+``--unfenced`` lowers without the rule ``cb-fence-refill`` (the kernels as they were when the probe
+found the missing proxy fence, byte for byte; the edits assume it); without it the cases start from
+today's fenced kernels. Results: benchmarks/results/memcheck/README.md.
 
 For every variant it prints the wrong elements and rows and, for the wrong rows, the statistics the
 kernel used, fitted from its output (out = (x - mean) * rstd is linear in x): how far the row sum
@@ -20,6 +23,7 @@ import dataclasses
 import os
 import re
 import sys
+import tempfile
 
 import numpy as np
 
@@ -163,10 +167,14 @@ CASES_2 = [
 ]
 
 
+RULES: list = []  # rule folders to lower with (--unfenced: one that disables cb-fence-refill)
+
+
 def _source(case: Case):
     from cbrules import api
     from cbrules.kernels import KERNELS
-    src = api.generate(KERNELS["persistent"].build(SHAPE, stages=case.stages, dtype=case.dtype, **dict(case.build)))
+    kernel = KERNELS["persistent"].build(SHAPE, stages=case.stages, dtype=case.dtype, **dict(case.build))
+    src = api.generate(kernel, rules=list(RULES) or None)
     return src if case.edit is None else dataclasses.replace(src, text=case.edit(src.text))
 
 
@@ -279,7 +287,13 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--second", action="store_true", help="the second call's cases (CASES_2)")
     ap.add_argument("--compile-only", action="store_true", help="generate and compile every case, run nothing")
+    ap.add_argument("--unfenced", action="store_true", help="lower without cb-fence-refill (the kernels before the fix)")
     a = ap.parse_args(argv)
+    if a.unfenced:
+        folder = tempfile.mkdtemp(prefix="probe_memcheck_")
+        with open(os.path.join(folder, "unfenced.rules"), "w") as f:
+            f.write("(disable cb-fence-refill)\n")
+        RULES.append(folder)
     cases = [c for c in (CASES_2 if a.second else CASES) if not a.only or c.name in a.only.split(",")]
     if a.compile_only:
         from cbrules.codegen.nvrtc import compile_cuda
