@@ -387,8 +387,8 @@ def test_user_rule_as_data_changes_the_cuda(tmp_path):
     write_rules(folder, "(phases extra)\n(graph-rule fence-each-sync :phase extra "
                 ":match ((for ?L) (syncthreads ?s :child-of ?L)) :rewrite ((insert-before ?s (fence_proxy_async))))\n")
     changed = api.generate(exp1d_tma(), rules=[folder], annotate=True).text
-    # the kernel fences its barrier init once; the user rule adds one before the loop's sync
-    assert plain.split('extern "C"')[1].count("cb_fence_proxy_async();") == 1
+    # the kernel fences its barrier init and each refill; the user rule adds one before the loop's sync
+    assert plain.split('extern "C"')[1].count("cb_fence_proxy_async();") == 2
     body = changed.split('extern "C"')[1]
     assert "cb_fence_proxy_async();  // fence-each-sync @ " in body
     assert body.index("cb_fence_proxy_async();  // fence-each-sync") < body.index("__syncthreads();",
