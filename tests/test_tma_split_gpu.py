@@ -40,11 +40,9 @@ ONE_BOX = [("bfloat16", 32768, 16384, 512, 256), ("float32", 32768, 8192, 512, 1
            ("bfloat16", 16384, 4096, 256, 256), ("float32", 4096, 1024, 256, 256)]
 
 
-@pytest.mark.parametrize("stages", [2, 3])
-@pytest.mark.parametrize("dtype, row, width, threads, box", ONE_BOX)
+@pytest.mark.parametrize("dtype, row, width, threads, box, stages",
+                         [(*case, s) for case in ONE_BOX for s in (2, 3) if case[1] // case[2] >= s])  # S <= tiles
 def test_persistent_one_box(dtype, row, width, threads, box, stages):
-    if row // width < stages:
-        pytest.skip("fewer tiles than stages")
     sp = KERNELS["persistent"]
     ck = api.compile(reductions.persistent(stages, row=row, width=width, threads=threads, box=box, dtype=dtype,
                                            one_box=True))
