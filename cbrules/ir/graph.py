@@ -45,6 +45,8 @@ class KernelGraph:
     _scope_effects: Optional[dict] = None  # a graph made by __new__ (trace files) keeps none
     _orders: Optional[dict] = None
     _resources: Optional[dict] = None
+    _touched: Optional[dict] = None  # node -> the last step that changed it or a node inside it (see log_touches)
+    _touch_step = 0
 
     def __init__(self, name: str, params: tuple = (), block: tuple = (1, 1, 1), grid: Optional[tuple] = None,
                  symbols: tuple = ()):
@@ -55,6 +57,8 @@ class KernelGraph:
         self._scope_effects: Optional[dict] = None  # node -> (reads, writes) while kept: see keep_derived()
         self._orders: Optional[dict] = None  # scope -> its children's order.KeptOrder, while kept
         self._resources: Optional[dict] = None  # scope -> (resource -> children, child -> effects, stale children)
+        self._touched: Optional[dict] = None
+        self._touch_step = 0
         self.trace = None  # set by lowering in debug mode
         self.root = self.add("kernel", None, origin={"by": "build"}, name=name, params=params,
                              block=block, grid=grid, symbols=symbols, requires=())
@@ -73,6 +77,8 @@ class KernelGraph:
         nid = self._next_id
         self._next_id += 1
         self.g.add_node(nid, op=op, origin=dict(origin or {}), **full)
+        if self._touched is not None:
+            self._touched[nid] = self._touch_step
         if parent is not None:
             self.g.add_edge(parent, nid, kind=CONTAINS)
             self.touch(parent)
@@ -82,13 +88,24 @@ class KernelGraph:
     def add_depends(self, a: int, b: int) -> None:
         """Order ``a`` before ``b`` (siblings)."""
         self.g.add_edge(a, b, kind=DEPENDS)
-        if self._orders:
-            self._orders.pop(self.parent(a), None)
+        if self._orders or self._touched is not None:
+            self._reordered(self.parent(a))
 
     def remove_depends(self, a: int, b: int) -> None:
         self.g.remove_edge(a, b)
+        if self._orders or self._touched is not None:
+            self._reordered(self.parent(a))
+
+    def _reordered(self, scope: Optional[int]) -> None:
+        """The depends edges among ``scope``'s children changed: its kept order goes, and the
+        touch log marks it and its scopes (up to one this step marked already: those above it are)."""
         if self._orders:
-            self._orders.pop(self.parent(a), None)
+            self._orders.pop(scope, None)
+        log, step = self._touched, self._touch_step
+        if log is not None:
+            while scope is not None and log.get(scope) != step:
+                log[scope] = step
+                scope = self.parent(scope)
 
     def order_by_effects(self, seq: list[int]) -> None:
         """Add the depends edges that keep siblings ``seq`` (in program order) in that order
@@ -222,19 +239,43 @@ class KernelGraph:
     def touch(self, n: int) -> None:
         """``n`` changed (its attributes, its children, the depends edges among them, or it joins or
         is about to leave its scope): the remembered effects of ``n`` and its scopes and the sibling
-        order of ``n``'s children go, and each scope's resource index rereads the child that holds ``n``."""
+        order of ``n``'s children go, each scope's resource index rereads the child that holds ``n``,
+        and the touch log marks ``n`` and its scopes."""
         if self._orders:
             self._orders.pop(n, None)
-        kept, index = self._scope_effects, self._resources
-        if not kept and not index:
+        kept, index, log = self._scope_effects, self._resources, self._touched
+        if not kept and not index and log is None:
             return
         while n is not None:
+            if log is not None:
+                log[n] = self._touch_step
             if kept:
                 kept.pop(n, None)
             p = self.parent(n)
             if index and p in index:
                 index[p][3].add(n)
             n = p
+
+    def log_touches(self, step: Optional[int]) -> None:
+        """From now on mark each node that changes, or that holds a node that changes (as
+        :meth:`touch` and :meth:`add` say), with ``step``; None stops (and forgets). The rewrite
+        engine sets the step before each application and asks :meth:`touched_since`."""
+        if step is None:
+            self._touched = None
+        else:
+            if self._touched is None:
+                self._touched = {}
+            self._touch_step = step
+
+    def touched_since(self, step: int) -> list[int]:
+        """The nodes of the graph marked after ``step`` by the touch log, in no particular order."""
+        nodes = self.g._node
+        return [n for n, s in (self._touched or {}).items() if s > step and n in nodes]
+
+    def touched_after(self, n: int, step: int) -> bool:
+        """Whether the touch log marked ``n`` after ``step`` (a node it never marked: no; without a
+        log: yes, it may have changed)."""
+        return self._touched is None or self._touched.get(n, -1) > step
 
     def sibling_resources(self, scope: int) -> tuple[dict[str, set[int]], dict[str, set[int]]]:
         """Each resource the children of ``scope`` read or write -> those children, and each one
@@ -319,6 +360,8 @@ class KernelGraph:
         # a kept order changes in place as nodes join it: each copy keeps its own
         new._orders = None if self._orders is None else {s: o.copy() for s, o in self._orders.items()}
         new._resources = None if self._resources is None else {}  # rebuilt on use
+        new._touched = None if self._touched is None else dict(self._touched)
+        new._touch_step = self._touch_step
         return new
 
     def verify(self, ready: bool = False, structure_only: bool = False) -> None:
