@@ -273,10 +273,10 @@ class Matcher(Relations):
             scope = self._scope_of(keys["in"], b) if "in" in keys else None
             pool = self.inside(scope, op) if scope is not None else self.by_op().get(op, ())
             held = None if scope is None else ("in", scope)
-            # an attribute that must equal a known value: its index, when shorter (and when this
-            # matcher has indexed the graph already, or the scope is large: an anchored match of a
-            # few nodes must not cost an index of the whole graph)
-            if op != "_" and (self._index is not None or len(pool) > _FEW):
+            # an attribute that must equal a known value: its index, when shorter (and when the
+            # pool is large, or is every node of the op in a matcher that has indexed the graph
+            # already: the few nodes of one scope must not cost an index of the op's every node)
+            if op != "_" and (len(pool) > _FEW or scope is None and self._index is not None):
                 for path, v in known_values(keys, b):
                     same = self.attr_index().lookup(op, path, v)
                     if same is not None and len(same) < len(pool):
