@@ -8,6 +8,7 @@ cloned, so that debug queries can trace any node back to the kernel the user bui
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
@@ -46,6 +47,7 @@ class KernelGraph:
     _orders: Optional[dict] = None
     _resources: Optional[dict] = None
     _touched: Optional[dict] = None  # node -> the last step that changed it or a node inside it (see log_touches)
+    _trail: Optional[list] = None  # (step, node) for each new mark, in step order
     _touch_step = 0
 
     def __init__(self, name: str, params: tuple = (), block: tuple = (1, 1, 1), grid: Optional[tuple] = None,
@@ -58,6 +60,7 @@ class KernelGraph:
         self._orders: Optional[dict] = None  # scope -> its children's order.KeptOrder, while kept
         self._resources: Optional[dict] = None  # scope -> (resource -> children, child -> effects, stale children)
         self._touched: Optional[dict] = None
+        self._trail: Optional[list] = None
         self._touch_step = 0
         self.trace = None  # set by lowering in debug mode
         self.root = self.add("kernel", None, origin={"by": "build"}, name=name, params=params,
@@ -78,7 +81,7 @@ class KernelGraph:
         self._next_id += 1
         self.g.add_node(nid, op=op, origin=dict(origin or {}), **full)
         if self._touched is not None:
-            self._touched[nid] = self._touch_step
+            self._mark(nid)
         if parent is not None:
             self.g.add_edge(parent, nid, kind=CONTAINS)
             self.touch(parent)
@@ -104,8 +107,13 @@ class KernelGraph:
         log, step = self._touched, self._touch_step
         if log is not None:
             while scope is not None and log.get(scope) != step:
-                log[scope] = step
+                self._mark(scope)
                 scope = self.parent(scope)
+
+    def _mark(self, n: int) -> None:
+        if self._touched.get(n) != self._touch_step:
+            self._touched[n] = self._touch_step
+            self._trail.append((self._touch_step, n))
 
     def order_by_effects(self, seq: list[int]) -> None:
         """Add the depends edges that keep siblings ``seq`` (in program order) in that order
@@ -248,7 +256,7 @@ class KernelGraph:
             return
         while n is not None:
             if log is not None:
-                log[n] = self._touch_step
+                self._mark(n)
             if kept:
                 kept.pop(n, None)
             p = self.parent(n)
@@ -261,16 +269,18 @@ class KernelGraph:
         :meth:`touch` and :meth:`add` say), with ``step``; None stops (and forgets). The rewrite
         engine sets the step before each application and asks :meth:`touched_since`."""
         if step is None:
-            self._touched = None
+            self._touched = self._trail = None
         else:
             if self._touched is None:
-                self._touched = {}
+                self._touched, self._trail = {}, []
             self._touch_step = step
 
     def touched_since(self, step: int) -> list[int]:
         """The nodes of the graph marked after ``step`` by the touch log, in no particular order."""
-        nodes = self.g._node
-        return [n for n, s in (self._touched or {}).items() if s > step and n in nodes]
+        if self._trail is None:
+            return []
+        nodes, since = self.g._node, bisect.bisect_right(self._trail, step, key=lambda mark: mark[0])
+        return list({n for _, n in self._trail[since:] if n in nodes})
 
     def touched_after(self, n: int, step: int) -> bool:
         """Whether the touch log marked ``n`` after ``step`` (a node it never marked: no; without a
@@ -361,6 +371,7 @@ class KernelGraph:
         new._orders = None if self._orders is None else {s: o.copy() for s, o in self._orders.items()}
         new._resources = None if self._resources is None else {}  # rebuilt on use
         new._touched = None if self._touched is None else dict(self._touched)
+        new._trail = None if self._trail is None else list(self._trail)
         new._touch_step = self._touch_step
         return new
 
