@@ -7,8 +7,12 @@ were simplified before takes the cached result.
 Within a phase the first rule (in ``:after``/file order) with matches not applied before fires on
 all of them, each match checked again just before it is applied; then matching starts again from
 the first rule. A match is identified by the rule and the nodes it bound, so a rule fires once
-per set of nodes. Lowering works on a private copy of the user's graph, so a failure leaves the
-graph as it was. ``verify()`` checks the lowered kernel; a lowering that fails is run again with
+per set of nodes. A rule looks again only when a node of an op it watches changed since it found
+nothing new (:func:`cbrules.rewrite.plan.watched_ops`), and a rule whose matches each read one
+node's subtree looks only at the nodes of that op the applications since touched
+(:mod:`cbrules.rewrite.anchors`); such a match found for a batch is applied without matching it
+again when nothing touched its node since. Lowering works on a private copy of the user's graph,
+so a failure leaves the graph as it was. ``verify()`` checks the lowered kernel; a lowering that fails is run again with
 ``verify()`` after each phase that changed the graph, so the error names the first phase that left
 an invalid graph (debug mode and a lowering stopped early check each phase on the first run, and
 in debug mode the structural checks also run after each application). A verified graph costs a
