@@ -275,6 +275,11 @@ class KernelGraph:
                 self._touched, self._trail = {}, []
             self._touch_step = step
 
+    def move_touch_log(self, other: "KernelGraph") -> None:
+        """Hand the touch log to ``other`` (a copy that replaces this graph) and stop logging here."""
+        other._touched, other._trail, other._touch_step = self._touched, self._trail, self._touch_step
+        self._touched = self._trail = None
+
     def touched_since(self, step: int) -> list[int]:
         """The nodes of the graph marked after ``step`` by the touch log, in no particular order."""
         if self._trail is None:
@@ -370,9 +375,7 @@ class KernelGraph:
         # a kept order changes in place as nodes join it: each copy keeps its own
         new._orders = None if self._orders is None else {s: o.copy() for s, o in self._orders.items()}
         new._resources = None if self._resources is None else {}  # rebuilt on use
-        new._touched = None if self._touched is None else dict(self._touched)
-        new._trail = None if self._trail is None else list(self._trail)
-        new._touch_step = self._touch_step
+        new._touched = new._trail = None  # a copy starts without a touch log (see move_touch_log)
         return new
 
     def verify(self, ready: bool = False, structure_only: bool = False) -> None:

@@ -405,7 +405,7 @@ def _apply(kg: KernelGraph, rule: GraphRule, at: str, b: dict, step: int, phase:
     work = kg.copy() if debug else kg
     if debug:
         kg.keep_derived(False)  # kept in the trace, where nothing tells it of changes
-        kg.log_touches(None)
+        kg.move_touch_log(work)
     rw = Rewriter(work, b, {"by": "rule", "rule": rule.name, "at": at, "step": step})
     where = f"rule {rule.name} ({at}), step {step}"
     try:
