@@ -8,6 +8,7 @@ cloned, so that debug queries can trace any node back to the kernel the user bui
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
@@ -46,6 +47,9 @@ class KernelGraph:
     _scope_effects: Optional[dict] = None  # a graph made by __new__ (trace files) keeps none
     _orders: Optional[dict] = None
     _resources: Optional[dict] = None
+    _touched: Optional[dict] = None  # node -> the last step that changed it or a node inside it (see log_touches)
+    _trail: Optional[list] = None  # (step, node) for each new mark, in step order
+    _touch_step = 0
 
     def __init__(self, name: str, params: tuple = (), block: tuple = (1, 1, 1), grid: Optional[tuple] = None,
                  symbols: tuple = ()):
@@ -56,6 +60,9 @@ class KernelGraph:
         self._scope_effects: Optional[dict] = None  # node -> (reads, writes) while kept: see keep_derived()
         self._orders: Optional[dict] = None  # scope -> its children's order.KeptOrder, while kept
         self._resources: Optional[dict] = None  # scope -> (resource -> children, child -> effects, stale children)
+        self._touched: Optional[dict] = None
+        self._trail: Optional[list] = None
+        self._touch_step = 0
         self.trace = None  # set by lowering in debug mode
         self.root = self.add("kernel", None, origin={"by": "build"}, name=name, params=params,
                              block=block, grid=grid, symbols=symbols, requires=())
@@ -74,6 +81,8 @@ class KernelGraph:
         nid = self._next_id
         self._next_id += 1
         self.g.add_node(nid, op=op, origin=dict(origin or {}), **full)
+        if self._touched is not None:
+            self._mark(nid)
         if parent is not None:
             self.g.add_edge(parent, nid, kind=CONTAINS)
             self.touch(parent)
@@ -83,13 +92,29 @@ class KernelGraph:
     def add_depends(self, a: int, b: int) -> None:
         """Order ``a`` before ``b`` (siblings)."""
         self.g.add_edge(a, b, kind=DEPENDS)
-        if self._orders:
-            self._orders.pop(self.parent(a), None)
+        if self._orders or self._touched is not None:
+            self._reordered(self.parent(a))
 
     def remove_depends(self, a: int, b: int) -> None:
         self.g.remove_edge(a, b)
+        if self._orders or self._touched is not None:
+            self._reordered(self.parent(a))
+
+    def _reordered(self, scope: Optional[int]) -> None:
+        """The depends edges among ``scope``'s children changed: its kept order goes, and the
+        touch log marks it and its scopes (up to one this step marked already: those above it are)."""
         if self._orders:
-            self._orders.pop(self.parent(a), None)
+            self._orders.pop(scope, None)
+        log, step = self._touched, self._touch_step
+        if log is not None:
+            while scope is not None and log.get(scope) != step:
+                self._mark(scope)
+                scope = self.parent(scope)
+
+    def _mark(self, n: int) -> None:
+        if self._touched.get(n) != self._touch_step:
+            self._touched[n] = self._touch_step
+            self._trail.append((self._touch_step, n))
 
     def order_by_effects(self, seq: list[int]) -> None:
         """Add the depends edges that keep siblings ``seq`` (in program order) in that order
@@ -154,16 +179,21 @@ class KernelGraph:
 
     def descendants(self, n: int) -> list[int]:
         """Every node inside ``n``, in id order."""
-        return sorted(self._inside(n))
+        inside = self._inside(n)
+        inside.sort()
+        return inside
 
-    def _inside(self, n: int) -> Iterator[int]:
-        """Every node inside ``n``, in no particular order (one sort, or none, for the caller)."""
-        succ, stack = self.g._succ, [n]
+    def _inside(self, n: int) -> list[int]:
+        """Every node inside ``n``, in no particular order (one sort, or none, for the caller). A
+        list, not a generator: the matcher and the actions walk hundreds of thousands of nodes
+        this way on a large kernel, and a yield per node cost a third of the walk."""
+        succ, stack, out = self.g._succ, [n], []
         while stack:
             for c, d in succ[stack.pop()].items():
                 if d["kind"] == CONTAINS:
-                    yield c
+                    out.append(c)
                     stack.append(c)
+        return out
 
     def is_scope(self, n: int) -> bool:
         return self.g._node[n]["op"] in SCOPES
@@ -218,19 +248,50 @@ class KernelGraph:
     def touch(self, n: int) -> None:
         """``n`` changed (its attributes, its children, the depends edges among them, or it joins or
         is about to leave its scope): the remembered effects of ``n`` and its scopes and the sibling
-        order of ``n``'s children go, and each scope's resource index rereads the child that holds ``n``."""
+        order of ``n``'s children go, each scope's resource index rereads the child that holds ``n``,
+        and the touch log marks ``n`` and its scopes."""
         if self._orders:
             self._orders.pop(n, None)
-        kept, index = self._scope_effects, self._resources
-        if not kept and not index:
+        kept, index, log = self._scope_effects, self._resources, self._touched
+        if not kept and not index and log is None:
             return
         while n is not None:
+            if log is not None:
+                self._mark(n)
             if kept:
                 kept.pop(n, None)
             p = self.parent(n)
             if index and p in index:
                 index[p][3].add(n)
             n = p
+
+    def log_touches(self, step: Optional[int]) -> None:
+        """From now on mark each node that changes, or that holds a node that changes (as
+        :meth:`touch` and :meth:`add` say), with ``step``; None stops (and forgets). The rewrite
+        engine sets the step before each application and asks :meth:`touched_since`."""
+        if step is None:
+            self._touched = self._trail = None
+        else:
+            if self._touched is None:
+                self._touched, self._trail = {}, []
+            self._touch_step = step
+
+    def move_touch_log(self, other: "KernelGraph") -> None:
+        """Hand the touch log to ``other`` (a copy that replaces this graph) and stop logging here."""
+        other._touched, other._trail, other._touch_step = self._touched, self._trail, self._touch_step
+        self._touched = self._trail = None
+
+    def touched_since(self, step: int) -> list[int]:
+        """The nodes of the graph marked after ``step`` by the touch log, in no particular order."""
+        if self._trail is None:
+            return []
+        nodes, since = self.g._node, bisect.bisect_right(self._trail, step, key=lambda mark: mark[0])
+        return list({n for _, n in self._trail[since:] if n in nodes})
+
+    def touched_after(self, n: int, step: int) -> bool:
+        """Whether the touch log marked ``n`` after ``step`` (a node it never marked: no; without a
+        log: yes, it may have changed)."""
+        return self._touched is None or self._touched.get(n, -1) > step
 
     def sibling_resources(self, scope: int) -> tuple[dict[str, set[int]], dict[str, set[int]]]:
         """Each resource the children of ``scope`` read or write -> those children, and each one
@@ -315,6 +376,7 @@ class KernelGraph:
         # a kept order changes in place as nodes join it: each copy keeps its own
         new._orders = None if self._orders is None else {s: o.copy() for s, o in self._orders.items()}
         new._resources = None if self._resources is None else {}  # rebuilt on use
+        new._touched = new._trail = None  # a copy starts without a touch log (see move_touch_log)
         return new
 
     def verify(self, ready: bool = False, structure_only: bool = False) -> None:

@@ -5,7 +5,8 @@ values (:mod:`.values`), the rule-file reader (:mod:`.rulefile`) and its static 
 rule (:mod:`.rulecheck`), the matcher (:mod:`.match`: node patterns and joins, with value patterns in
 :mod:`.value_patterns`, relations in :mod:`.relations` and join plans and indexes in :mod:`.plan`), the
 actions (:mod:`.actions`, with the clone primitive in :mod:`.cloning` and the checks on the values they set
-in :mod:`.action_values`), the engine that fires rules phase by phase (:mod:`.engine`), the loading of
+in :mod:`.action_values`), the engine that fires rules phase by phase (:mod:`.engine`, matching the rules
+whose matches read one node's subtree again only where the graph changed: :mod:`.anchors`), the loading of
 egglog forms (:mod:`.eggload`), the egglog bridge that simplifies index terms (:mod:`.egg`) and the
 lowering's simplification step that uses it (:mod:`.simplifier`).
 Imports only :mod:`cbrules.ir` and :mod:`cbrules.errors`; reading a rule file loads no egglog.

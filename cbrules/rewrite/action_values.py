@@ -50,6 +50,8 @@ def _bounded(key: str, value: Any, expr, nodes: int) -> None:
     its own output back (``(set ?L :stop (+ ?n ?n))`` once a new node) doubles it each time."""
     if value is None or isinstance(value, (bool, int, float)):
         return  # one part, one level: within every bound
+    if isinstance(value, str) and len(value) < MAX_VALUE_SIZE:
+        return  # one level, fewer parts than any bound (most values a rule sets are names)
     sizes: dict[int, int] = {}  # terms share subterms: count each tree node, visit each object once
 
     def size(v: Any, depth: int) -> int:

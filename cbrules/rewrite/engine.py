@@ -7,8 +7,12 @@ were simplified before takes the cached result.
 Within a phase the first rule (in ``:after``/file order) with matches not applied before fires on
 all of them, each match checked again just before it is applied; then matching starts again from
 the first rule. A match is identified by the rule and the nodes it bound, so a rule fires once
-per set of nodes. Lowering works on a private copy of the user's graph, so a failure leaves the
-graph as it was. ``verify()`` checks the lowered kernel; a lowering that fails is run again with
+per set of nodes. A rule looks again only when a node of an op it watches changed since it found
+nothing new (:func:`cbrules.rewrite.plan.watched_ops`), and a rule whose matches each read one
+node's subtree looks only at the nodes of that op the applications since touched
+(:mod:`cbrules.rewrite.anchors`); such a match found for a batch is applied without matching it
+again when nothing touched its node since. Lowering works on a private copy of the user's graph,
+so a failure leaves the graph as it was. ``verify()`` checks the lowered kernel; a lowering that fails is run again with
 ``verify()`` after each phase that changed the graph, so the error names the first phase that left
 an invalid graph (debug mode and a lowering stopped early check each phase on the first run, and
 in debug mode the structural checks also run after each application). A verified graph costs a
@@ -34,6 +38,7 @@ from typing import Iterator, Optional
 import networkx as nx
 
 from .actions import Rewriter, RuleFailure
+from .anchors import Anchor, anchor_of
 from ..errors import CbrulesError
 from ..ir.graph import KernelGraph
 from .match import Matcher, MatchTimeout
@@ -200,6 +205,10 @@ class _Run:
         self.quiet: dict[str, int] = {}
         self.touched: dict[str, int] = {}
         self.watched: dict[str, Optional[frozenset]] = {}
+        # anchored rules (see anchors.py): the step at which a rule's every match was last known
+        # (found, or all fired already), and its anchor pattern
+        self.known: dict[str, int] = {}
+        self.anchors: dict[str, Optional[Anchor]] = {}
         self.verified = False  # the graph is unchanged since it last passed verify()
         self.verify_phases = True  # verify() after each phase that changed the graph, not only at the end
         self.oracle = _oracle(tuple(rules.egg_forms)) if rules.egg_forms else None
@@ -219,6 +228,7 @@ class _Run:
 
     def lower(self, kg: KernelGraph) -> Lowered:
         self.verified = True  # lower() verified the copy it hands over
+        kg.log_touches(self.step)  # what each application changes, for the anchored rules
         for phase in self.rules.phases:
             ordered = self.rules.in_phase(phase)  # once a phase: the order does not change while it runs
             self.phase, self.per_rule = phase, Counter()
@@ -241,6 +251,7 @@ class _Run:
                     self.fired.add(_match_key(rule, b))
                     self.step += 1
                     self.per_rule[rule.name] += 1
+                    kg.log_touches(self.step)
                     kg, ops = _apply(kg, rule, at, b, self.step, phase, self.trace, self.debug)
                     self.touched.update(dict.fromkeys(ops, self.step))
                     self.verified = False
@@ -260,6 +271,7 @@ class _Run:
 
     def _done(self, kg: KernelGraph) -> Lowered:
         kg.keep_derived(False)  # the caller may change the graph it gets without telling it
+        kg.log_touches(None)
         return Lowered(kg, self.trace, self.step, self.match_work)
 
     def _simplified(self, kg: KernelGraph) -> KernelGraph:
@@ -318,11 +330,29 @@ class _Run:
         for rule in rules:
             if not self._may_have_news(rule):
                 continue
-            batch = [b for b in self._matches(index.fresh(), rule) if _match_key(rule, b) not in self.fired]
+            batch = [b for b in self._search(kg, index, rule) if _match_key(rule, b) not in self.fired]
+            self.known[rule.name] = self.step
             if batch:
                 return rule, batch
             self.quiet[rule.name] = self.step
         return None
+
+    def _search(self, kg: KernelGraph, index: Matcher, rule: GraphRule) -> Iterator[dict]:
+        """``rule``'s matches: on the whole graph, or for an anchored rule whose outside patterns'
+        ops nothing touched since its matches were last known, at the anchors touched since (in
+        id order: the order of the whole-graph search; the matches elsewhere are those known then,
+        all of them fired or about to be)."""
+        since = self.known.get(rule.name)
+        if rule.name not in self.anchors:
+            self.anchors[rule.name] = anchor_of(rule.match, rule.where)
+        anchor = self.anchors[rule.name]
+        if since is None or anchor is None or any(self.touched.get(op, -1) > since for op in anchor.outside):
+            yield from self._matches(index.fresh(), rule)
+            return
+        m = index.fresh()
+        for n in sorted(n for n in kg.touched_since(since) if kg.op(n) == anchor.op):
+            m.ticks = 0  # _matches adds them up for each anchor
+            yield from self._matches(m, rule, {anchor.var: NodeRef(n)})
 
     def _may_have_news(self, rule: GraphRule) -> bool:
         """Whether ``rule`` may match something it has not fired on: it never looked, or a node of
@@ -336,7 +366,13 @@ class _Run:
         return ops is None or any(self.touched.get(op, -1) > since for op in ops)
 
     def _still_matches(self, kg: KernelGraph, rule: GraphRule, b: dict) -> Optional[dict]:
-        """``b``'s nodes matched again on the current graph (values re-read), unless already applied."""
+        """``b``'s nodes matched again on the current graph (values re-read), unless already applied.
+        An anchored rule's match whose anchor and outside ops nothing touched since the batch was
+        found is ``b`` itself (its matches there are as they were)."""
+        anchor, since = self.anchors.get(rule.name), self.known[rule.name]
+        if anchor is not None and not kg.touched_after(b[anchor.var].id, since) and \
+                all(self.touched.get(op, -1) <= since for op in anchor.outside):
+            return b if _match_key(rule, b) not in self.fired else None
         nodes = {k: v for k, v in b.items() if isinstance(v, NodeRef)}
         if any(v.id not in kg for v in nodes.values()):
             return None
@@ -369,6 +405,7 @@ def _apply(kg: KernelGraph, rule: GraphRule, at: str, b: dict, step: int, phase:
     work = kg.copy() if debug else kg
     if debug:
         kg.keep_derived(False)  # kept in the trace, where nothing tells it of changes
+        kg.move_touch_log(work)
     rw = Rewriter(work, b, {"by": "rule", "rule": rule.name, "at": at, "step": step})
     where = f"rule {rule.name} ({at}), step {step}"
     try:

@@ -250,7 +250,12 @@ class Matcher(Relations):
 
     def candidates(self, e: SList, b: dict, within: Optional[int] = None,
                    among: Optional[list[int]] = None) -> list[int]:
-        np = _node_pattern(e)
+        return self._candidates(_node_pattern(e), b, within, among)[0]
+
+    def _candidates(self, np: _NodePattern, b: dict, within: Optional[int],
+                    among: Optional[list[int]]) -> tuple[list[int], Optional[tuple[str, int]]]:
+        """The candidate nodes, and the scope key (``in`` or ``child-of``) and scope that every
+        one of them already satisfies (None when the pool is not taken from that scope)."""
         op, var, keys = np.op, np.var, np.keys
         if var is not None and var in b:
             ref = b[var]
@@ -258,21 +263,26 @@ class Matcher(Relations):
         elif among is not None:
             pool = among
         elif within is not None:
-            return list(self.inside(within, op))
+            return list(self.inside(within, op)), None
         elif "child-of" in keys:
-            pool = self.kg.children(self._scope_of(keys["child-of"], b))
+            scope = self._scope_of(keys["child-of"], b)
+            pool = self.kg.children(scope)
+            nodes = self.kg.g._node
+            return [n for n in pool if op == "_" or nodes[n]["op"] == op], ("child-of", scope)
         else:  # inside a scope, or the whole graph (the op index, built once per matcher)
-            pool = self.inside(self._scope_of(keys["in"], b), op) if "in" in keys else self.by_op().get(op, ())
-            # an attribute that must equal a known value: its index, when shorter (and when this
-            # matcher has indexed the graph already, or the scope is large: an anchored match of a
-            # few nodes must not cost an index of the whole graph)
-            if op != "_" and (self._index is not None or len(pool) > _FEW):
+            scope = self._scope_of(keys["in"], b) if "in" in keys else None
+            pool = self.inside(scope, op) if scope is not None else self.by_op().get(op, ())
+            held = None if scope is None else ("in", scope)
+            # an attribute that must equal a known value: its index, when shorter (and when the
+            # pool is large, or is every node of the op in a matcher that has indexed the graph
+            # already: the few nodes of one scope must not cost an index of the op's every node)
+            if op != "_" and (len(pool) > _FEW or scope is None and self._index is not None):
                 for path, v in known_values(keys, b):
                     same = self.attr_index().lookup(op, path, v)
                     if same is not None and len(same) < len(pool):
-                        pool = same
-            return list(pool)
-        return [n for n in pool if op == "_" or self.kg.op(n) == op]
+                        pool, held = same, None
+            return list(pool), held
+        return [n for n in pool if op == "_" or self.kg.op(n) == op], None
 
     def node_pattern(self, e: SList, b: dict, within: Optional[int] = None) -> Iterator[dict]:
         """Bindings for every node matching pattern ``e`` (inside ``within`` when given)."""
@@ -289,7 +299,8 @@ class Matcher(Relations):
         # check names it; a scope named by a variable bound before the pattern is read once
         scopes: dict[str, int] = {}
         kg, nodes = self.kg, self.kg.g._node
-        for n in self.candidates(e, b, within, among):
+        pool, held = self._candidates(np, b, within, among)
+        for n in pool:
             self.ticks += 1  # _tick, inline: once per candidate
             if not self.ticks & 1023 and self.deadline is not None and time.monotonic() >= self.deadline:
                 raise MatchTimeout()
@@ -304,6 +315,8 @@ class Matcher(Relations):
                         scope = self._scope_of(p, b2)
                         if isinstance(p, Atom) and p.kind == "var" and p.value in b:
                             scopes[k] = scope
+                    if held is not None and held[0] == k and held[1] == scope:
+                        continue  # the pool holds only nodes of that scope
                     if not (scope in kg.ancestors(n) if k == "in" else kg.parent(n) == scope):
                         b2 = None
                 if b2 is None:

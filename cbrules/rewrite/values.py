@@ -191,6 +191,9 @@ def holds(e: Expr, env: Env) -> bool:
     return v is True or (not isinstance(v, (Term, bool)) and bool(v))
 
 
+_SYMBOLS = {"true": True, "false": False, "nil": None}
+
+
 def evaluate(e: Expr, env: Env) -> Any:
     """Value of a rule-file expression under ``env``; errors carry the expression's position."""
     if isinstance(e, Atom):
@@ -199,7 +202,7 @@ def evaluate(e: Expr, env: Env) -> Any:
                 raise RuleError(e.pos, f"unbound variable {e.value}")
             return env.bindings[e.value]
         if e.kind == "sym":
-            return {"true": True, "false": False, "nil": None}.get(e.value, e.value)
+            return _SYMBOLS.get(e.value, e.value)
         return e.value
     items = e.items  # what e.head() and len(e) read, without their calls (this runs for every value)
     if not items:
