@@ -29,22 +29,18 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import cuda_edit  # noqa: E402
+
 SHAPE = (512, 2048)
 ROW = SHAPE[1]
 DEBUG_COLS = ROW + 4 * 256  # per row: vals (ROW), s1, s2, v1, v6 (one a thread each)
 
 
 def _sub(text: str, old: str, new: str, count: int = 1) -> str:
-    n = text.count(old)
-    if n != count:
-        raise SystemExit(f"probe_memcheck: expected {count} of {old[:70]!r} in the generated CUDA, found {n}")
-    return text.replace(old, new)
+    return cuda_edit.sub(text, old, new, count, who="probe_memcheck")
 
 
-def _between(text: str, start: str, end: str, new: str) -> str:
-    i = text.index(start)
-    j = text.index(end, i) + len(end)
-    return text[:i] + new + text[j:]
+_between = cuda_edit.between
 
 
 WAIT = "cb_mbar_wait(cb_smem_addr(&cb_full_4[j % 2]), j / 2 % 2);"

@@ -32,6 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import cuda_edit  # noqa: E402
+
 CLUSTER_HELPERS = r'''
 __device__ __forceinline__ unsigned cb_cluster_rank() {
   unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r;
@@ -62,16 +64,10 @@ __device__ __forceinline__ void cb_tma_load_multicast(unsigned dst, const CUtens
 
 
 def _sub(text: str, old: str, new: str, count: int = 1) -> str:
-    n = text.count(old)
-    if n != count:
-        raise SystemExit(f"profile_tc: expected {count} of {old[:70]!r} in the generated CUDA, found {n}")
-    return text.replace(old, new)
+    return cuda_edit.sub(text, old, new, count, who="profile_tc")
 
 
-def _between(text: str, start: str, end: str, new: str) -> str:
-    i = text.index(start)
-    j = text.index(end, i) + len(end)
-    return text[:i] + new + text[j:]
+_between = cuda_edit.between
 
 
 def no_epilogue(t: str) -> str:
@@ -247,7 +243,8 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     ws = {"stages": 4, "warp_specialize": True, "registers": (40, 232)}
-    base = api.generate(matmul_tc(**ws))
+    dense = {"store_swizzle": False}  # the variants below edit the dense-staging kernel (the default until 2026-11-30)
+    base = api.generate(matmul_tc(**ws, **dense))
     sources = {}
     for name, edit in {**VARIANTS, **(CLUSTER_VARIANTS if a.cluster else {})}.items():
         src = base if edit is None else dataclasses.replace(base, text=edit(base.text))
@@ -256,8 +253,8 @@ def main(argv=None) -> int:
         if name == "swizzled-store":
             src = _param(src, "c_tmap", swizzle="128B")
         sources[name] = src
-    sources["persistent"] = api.generate(matmul_tc(**ws, persistent=132))
-    sources["group16"] = api.generate(matmul_tc(**ws, group_m=16))
+    sources["persistent"] = api.generate(matmul_tc(**ws, **dense, persistent=132))
+    sources["group16"] = api.generate(matmul_tc(**ws, **dense, group_m=16))
     sources["store-swizzle"] = api.generate(matmul_tc(**ws, store_swizzle=True))
     sources["store-swizzle-group16"] = api.generate(matmul_tc(**ws, store_swizzle=True, group_m=16))
     if a.cluster:

@@ -1,0 +1,28 @@
+"""The hand-edited CUDA variants of the GPU probes still apply to the generated code and compile (NVRTC,
+no GPU): each edit insists on finding the text it replaces, so a change to the rules or to a kernel's
+defaults that moves that text fails here rather than on the H200."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.xdist_group("probe-scripts")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*argv: str) -> str:
+    r = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_profile_tc_variants_compile(tmp_path):
+    out = _run("benchmarks/profile_tc.py", "--cpu", "--out", str(tmp_path))
+    assert "store-swizzle:" in out and "no-epilogue" in out and "spills 0/0" in out
+
+
+@pytest.mark.parametrize("second", [False, True], ids=["first-set", "second-set"])
+def test_probe_memcheck_variants_compile(second):
+    out = _run("benchmarks/probe_memcheck.py", "--compile-only", *(["--second"] if second else []))
+    assert "fence-before-issue:" in out and "registers=" in out
