@@ -311,20 +311,16 @@ class BlockProtocol:
                 e = lo + busy[0]
                 raise WarHazard(f"refills {buf.name}[{e}] while the TMA load #{buf.w_node[e]} into it is still "
                                 "in flight (nobody waited for it)", site(), bname, slot)
-            seen = self.clocks.view_of(issuer)
-            late = np.nonzero((buf.readers[lo:hi] > seen).any(axis=1))[0]
-            if late.size:
-                e = lo + late[0]
-                t = int(np.nonzero(buf.readers[e] > seen)[0][0])
+            late = _first_unordered(buf.readers, lo, hi, self.clocks.view_of(issuer))
+            if late:
+                e, t = late
                 raise WarHazard(f"thread {issuer} refills {buf.name}[{lo}:{hi}] (completing on "
                                 f"{b.label(sid)}) while thread {t} may still read {buf.name}[{e}]: its read is "
                                 "not ordered before the refill by a block sync or an arrive/wait chain",
                                 site(), bname, slot)
-            covered = self.fences.covered(issuer, self.clocks)
-            unfenced = np.nonzero((buf.plain[lo:hi] > covered).any(axis=1))[0]
-            if unfenced.size:
-                e = lo + unfenced[0]
-                t = int(np.nonzero(buf.plain[e] > covered)[0][0])
+            unfenced = _first_unordered(buf.plain, lo, hi, self.fences.covered(issuer, self.clocks))
+            if unfenced:
+                e, t = unfenced
                 raise UnfencedRefill(f"thread {issuer} refills {buf.name}[{lo}:{hi}] (completing on {b.label(sid)}) "
                                      f"through the async proxy, but no fence.proxy.async orders thread {t}'s plain "
                                      f"read of {buf.name}[{e}] before it (the WAR protection orders the generic "
@@ -446,3 +442,13 @@ class BlockProtocol:
             sid = int(live[0])
             raise MissingInval(f"{b.label(sid)} is still valid when the block ends; invalidate every barrier "
                                "(mbarrier_inval) after its last use", site(), *b.names[sid])
+
+
+def _first_unordered(marks: np.ndarray, lo: int, hi: int, bound: np.ndarray) -> Optional[tuple[int, int]]:
+    """The first element of ``[lo, hi)`` with a thread's access (``marks``: element x thread clock) that
+    ``bound`` (per thread) does not cover, as (element, thread); None when all are covered."""
+    rows = np.nonzero((marks[lo:hi] > bound).any(axis=1))[0]
+    if not rows.size:
+        return None
+    e = lo + int(rows[0])
+    return e, int(np.nonzero(marks[e] > bound)[0][0])
