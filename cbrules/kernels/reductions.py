@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..errors import CbrulesError
 from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes, threadIdx
 from ..ir.ops import DTYPE_BYTES, HALF_DTYPES
+from ..ir.terms import call
 
 COLS = 256
 MAX_BOX = 256  # elements of a TMA box in one dimension
+
+
+class PersistentWalkError(CbrulesError, ValueError):
+    """``persistent(walk=...)`` was given something other than a count of blocks."""
 
 
 def vector_lanes(dtype: str, per: int) -> int:
@@ -123,7 +129,7 @@ def outer_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, r
 
 def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: int = 1024, box: int = 128,
                width: int = COLS, threads: int = COLS, dtype: str = "float32", warp_specialize: bool = False,
-               registers=None, one_box: bool = False) -> Kernel:
+               registers=None, one_box: bool = False, walk: int = 0) -> Kernel:
     """``out = (x - mean) / sqrt(var)`` per row of a [M, row] tensor (``row`` fixed at build time).
 
     One block of ``threads`` per row; each stage brings a ``width``-wide tile as several ``box``-wide
@@ -133,7 +139,14 @@ def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: i
     ``one_box=True`` brings each stage as ONE box instead, (width / box, box) through a map over the
     rows split into stretches of ``box`` (fewer TMA copies in flight per byte: 0.85x -> 0.95x Triton for
     the bfloat16 32768x32768 normalize, benchmarks/results/bf16/sweeps.md); the same shared layout.
+    ``walk=P`` launches P blocks (fewer where M is smaller), each walking rows blockIdx.x, +P, ... as
+    matmul_tc's persistent walk does (0: one block a row): with ``warp_specialize=True`` the producer warp group
+    loads the next row's stages while the consumers still reduce and store this one; without, each row's
+    loop is pipelined on its own.
     """
+    if not isinstance(walk, int) or isinstance(walk, bool) or walk < 0:
+        raise PersistentWalkError(f"persistent: walk={walk!r}: give the number of blocks that walk the rows, e.g. "
+                                  f"walk=132 (one an SM of an H200); 0 launches one block a row")
     if width % threads or row % width:
         raise ValueError(f"persistent: width {width} must be a multiple of threads={threads}, and row {row} "
                          f"a multiple of width")
@@ -150,40 +163,49 @@ def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: i
         x_map = k.tensor_map(x, box=(1, box))
     tile = k.alloc("tile", "shared", dtype, (1, width))
     vals = k.alloc("vals", "register", "float32", (row // threads,))
-    k.grid(m)
-    k.assign(0.0, dst="s1")
     cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
     # half precision: a thread's elements come `vec` side by side (one vector access each); element
     # q = j * per + c * vec + u of its registers is column (q / vec * threads + threadIdx.x) * vec + u
     vec = vector_lanes(dtype, per)
-    with k.loop("j", tiles, circular_buffer=cb) as j:
-        if one_box:
-            k.tma_load(x_map, (blockIdx.x, j * (width // box), 0), tile)
-        else:
-            k.tma_load(x_map, (blockIdx.x, j * width), tile, tile=(1, width))
-        for c, lane in enumerate(lanes(per, threads) if vec == 1 else ()):  # unrolled: a column of every `threads`
-            v = k.load(tile, lane)
-            k.store(vals, j * per + c if per > 1 else j, v)
-            k.reduce(v, kind="serial", dst="s1")
-        for c in range(per // vec if vec > 1 else 0):
-            with k.loop("u", vec, kind="vectorize") as u:
-                v = k.load(tile, (threadIdx.x + c * threads) * vec + u)
-                k.store(vals, j * per + c * vec + u, v)
+
+    def normalize_row(r):
+        k.assign(0.0, dst="s1")
+        with k.loop("j", tiles, circular_buffer=cb) as j:
+            if one_box:
+                k.tma_load(x_map, (r, j * (width // box), 0), tile)
+            else:
+                k.tma_load(x_map, (r, j * width), tile, tile=(1, width))
+            for c, lane in enumerate(lanes(per, threads) if vec == 1 else ()):  # unrolled: a column of every `threads`
+                v = k.load(tile, lane)
+                k.store(vals, j * per + c if per > 1 else j, v)
                 k.reduce(v, kind="serial", dst="s1")
-    mean = k.div(k.reduce("s1", kind="block"), float(row))
-    k.assign(0.0, dst="s2")
-    with k.loop("q", row // threads, kind="unroll") as q:
-        d = k.sub(k.load(vals, q), mean)
-        k.reduce(k.mul(d, d), kind="serial", dst="s2")
-    rstd = k.rsqrt(k.div(k.reduce("s2", kind="block"), float(row)))
-    if vec > 1:
-        with k.loop("q2", row // threads // vec, kind="unroll") as g, k.loop("u", vec, kind="vectorize") as u:
-            k.store(out, blockIdx.x * row + (g * threads + threadIdx.x) * vec + u,
-                    k.mul(k.sub(k.load(vals, g * vec + u), mean), rstd))
+            for c in range(per // vec if vec > 1 else 0):
+                with k.loop("u", vec, kind="vectorize") as u:
+                    v = k.load(tile, (threadIdx.x + c * threads) * vec + u)
+                    k.store(vals, j * per + c * vec + u, v)
+                    k.reduce(v, kind="serial", dst="s1")
+        mean = k.div(k.reduce("s1", kind="block"), float(row))
+        k.assign(0.0, dst="s2")
+        with k.loop("q", row // threads, kind="unroll") as q:
+            d = k.sub(k.load(vals, q), mean)
+            k.reduce(k.mul(d, d), kind="serial", dst="s2")
+        rstd = k.rsqrt(k.div(k.reduce("s2", kind="block"), float(row)))
+        if vec > 1:
+            with k.loop("q2", row // threads // vec, kind="unroll") as g, k.loop("u", vec, kind="vectorize") as u:
+                k.store(out, r * row + (g * threads + threadIdx.x) * vec + u,
+                        k.mul(k.sub(k.load(vals, g * vec + u), mean), rstd))
+            return
+        with k.loop("q2", row // threads, kind="unroll") as q:  # element q of a thread: stage q / per, column q % per
+            col = q * threads + threadIdx.x if per == 1 else q / per * width + q % per * threads + threadIdx.x
+            k.store(out, r * row + col, k.mul(k.sub(k.load(vals, q), mean), rstd))
+
+    if not walk:
+        k.grid(m)
+        normalize_row(blockIdx.x)
         return k
-    with k.loop("q2", row // threads, kind="unroll") as q:  # element q of a thread: stage q / per, column q % per
-        col = q * threads + threadIdx.x if per == 1 else q / per * width + q % per * threads + threadIdx.x
-        k.store(out, blockIdx.x * row + col, k.mul(k.sub(k.load(vals, q), mean), rstd))
+    k.grid(call("min", m, walk))
+    with k.loop("row", blockIdx.x, m, walk) as r:
+        normalize_row(r)
     return k
 
 
