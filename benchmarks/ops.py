@@ -81,13 +81,17 @@ def _normalize_kernel(shape: tuple, dtype: str = "float32") -> tuple[str, dict]:
     once: four stages a row up to 16384 (16384x16384: 3571 -> 4105 GB/s), two of 16384 for 32768
     (2849 -> 3264); two passes over 16384-wide tiles by 512 threads (2444 -> 2871). At 32768 a stage
     arrives as one (64, 256) box through the row split into stretches of 256 (``one_box``) instead of
-    64 one-row boxes: 3259 -> 3619 GB/s in the probe (benchmarks/box_probe.py); at 16384 it was neutral."""
+    64 one-row boxes: 3259 -> 3619 GB/s in the probe (benchmarks/box_probe.py); at 16384 it was neutral.
+    And at 32768 one block an SM walks rows (``walk``, one block an SM on the H200's 132), warp-specialized,
+    so the producer loads the next row while the consumers normalize this one: 3645 -> 3911 GB/s, 0.95x ->
+    1.02x Triton's row kernel (benchmarks/walk_probe.py; at 16384 walking lost up to half, so not there)."""
     n = shape[1]
     if dtype != "float32":
         if n <= 16384:
             return "persistent", {"row": n, "width": max(n // 4, 1024), "threads": 256, "box": 256}
         if n <= 32768:
-            return "persistent", {"row": n, "width": 16384, "threads": 512, "box": 256, "one_box": True}
+            return "persistent", {"row": n, "width": 16384, "threads": 512, "box": 256, "one_box": True,
+                                  "walk": 132, "warp_specialize": True}
         return "two_pass", {"width": 16384, "threads": 512}
     if n <= 16384:
         return "persistent", {"row": n, "width": 1024, "threads": 256}
@@ -141,7 +145,8 @@ def flops(op: str, shape: tuple) -> Optional[float]:
 def ws_params(params: dict) -> dict:
     """Build parameters of the warp-specialized variant: a block of 1024 threads (two_pass) has no
     room for the producer warp group, so it runs on 512 consumers."""
-    return dict(params, threads=512) if params.get("threads", 0) > 896 else dict(params)
+    params = {k: v for k, v in params.items() if k != "warp_specialize"}  # the caller says it
+    return dict(params, threads=512) if params.get("threads", 0) > 896 else params
 
 
 def ws_registers(consumers: int) -> tuple[int, int]:
@@ -167,8 +172,8 @@ def chosen_stages(op: str, shape: tuple) -> int:
 def build_variant(kernel: str, stages, warp_specialize: bool = False, registers=None, **params):
     """The built-in ``kernel`` with ``stages`` S; S = 1 builds it without its circular_buffer
     annotation (the shipped single-stage rule lowers it). ``registers=True`` picks the split with
-    :func:`ws_registers`."""
-    if warp_specialize:
+    :func:`ws_registers`. S = 1 is the unpipelined baseline, so it drops warp specialization too."""
+    if warp_specialize and stages != 1:
         k = KERNELS[kernel].factory(stages=stages, warp_specialize=True, **params)
         if registers is True:
             registers = ws_registers(k.graph.kernel()["block"][0])
