@@ -229,22 +229,17 @@ def test_kept_order_joins_as_the_sort_does(seed):
         kept = order.kept_order(kg, kg.root)
         seq = list(kept.seq)
         n = kg.add("syncthreads", kg.root)
-        kind = rng.choice(["join", "join", "join", "first", "last"])
-        at = {"first": 0, "last": len(seq)}.get(kind, rng.randrange(len(seq) + 1))
-        preds = {"first": [], "last": seq}.get(kind, [c for c in seq[:at] if rng.random() < 0.15])
-        succs = {"first": seq, "last": []}.get(kind, ([seq[at]] if at < len(seq) and rng.random() < 0.9 else [])
+        kind = rng.choice(["join", "join", "join", "entry", "exit"])
+        at = {"entry": 0, "exit": len(seq)}.get(kind, rng.randrange(len(seq) + 1))
+        preds = {"entry": [], "exit": seq}.get(kind, [c for c in seq[:at] if rng.random() < 0.15])
+        succs = {"entry": seq, "exit": []}.get(kind, ([seq[at]] if at < len(seq) and rng.random() < 0.9 else [])
                                                  + [c for c in seq[at + 1:] if rng.random() < 0.1])
         anchor_preds = kept.preds(kg, seq[at]) if at < len(seq) else []
         for p in preds:
             kg.add_depends(p, n)
         for s in succs:
             kg.add_depends(n, s)
-        mine = kept.preds(kg, n), kept.succs(kg, n)
-        if kind == "first":
-            kept.first(n, *mine)
-        elif kind == "last":
-            kept.last(n, *mine)
-        elif not kept.join(n, at, *mine, anchor_preds):
+        if not kept.place(kg, n, kind, at, anchor_preds):
             continue  # sorted afresh when next asked
         joined += 1
         fresh = kg.copy()

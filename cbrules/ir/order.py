@@ -178,6 +178,19 @@ class KeptOrder:
         self._insert(n, at, preds, succs)
         return True
 
+    def place(self, kg: KernelGraph, n: int, where: str, at: int, anchor_preds: list[int]) -> bool:
+        """Put new node ``n`` (its ordering edges already in ``kg``) into the order: first (``where``
+        "entry": it precedes every source), last ("exit": it follows every sink), or at position
+        ``at`` when :meth:`join` can take it there. False when the scope must be sorted again."""
+        mine = self.preds(kg, n), self.succs(kg, n)
+        if where == "entry":
+            self.first(n, *mine)
+        elif where == "exit":
+            self.last(n, *mine)
+        else:
+            return self.join(n, at, *mine, anchor_preds)
+        return True
+
     def first(self, n: int, preds: list[int], succs: list[int]) -> None:
         """Put new node ``n``, which precedes every other source, first."""
         self._insert(n, 0, preds, succs)

@@ -163,16 +163,8 @@ class Rewriter(Cloning):
         # the new order without sorting the scope again: at entry n precedes every source and at
         # exit follows every sink, whatever its id; a new node (the largest id) next to an anchor
         # joins where the sort would put it when that moves no other sibling (see order.KeptOrder)
-        if kept is None:
-            return
-        mine = kept.preds(kg, n), kept.succs(kg, n)
-        if where == "entry":
-            kept.first(n, *mine)
-        elif where == "exit":
-            kept.last(n, *mine)
-        elif not kept.join(n, at, *mine, anchor_preds):
-            return
-        kg.remember_order(scope, kept)
+        if kept is not None and kept.place(kg, n, where, at, anchor_preds):
+            kg.remember_order(scope, kept)
 
     def instantiate(self, t: SList, parent: Optional[int]) -> int:
         """Create the nodes of a template under ``parent`` (not yet ordered among its siblings)."""
