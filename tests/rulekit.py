@@ -14,6 +14,14 @@ def write_rules(folder: Path, text: str, name: str = "test.rules") -> Path:
     return path
 
 
+def write_mutations(base: Path, mutations: dict) -> Path:
+    """One rule folder under ``base`` per mutation (name -> (rule text, ...)); an empty text gives a
+    folder that changes nothing (the unmutated control)."""
+    for name, (text, *_) in mutations.items():
+        write_rules(base / name, text or ";; no change\n")
+    return base
+
+
 def load_only(folder: Path) -> rulefile.RuleSet:
     """Rules of ``folder`` alone (no shipped rules)."""
     return rulefile.load([folder])

@@ -22,7 +22,7 @@ from cbrules.reference.hazards import Site
 from cbrules.reference.interp import run
 from cbrules.reference.interp_mma import MmaIssueError
 from cbrules.reference.mma_groups import AccumulatorInFlight, MissingWgmmaFence, MmaInFlight, SwizzleMismatch
-from rulekit import write_rules
+from rulekit import write_mutations
 
 pytestmark = pytest.mark.xdist_group("mma-check")
 SPEC = KERNELS["matmul_tc"]
@@ -77,10 +77,7 @@ MUTATIONS = {
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    base = tmp_path_factory.mktemp("mma-mutations")
-    for name, (text, _, _) in MUTATIONS.items():
-        write_rules(base / name, text or ";; no change\n")
-    return base
+    return write_mutations(tmp_path_factory.mktemp("mma-mutations"), MUTATIONS)
 
 
 def _lower_and_run(mutation, folders, blocks="sample"):

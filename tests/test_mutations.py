@@ -11,7 +11,7 @@ from cbrules import api
 from cbrules.reference import protocol
 from cbrules.reference.interp import run
 from cbrules.kernels import KERNELS, SEED_MATRIX
-from rulekit import write_rules
+from rulekit import write_mutations
 
 STAGES, PREFETCH, TRIPS = 3, 2, 7  # P >= 2 so a prologue one iteration short still loads something
 
@@ -88,10 +88,7 @@ MUTATIONS = {
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    base = tmp_path_factory.mktemp("mutations")
-    for name, (text, _, _) in MUTATIONS.items():
-        write_rules(base / name, text or ";; no change\n")
-    return base
+    return write_mutations(tmp_path_factory.mktemp("mutations"), MUTATIONS)
 
 
 def _lower_and_run(kernel_name, mutation, folders):
