@@ -25,18 +25,11 @@ def term_ranges(kg: KernelGraph) -> dict:
     ranges.update({f"blockIdx.{a}": Range(0, None) for a in "xyz"})
     ranges.update({p.name: Range(0, None) for p in kg.params().values() if p.kind == "symbol" and p.dtype == "int32"})
 
-    def const(t: Term):
-        try:
-            v = evaluate(t, {})
-            return v if isinstance(v, int) and not isinstance(v, bool) else None
-        except KeyError:
-            return None
-
     loops: dict[str, list] = {}
     for n in kg.nodes("for"):
         d = kg[n]
-        lo = const(d["start"])
-        hi = const(d["stop"])
+        lo = _const(d["start"])
+        hi = _const(d["stop"])
         loops.setdefault(d["var"], []).append(Range(lo, None if hi is None else hi - 1))
     for var, rs in loops.items():
         los = [r.lo for r in rs]
@@ -115,6 +108,7 @@ def _loop_names(kg: KernelGraph) -> tuple[dict[int, dict[str, Term]], dict]:
 
 
 def _const(t: Term):
+    """The int value of a constant term (None when it names something or is no int)."""
     try:
         v = evaluate(t, {})
         return v if isinstance(v, int) and not isinstance(v, bool) else None
