@@ -43,7 +43,7 @@ def inner_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, w
     m, n = k.symbol("M"), k.symbol("N")
     x, out = k.tensor("x", (m, n), dtype), k.tensor("out", (m,), dtype)
     x_map = k.tensor_map(x, box=(1, COLS))
-    tile = k.alloc("tile", "shared", dtype, (rows, width) if rows > 1 else (1, width))
+    tile = k.alloc("tile", "shared", dtype, (rows, width))
     k.grid(ceil_div(m, rows) if rows > 1 else m)
     sums = ["acc"] if rows == 1 else [f"acc{r}" for r in range(rows)]
     for s in sums:
