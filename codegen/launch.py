@@ -17,8 +17,7 @@ from typing import Any, Mapping, Optional, Union
 import numpy as np
 
 from ..ir.bind import LaunchError, bind_symbols, check_arguments, check_dtype, launch_grid
-from ..ir.limits import check_tensor_map
-from ..ir.tma_view import view_layout
+from ..ir.tma_view import checked_view
 
 from . import runtime, tma
 from .cuda import KernelSource
@@ -88,12 +87,10 @@ def _check_tensor_map(param, array: HostOrDevice) -> None:
     """The TMA limits for ``param``'s tensor as it will be on the device: numpy arrays become fresh
     C-contiguous allocations (cuMemAlloc aligns to 256 bytes), borrowed arrays stay as they are."""
     if isinstance(array, np.ndarray):
-        shape, strides = view_layout(param.name, array.shape, runtime._c_strides(array.shape, array.itemsize),
-                                     param.split)
-        check_tensor_map(param.name, shape, strides, array.itemsize, 0, param.box)
+        checked_view(param.name, array.shape, runtime._c_strides(array.shape, array.itemsize), array.itemsize, 0,
+                     param.box, param.split)
     else:
-        shape, strides = view_layout(param.name, array.shape, array.strides, param.split)
-        check_tensor_map(param.name, shape, strides, array.dtype.itemsize, array.ptr, param.box)
+        checked_view(param.name, array.shape, array.strides, array.dtype.itemsize, array.ptr, param.box, param.split)
 
 
 @dataclass

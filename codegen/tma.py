@@ -8,8 +8,8 @@ from typing import Sequence
 import numpy as np
 from cuda.bindings import driver as cu
 
-from ..ir.limits import TmaLimitError, check_swizzle, check_tensor_map
-from ..ir.tma_view import view_layout
+from ..ir.limits import TmaLimitError, check_swizzle, check_tensor_map  # noqa: F401 (check_tensor_map: re-exported)
+from ..ir.tma_view import checked_view
 from .runtime import DeviceArray, _check, _context, as_device_array
 
 _TMA_DTYPES = {np.dtype(t): n for t, n in [
@@ -42,8 +42,8 @@ def encode_tensor_map(name: str, array: DeviceArray, box: Sequence[int], *,
         raise ValueError(f"l2_promotion must be one of {list(_L2)}, got {l2_promotion!r}")
     box = [int(b) for b in box]
     es = [int(e) for e in elem_strides] if elem_strides is not None else [1] * len(box)
-    shape, strides_bytes = view_layout(name, array.shape, array.strides, split)
-    check_tensor_map(name, shape, strides_bytes, array.dtype.itemsize, array.ptr, box, es)
+    shape, strides_bytes = checked_view(name, array.shape, array.strides, array.dtype.itemsize, array.ptr, box, split,
+                                        es)
     check_swizzle(name, box, array.dtype.itemsize, swizzle)
     _context()
     # The driver lists axes innermost first and omits the innermost stride.

@@ -18,8 +18,7 @@ import numpy as np
 
 from ..errors import CbrulesError
 from .graph import KernelGraph
-from .limits import check_tensor_map
-from .tma_view import view_layout
+from .tma_view import checked_view
 from .terms import evaluate
 
 NP_DTYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64,
@@ -224,8 +223,7 @@ def bind(kg: KernelGraph, args: Mapping[str, Any], symbols: Optional[Mapping[str
     for p in params.values():
         if p.kind == "tmap":
             arr = tensors[p.tensor]
-            shape, strides = view_layout(p.name, arr.shape, arr.strides, p.split)
-            check_tensor_map(p.name, shape, strides, arr.itemsize, 0, p.box)
+            checked_view(p.name, arr.shape, arr.strides, arr.itemsize, 0, p.box, p.split)
     grid = launch_grid(name, k["grid"], bound_symbols)
     written = tuple(p.name for p in params.values() if p.written)
     return Bound(bound_symbols, grid, tensors, written)  # type: ignore[arg-type]

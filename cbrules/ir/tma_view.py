@@ -14,7 +14,7 @@ from __future__ import annotations
 import operator
 from typing import Any, Sequence
 
-from .limits import TmaLimitError
+from .limits import TmaLimitError, check_tensor_map
 
 MAX_RANK = 5  # cuTensorMapEncodeTiled: ranks 1..5
 MAX_EXTENT = 2 ** 32  # a TMA dimension's extent
@@ -63,22 +63,24 @@ def normalize_split(mname: str, split: Any, rank: int) -> tuple[tuple[int, int],
     return tuple(sorted(out))
 
 
-def view_shape(shape: Sequence[Any], split: Sequence[tuple[int, int]]) -> tuple:
-    """The view's shape: each split dimension ``n`` becomes ``(n // inner, inner)`` (ints or terms)."""
+def _expand(values: Sequence[Any], split: Sequence[tuple[int, int]], pair) -> tuple:
+    """``values`` (one a tensor dimension) with each split dimension's value ``v`` replaced by the two
+    of ``pair(v, inner)``."""
     inner = dict(split)
     out: list = []
-    for d, n in enumerate(shape):
-        out += [n // inner[d], inner[d]] if d in inner else [n]
+    for d, v in enumerate(values):
+        out += pair(v, inner[d]) if d in inner else [v]
     return tuple(out)
+
+
+def view_shape(shape: Sequence[Any], split: Sequence[tuple[int, int]]) -> tuple:
+    """The view's shape: each split dimension ``n`` becomes ``(n // inner, inner)`` (ints or terms)."""
+    return _expand(shape, split, lambda n, inner: [n // inner, inner])
 
 
 def view_strides(strides: Sequence[int], split: Sequence[tuple[int, int]]) -> tuple:
     """The view's strides (any unit): each split dimension of stride ``s`` becomes ``(s * inner, s)``."""
-    inner = dict(split)
-    out: list = []
-    for d, s in enumerate(strides):
-        out += [s * inner[d], s] if d in inner else [s]
-    return tuple(out)
+    return _expand(strides, split, lambda s, inner: [s * inner, s])
 
 
 def check_divides(mname: str, shape: Sequence[int], split: Sequence[tuple[int, int]], when: str) -> None:
@@ -99,3 +101,13 @@ def view_layout(mname: str, shape: Sequence[int], strides_bytes: Sequence[int],
         return tuple(shape), tuple(strides_bytes)
     check_divides(mname, shape, split, "at launch")
     return view_shape(shape, split), view_strides(strides_bytes, split)
+
+
+def checked_view(mname: str, shape: Sequence[int], strides_bytes: Sequence[int], itemsize: int, ptr: int,
+                 box: Sequence[int], split: Sequence[tuple[int, int]],
+                 elem_strides: Sequence[int] | None = None) -> tuple[tuple, tuple]:
+    """:func:`view_layout` of a bound tensor, checked against the cuTensorMapEncodeTiled limits (the
+    launcher's and the binder's one check of a map over a real tensor)."""
+    shape, strides = view_layout(mname, shape, strides_bytes, split)
+    check_tensor_map(mname, shape, strides, itemsize, ptr, box, elem_strides)
+    return shape, strides
