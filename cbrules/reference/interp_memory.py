@@ -200,11 +200,11 @@ class MemoryOps:
                               self.site())
         # the shared element holding each logical element of the box (a swizzled map reads it swizzled)
         place = swizzle_index(np.arange(n), DTYPE_BYTES[tmap.dtype], span) if span else np.arange(n)
+        tensor = self._global(tmap)
         if a.get("wait", "read") != "read":  # a bulk group left in flight: the protocol tracks its reads
             if lanes.size > 1:
                 raise TmaIssueError(f"{lanes.size} threads issue this TMA store; issue it from one elected thread",
                                     self.site())
-            tensor = self._global(tmap)
             inside = np.zeros(tuple(tmap.box), bool)
             inside_box(inside, coords, tensor.shape)
             self.proto.bulk_store(s.node, src, lo, lo + n, lo + place[inside.ravel()], int(lanes[0]), self.site)
@@ -212,7 +212,7 @@ class MemoryOps:
         data = src.data[lo:lo + n]
         if span:
             data = unswizzled(data, DTYPE_BYTES[tmap.dtype], span, lo, src.name, self.site)
-        write_box(self._global(tmap), coords, data.reshape(tmap.box))
+        write_box(tensor, coords, data.reshape(tmap.box))
 
     def _global(self, tmap) -> np.ndarray:
         """The tensor of ``tmap`` in the map's dimensions (its split view, if it has one)."""
