@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from ..ir.graph import Param
 from ..ir.names import BUILTINS, RULES, problem
+from ..ir.limits import MAX_SHARED_BYTES
 from ..ir.ops import DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS
 from ..schedule import Step
 from ..ir.terms import BINARY_OPS, DEVICE_FUNCTIONS, UNARY_OPS, Term, call_problem, to_c
@@ -36,7 +37,6 @@ VECTOR_PRELUDE = (Path(__file__).with_name("prelude_vector.cu")).read_text()  # 
 TMA5_PRELUDE = (Path(__file__).with_name("prelude_tma5.cu")).read_text()  # ... and maps of rank 4 and 5
 VECTOR_BYTES = (4, 8, 16)
 REDUCE_SCRATCH_BYTES = 32 * 8
-MAX_SHARED_BYTES = 227 * 1024  # per block on H100/H200 with the opt-in attribute
 _UNARY_C = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "fabs"}
 _BINARY_C = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _COMBINE = {"sum": ("CbSum", "0"), "max": ("CbMax", "-__int_as_float(0x7f800000)"),

@@ -5,6 +5,7 @@ import pytest
 
 from cbrules import api
 from cbrules.reference import interp
+from cbrules.kernels.reductions import KernelParameterError
 from cbrules.kernels import matmul, reductions, tiled2d
 
 
@@ -71,10 +72,29 @@ def test_bad_tile_parameters_are_refused():
         reductions.outer_reduction(cols=48)
     with pytest.raises(ValueError, match="multiple of 256"):
         reductions.inner_reduction(width=300)
-    with pytest.raises(ValueError, match="rows must be at least 1"):
+    with pytest.raises(KernelParameterError, match="rows=0: give a whole number of at least 1"):
         reductions.inner_reduction(rows=0)
     with pytest.raises(ValueError, match="must be a multiple of 256"):
         reductions.outer_reduction(rows=384, cols=64)
+
+
+@pytest.mark.parametrize("build, match", [
+    (lambda: reductions.inner_reduction(rows="2"), r"rows='2': give a whole number"),
+    (lambda: reductions.inner_reduction(rows=True), r"rows=True: give a whole number"),
+    (lambda: reductions.inner_reduction(rows=10**6), "more than the 232448 a block may have"),
+    (lambda: reductions.inner_reduction(width=256 * 10**5), "more than the 232448"),
+    (lambda: reductions.outer_reduction(cols="a"), r"cols='a': give a whole number"),
+    (lambda: reductions.outer_reduction(rows=256 * 4096, cols=64), "more than the 232448"),
+    (lambda: reductions.persistent(row=2**22, width=2**20, threads=256), "more than the 232448"),
+    (lambda: reductions.persistent(row=2**20, width=1024, threads=256), "4096 elements a thread in registers"),
+    (lambda: reductions.persistent(box=2.5), r"box=2.5: give a whole number"),
+    (lambda: reductions.two_pass(width=2**30, threads=256), "more than the 232448"),
+    (lambda: reductions.two_pass(threads=0), r"threads=0: give a whole number"),
+], ids=range(11))
+def test_hostile_tile_parameters_are_named_errors_before_anything_is_sized(build, match):
+    # huge values used to be unrolled into millions of nodes (a hang), text a raw TypeError
+    with pytest.raises(KernelParameterError, match=match):
+        build()
 
 
 @pytest.mark.parametrize("stages, prefetch, war", [(2, 1, "sync"), (3, 2, "mbarrier"), (4, 0, "sync")])

@@ -14,6 +14,7 @@ from .ops import DTYPE_BYTES
 
 # the CPU checker (`cbrules check`) runs 4*S trip counts per case: S is bounded so a check ends in minutes
 MAX_CHECK_STAGES = 16
+MAX_SHARED_BYTES = 227 * 1024  # shared memory a block may have on sm_90 (H100/H200, with the opt-in attribute)
 
 
 class TmaLimitError(CbrulesError, ValueError):

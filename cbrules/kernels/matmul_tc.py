@@ -15,12 +15,12 @@ from typing import Optional
 from ..errors import CbrulesError
 from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer
 from ..ir.builder_mma import MMA_DTYPES
+from ..ir.limits import MAX_SHARED_BYTES
 from ..ir.ops import DTYPE_BYTES
 from ..ir.terms import Term, call
 
 BM, BN, BK, GROUPS, GROUP_M = 128, 256, 64, 2, 8
 OUT_DTYPES = MMA_DTYPES + ("float32",)
-SHARED_BYTES = 232448  # what a block may have on sm_90
 _SWIZZLE = {32: "32B", 64: "64B", 128: "128B"}
 
 
@@ -72,10 +72,10 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
                               "128 bytes): use bk = 16, 32 or 64")
     if isinstance(stages, int) and isinstance(bm, int) and isinstance(bn, int):
         need = shared_bytes(stages, bm, bn, bk, dtype, out_dtype)
-        if need + 1024 > SHARED_BYTES:  # + the barriers and the 1024-byte alignment of the tiles
+        if need + 1024 > MAX_SHARED_BYTES:  # + the barriers and the 1024-byte alignment of the tiles
             raise MatmulTileError(f"matmul_tc: {stages} stages of {bm}x{bk} + {bn}x{bk} {dtype} tiles and a {bm}x{bn} "
                                   f"{out_dtype} output tile need {need} bytes of shared memory, more than the "
-                                  f"{SHARED_BYTES} a block may have; use fewer stages or a smaller tile")
+                                  f"{MAX_SHARED_BYTES} a block may have; use fewer stages or a smaller tile")
     if not isinstance(groups, int) or isinstance(groups, bool) or not 1 <= groups <= 4:
         raise MatmulTileError(f"matmul_tc: groups={groups!r}: use 1 to 4 consumer warp groups")
     if not isinstance(persistent, int) or isinstance(persistent, bool) or persistent < 0:

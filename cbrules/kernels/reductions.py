@@ -6,6 +6,7 @@ from typing import Optional
 
 from ..errors import CbrulesError
 from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer, lanes, threadIdx
+from ..ir.limits import MAX_SHARED_BYTES
 from ..ir.ops import DTYPE_BYTES, HALF_DTYPES
 from ..ir.terms import call
 
@@ -13,8 +14,30 @@ COLS = 256
 MAX_BOX = 256  # elements of a TMA box in one dimension
 
 
-class PersistentWalkError(CbrulesError, ValueError):
+class KernelParameterError(CbrulesError, ValueError):
+    """A reduction kernel's build parameter that cannot work: not a whole number, not a multiple of
+    what the tiling needs, or a tile too large for a block's shared memory or a thread's registers."""
+
+
+class PersistentWalkError(KernelParameterError):
     """``persistent(walk=...)`` was given something other than a count of blocks."""
+
+
+MAX_THREAD_VALUES = 255  # row elements a thread of `persistent` keeps in registers (a thread has at most 255)
+
+
+def _whole(fn: str, **params) -> None:
+    """Each parameter a whole number of at least 1, checked before anything is sized by it."""
+    for name, v in params.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise KernelParameterError(f"{fn}: {name}={v!r}: give a whole number of at least 1")
+
+
+def _fits(fn: str, what: str, nbytes: int) -> None:
+    """A stage's tile within the shared memory a block may have (so a huge tile is refused, not unrolled)."""
+    if nbytes > MAX_SHARED_BYTES:
+        raise KernelParameterError(f"{fn}: {what} takes {nbytes} bytes of shared memory a stage, more than the "
+                                   f"{MAX_SHARED_BYTES} a block may have; use a smaller tile")
 
 
 def vector_lanes(dtype: str, per: int) -> int:
@@ -35,10 +58,10 @@ def inner_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, w
     A tile is ``width`` columns (a multiple of 256; wider tiles arrive as several 256-wide boxes) of
     each of the block's rows; a thread keeps one sum per row and the block reduces each at the end
     (several short rows a block share its set-up, prologue and launch)."""
+    _whole("inner_reduction", width=width, rows=rows)
     if width % COLS:
-        raise ValueError(f"inner_reduction: width {width} must be a multiple of {COLS}")
-    if rows < 1:
-        raise ValueError(f"inner_reduction: rows must be at least 1, got {rows}")
+        raise KernelParameterError(f"inner_reduction: width {width} must be a multiple of {COLS}")
+    _fits("inner_reduction", f"a tile of {rows} x {width}", rows * width * DTYPE_BYTES.get(dtype, 4))
     k = Kernel("inner_reduction", block=COLS)
     m, n = k.symbol("M"), k.symbol("N")
     x, out = k.tensor("x", (m, n), dtype), k.tensor("out", (m,), dtype)
@@ -83,12 +106,14 @@ def outer_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, r
     rows into 256 / cols groups and add the groups' sums through shared memory at the end (more
     blocks for narrow tensors). A tile taller than a box (256 rows) arrives as several boxes, one
     under the other (more bytes in flight a block where there are few blocks)."""
+    _whole("outer_reduction", rows=rows, cols=cols)
     if COLS % cols or rows % (COLS // cols):
-        raise ValueError(f"outer_reduction: cols={cols} must divide {COLS} and rows={rows} must be a multiple "
-                         f"of {COLS // max(cols, 1)}")
+        raise KernelParameterError(f"outer_reduction: cols={cols} must divide {COLS} and rows={rows} must be a "
+                                   f"multiple of {COLS // max(cols, 1)}")
     if rows > MAX_BOX and rows % MAX_BOX:
-        raise ValueError(f"outer_reduction: rows={rows} is taller than a box ({MAX_BOX} rows): it must be a "
-                         f"multiple of {MAX_BOX}")
+        raise KernelParameterError(f"outer_reduction: rows={rows} is taller than a box ({MAX_BOX} rows): it must "
+                                   f"be a multiple of {MAX_BOX}")
+    _fits("outer_reduction", f"a tile of {rows} x {cols}", rows * cols * DTYPE_BYTES.get(dtype, 4))
     groups = COLS // cols
     k = Kernel("outer_reduction", block=COLS)
     m, n = k.symbol("M"), k.symbol("N")
@@ -147,12 +172,18 @@ def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: i
     if not isinstance(walk, int) or isinstance(walk, bool) or walk < 0:
         raise PersistentWalkError(f"persistent: walk={walk!r}: give the number of blocks that walk the rows, e.g. "
                                   f"walk=132 (one an SM of an H200); 0 launches one block a row")
+    _whole("persistent", row=row, box=box, width=width, threads=threads)
     if width % threads or row % width:
-        raise ValueError(f"persistent: width {width} must be a multiple of threads={threads}, and row {row} "
-                         f"a multiple of width")
+        raise KernelParameterError(f"persistent: width {width} must be a multiple of threads={threads}, and row "
+                                   f"{row} a multiple of width")
     if one_box and width % box:
-        raise ValueError(f"persistent: one_box=True loads a stage as (width / box, box): width {width} must be a "
-                         f"multiple of box={box}")
+        raise KernelParameterError(f"persistent: one_box=True loads a stage as (width / box, box): width {width} "
+                                   f"must be a multiple of box={box}")
+    _fits("persistent", f"a tile of {width}", width * DTYPE_BYTES.get(dtype, 4))
+    if row // threads > MAX_THREAD_VALUES:
+        raise KernelParameterError(f"persistent: a row of {row} over {threads} threads keeps {row // threads} "
+                                   f"elements a thread in registers, more than {MAX_THREAD_VALUES}; use more threads "
+                                   "or two_pass for such rows")
     tiles, per = row // width, width // threads  # stages in a row, elements a thread takes per stage
     k = Kernel("persistent", block=threads)
     m = k.symbol("M")
@@ -217,10 +248,13 @@ def two_pass(stages: int = 3, prefetch=None, war: Optional[str] = None, width: i
     ``width``-wide tiles (the second read comes mostly from DRAM again: see
     benchmarks/results/sweep.md). The first pass sums x - x[row, 0] and its
     square: shifting by an element of the row keeps the variance E[d^2] - E[d]^2 from cancelling."""
+    _whole("two_pass", width=width, threads=threads)
     if width % threads:
-        raise ValueError(f"two_pass: width {width} must be a multiple of threads={threads}")
+        raise KernelParameterError(f"two_pass: width {width} must be a multiple of threads={threads}")
+    _fits("two_pass", f"a tile of {width}", width * DTYPE_BYTES.get(dtype, 4))
     if tma_store and width > 256:
-        raise ValueError(f"two_pass: tma_store stores one box a tile: width must be at most 256, got {width}")
+        raise KernelParameterError(f"two_pass: tma_store stores one box a tile: width must be at most 256, got "
+                                   f"{width}")
     per = width // threads
     k = Kernel("two_pass", block=threads)
     m, n = k.symbol("M"), k.symbol("N")
