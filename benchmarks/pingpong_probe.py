@@ -1,0 +1,178 @@
+"""Which lever closes matmul_tc's gap to the Triton peer: hand-edited variants of the generated CUDA
+(each edit checked to apply exactly once, benchmarks/cuda_edit.py), timed in interleaved rounds beside
+cuBLAS and the Triton peer at the three benchmark shapes:
+
+    python3 benchmarks/pingpong_probe.py --out DIR [--rounds 7] [--cpu]
+
+Variants (see main): ``coop`` (the cooperative 128x256 tile of two consumer warp groups, group_m 16) and
+``coop-pers`` (the same, persistent: one block an SM); ``coop-pers-noepi`` (no epilogue at all: the upper
+bound of hiding it); ``*-pack32`` (the staging of C two columns a 32-bit shared store instead of one
+16-bit store an element); ``pingpong`` (persistent; each of the two consumer warp groups owns whole
+64x256 tiles, taking every other tile of the block's walk; an ordering barrier pair hands the tensor
+core from one to the other after its last wgmma is issued, so one group's epilogue runs under the other's
+mainloop). Every variant computes c and is checked against a float32 product.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import cuda_edit  # noqa: E402
+
+SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024))
+PP_HELPERS = r'''
+// the consumer warp group's own elected thread (cb_elect_one elects in warp 0 only)
+__device__ __forceinline__ bool cb_elect_wg() { return threadIdx.x % 128 < 32 && cb_elect_sync(); }
+__device__ __forceinline__ void cb_bar_arrive(unsigned id, unsigned count) {
+  asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(count) : "memory");
+}
+'''
+
+
+def _sub(text: str, old: str, new: str, count: int = 1) -> str:
+    return cuda_edit.sub(text, old, new, count, who="pingpong_probe")
+
+
+def no_epilogue(t: str) -> str:
+    """The persistent kernel without staging or store; the accumulators kept live (M < 0 never holds)."""
+    return cuda_edit.between(t, "      #pragma unroll\n      for (int acc_q", "        }\n      }\n",
+                             "      if (M < 0) {\n        #pragma unroll\n        for (int i = 0; i < 128; ++i) "
+                             "c[threadIdx.x * 128 + i] = acc[i];\n      }\n")
+
+
+def pack32(t: str) -> str:
+    """Stage two neighbouring columns (even fragment element r and r + 1) as one 32-bit shared store:
+    the swizzle moves 16-byte chunks, so the pair stays adjacent."""
+    j = t.index("] = v0;\n") + len("] = v0;\n")
+    i = t.rindex("\n", 0, j - 1) + 1
+    line = t[i:j]
+    pad = line[:len(line) - len(line.lstrip())]
+    if not line.lstrip().startswith("cb_stage_") or t.count("] = v0;\n") != 1:
+        raise SystemExit(f"pingpong_probe: no single staging store in the generated CUDA: {line!r}")
+    new = (f"{pad}if (acc_r % 2 == 0) {{\n{pad}  const cb_bf16 lo(v0), hi(acc[acc_j * 128 + (acc_q * 32 + acc_r) + 1]);\n"
+           f"{pad}  *reinterpret_cast<unsigned*>(&{line.strip()[:-len(' = v0;')]}) = "
+           f"(unsigned)lo.bits | (unsigned)hi.bits << 16;\n{pad}}}\n")
+    return t[:i] + new + t[j:]
+
+
+def pingpong(t: str, blocks: int) -> str:
+    """The one-warp-group 64x256 persistent kernel made ping-pong: two consumer warp groups, group w
+    taking tiles blockIdx.x + (2j + w) * P of the walk the producer loads in order. Group w waits on
+    named barrier 3 + w before its mainloop (not on the block's first tile) and arrives on the other's,
+    4 - w, once its last wgmma of the tile is issued, if the walk has a next tile. The slot and parity of
+    a k step stay those of the walk's running count, so the empty barriers count one group (128)."""
+    p = str(blocks)
+    t = _sub(t, "__device__ __forceinline__ bool cb_elect_one()", PP_HELPERS + "__device__ __forceinline__ bool cb_elect_one()")
+    t = _sub(t, "__launch_bounds__(256, 1)", "__launch_bounds__(384, 1)")
+    # a second staging region: the tiles move up by 16 KiB
+    t = _sub(t, "a_tile = reinterpret_cast<cb_bf16*>(cb_smem + 17408);", "a_tile = reinterpret_cast<cb_bf16*>(cb_smem + 33792);")
+    t = _sub(t, "b_tile = reinterpret_cast<cb_bf16*>(cb_smem + 50176);", "b_tile = reinterpret_cast<cb_bf16*>(cb_smem + 66560);")
+    t = _sub(t, "if ((int)threadIdx.x < 128) {\n    asm volatile(\"setmaxnreg.inc",
+             "if ((int)threadIdx.x < 256) {\n    const int cb_wg = (int)threadIdx.x / 128;\n    asm volatile(\"setmaxnreg.inc")
+    t = _sub(t, "    for (int cb_k = 0; cb_k < 4; cb_k += 1) {  // pre-prologue\n",
+             "    if (cb_wg == 0) for (int cb_k = 0; cb_k < 4; cb_k += 1) {  // pre-prologue\n")
+    tiles = "cb_ceil_div(M, 64) * cb_ceil_div(N, 256)"
+    t = _sub(t, f"    for (int tile = (int)blockIdx.x; tile < {tiles}; tile += {p}) {{\n      for (int t = 0; t < cb_ceil_div(K, 64); t += 1) {{  // consumer",
+             f"    for (int tile = (int)blockIdx.x + cb_wg * {p}; tile < {tiles}; tile += 2 * {p}) {{\n"
+             f"      if (tile != (int)blockIdx.x) cb_bar_sync(3 + cb_wg, 256);  // the tensor core's turn\n"
+             f"      for (int t = 0; t < cb_ceil_div(K, 64); t += 1) {{  // consumer")
+    t = _sub(t, "          cb_wgmma_wait<0>(); cb_fence_acc<128>(acc);\n          cb_mbar_arrive",
+             f"          if (tile + {p} < {tiles}) cb_bar_arrive(4 - cb_wg, 256);  // hand it over\n"
+             "          cb_wgmma_wait<0>(); cb_fence_acc<128>(acc);\n          cb_mbar_arrive")
+    t = _sub(t, " + ((int)threadIdx.x / 128) * 8192;", ";")
+    t = _sub(t, "(int)threadIdx.x / 128 * 64 + acc_j * 64", "acc_j * 64")
+    t = _sub(t, "acc_q % 2 * 4096]", "acc_q % 2 * 4096 + cb_wg * 8192]")
+    t = _sub(t, "cb_smem_addr(cb_stage_11 + acc_q % 2 * 4096)", "cb_smem_addr(cb_stage_11 + acc_q % 2 * 4096 + cb_wg * 8192)")
+    t = _sub(t, "        if (cb_elect_one()) {\n          cb_bulk_wait_read<0>();\n        }\n        cb_bar_sync(2, 128);\n"
+                "        if (cb_elect_one()) {\n          cb_tma_store_async",
+             "        if (cb_elect_wg()) {\n          cb_bulk_wait_read<0>();\n        }\n        cb_bar_sync(5 + cb_wg, 128);\n"
+             "        if (cb_elect_wg()) {\n          cb_tma_store_async")
+    t = _sub(t, "    if (cb_elect_one()) {\n      cb_bulk_wait<0>();\n    }\n    cb_bar_sync(2, 128);  // post-epilogue",
+             "    if (cb_elect_wg()) {\n      cb_bulk_wait<0>();\n    }\n    cb_bar_sync(2, 256);  // post-epilogue")
+    return _sub(t, "cb_elect_warp(4)", "cb_elect_warp(8)", count=2)
+
+
+def sources(blocks: int) -> dict:
+    """name -> KernelSource of every variant."""
+    from cbrules import api
+    from cbrules.kernels.matmul_tc import matmul_tc
+    ws = {"stages": 4, "warp_specialize": True, "registers": (40, 232)}
+    edit = lambda src, f: dataclasses.replace(src, text=f(src.text))  # noqa: E731
+    out = {"coop": api.generate(matmul_tc(**ws, group_m=16)),
+           "coop-pers": api.generate(matmul_tc(**ws, group_m=16, persistent=blocks))}
+    out["coop-pack32"] = edit(out["coop"], pack32)
+    out["coop-pers-pack32"] = edit(out["coop-pers"], pack32)
+    out["coop-pers-noepi"] = edit(out["coop-pers"], no_epilogue)
+    one = api.generate(matmul_tc(**ws, bm=64, groups=1, group_m=32, persistent=blocks))
+    pp = dataclasses.replace(one, text=pingpong(one.text, blocks), block=(384, 1, 1),
+                             shared_bytes=one.shared_bytes + 16384)
+    out["pingpong"] = pp
+    out["pingpong-pack32"] = edit(pp, pack32)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--blocks", type=int, default=132, help="persistent blocks (the H200's SM count)")
+    p.add_argument("--cpu", action="store_true", help="only generate and compile the variants (no GPU)")
+    a = p.parse_args(argv)
+    from cbrules.codegen.launch import CompiledKernel
+    from cbrules.codegen.nvrtc import compile_cuda
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    compiled = {}
+    for name, src in sources(a.blocks).items():
+        cubin = compile_cuda(src.text, src.name)
+        r = cubin.resources
+        print(f"{name}: {r.registers} registers, spills {r.spill_stores}/{r.spill_loads}", flush=True)
+        compiled[name] = CompiledKernel(src, cubin)
+        if name.startswith("pingpong"):
+            (out / f"{name}.cu").write_text(src.text)
+    if a.cpu:
+        return 0
+    import torch
+    from benchmarks import triton_matmul
+    from benchmarks.matmul_tc import _time_interleaved
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for m, n, k in SHAPES:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        ref = x.float() @ w.float().T
+        tol = 2e-2 * ref.abs().max().item()
+        launches = {"cublas": (lambda c: lambda: torch.matmul(x, w.T, out=c)),
+                    "triton": (lambda c: lambda: triton_matmul.matmul(x, w, c))}
+        for name in compiled:
+            launches[name] = (lambda ck: lambda c: ck.bind(a=x, b=w, c=c).launch)(compiled[name])
+        fns, errs = {}, {}
+        for name, make in launches.items():
+            c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            fns[name] = make(c)
+            fns[name]()
+            torch.cuda.synchronize()
+            errs[name] = (c.float() - ref).abs().max().item()
+        secs = _time_interleaved(fns, torch, a.rounds)
+        for name in launches:
+            ok = errs[name] <= tol if "noepi" not in name else None
+            tf = 2.0 * m * n * k / secs[name] / 1e12
+            rows.append({"shape": [m, n, k], "variant": name, "tflops": tf, "ms": secs[name] * 1e3, "ok": ok})
+            print(f"{m}x{n}x{k} {name}: {tf:.1f} TFLOP/s ({secs[name] * 1e3:.3f} ms)"
+                  f"{'' if ok is not False else ' WRONG err %.3g' % errs[name]}", flush=True)
+        del x, w, ref
+    meta = {"device": torch.cuda.get_device_name(), "rounds": a.rounds,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (out / "probe.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
