@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import cuda_edit  # noqa: E402
 
+TIMING_ONLY = ("noepi", "nowait", "nostore", "nowrite")  # variants that do not compute c
 SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024))
 PP_HELPERS = r'''
 // the consumer warp group's own elected thread (cb_elect_one elects in warp 0 only)
@@ -60,6 +62,48 @@ def pack32(t: str) -> str:
            f"{pad}  *reinterpret_cast<unsigned*>(&{line.strip()[:-len(' = v0;')]}) = "
            f"(unsigned)lo.bits | (unsigned)hi.bits << 16;\n{pad}}}\n")
     return t[:i] + new + t[j:]
+
+
+def _store_line(t: str) -> tuple[int, int]:
+    i = t.index("cb_tma_store_async(&c_tmap, cb_smem_addr(cb_stage_")
+    return i, t.index(";\n", i) + 2
+
+
+def no_wait(t: str) -> str:
+    """Timing only (racy): the elected thread no longer waits for the last store to have read its slot."""
+    return _sub(t, "          cb_bulk_wait_read<0>();\n", "")
+
+
+def no_store(t: str) -> str:
+    """Timing only: the staging is written, fenced and synchronised, but no TMA store reads it."""
+    i, j = _store_line(t)
+    return t[:i] + ";\n" + t[j:]
+
+
+def no_write(t: str) -> str:
+    """Timing only: the TMA stores and their waits, but no staging writes (accumulators kept live)."""
+    j = t.index("] = v0;\n") + len("] = v0;\n")
+    i = t.rindex("\n", 0, j - 1) + 1
+    pad = t[i:j][:len(t[i:j]) - len(t[i:j].lstrip())]
+    return t[:i] + f"{pad}if (M < 0) c[threadIdx.x] = v0;\n" + t[j:]
+
+
+def wg_store(t: str) -> str:
+    """Each consumer warp group stores its own 64 rows of a column chunk: its own elected thread waits
+    for its own stores, and a named barrier of its 128 threads (not of both groups) orders the
+    staging writes before the store, so the groups no longer wait for each other in the epilogue
+    (the c map's box becomes 64 x 64)."""
+    t = _sub(t, "__device__ __forceinline__ bool cb_elect_one()", PP_HELPERS + "__device__ __forceinline__ bool cb_elect_one()")
+    i, j = _store_line(t)
+    line = t[i:j]
+    line = cuda_edit.sub(line, "acc_q % 2 * 8192)", "acc_q % 2 * 8192 + (int)threadIdx.x / 128 * 4096)", who="wg_store")
+    line = line[:-3] + " + (int)threadIdx.x / 128 * 64);\n"
+    t = t[:i] + line + t[j:]
+    t = _sub(t, "cb_bar_sync(2, 256);\n", "cb_bar_sync(5 + (int)threadIdx.x / 128, 128);\n")
+    t, n = re.subn(r"if \(cb_elect_one\(\)\) \{(\n\s*cb_(?:bulk_wait|tma_store_async))", r"if (cb_elect_wg()) {\1", t)
+    if n != 3:
+        raise SystemExit(f"pingpong_probe: wg_store found {n} elected store waits / stores, expected 3")
+    return t
 
 
 def pingpong(t: str, blocks: int) -> str:
@@ -99,6 +143,12 @@ def pingpong(t: str, blocks: int) -> str:
     return _sub(t, "cb_elect_warp(4)", "cb_elect_warp(8)", count=2)
 
 
+def _box(src, box):
+    """``src`` with the c map's box changed."""
+    return dataclasses.replace(src, params=tuple(dataclasses.replace(q, box=box) if q.name == "c_tmap" else q
+                                                 for q in src.params))
+
+
 def sources(blocks: int) -> dict:
     """name -> KernelSource of every variant."""
     from cbrules import api
@@ -110,6 +160,11 @@ def sources(blocks: int) -> dict:
     out["coop-pack32"] = edit(out["coop"], pack32)
     out["coop-pers-pack32"] = edit(out["coop-pers"], pack32)
     out["coop-pers-noepi"] = edit(out["coop-pers"], no_epilogue)
+    out["coop-pers-nowait"] = edit(out["coop-pers"], no_wait)
+    out["coop-pers-nostore"] = edit(out["coop-pers"], no_store)
+    out["coop-pers-nowrite"] = edit(out["coop-pers"], no_write)
+    for name in ("coop", "coop-pers"):
+        out[f"{name}-wgstore"] = _box(edit(out[name], wg_store), (64, 64))
     one = api.generate(matmul_tc(**ws, bm=64, groups=1, group_m=32, persistent=blocks))
     pp = dataclasses.replace(one, text=pingpong(one.text, blocks), block=(384, 1, 1),
                              shared_bytes=one.shared_bytes + 16384)
@@ -162,7 +217,7 @@ def main(argv=None) -> int:
             errs[name] = (c.float() - ref).abs().max().item()
         secs = _time_interleaved(fns, torch, a.rounds)
         for name in launches:
-            ok = errs[name] <= tol if "noepi" not in name else None
+            ok = errs[name] <= tol if not any(w in name for w in TIMING_ONLY) else None
             tf = 2.0 * m * n * k / secs[name] / 1e12
             rows.append({"shape": [m, n, k], "variant": name, "tflops": tf, "ms": secs[name] * 1e3, "ok": ok})
             print(f"{m}x{n}x{k} {name}: {tf:.1f} TFLOP/s ({secs[name] * 1e3:.3f} ms)"
