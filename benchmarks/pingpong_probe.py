@@ -10,7 +10,9 @@ bound of hiding it); ``*-pack32`` (the staging of C two columns a 32-bit shared 
 16-bit store an element); ``pingpong`` (persistent; each of the two consumer warp groups owns whole
 64x256 tiles, taking every other tile of the block's walk; an ordering barrier pair hands the tensor
 core from one to the other after its last wgmma is issued, so one group's epilogue runs under the other's
-mainloop). Every variant computes c and is checked against a float32 product.
+mainloop); ``coop-g8`` / ``-g32`` and ``coop-pers-g8`` / ``-g32``: other raster group heights. With
+``--cluster``, only ``coop`` and ``coop-cluster2`` (benchmarks/profile_tc.py's cluster2 edit). The
+variants in TIMING_ONLY do not compute c; every other one is checked against a float32 product.
 """
 from __future__ import annotations
 
@@ -149,7 +151,7 @@ def _box(src, box):
                                                  for q in src.params))
 
 
-def sources(blocks: int) -> dict:
+def sources(blocks: int, cluster: bool = False) -> dict:
     """name -> KernelSource of every variant."""
     from cbrules import api
     from cbrules.kernels.matmul_tc import matmul_tc
@@ -165,6 +167,15 @@ def sources(blocks: int) -> dict:
     out["coop-pers-nowrite"] = edit(out["coop-pers"], no_write)
     for name in ("coop", "coop-pers"):
         out[f"{name}-wgstore"] = _box(edit(out[name], wg_store), (64, 64))
+    for g in (8, 32):  # the raster group's height (tile rows), against 16 above
+        out[f"coop-g{g}"] = api.generate(matmul_tc(**ws, group_m=g))
+        out[f"coop-pers-g{g}"] = api.generate(matmul_tc(**ws, group_m=g, persistent=blocks))
+    if cluster:  # two tile rows of a column share B: each block loads half and multicasts it to both
+        from benchmarks import profile_tc
+        cl = edit(out["coop"], profile_tc.cluster2)
+        out["coop-cluster2"] = dataclasses.replace(cl, params=tuple(
+            dataclasses.replace(q, box=(128, 64)) if q.name == "b_tmap" else q for q in cl.params))
+        return {k: out[k] for k in ("coop", "coop-cluster2")}
     one = api.generate(matmul_tc(**ws, bm=64, groups=1, group_m=32, persistent=blocks))
     pp = dataclasses.replace(one, text=pingpong(one.text, blocks), block=(384, 1, 1),
                              shared_bytes=one.shared_bytes + 16384)
@@ -179,13 +190,15 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--blocks", type=int, default=132, help="persistent blocks (the H200's SM count)")
     p.add_argument("--cpu", action="store_true", help="only generate and compile the variants (no GPU)")
+    p.add_argument("--cluster", action="store_true", help="only coop and its cluster-of-two B-multicast variant "
+                   "(profile_tc.cluster2; one such version hung once: run it alone, under a timeout)")
     a = p.parse_args(argv)
     from cbrules.codegen.launch import CompiledKernel
     from cbrules.codegen.nvrtc import compile_cuda
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     compiled = {}
-    for name, src in sources(a.blocks).items():
+    for name, src in sources(a.blocks, a.cluster).items():
         cubin = compile_cuda(src.text, src.name)
         r = cubin.resources
         print(f"{name}: {r.registers} registers, spills {r.spill_stores}/{r.spill_loads}", flush=True)
