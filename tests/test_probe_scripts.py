@@ -26,3 +26,9 @@ def test_profile_tc_variants_compile(tmp_path):
 def test_probe_memcheck_variants_compile(second):
     out = _run("benchmarks/probe_memcheck.py", "--compile-only", *(["--second"] if second else []))
     assert "fence-before-issue:" in out and "registers=" in out
+
+
+def test_pingpong_probe_variants_compile(tmp_path):
+    out = _run("benchmarks/pingpong_probe.py", "--cpu", "--out", str(tmp_path))
+    assert "pingpong:" in out and "coop-pers-wgstore:" in out and "spills 0/0" in out
+    assert "registers, spills" in _run("benchmarks/pingpong_probe.py", "--cpu", "--cluster", "--out", str(tmp_path))
