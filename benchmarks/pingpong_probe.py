@@ -11,7 +11,8 @@ bound of hiding it); ``*-pack32`` (the staging of C two columns a 32-bit shared 
 64x256 tiles, taking every other tile of the block's walk; an ordering barrier pair hands the tensor
 core from one to the other after its last wgmma is issued, so one group's epilogue runs under the other's
 mainloop); ``coop-g8`` / ``-g32`` and ``coop-pers-g8`` / ``-g32``: other raster group heights. With
-``--cluster``, only ``coop`` and ``coop-cluster2`` (benchmarks/profile_tc.py's cluster2 edit). The
+``--cluster``, only ``coop``, ``coop-cluster2`` (benchmarks/profile_tc.py's cluster2 edit) and
+``coop-cluster-arrive`` (the same without the multicast). The
 variants in TIMING_ONLY do not compute c; every other one is checked against a float32 product.
 """
 from __future__ import annotations
@@ -145,6 +146,18 @@ def pingpong(t: str, blocks: int) -> str:
     return _sub(t, "cb_elect_warp(4)", "cb_elect_warp(8)", count=2)
 
 
+def cluster_arrive_only(t: str) -> str:
+    """profile_tc's cluster2 without the multicast: each block loads all of its B tile itself, but the
+    empty barriers still count the consumer warps of both blocks (remote arrivals) and the blocks
+    sync as a cluster at start and end: which half of cluster2 hangs (it computes c)."""
+    from benchmarks import profile_tc
+    full = profile_tc.cluster2(t)
+    i = full.index("        cb_tma_load_multicast(")
+    j = full.index(";\n", i) + 2
+    k = t.index("        cb_tma_load(cb_smem_addr(b_tile")
+    return full[:i] + t[k:t.index(";\n", k) + 2] + full[j:]
+
+
 def _box(src, box):
     """``src`` with the c map's box changed."""
     return dataclasses.replace(src, params=tuple(dataclasses.replace(q, box=box) if q.name == "c_tmap" else q
@@ -175,7 +188,8 @@ def sources(blocks: int, cluster: bool = False) -> dict:
         cl = edit(out["coop"], profile_tc.cluster2)
         out["coop-cluster2"] = dataclasses.replace(cl, params=tuple(
             dataclasses.replace(q, box=(128, 64)) if q.name == "b_tmap" else q for q in cl.params))
-        return {k: out[k] for k in ("coop", "coop-cluster2")}
+        out["coop-cluster-arrive"] = edit(out["coop"], cluster_arrive_only)
+        return {k: out[k] for k in ("coop", "coop-cluster-arrive", "coop-cluster2")}
     one = api.generate(matmul_tc(**ws, bm=64, groups=1, group_m=32, persistent=blocks))
     pp = dataclasses.replace(one, text=pingpong(one.text, blocks), block=(384, 1, 1),
                              shared_bytes=one.shared_bytes + 16384)
@@ -228,6 +242,7 @@ def main(argv=None) -> int:
             fns[name]()
             torch.cuda.synchronize()
             errs[name] = (c.float() - ref).abs().max().item()
+            print(f"{m}x{n}x{k} {name}: first launch done, max abs err {errs[name]:.3g}", flush=True)
         secs = _time_interleaved(fns, torch, a.rounds)
         for name in launches:
             ok = errs[name] <= tol if not any(w in name for w in TIMING_ONLY) else None
