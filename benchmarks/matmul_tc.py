@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024))
 WS = {"warp_specialize": True, "registers": (40, 232)}
-DEFAULT = {"stages": 4}  # the kernel's defaults: 128x256x64 tiles, two consumer warp groups, group_m 16, C staged swizzled
+DEFAULT = {"stages": 4}  # the kernel's defaults: 128x256x64 tiles, two consumer warp groups, group_m 8, C staged swizzled
 VARIANTS = {
     "128x256x64 S=4 (default)": DEFAULT,
     "128x256x64 S=4 persistent": {"stages": 4, "persistent": "sms"},  # one block an SM
@@ -42,10 +42,12 @@ VARIANTS = {
     "128x256x64 S=4 no register sharing": {"stages": 4, "registers": None},
     # the levers of the 8192^3 profile (benchmarks/profile_tc.py): measured on every run
     "128x256x64 S=4 dense store staging": {"stages": 4, "store_swizzle": False},
-    "128x256x64 S=4 group_m=8": {"stages": 4, "group_m": 8},  # the default until 2026-11-30 (session 5)
-    "128x256x64 S=4 persistent, group_m=8": {"stages": 4, "persistent": "sms", "group_m": 8},
+    "128x256x64 S=4 group_m=16": {"stages": 4, "group_m": 16},
+    "128x256x64 S=4 swizzled store, group_m=16": {"stages": 4, "store_swizzle": True, "group_m": 16},
+    "128x256x64 S=4 persistent, swizzled store, group_m=16": {"stages": 4, "persistent": "sms", "store_swizzle": True,
+                                                             "group_m": 16},
 }
-LEVERS = ("dense store", "group_m=8")
+LEVERS = ("dense store", "swizzled store", "group_m=16")
 
 
 def _time_interleaved(launches: dict, torch, rounds: int = 9, per_round: int = 5, warmup: int = 3) -> dict:
@@ -147,7 +149,8 @@ def main(argv=None) -> int:
         del x, w, ref
     sass = {"default": _sass_summary(compiled["128x256x64 S=4 (default)"], out, "matmul_tc_default"),
             "persistent": _sass_summary(compiled["128x256x64 S=4 persistent"], out, "matmul_tc_persistent"),
-            "group_m=8": _sass_summary(compiled["128x256x64 S=4 group_m=8"], out, "matmul_tc_group_m8")}
+            "swizzled-store group_m=16": _sass_summary(compiled["128x256x64 S=4 swizzled store, group_m=16"], out,
+                                                       "matmul_tc_swizzled_store")}
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "rounds": a.rounds, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sass": sass}
     (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
