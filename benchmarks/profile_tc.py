@@ -49,10 +49,12 @@ __device__ __forceinline__ void cb_mbar_arrive_remote(unsigned bar, unsigned cta
 }
 // lane `lane` < 2 of the warp arrives on block `lane`'s barrier: predicated inside the asm, so no
 // branch diverges the warp between wgmma (ptxas serializes wgmma around divergent code)
+// (the predicate tests the lane itself: testing lane & 1, as a version that hung did, let all 32 lanes
+// arrive, 16 times the count, so the barriers' phases ran ahead of the slots)
 __device__ __forceinline__ void cb_mbar_arrive_pair(unsigned bar) {
   const unsigned lane = threadIdx.x % 32;
-  asm volatile("{\n .reg .pred p;\n .reg .b32 ra;\n setp.lt.u32 p, %1, 2;\n mapa.shared::cluster.u32 ra, %0, %1;\n"
-               " @p mbarrier.arrive.shared::cluster.b64 _, [ra];\n}" :: "r"(bar), "r"(lane & 1) : "memory");
+  asm volatile("{\n .reg .pred p;\n .reg .b32 ra;\n setp.lt.u32 p, %2, 2;\n mapa.shared::cluster.u32 ra, %0, %1;\n"
+               " @p mbarrier.arrive.shared::cluster.b64 _, [ra];\n}" :: "r"(bar), "r"(lane & 1), "r"(lane) : "memory");
 }
 __device__ __forceinline__ void cb_tma_load_multicast(unsigned dst, const CUtensorMap* m, unsigned bar, int c0, int c1,
                                                       unsigned short mask) {
