@@ -128,9 +128,14 @@ def cluster2(t: str) -> str:
     t = _sub(t, "    cb_fence_proxy_async();  // pre-prologue\n  }\n  __syncthreads();  // pre-prologue\n",
              "    cb_fence_proxy_async();  // pre-prologue\n    cb_fence_mbarrier_init();\n  }\n  cb_cluster_sync();\n")
     t = _sub(t, "cb_mbar_arrive(cb_smem_addr(&cb_empty_6", "cb_mbar_arrive_pair(cb_smem_addr(&cb_empty_6", count=3)
-    # the post-epilogue invalidation stays where it is (without it ptxas serializes every wgmma): a timing
-    # experiment only, since the peer may still arrive on an invalidated barrier (harmless in practice:
-    # nothing else uses those bytes, and the closing cluster sync keeps both blocks resident)
+    # The post-mainloop invalidation stays where it is (moved after the closing cluster sync, ptxas
+    # serializes every wgmma: C7514). So no block may arrive on its peer's barriers once its peer can
+    # have finished the mainloop: the releases of the last 4 steps, which no producer waits for, are
+    # left out (every earlier release was waited for by a producer before its block's last load).
+    t = _sub(t, "      if (t > 0) {\n        cb_mbar_arrive_pair(",
+             "      if (t > 0 && t + 3 < cb_ceil_div(K, 64)) {\n        cb_mbar_arrive_pair(")
+    last = t.index("        cb_mbar_arrive_pair(cb_smem_addr(&cb_empty_6[t % 4]));\n")
+    t = t[:last] + t[t.index("\n", last) + 1:]
     old_b = t[t.index("        cb_tma_load(cb_smem_addr(b_tile"):]
     old_b = old_b[:old_b.index(";\n") + 2]
     new_b = old_b.replace("cb_tma_load(cb_smem_addr(b_tile + t % 4 * 16384)",
@@ -149,8 +154,8 @@ def cluster_launch(t: str) -> str:
 
 VARIANTS = {"default": None, "no-epilogue": no_epilogue, "no-mma": no_mma, "mma-only": mma_only,
             "warp-release": warp_release, "swizzled-store": swizzled_store}
-# opt-in (--cluster): this cluster2 (the post-epilogue invalidation kept so that ptxas does not serialize
-# the wgmma, arrivals without .release.cluster) hung in its only run (results/matmul_tc/levers/profile)
+# opt-in (--cluster): cluster2 hung in its runs of 2026-11-30 (results/matmul_tc/levers/profile and
+# s5_levers: every lane arrived, see cb_mbar_arrive_pair); fixed since, not yet run
 CLUSTER_VARIANTS = {"cluster-launch": cluster_launch, "cluster2": cluster2}
 COMPUTES = ("default", "warp-release", "cluster2", "persistent", "swizzled-store", "group16", "persistent-swizzled",
             "store-swizzle", "store-swizzle-group16", "cluster2-group16")
