@@ -10,10 +10,12 @@ bound of hiding it); ``*-pack32`` (the staging of C two columns a 32-bit shared 
 16-bit store an element); ``pingpong`` (persistent; each of the two consumer warp groups owns whole
 64x256 tiles, taking every other tile of the block's walk; an ordering barrier pair hands the tensor
 core from one to the other after its last wgmma is issued, so one group's epilogue runs under the other's
-mainloop); ``coop-g8`` / ``-g32`` and ``coop-pers-g8`` / ``-g32``: other raster group heights. With
-``--cluster``, only ``coop``, ``coop-cluster2`` (benchmarks/profile_tc.py's cluster2 edit) and
-``coop-cluster-arrive`` (the same without the multicast). The
-variants in TIMING_ONLY do not compute c; every other one is checked against a float32 product.
+mainloop); ``coop-pers-nowait`` / ``-nostore`` / ``-nowrite`` (the epilogue taken apart) and
+``*-wgstore`` (each consumer warp group stores its own 64 rows); ``coop-g8`` / ``-g32`` and
+``coop-pers-g8`` / ``-g32``: other raster group heights. With ``--cluster``, only ``coop``,
+``coop-cluster2`` (benchmarks/profile_tc.py's cluster2 edit) and ``coop-cluster-arrive`` (the same
+without the multicast). The variants in TIMING_ONLY do not compute c; every other one is checked
+against a float32 product. Figures: benchmarks/results/matmul_tc/s5_levers/ and the README.
 """
 from __future__ import annotations
 
