@@ -1,0 +1,95 @@
+"""Do resident blocks an SM (bytes in flight) limit the bfloat16 normalize at 16384x16384? Triton's
+row-in-registers kernel against ``reductions.persistent`` with ops.py's tiles (256 threads, 80 registers:
+three blocks an SM) and variants that change only how many blocks an SM holds: a register cap
+(``__launch_bounds__`` minimum of resident blocks), 512 threads, blocks walking the rows, one TMA copy a
+row. One process on one Hopper GPU, outputs poisoned and checked, timed in interleaved rounds (each
+variant's median launch):
+
+    python3 benchmarks/resident_probe.py [--rounds 7] [--reps 10] [--shape 16384x16384]
+"""
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+from cbrules import api  # noqa: E402
+from cbrules.codegen import runtime  # noqa: E402
+from cbrules.kernels import reductions  # noqa: E402
+from benchmarks.ops import variant_params  # noqa: E402
+from benchmarks.triton_kernels import _normalize_row  # noqa: E402
+
+SM_REGISTERS, SM_THREADS, SM_SHARED, BLOCK_RESERVED = 65536, 2048, 233472, 1024  # H200, per SM
+
+
+def resident(registers: int, threads: int, shared: int) -> int:
+    """Blocks an SM holds: registers (allocated 8 a thread at a time), threads and shared memory."""
+    return min(SM_REGISTERS // (-(-registers // 8) * 8 * threads), SM_THREADS // threads,
+               SM_SHARED // (shared + BLOCK_RESERVED))
+
+
+def variants(shape: tuple) -> list[tuple[str, dict, int]]:
+    """(label, persistent's build parameters, __launch_bounds__ minimum of blocks or 0)."""
+    name, chosen = variant_params("normalize", shape, "bfloat16")
+    assert name == "persistent" and not chosen.get("walk"), (name, chosen)
+    s = chosen["row"] // chosen["width"]  # the whole row in flight
+    wide = dict(chosen, threads=512)
+    return [(f"ops.py choice S={s}", dict(chosen, stages=s), 0),
+            (f"ops.py choice S={s} min_blocks=4", dict(chosen, stages=s), 4),
+            (f"threads=512 S={s}", dict(wide, stages=s), 0),
+            (f"threads=512 S={s} min_blocks=3", dict(wide, stages=s), 3),
+            # walking costs registers (85: two blocks an SM), so the walks cap them to hold three or four
+            (f"walk P=396 no WS S={s} min_blocks=3", dict(chosen, stages=s, walk=396), 3),
+            (f"walk P=528 no WS S={s} min_blocks=4", dict(chosen, stages=s, walk=528), 4),
+            ("one box a row, width=row S=2", dict(chosen, stages=2, width=chosen["row"], one_box=True), 0)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (each variant once a round)")
+    p.add_argument("--reps", type=int, default=10, help="timed launches of a variant a round")
+    p.add_argument("--shape", default="16384x16384")
+    a = p.parse_args()
+    m, n = (int(s) for s in a.shape.split("x"))
+    x = torch.randn(m, n, device="cuda").to(torch.bfloat16)
+    out = torch.empty_like(x)
+    want = torch.nn.functional.layer_norm(x.float(), (n,), eps=0.0)
+    gb = 4 * m * n / 1e6  # bytes read + written (2 bytes each), per ms -> GB/s
+    tri = _normalize_row[(m,)](x, out, m, n, BLOCK_N=n, num_warps=16)
+    launches = {"triton row": lambda: _normalize_row[(m,)](x, out, m, n, BLOCK_N=n, num_warps=16)}
+    regs, spills = getattr(tri, "n_regs", 0), getattr(tri, "n_spills", "?")
+    notes = {"triton row": f"regs={regs} spills={spills} blocks/SM={resident(regs or 255, 512, 0)}"}
+    for label, params, min_blocks in variants((m, n)):
+        try:
+            k = reductions.persistent(**params)
+            if min_blocks:
+                k.graph.kernel()["min_blocks"] = min_blocks
+            ck = api.compile(k)
+        except Exception as e:  # a variant that does not build or fit is reported, not fatal
+            print(f"{m}x{n} {label}: not built: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        launches[label] = ck.bind(x=x, out=out).launch
+        r = ck.cubin.resources
+        notes[label] = (f"regs={r.registers} spills={r.spill_stores} smem={ck.source.shared_bytes} "
+                        f"blocks/SM={resident(r.registers, params['threads'], ck.source.shared_bytes)}")
+    for label, fn in list(launches.items()):  # correctness first, outputs poisoned
+        out.fill_(float("nan"))
+        fn()
+        runtime.synchronize()
+        notes[label] = f"ok={bool(torch.allclose(out.float(), want, rtol=2e-2, atol=2e-2))} {notes[label]}"
+        for _ in range(3):
+            fn()
+    times = {label: [] for label in launches}
+    for _ in range(a.rounds):
+        for label, fn in launches.items():
+            times[label] += runtime.time_launch(fn, a.reps)
+    base = statistics.median(times["triton row"])
+    for label, ts in times.items():
+        t = statistics.median(ts)
+        print(f"{m}x{n} {label:<34} {gb / t:6.0f} GB/s  {base / t:.3f}x triton  {notes[label]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
