@@ -2,12 +2,21 @@
 row-in-registers kernel against ``reductions.persistent`` with ops.py's tiles (256 threads, 80 registers:
 three blocks an SM) and variants that change only how many blocks an SM holds: a register cap
 (``__launch_bounds__`` minimum of resident blocks), 512 threads, blocks walking the rows, one TMA copy a
-row. One process on one Hopper GPU, outputs poisoned and checked, timed in interleaved rounds (each
-variant's median launch):
+row (``--set resident``); or how the row arrives and is released: finer stages with the whole row still
+in flight, empty barriers instead of the block sync that ends a main iteration (``--set stages``). One
+process on one Hopper GPU, outputs poisoned and checked, timed in interleaved rounds (each variant's
+median launch):
 
-    python3 benchmarks/resident_probe.py [--rounds 7] [--reps 10] [--shape 16384x16384]
+    python3 benchmarks/resident_probe.py [--set resident|stages|syncs] [--triton-warps 16,8] [--rounds 7]
+        [--reps 10] [--shape 16384x16384]
+
+``--set syncs`` measures hand edits of ops.py's CUDA (benchmarks/cuda_edit.py) that drop block syncs a
+row: the one ending the main iteration (no slot is refilled after it: the row is S tiles), the one before
+the barriers' invalidation at the end of the loop (with the invalidation), and the third of each block
+reduction (the two reductions then use scratch of their own).
 """
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -18,9 +27,11 @@ import torch  # noqa: E402
 from cbrules import api  # noqa: E402
 from cbrules.codegen import runtime  # noqa: E402
 from cbrules.kernels import reductions  # noqa: E402
+from benchmarks import cuda_edit  # noqa: E402
 from benchmarks.ops import variant_params  # noqa: E402
 from benchmarks.triton_kernels import _normalize_row  # noqa: E402
 
+SYNC_EDITS = ("main sync", "epilogue sync", "reduction sync")
 SM_REGISTERS, SM_THREADS, SM_SHARED, BLOCK_RESERVED = 65536, 2048, 233472, 1024  # H200, per SM
 
 
@@ -30,20 +41,54 @@ def resident(registers: int, threads: int, shared: int) -> int:
                SM_SHARED // (shared + BLOCK_RESERVED))
 
 
-def variants(shape: tuple) -> list[tuple[str, dict, int]]:
-    """(label, persistent's build parameters, __launch_bounds__ minimum of blocks or 0)."""
+def _edit(text: str, drop: tuple) -> str:
+    """ops.py's CUDA without the block syncs named in ``drop`` (of SYNC_EDITS)."""
+    if "main sync" in drop:
+        text = cuda_edit.sub(text, "    }\n    __syncthreads();\n  }\n", "    }\n  }\n", who="resident_probe")
+    if "epilogue sync" in drop:
+        cuda_edit.sub(text, "  __syncthreads();  // post-epilogue\n", "", who="resident_probe")  # there once
+        # and the invalidation it orders after every wait (the block ends; nothing reuses the barriers)
+        text = cuda_edit.between(text, "  __syncthreads();  // post-epilogue\n", "    }\n  }\n", "")
+    if "reduction sync" in drop:
+        text = cuda_edit.sub(text, "  __syncthreads();  // scratch may be reused by the next reduction\n", "",
+                             who="resident_probe")
+        text = cuda_edit.sub(text, "(s2, (float)0, CbSum(), reinterpret_cast<float*>(cb_smem + 32896))",
+                             "(s2, (float)0, CbSum(), reinterpret_cast<float*>(cb_smem + 32896 + 128))",
+                             who="resident_probe")
+    return text
+
+
+def _compile_edited(params: dict, drop: tuple):
+    """The kernel of ``params`` compiled from its CUDA with ``drop``'s syncs removed."""
+    from cbrules.codegen.launch import CompiledKernel
+    from cbrules.codegen.nvrtc import compile_cuda
+    src = api.generate(reductions.persistent(**params))
+    src = dataclasses.replace(src, text=_edit(src.text, drop))
+    return CompiledKernel(src, compile_cuda(src.text, src.name))
+
+
+def variants(shape: tuple, which: str = "resident") -> list[tuple[str, dict, int]]:
+    """(label, persistent's build parameters, __launch_bounds__ minimum of blocks or 0) of set ``which``."""
     name, chosen = variant_params("normalize", shape, "bfloat16")
     assert name == "persistent" and not chosen.get("walk"), (name, chosen)
     s = chosen["row"] // chosen["width"]  # the whole row in flight
+    ours = [(f"ops.py choice S={s}", dict(chosen, stages=s), 0)]
+    if which == "syncs":  # hand edits: the third item names the syncs dropped
+        return ours + [(f"S={s} no {d}", dict(chosen, stages=s), (d,)) for d in SYNC_EDITS] + [
+            (f"S={s} none of the three", dict(chosen, stages=s), SYNC_EDITS)]
+    if which == "stages":  # every variant keeps the whole row in flight
+        return ours + [(f"war=mbarrier S={s}", dict(chosen, stages=s, war="mbarrier"), 0),
+                       ("width=row/8 S=8", dict(chosen, stages=8, width=chosen["row"] // 8), 0),
+                       ("width=row/8 S=8 one_box", dict(chosen, stages=8, width=chosen["row"] // 8, one_box=True), 0),
+                       ("width=row/16 S=16", dict(chosen, stages=16, width=chosen["row"] // 16), 0)]
     wide = dict(chosen, threads=512)
-    return [(f"ops.py choice S={s}", dict(chosen, stages=s), 0),
-            (f"ops.py choice S={s} min_blocks=4", dict(chosen, stages=s), 4),
-            (f"threads=512 S={s}", dict(wide, stages=s), 0),
-            (f"threads=512 S={s} min_blocks=3", dict(wide, stages=s), 3),
-            # walking costs registers (85: two blocks an SM), so the walks cap them to hold three or four
-            (f"walk P=396 no WS S={s} min_blocks=3", dict(chosen, stages=s, walk=396), 3),
-            (f"walk P=528 no WS S={s} min_blocks=4", dict(chosen, stages=s, walk=528), 4),
-            ("one box a row, width=row S=2", dict(chosen, stages=2, width=chosen["row"], one_box=True), 0)]
+    return ours + [(f"ops.py choice S={s} min_blocks=4", dict(chosen, stages=s), 4),
+                   (f"threads=512 S={s}", dict(wide, stages=s), 0),
+                   (f"threads=512 S={s} min_blocks=3", dict(wide, stages=s), 3),
+                   # walking costs registers (85: two blocks an SM), so the walks cap them to hold three or four
+                   (f"walk P=396 no WS S={s} min_blocks=3", dict(chosen, stages=s, walk=396), 3),
+                   (f"walk P=528 no WS S={s} min_blocks=4", dict(chosen, stages=s, walk=528), 4),
+                   ("one box a row, width=row S=2", dict(chosen, stages=2, width=chosen["row"], one_box=True), 0)]
 
 
 def main() -> None:
@@ -51,22 +96,31 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (each variant once a round)")
     p.add_argument("--reps", type=int, default=10, help="timed launches of a variant a round")
     p.add_argument("--shape", default="16384x16384")
+    p.add_argument("--set", default="resident", choices=("resident", "stages", "syncs"), help="which variants")
+    p.add_argument("--triton-warps", default=[16], type=lambda t: [int(w) for w in t.split(",")],
+                   help="Triton row kernels of these num_warps (the first is the base of the ratios)")
     a = p.parse_args()
     m, n = (int(s) for s in a.shape.split("x"))
     x = torch.randn(m, n, device="cuda").to(torch.bfloat16)
     out = torch.empty_like(x)
     want = torch.nn.functional.layer_norm(x.float(), (n,), eps=0.0)
     gb = 4 * m * n / 1e6  # bytes read + written (2 bytes each), per ms -> GB/s
-    tri = _normalize_row[(m,)](x, out, m, n, BLOCK_N=n, num_warps=16)
-    launches = {"triton row": lambda: _normalize_row[(m,)](x, out, m, n, BLOCK_N=n, num_warps=16)}
-    regs, spills = getattr(tri, "n_regs", 0), getattr(tri, "n_spills", "?")
-    notes = {"triton row": f"regs={regs} spills={spills} blocks/SM={resident(regs or 255, 512, 0)}"}
-    for label, params, min_blocks in variants((m, n)):
+    launches, notes = {}, {}
+    for warps in a.triton_warps:  # the first is the base of the ratios
+        label = "triton row" + ("" if warps == 16 else f" num_warps={warps}")
+        tri = _normalize_row[(m,)](x, out, m, n, BLOCK_N=n, num_warps=warps)
+        launches[label] = lambda w=warps: _normalize_row[(m,)](x, out, m, n, BLOCK_N=n, num_warps=w)
+        regs, spills = getattr(tri, "n_regs", 0), getattr(tri, "n_spills", "?")
+        notes[label] = f"regs={regs} spills={spills} blocks/SM={resident(regs or 255, 32 * warps, 0)}"
+    for label, params, min_blocks in variants((m, n), a.set):
         try:
-            k = reductions.persistent(**params)
-            if min_blocks:
-                k.graph.kernel()["min_blocks"] = min_blocks
-            ck = api.compile(k)
+            if isinstance(min_blocks, tuple):  # syncs to drop from the CUDA
+                ck = _compile_edited(params, min_blocks)
+            else:
+                k = reductions.persistent(**params)
+                if min_blocks:
+                    k.graph.kernel()["min_blocks"] = min_blocks
+                ck = api.compile(k)
         except Exception as e:  # a variant that does not build or fit is reported, not fatal
             print(f"{m}x{n} {label}: not built: {type(e).__name__}: {str(e)[:200]}", flush=True)
             continue
@@ -85,7 +139,7 @@ def main() -> None:
     for _ in range(a.rounds):
         for label, fn in launches.items():
             times[label] += runtime.time_launch(fn, a.reps)
-    base = statistics.median(times["triton row"])
+    base = statistics.median(next(iter(times.values())))
     for label, ts in times.items():
         t = statistics.median(ts)
         print(f"{m}x{n} {label:<34} {gb / t:6.0f} GB/s  {base / t:.3f}x triton  {notes[label]}", flush=True)
