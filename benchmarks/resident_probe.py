@@ -7,13 +7,14 @@ in flight, empty barriers instead of the block sync that ends a main iteration (
 process on one Hopper GPU, outputs poisoned and checked, timed in interleaved rounds (each variant's
 median launch):
 
-    python3 benchmarks/resident_probe.py [--set resident|stages|syncs] [--triton-warps 16,8] [--rounds 7]
+    python3 benchmarks/resident_probe.py [--set resident|stages|syncs|walk] [--triton-warps 16,8] [--rounds 7]
         [--reps 10] [--shape 16384x16384]
 
 ``--set syncs`` measures hand edits of ops.py's CUDA (benchmarks/cuda_edit.py) that drop block syncs a
 row: the one ending the main iteration (no slot is refilled after it: the row is S tiles), the one before
 the barriers' invalidation at the end of the loop (with the invalidation), and the third of each block
-reduction (the two reductions then use scratch of their own).
+reduction (the two reductions then use scratch of their own). ``--set walk``: P blocks walk the rows
+warp-specialized (512 consumers, one box a stage), the producer keeping S stages in flight across rows.
 """
 import argparse
 import dataclasses
@@ -76,6 +77,11 @@ def variants(shape: tuple, which: str = "resident") -> list[tuple[str, dict, int
     if which == "syncs":  # hand edits: the third item names the syncs dropped
         return ours + [(f"S={s} no {d}", dict(chosen, stages=s), (d,)) for d in SYNC_EDITS] + [
             (f"S={s} none of the three", dict(chosen, stages=s), SYNC_EDITS)]
+    if which == "walk":  # warp-specialized walks: the producer keeps S stages in flight across rows
+        wide = dict(chosen, threads=512, one_box=True, warp_specialize=True)
+        return ours + [(f"WS walk P={p} width={w} S={st} threads=512", dict(wide, stages=st, width=w, walk=p), 0)
+                       for p, w, st in ((132, 16384, 2), (132, 16384, 3), (132, 16384, 4), (264, 16384, 2),
+                                        (264, 16384, 3), (132, 8192, 4), (132, 8192, 8), (264, 8192, 4))]
     if which == "stages":  # every variant keeps the whole row in flight
         return ours + [(f"war=mbarrier S={s}", dict(chosen, stages=s, war="mbarrier"), 0),
                        ("width=row/8 S=8", dict(chosen, stages=8, width=chosen["row"] // 8), 0),
@@ -96,7 +102,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (each variant once a round)")
     p.add_argument("--reps", type=int, default=10, help="timed launches of a variant a round")
     p.add_argument("--shape", default="16384x16384")
-    p.add_argument("--set", default="resident", choices=("resident", "stages", "syncs"), help="which variants")
+    p.add_argument("--set", default="resident", choices=("resident", "stages", "syncs", "walk"), help="which variants")
     p.add_argument("--triton-warps", default=[16], type=lambda t: [int(w) for w in t.split(",")],
                    help="Triton row kernels of these num_warps (the first is the base of the ratios)")
     a = p.parse_args()
@@ -126,8 +132,9 @@ def main() -> None:
             continue
         launches[label] = ck.bind(x=x, out=out).launch
         r = ck.cubin.resources
+        threads = params["threads"] + (128 if params.get("warp_specialize") else 0)  # the producer warp group
         notes[label] = (f"regs={r.registers} spills={r.spill_stores} smem={ck.source.shared_bytes} "
-                        f"blocks/SM={resident(r.registers, params['threads'], ck.source.shared_bytes)}")
+                        f"blocks/SM={resident(r.registers, threads, ck.source.shared_bytes)}")
     for label, fn in list(launches.items()):  # correctness first, outputs poisoned
         out.fill_(float("nan"))
         fn()
