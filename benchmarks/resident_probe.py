@@ -9,6 +9,7 @@ median launch):
 
     python3 benchmarks/resident_probe.py [--set resident|stages|syncs|walk] [--triton-warps 16,8] [--rounds 7]
         [--reps 10] [--shape 16384x16384]
+    python3 benchmarks/resident_probe.py --set syncs --compile-only   # no GPU: build and NVRTC-compile the set
 
 ``--set syncs`` measures hand edits of ops.py's CUDA (benchmarks/cuda_edit.py) that drop block syncs a
 row: the one ending the main iteration (no slot is refilled after it: the row is S tiles), the one before
@@ -24,13 +25,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
 from cbrules import api  # noqa: E402
-from cbrules.codegen import runtime  # noqa: E402
 from cbrules.kernels import reductions  # noqa: E402
 from benchmarks import cuda_edit  # noqa: E402
 from benchmarks.ops import variant_params  # noqa: E402
-from benchmarks.triton_kernels import _normalize_row  # noqa: E402
 
 SYNC_EDITS = ("main sync", "epilogue sync", "reduction sync")
 SM_REGISTERS, SM_THREADS, SM_SHARED, BLOCK_RESERVED = 65536, 2048, 233472, 1024  # H200, per SM
@@ -97,6 +95,25 @@ def variants(shape: tuple, which: str = "resident") -> list[tuple[str, dict, int
                    ("one box a row, width=row S=2", dict(chosen, stages=2, width=chosen["row"], one_box=True), 0)]
 
 
+def build(params: dict, change):
+    """The CompiledKernel of a variant: ``change`` is a __launch_bounds__ minimum of blocks (0: none) or the
+    syncs (of SYNC_EDITS) to drop from its CUDA."""
+    if isinstance(change, tuple):
+        return _compile_edited(params, change)
+    k = reductions.persistent(**params)
+    if change:
+        k.graph.kernel()["min_blocks"] = change
+    return api.compile(k)
+
+
+def note(ck, params: dict) -> str:
+    """Registers, spills, shared memory and the blocks an SM holds."""
+    r = ck.cubin.resources
+    threads = params["threads"] + (128 if params.get("warp_specialize") else 0)  # the producer warp group
+    return (f"regs={r.registers} spills={r.spill_stores} smem={ck.source.shared_bytes} "
+            f"blocks/SM={resident(r.registers, threads, ck.source.shared_bytes)}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (each variant once a round)")
@@ -105,8 +122,16 @@ def main() -> None:
     p.add_argument("--set", default="resident", choices=("resident", "stages", "syncs", "walk"), help="which variants")
     p.add_argument("--triton-warps", default=[16], type=lambda t: [int(w) for w in t.split(",")],
                    help="Triton row kernels of these num_warps (the first is the base of the ratios)")
+    p.add_argument("--compile-only", action="store_true", help="no GPU: build and compile the set's variants")
     a = p.parse_args()
     m, n = (int(s) for s in a.shape.split("x"))
+    if a.compile_only:
+        for label, params, change in variants((m, n), a.set):
+            print(f"{m}x{n} {label}: {note(build(params, change), params)}", flush=True)
+        return
+    import torch
+    from cbrules.codegen import runtime
+    from benchmarks.triton_kernels import _normalize_row
     x = torch.randn(m, n, device="cuda").to(torch.bfloat16)
     out = torch.empty_like(x)
     want = torch.nn.functional.layer_norm(x.float(), (n,), eps=0.0)
@@ -118,23 +143,14 @@ def main() -> None:
         launches[label] = lambda w=warps: _normalize_row[(m,)](x, out, m, n, BLOCK_N=n, num_warps=w)
         regs, spills = getattr(tri, "n_regs", 0), getattr(tri, "n_spills", "?")
         notes[label] = f"regs={regs} spills={spills} blocks/SM={resident(regs or 255, 32 * warps, 0)}"
-    for label, params, min_blocks in variants((m, n), a.set):
+    for label, params, change in variants((m, n), a.set):
         try:
-            if isinstance(min_blocks, tuple):  # syncs to drop from the CUDA
-                ck = _compile_edited(params, min_blocks)
-            else:
-                k = reductions.persistent(**params)
-                if min_blocks:
-                    k.graph.kernel()["min_blocks"] = min_blocks
-                ck = api.compile(k)
+            ck = build(params, change)
         except Exception as e:  # a variant that does not build or fit is reported, not fatal
             print(f"{m}x{n} {label}: not built: {type(e).__name__}: {str(e)[:200]}", flush=True)
             continue
         launches[label] = ck.bind(x=x, out=out).launch
-        r = ck.cubin.resources
-        threads = params["threads"] + (128 if params.get("warp_specialize") else 0)  # the producer warp group
-        notes[label] = (f"regs={r.registers} spills={r.spill_stores} smem={ck.source.shared_bytes} "
-                        f"blocks/SM={resident(r.registers, threads, ck.source.shared_bytes)}")
+        notes[label] = note(ck, params)
     for label, fn in list(launches.items()):  # correctness first, outputs poisoned
         out.fill_(float("nan"))
         fn()

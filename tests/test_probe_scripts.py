@@ -26,3 +26,16 @@ def test_profile_tc_variants_compile(tmp_path):
 def test_probe_memcheck_variants_compile(second):
     out = _run("benchmarks/probe_memcheck.py", "--compile-only", *(["--second"] if second else []))
     assert "fence-before-issue:" in out and "registers=" in out
+
+
+def test_resident_probe_sync_edits_compile():
+    """The hand edits dropping block syncs from the 16384-column normalize (each edit found once)."""
+    out = _run("benchmarks/resident_probe.py", "--set", "syncs", "--compile-only")
+    assert out.count("16384x16384 ") == 5 and "none of the three: regs=" in out and "blocks/SM=3" in out
+
+
+def test_probe_elements_reads_booleans_and_counts():
+    from benchmarks.probe_elements import _value
+    assert _value("true") is True and _value("false") is False and _value("132") == 132
+    with pytest.raises(ValueError):
+        _value("yes")
