@@ -84,7 +84,9 @@ def _normalize_kernel(shape: tuple, dtype: str = "float32") -> tuple[str, dict]:
     64 one-row boxes: 3259 -> 3619 GB/s in the probe (benchmarks/box_probe.py); at 16384 it was neutral.
     And at 32768 one block an SM walks rows (``walk``, one block an SM on the H200's 132), warp-specialized,
     so the producer loads the next row while the consumers normalize this one: 3645 -> 3911 GB/s, 0.95x ->
-    1.02x Triton's row kernel (benchmarks/walk_probe.py; at 16384 walking lost up to half, so not there)."""
+    1.02x Triton's row kernel (benchmarks/walk_probe.py; at 16384 walking lost up to half, so not there).
+    At 16384 the last 1-1.5 % to Triton's row kernel moved with no occupancy, box, stage, sync or walk
+    variant (benchmarks/resident_probe.py, ``benchmarks/results/bf16/resident/``)."""
     n = shape[1]
     if dtype != "float32":
         if n <= 16384:

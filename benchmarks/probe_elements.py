@@ -3,8 +3,10 @@ columns), e.g. under a compute-sanitizer tool:
 
     compute-sanitizer --tool memcheck python3 benchmarks/probe_elements.py persistent 512,2048 bfloat16 2
     compute-sanitizer --tool racecheck python3 benchmarks/probe_elements.py inner_reduction 257,5000 bfloat16 3 rows=4
+    compute-sanitizer --tool synccheck python3 benchmarks/probe_elements.py persistent 300,32768 bfloat16 2 \
+        width=16384 threads=512 box=256 one_box=true walk=132 warp_specialize=true
 
-(build parameters after the stage count, NAME=INTEGER).
+(build parameters after the stage count, NAME=INTEGER or NAME=true|false).
 """
 from __future__ import annotations
 
@@ -16,12 +18,17 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _value(text: str):
+    """A build parameter from the command line: true / false, else a whole number."""
+    return {"true": True, "false": False}[text] if text in ("true", "false") else int(text)
+
+
 def main(argv: list[str]) -> int:
     from cbrules import api
     from cbrules.kernels import KERNELS
 
     name, shape, dtype, stages = argv[0], tuple(int(s) for s in argv[1].split(",")), argv[2], int(argv[3])
-    params = {k: int(v) for k, v in (kv.split("=") for kv in argv[4:])}
+    params = {k: _value(v) for k, v in (kv.split("=") for kv in argv[4:])}
     spec = KERNELS[name]
     ck = api.compile(spec.build(shape, stages=stages, dtype=dtype, **params))
     args = spec.make_inputs(shape, np.random.default_rng(0), dtype)

@@ -32,3 +32,16 @@ def test_pingpong_probe_variants_compile(tmp_path):
     out = _run("benchmarks/pingpong_probe.py", "--cpu", "--out", str(tmp_path))
     assert "pingpong:" in out and "coop-pers-wgstore:" in out and "spills 0/0" in out
     assert "registers, spills" in _run("benchmarks/pingpong_probe.py", "--cpu", "--cluster", "--out", str(tmp_path))
+
+
+def test_resident_probe_sync_edits_compile():
+    """The hand edits dropping block syncs from the 16384-column normalize (each edit found once)."""
+    out = _run("benchmarks/resident_probe.py", "--set", "syncs", "--compile-only")
+    assert out.count("16384x16384 ") == 5 and "none of the three: regs=" in out and "blocks/SM=3" in out
+
+
+def test_probe_elements_reads_booleans_and_counts():
+    from benchmarks.probe_elements import _value
+    assert _value("true") is True and _value("false") is False and _value("132") == 132
+    with pytest.raises(ValueError):
+        _value("yes")

@@ -1,0 +1,172 @@
+"""Do resident blocks an SM (bytes in flight) limit the bfloat16 normalize at 16384x16384? Triton's
+row-in-registers kernel against ``reductions.persistent`` with ops.py's tiles (256 threads, 80 registers:
+three blocks an SM) and variants that change only how many blocks an SM holds: a register cap
+(``__launch_bounds__`` minimum of resident blocks), 512 threads, blocks walking the rows, one TMA copy a
+row (``--set resident``); or how the row arrives and is released: finer stages with the whole row still
+in flight, empty barriers instead of the block sync that ends a main iteration (``--set stages``). One
+process on one Hopper GPU, outputs poisoned and checked, timed in interleaved rounds (each variant's
+median launch):
+
+    python3 benchmarks/resident_probe.py [--set resident|stages|syncs|walk] [--triton-warps 16,8] [--rounds 7]
+        [--reps 10] [--shape 16384x16384]
+    python3 benchmarks/resident_probe.py --set syncs --compile-only   # no GPU: build and NVRTC-compile the set
+
+``--set syncs`` measures hand edits of ops.py's CUDA (benchmarks/cuda_edit.py) that drop block syncs a
+row: the one ending the main iteration (no slot is refilled after it: the row is S tiles), the one before
+the barriers' invalidation at the end of the loop (with the invalidation), and the third of each block
+reduction (the two reductions then use scratch of their own). ``--set walk``: P blocks walk the rows
+warp-specialized (512 consumers, one box a stage), the producer keeping S stages in flight across rows.
+"""
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from cbrules import api  # noqa: E402
+from cbrules.kernels import reductions  # noqa: E402
+from benchmarks import cuda_edit  # noqa: E402
+from benchmarks.ops import variant_params  # noqa: E402
+
+SYNC_EDITS = ("main sync", "epilogue sync", "reduction sync")
+SM_REGISTERS, SM_THREADS, SM_SHARED, BLOCK_RESERVED = 65536, 2048, 233472, 1024  # H200, per SM
+
+
+def resident(registers: int, threads: int, shared: int) -> int:
+    """Blocks an SM holds: registers (allocated 8 a thread at a time), threads and shared memory."""
+    return min(SM_REGISTERS // (-(-registers // 8) * 8 * threads), SM_THREADS // threads,
+               SM_SHARED // (shared + BLOCK_RESERVED))
+
+
+def _edit(text: str, drop: tuple) -> str:
+    """ops.py's CUDA without the block syncs named in ``drop`` (of SYNC_EDITS)."""
+    if "main sync" in drop:
+        text = cuda_edit.sub(text, "    }\n    __syncthreads();\n  }\n", "    }\n  }\n", who="resident_probe")
+    if "epilogue sync" in drop:
+        cuda_edit.sub(text, "  __syncthreads();  // post-epilogue\n", "", who="resident_probe")  # there once
+        # and the invalidation it orders after every wait (the block ends; nothing reuses the barriers)
+        text = cuda_edit.between(text, "  __syncthreads();  // post-epilogue\n", "    }\n  }\n", "")
+    if "reduction sync" in drop:
+        text = cuda_edit.sub(text, "  __syncthreads();  // scratch may be reused by the next reduction\n", "",
+                             who="resident_probe")
+        text = cuda_edit.sub(text, "(s2, (float)0, CbSum(), reinterpret_cast<float*>(cb_smem + 32896))",
+                             "(s2, (float)0, CbSum(), reinterpret_cast<float*>(cb_smem + 32896 + 128))",
+                             who="resident_probe")
+    return text
+
+
+def _compile_edited(params: dict, drop: tuple):
+    """The kernel of ``params`` compiled from its CUDA with ``drop``'s syncs removed."""
+    from cbrules.codegen.launch import CompiledKernel
+    from cbrules.codegen.nvrtc import compile_cuda
+    src = api.generate(reductions.persistent(**params))
+    src = dataclasses.replace(src, text=_edit(src.text, drop))
+    return CompiledKernel(src, compile_cuda(src.text, src.name))
+
+
+def variants(shape: tuple, which: str = "resident") -> list[tuple[str, dict, int]]:
+    """(label, persistent's build parameters, __launch_bounds__ minimum of blocks or 0) of set ``which``."""
+    name, chosen = variant_params("normalize", shape, "bfloat16")
+    assert name == "persistent" and not chosen.get("walk"), (name, chosen)
+    s = chosen["row"] // chosen["width"]  # the whole row in flight
+    ours = [(f"ops.py choice S={s}", dict(chosen, stages=s), 0)]
+    if which == "syncs":  # hand edits: the third item names the syncs dropped
+        return ours + [(f"S={s} no {d}", dict(chosen, stages=s), (d,)) for d in SYNC_EDITS] + [
+            (f"S={s} none of the three", dict(chosen, stages=s), SYNC_EDITS)]
+    if which == "walk":  # warp-specialized walks: the producer keeps S stages in flight across rows
+        wide = dict(chosen, threads=512, one_box=True, warp_specialize=True)
+        return ours + [(f"WS walk P={p} width={w} S={st} threads=512", dict(wide, stages=st, width=w, walk=p), 0)
+                       for p, w, st in ((132, 16384, 2), (132, 16384, 3), (132, 16384, 4), (264, 16384, 2),
+                                        (264, 16384, 3), (132, 8192, 4), (132, 8192, 8), (264, 8192, 4))]
+    if which == "stages":  # every variant keeps the whole row in flight
+        return ours + [(f"war=mbarrier S={s}", dict(chosen, stages=s, war="mbarrier"), 0),
+                       ("width=row/8 S=8", dict(chosen, stages=8, width=chosen["row"] // 8), 0),
+                       ("width=row/8 S=8 one_box", dict(chosen, stages=8, width=chosen["row"] // 8, one_box=True), 0),
+                       ("width=row/16 S=16", dict(chosen, stages=16, width=chosen["row"] // 16), 0)]
+    wide = dict(chosen, threads=512)
+    return ours + [(f"ops.py choice S={s} min_blocks=4", dict(chosen, stages=s), 4),
+                   (f"threads=512 S={s}", dict(wide, stages=s), 0),
+                   (f"threads=512 S={s} min_blocks=3", dict(wide, stages=s), 3),
+                   # walking costs registers (85: two blocks an SM), so the walks cap them to hold three or four
+                   (f"walk P=396 no WS S={s} min_blocks=3", dict(chosen, stages=s, walk=396), 3),
+                   (f"walk P=528 no WS S={s} min_blocks=4", dict(chosen, stages=s, walk=528), 4),
+                   ("one box a row, width=row S=2", dict(chosen, stages=2, width=chosen["row"], one_box=True), 0)]
+
+
+def build(params: dict, change):
+    """The CompiledKernel of a variant: ``change`` is a __launch_bounds__ minimum of blocks (0: none) or the
+    syncs (of SYNC_EDITS) to drop from its CUDA."""
+    if isinstance(change, tuple):
+        return _compile_edited(params, change)
+    k = reductions.persistent(**params)
+    if change:
+        k.graph.kernel()["min_blocks"] = change
+    return api.compile(k)
+
+
+def note(ck, params: dict) -> str:
+    """Registers, spills, shared memory and the blocks an SM holds."""
+    r = ck.cubin.resources
+    threads = params["threads"] + (128 if params.get("warp_specialize") else 0)  # the producer warp group
+    return (f"regs={r.registers} spills={r.spill_stores} smem={ck.source.shared_bytes} "
+            f"blocks/SM={resident(r.registers, threads, ck.source.shared_bytes)}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (each variant once a round)")
+    p.add_argument("--reps", type=int, default=10, help="timed launches of a variant a round")
+    p.add_argument("--shape", default="16384x16384")
+    p.add_argument("--set", default="resident", choices=("resident", "stages", "syncs", "walk"), help="which variants")
+    p.add_argument("--triton-warps", default=[16], type=lambda t: [int(w) for w in t.split(",")],
+                   help="Triton row kernels of these num_warps (the first is the base of the ratios)")
+    p.add_argument("--compile-only", action="store_true", help="no GPU: build and compile the set's variants")
+    a = p.parse_args()
+    m, n = (int(s) for s in a.shape.split("x"))
+    if a.compile_only:
+        for label, params, change in variants((m, n), a.set):
+            print(f"{m}x{n} {label}: {note(build(params, change), params)}", flush=True)
+        return
+    import torch
+    from cbrules.codegen import runtime
+    from benchmarks.triton_kernels import _normalize_row
+    x = torch.randn(m, n, device="cuda").to(torch.bfloat16)
+    out = torch.empty_like(x)
+    want = torch.nn.functional.layer_norm(x.float(), (n,), eps=0.0)
+    gb = 4 * m * n / 1e6  # bytes read + written (2 bytes each), per ms -> GB/s
+    launches, notes = {}, {}
+    for warps in a.triton_warps:  # the first is the base of the ratios
+        label = "triton row" + ("" if warps == 16 else f" num_warps={warps}")
+        tri = _normalize_row[(m,)](x, out, m, n, BLOCK_N=n, num_warps=warps)
+        launches[label] = lambda w=warps: _normalize_row[(m,)](x, out, m, n, BLOCK_N=n, num_warps=w)
+        regs, spills = getattr(tri, "n_regs", 0), getattr(tri, "n_spills", "?")
+        notes[label] = f"regs={regs} spills={spills} blocks/SM={resident(regs or 255, 32 * warps, 0)}"
+    for label, params, change in variants((m, n), a.set):
+        try:
+            ck = build(params, change)
+        except Exception as e:  # a variant that does not build or fit is reported, not fatal
+            print(f"{m}x{n} {label}: not built: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        launches[label] = ck.bind(x=x, out=out).launch
+        notes[label] = note(ck, params)
+    for label, fn in list(launches.items()):  # correctness first, outputs poisoned
+        out.fill_(float("nan"))
+        fn()
+        runtime.synchronize()
+        notes[label] = f"ok={bool(torch.allclose(out.float(), want, rtol=2e-2, atol=2e-2))} {notes[label]}"
+        for _ in range(3):
+            fn()
+    times = {label: [] for label in launches}
+    for _ in range(a.rounds):
+        for label, fn in launches.items():
+            times[label] += runtime.time_launch(fn, a.reps)
+    base = statistics.median(next(iter(times.values())))
+    for label, ts in times.items():
+        t = statistics.median(ts)
+        print(f"{m}x{n} {label:<34} {gb / t:6.0f} GB/s  {base / t:.3f}x triton  {notes[label]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
