@@ -7,19 +7,25 @@ in flight, empty barriers instead of the block sync that ends a main iteration (
 process on one Hopper GPU, outputs poisoned and checked, timed in interleaved rounds (each variant's
 median launch):
 
-    python3 benchmarks/resident_probe.py [--set resident|stages|syncs|walk] [--triton-warps 16,8] [--rounds 7]
-        [--reps 10] [--shape 16384x16384]
+    python3 benchmarks/resident_probe.py [--set resident|stages|syncs|walk|path] [--triton-warps 16,8]
+        [--rounds 7] [--reps 10] [--shape 16384x16384] [--cubins DIR]
     python3 benchmarks/resident_probe.py --set syncs --compile-only   # no GPU: build and NVRTC-compile the set
 
 ``--set syncs`` measures hand edits of ops.py's CUDA (benchmarks/cuda_edit.py) that drop block syncs a
 row: the one ending the main iteration (no slot is refilled after it: the row is S tiles), the one before
 the barriers' invalidation at the end of the loop (with the invalidation), and the third of each block
-reduction (the two reductions then use scratch of their own). ``--set walk``: P blocks walk the rows
+reduction (the two reductions then use scratch of their own). ``--set path`` measures the way a row comes
+in, by hand edits as well: ``direct`` drops the TMA copies, their expect-tx and the barrier waits, and each
+thread loads its elements from global memory (16-byte loads, as Triton's ``LDG.128``) where it read them from
+the slot (with and without the syncs); ``shared`` drops the TMA the same way but keeps the round trip through
+shared memory: each thread copies its elements into the slots itself, then reads them back as before.
+``--set walk``: P blocks walk the rows
 warp-specialized (512 consumers, one box a stage), the producer keeping S stages in flight across rows.
 """
 import argparse
 import dataclasses
 import os
+import re
 import statistics
 import sys
 
@@ -31,6 +37,9 @@ from benchmarks import cuda_edit  # noqa: E402
 from benchmarks.ops import variant_params  # noqa: E402
 
 SYNC_EDITS = ("main sync", "epilogue sync", "reduction sync")
+PATH_EDITS = ("direct", "shared")
+# a thread's read of its elements from the slot, the index captured (main loop and epilogue)
+SLOT_READ = r"(cb_vcopy<16>\(&cb_vec_\d+\[0\], )&tile\[(.*?)\]\);"
 SM_REGISTERS, SM_THREADS, SM_SHARED, BLOCK_RESERVED = 65536, 2048, 233472, 1024  # H200, per SM
 
 
@@ -40,8 +49,41 @@ def resident(registers: int, threads: int, shared: int) -> int:
                SM_SHARED // (shared + BLOCK_RESERVED))
 
 
-def _edit(text: str, drop: tuple) -> str:
-    """ops.py's CUDA without the block syncs named in ``drop`` (of SYNC_EDITS)."""
+def _sub_re(text: str, pattern: str, new: str, count: int = 1) -> str:
+    return cuda_edit.resub(text, pattern, new, count, who="resident_probe")
+
+
+def _no_tma(text: str, prologue: str) -> str:
+    """ops.py's CUDA without the TMA: its prologue (S-1 stages issued) replaced by ``prologue``, the main
+    iteration's refill issue and the barrier waits dropped (the barriers are still initialised and
+    invalidated; the block syncs stay)."""
+    text = _sub_re(text, r"(?s)  #pragma unroll\n  for \(int j = 0; j < \d+; j \+= 1\) \{  // prologue\n.*?\n  \}\n",
+                   prologue.replace("\\", "\\\\"))
+    text = _sub_re(text, r"(?s)    if \(cb_elect_one\(\)\) \{\n      cb_fence_proxy_async\(\);\n.*?\n    \}\n", "")
+    return _sub_re(text, r"    cb_mbar_wait\(cb_smem_addr\(&cb_full_\d+\[j\]\), 0\);\n", "", count=2)
+
+
+def _path(text: str, how: str, params: dict) -> str:
+    """ops.py's CUDA with the row brought in ``how`` (of PATH_EDITS) instead of by the TMA."""
+    row = f"(int)blockIdx.x * {params['row']}"  # one row a block: element k of the row is slot element k
+    if how == "direct":  # each thread's 16-byte vector from global memory where it read the slot
+        return _sub_re(_no_tma(text, ""), SLOT_READ, rf"\1&x[{row} + \2]);", count=4)
+    # "shared": each thread copies the vectors it will read into the slots (LDG.128, STS.128) up front, the
+    # whole row in flight as the TMA keeps it; __syncwarp keeps the compiler from forwarding the stores
+    # to the reads (a thread reads back only what it wrote)
+    index = list(dict.fromkeys(m.group(2) for m in re.finditer(SLOT_READ, text)))
+    assert len(index) == params["width"] // params["threads"] // 8, index
+    copy = "".join(f"    cb_vcopy<16>(&tile[{i}], &x[{row} + {i}]);\n" for i in index)
+    return _no_tma(text, f"  #pragma unroll\n  for (int j = 0; j < {params['stages']}; j += 1) {{  // probe: "
+                         f"the row into the slots without the TMA\n{copy}  }}\n  __syncwarp();\n")
+
+
+def _edit(text: str, drop: tuple, params: dict) -> str:
+    """ops.py's CUDA with the row brought in as the PATH_EDITS in ``drop`` say, without the block syncs
+    named in it (of SYNC_EDITS)."""
+    for how in PATH_EDITS:
+        if how in drop:
+            text = _path(text, how, params)
     if "main sync" in drop:
         text = cuda_edit.sub(text, "    }\n    __syncthreads();\n  }\n", "    }\n  }\n", who="resident_probe")
     if "epilogue sync" in drop:
@@ -62,7 +104,7 @@ def _compile_edited(params: dict, drop: tuple):
     from cbrules.codegen.launch import CompiledKernel
     from cbrules.codegen.nvrtc import compile_cuda
     src = api.generate(reductions.persistent(**params))
-    src = dataclasses.replace(src, text=_edit(src.text, drop))
+    src = dataclasses.replace(src, text=_edit(src.text, drop, params))
     return CompiledKernel(src, compile_cuda(src.text, src.name))
 
 
@@ -75,6 +117,13 @@ def variants(shape: tuple, which: str = "resident") -> list[tuple[str, dict, int
     if which == "syncs":  # hand edits: the third item names the syncs dropped
         return ours + [(f"S={s} no {d}", dict(chosen, stages=s), (d,)) for d in SYNC_EDITS] + [
             (f"S={s} none of the three", dict(chosen, stages=s), SYNC_EDITS)]
+    if which == "path":  # hand edits: the third item names the path (and the syncs dropped)
+        loop = ("main sync", "epilogue sync")
+        return ours + [(f"S={s} direct (LDG.128, no TMA)", dict(chosen, stages=s), ("direct",)),
+                       (f"S={s} direct, no loop syncs", dict(chosen, stages=s), ("direct", *loop)),
+                       (f"S={s} direct, none of the syncs", dict(chosen, stages=s), ("direct", *SYNC_EDITS)),
+                       (f"S={s} LDG.128+STS+LDS, no TMA", dict(chosen, stages=s), ("shared",)),
+                       (f"S={s} LDG.128+STS+LDS, no loop syncs", dict(chosen, stages=s), ("shared", *loop))]
     if which == "walk":  # warp-specialized walks: the producer keeps S stages in flight across rows
         wide = dict(chosen, threads=512, one_box=True, warp_specialize=True)
         return ours + [(f"WS walk P={p} width={w} S={st} threads=512", dict(wide, stages=st, width=w, walk=p), 0)
@@ -97,7 +146,7 @@ def variants(shape: tuple, which: str = "resident") -> list[tuple[str, dict, int
 
 def build(params: dict, change):
     """The CompiledKernel of a variant: ``change`` is a __launch_bounds__ minimum of blocks (0: none) or the
-    syncs (of SYNC_EDITS) to drop from its CUDA."""
+    hand edits (of PATH_EDITS and SYNC_EDITS) of its CUDA."""
     if isinstance(change, tuple):
         return _compile_edited(params, change)
     k = reductions.persistent(**params)
@@ -114,20 +163,31 @@ def note(ck, params: dict) -> str:
             f"blocks/SM={resident(r.registers, threads, ck.source.shared_bytes)}")
 
 
+def _keep(folder, i: int, label: str, ck) -> None:
+    """Write ``ck``'s cubin into ``folder`` (when given), named by its place in the set and its label."""
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"{i:02d}_{re.sub(r'[^A-Za-z0-9]+', '_', label).strip('_')}.cubin"), "wb") as f:
+            f.write(ck.cubin.cubin)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (each variant once a round)")
     p.add_argument("--reps", type=int, default=10, help="timed launches of a variant a round")
     p.add_argument("--shape", default="16384x16384")
-    p.add_argument("--set", default="resident", choices=("resident", "stages", "syncs", "walk"), help="which variants")
+    p.add_argument("--set", default="resident", choices=("resident", "stages", "syncs", "walk", "path"), help="which variants")
     p.add_argument("--triton-warps", default=[16], type=lambda t: [int(w) for w in t.split(",")],
                    help="Triton row kernels of these num_warps (the first is the base of the ratios)")
     p.add_argument("--compile-only", action="store_true", help="no GPU: build and compile the set's variants")
+    p.add_argument("--cubins", help="write each variant's cubin into this folder (for cuobjdump -sass)")
     a = p.parse_args()
     m, n = (int(s) for s in a.shape.split("x"))
     if a.compile_only:
-        for label, params, change in variants((m, n), a.set):
-            print(f"{m}x{n} {label}: {note(build(params, change), params)}", flush=True)
+        for i, (label, params, change) in enumerate(variants((m, n), a.set)):
+            ck = build(params, change)
+            _keep(a.cubins, i, label, ck)
+            print(f"{m}x{n} {label}: {note(ck, params)}", flush=True)
         return
     import torch
     from cbrules.codegen import runtime
@@ -143,12 +203,13 @@ def main() -> None:
         launches[label] = lambda w=warps: _normalize_row[(m,)](x, out, m, n, BLOCK_N=n, num_warps=w)
         regs, spills = getattr(tri, "n_regs", 0), getattr(tri, "n_spills", "?")
         notes[label] = f"regs={regs} spills={spills} blocks/SM={resident(regs or 255, 32 * warps, 0)}"
-    for label, params, change in variants((m, n), a.set):
+    for i, (label, params, change) in enumerate(variants((m, n), a.set)):
         try:
             ck = build(params, change)
         except Exception as e:  # a variant that does not build or fit is reported, not fatal
             print(f"{m}x{n} {label}: not built: {type(e).__name__}: {str(e)[:200]}", flush=True)
             continue
+        _keep(a.cubins, i, label, ck)
         launches[label] = ck.bind(x=x, out=out).launch
         notes[label] = note(ck, params)
     for label, fn in list(launches.items()):  # correctness first, outputs poisoned

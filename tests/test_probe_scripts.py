@@ -40,6 +40,31 @@ def test_resident_probe_sync_edits_compile():
     assert out.count("16384x16384 ") == 5 and "none of the three: regs=" in out and "blocks/SM=3" in out
 
 
+def test_resident_probe_path_edits_compile():
+    """The hand edits bringing the row in without the TMA (each edit found as often as expected)."""
+    out = _run("benchmarks/resident_probe.py", "--set", "path", "--compile-only")
+    assert out.count("16384x16384 ") == 6 and "LDG.128+STS+LDS, no loop syncs: regs=" in out
+    assert out.count("blocks/SM=3") == 6  # the same occupancy as ops.py's choice
+
+
+def test_resident_probe_path_edits_drop_the_tma():
+    """``direct`` reads every vector from global memory and nothing through the TMA or the barriers;
+    ``shared`` still reads the slots, after each thread copied its vectors there."""
+    from cbrules import api
+    from cbrules.kernels import reductions
+    from benchmarks import resident_probe
+    (_, params, _), *_ = resident_probe.variants((16384, 16384), "path")
+    text = api.generate(reductions.persistent(**params)).text
+    body = text[text.index('extern "C"'):]
+    assert "&x_tmap" in body and body.count("cb_mbar_wait(") == 2
+    for how, global_reads, slot_reads in (("direct", 4, 0), ("shared", 2, 4)):
+        edited = resident_probe._edit(text, (how,), params)
+        body = edited[edited.index('extern "C"'):]
+        assert "&x_tmap" not in body and "cb_mbar_wait(" not in body and "cb_mbar_arrive_expect_tx(" not in body
+        assert body.count("&x[(int)blockIdx.x * 16384 + ") == global_reads
+        assert body.count("], &tile[") == slot_reads
+
+
 def test_probe_elements_reads_booleans_and_counts():
     from benchmarks.probe_elements import _value
     assert _value("true") is True and _value("false") is False and _value("132") == 132
