@@ -86,7 +86,7 @@ def _normalize_kernel(shape: tuple, dtype: str = "float32") -> tuple[str, dict]:
     so the producer loads the next row while the consumers normalize this one: 3645 -> 3911 GB/s, 0.95x ->
     1.02x Triton's row kernel (benchmarks/walk_probe.py; at 16384 walking lost up to half, so not there).
     At 16384 the last 1-1.5 % to Triton's row kernel moved with no occupancy, box, stage, sync or walk
-    variant (benchmarks/resident_probe.py, ``benchmarks/results/bf16/resident/``)."""
+    variant, nor without the TMA (benchmarks/resident_probe.py, ``benchmarks/results/bf16/resident/``)."""
     n = shape[1]
     if dtype != "float32":
         if n <= 16384:

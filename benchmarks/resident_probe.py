@@ -176,7 +176,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (each variant once a round)")
     p.add_argument("--reps", type=int, default=10, help="timed launches of a variant a round")
     p.add_argument("--shape", default="16384x16384")
-    p.add_argument("--set", default="resident", choices=("resident", "stages", "syncs", "walk", "path"), help="which variants")
+    p.add_argument("--set", default="resident", choices=("resident", "stages", "syncs", "walk", "path"),
+                   help="which variants")
     p.add_argument("--triton-warps", default=[16], type=lambda t: [int(w) for w in t.split(",")],
                    help="Triton row kernels of these num_warps (the first is the base of the ratios)")
     p.add_argument("--compile-only", action="store_true", help="no GPU: build and compile the set's variants")
