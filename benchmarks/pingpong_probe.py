@@ -2,7 +2,7 @@
 (each edit checked to apply exactly once, benchmarks/cuda_edit.py), timed in interleaved rounds beside
 cuBLAS and the Triton peer at the three benchmark shapes:
 
-    python3 benchmarks/pingpong_probe.py --out DIR [--rounds 7] [--cpu]
+    python3 benchmarks/pingpong_probe.py --out DIR [--rounds 7] [--cpu] [--cluster | --pp128]
 
 Variants (see main): ``coop`` (the cooperative 128x256 tile of two consumer warp groups, group_m 16) and
 ``coop-pers`` (the same, persistent: one block an SM); ``coop-pers-noepi`` (no epilogue at all: the upper
@@ -14,8 +14,13 @@ mainloop); ``coop-pers-nowait`` / ``-nostore`` / ``-nowrite`` (the epilogue take
 ``*-wgstore`` (each consumer warp group stores its own 64 rows); ``coop-g8`` / ``-g32`` and
 ``coop-pers-g8`` / ``-g32``: other raster group heights. With ``--cluster``, only ``coop``,
 ``coop-cluster2`` (benchmarks/profile_tc.py's cluster2 edit) and ``coop-cluster-arrive`` (the same
-without the multicast). The variants in TIMING_ONLY do not compute c; every other one is checked
-against a float32 product. Figures: benchmarks/results/matmul_tc/s5_levers/ and the README.
+without the multicast). With ``--pp128``, only ``coop``, ``coop-pers`` and 128x128 tiles: ``coop128-pers``
+(cooperative: two consumer warp groups of 64x128), ``one128-pers`` (one consumer warp group of 128x128:
+two m64n128k16 wgmma a k step, 128 accumulators a thread) and ``pingpong128`` / ``pingpong128-s5``
+(the latter made ping-pong as above, 4 / 5 stages of 32 KiB beside two 32 KiB staging regions), and
+``pingpong`` beside ``pingpong-c7514`` (the 64x256 ping-pong as run1-run3 ran it: ptxas serialized its
+wgmma, see pingpong's ``warp_wait``). The variants in TIMING_ONLY do not compute c; every other one is
+checked against a float32 product. Figures: benchmarks/results/matmul_tc/s5_levers/ and the README.
 """
 from __future__ import annotations
 
@@ -111,23 +116,38 @@ def wg_store(t: str) -> str:
     return t
 
 
-def pingpong(t: str, blocks: int) -> str:
-    """The one-warp-group 64x256 persistent kernel made ping-pong: two consumer warp groups, group w
+def _one(t: str, pattern: str, new: str, who: str = "pingpong") -> str:
+    """``t`` with the one match of regex ``pattern`` replaced by ``new`` (exits unless exactly one)."""
+    t, n = re.subn(pattern, new, t)
+    if n != 1:
+        raise SystemExit(f"pingpong_probe: {who}: expected 1 match of {pattern!r} in the generated CUDA, found {n}")
+    return t
+
+
+def pingpong(t: str, blocks: int, bm: int = 64, bn: int = 256, warp_wait: bool = True) -> str:
+    """The one-warp-group bm x bn persistent kernel made ping-pong: two consumer warp groups, group w
     taking tiles blockIdx.x + (2j + w) * P of the walk the producer loads in order. Group w waits on
     named barrier 3 + w before its mainloop (not on the block's first tile) and arrives on the other's,
     4 - w, once its last wgmma of the tile is issued, if the walk has a next tile. The slot and parity of
-    a k step stay those of the walk's running count, so the empty barriers count one group (128)."""
+    a k step stay those of the walk's running count, so the empty barriers count one group (128). Each
+    group stages C in its own region (a second one after the first: the tiles move up by its size).
+    ``warp_wait``: every lane of the group's first warp waits for its stores to have read the staging
+    (lanes that issued none return at once); the group's elected thread alone waiting there, as in
+    run1-run3, makes ptxas serialize every wgmma (C7514)."""
     p = str(blocks)
     t = _sub(t, "__device__ __forceinline__ bool cb_elect_one()", PP_HELPERS + "__device__ __forceinline__ bool cb_elect_one()")
     t = _sub(t, "__launch_bounds__(256, 1)", "__launch_bounds__(384, 1)")
-    # a second staging region: the tiles move up by 16 KiB
-    t = _sub(t, "a_tile = reinterpret_cast<cb_bf16*>(cb_smem + 17408);", "a_tile = reinterpret_cast<cb_bf16*>(cb_smem + 33792);")
-    t = _sub(t, "b_tile = reinterpret_cast<cb_bf16*>(cb_smem + 50176);", "b_tile = reinterpret_cast<cb_bf16*>(cb_smem + 66560);")
+    stage = int(re.search(r"cb_stage_11 = reinterpret_cast<cb_bf16\*>\(cb_smem \+ (\d+)\);", t).group(1))
+    for tile in ("a_tile", "b_tile"):
+        at = int(re.search(rf"{tile} = reinterpret_cast<cb_bf16\*>\(cb_smem \+ (\d+)\);", t).group(1))
+        if tile == "a_tile":
+            region = at - stage  # one group's staging bytes
+        t = _sub(t, f"{tile} = reinterpret_cast<cb_bf16*>(cb_smem + {at});", f"{tile} = reinterpret_cast<cb_bf16*>(cb_smem + {at + region});")
     t = _sub(t, "if ((int)threadIdx.x < 128) {\n    asm volatile(\"setmaxnreg.inc",
              "if ((int)threadIdx.x < 256) {\n    const int cb_wg = (int)threadIdx.x / 128;\n    asm volatile(\"setmaxnreg.inc")
-    t = _sub(t, "    for (int cb_k = 0; cb_k < 4; cb_k += 1) {  // pre-prologue\n",
-             "    if (cb_wg == 0) for (int cb_k = 0; cb_k < 4; cb_k += 1) {  // pre-prologue\n")
-    tiles = "cb_ceil_div(M, 64) * cb_ceil_div(N, 256)"
+    t = _one(t, r"\n    for \(int cb_k = 0; cb_k < (\d+); cb_k \+= 1\) \{  // pre-prologue\n",
+             r"\n    if (cb_wg == 0) for (int cb_k = 0; cb_k < \1; cb_k += 1) {  // pre-prologue\n")
+    tiles = f"cb_ceil_div(M, {bm}) * cb_ceil_div(N, {bn})"
     t = _sub(t, f"    for (int tile = (int)blockIdx.x; tile < {tiles}; tile += {p}) {{\n      for (int t = 0; t < cb_ceil_div(K, 64); t += 1) {{  // consumer",
              f"    for (int tile = (int)blockIdx.x + cb_wg * {p}; tile < {tiles}; tile += 2 * {p}) {{\n"
              f"      if (tile != (int)blockIdx.x) cb_bar_sync(3 + cb_wg, 256);  // the tensor core's turn\n"
@@ -135,13 +155,17 @@ def pingpong(t: str, blocks: int) -> str:
     t = _sub(t, "          cb_wgmma_wait<0>(); cb_fence_acc<128>(acc);\n          cb_mbar_arrive",
              f"          if (tile + {p} < {tiles}) cb_bar_arrive(4 - cb_wg, 256);  // hand it over\n"
              "          cb_wgmma_wait<0>(); cb_fence_acc<128>(acc);\n          cb_mbar_arrive")
-    t = _sub(t, " + ((int)threadIdx.x / 128) * 8192;", ";")
-    t = _sub(t, "(int)threadIdx.x / 128 * 64 + acc_j * 64", "acc_j * 64")
-    t = _sub(t, "acc_q % 2 * 4096]", "acc_q % 2 * 4096 + cb_wg * 8192]")
-    t = _sub(t, "cb_smem_addr(cb_stage_11 + acc_q % 2 * 4096)", "cb_smem_addr(cb_stage_11 + acc_q % 2 * 4096 + cb_wg * 8192)")
+    # the generated kernel offsets A and the staging rows by the group (threadIdx.x / 128): here each
+    # group owns a whole tile, so both start at its row 0 and the staging at the group's own region
+    t = _one(t, r" \+ \(\(int\)threadIdx\.x / 128\) \* \d+;", ";")
+    t = _one(t, r"\(int\)threadIdx\.x / 128 \* \d+ \+ acc_j \* 64", "acc_j * 64")
+    t = _one(t, r"(acc_q(?: % 2)? \* \d+)\] = v0;", rf"\1 + cb_wg * {region // 2}] = v0;")
+    t = _one(t, r"cb_smem_addr\(cb_stage_11 \+ (acc_q(?: % 2)? \* \d+)\)", rf"cb_smem_addr(cb_stage_11 + \1 + cb_wg * {region // 2})")
+    wait = ("        if ((int)threadIdx.x % 128 < 32) cb_bulk_wait_read<0>();\n" if warp_wait else
+            "        if (cb_elect_wg()) {\n          cb_bulk_wait_read<0>();\n        }\n")
     t = _sub(t, "        if (cb_elect_one()) {\n          cb_bulk_wait_read<0>();\n        }\n        cb_bar_sync(2, 128);\n"
                 "        if (cb_elect_one()) {\n          cb_tma_store_async",
-             "        if (cb_elect_wg()) {\n          cb_bulk_wait_read<0>();\n        }\n        cb_bar_sync(5 + cb_wg, 128);\n"
+             f"{wait}        cb_bar_sync(5 + cb_wg, 128);\n"
              "        if (cb_elect_wg()) {\n          cb_tma_store_async")
     t = _sub(t, "    if (cb_elect_one()) {\n      cb_bulk_wait<0>();\n    }\n    cb_bar_sync(2, 128);  // post-epilogue",
              "    if (cb_elect_wg()) {\n      cb_bulk_wait<0>();\n    }\n    cb_bar_sync(2, 256);  // post-epilogue")
@@ -166,14 +190,33 @@ def _box(src, box):
                                                  for q in src.params))
 
 
-def sources(blocks: int, cluster: bool = False) -> dict:
-    """name -> KernelSource of every variant."""
+def _pingpong_source(one, blocks: int, bm: int, bn: int, warp_wait: bool = True):
+    """The ping-pong KernelSource of ``one`` (one consumer warp group, persistent, bm x bn tiles): three
+    warp groups, and a second staging region of C (the bytes between the first and the A tiles)."""
+    at = int(re.search(r"a_tile = reinterpret_cast<cb_bf16\*>\(cb_smem \+ (\d+)\);", one.text).group(1))
+    st = int(re.search(r"cb_stage_11 = reinterpret_cast<cb_bf16\*>\(cb_smem \+ (\d+)\);", one.text).group(1))
+    return dataclasses.replace(one, text=pingpong(one.text, blocks, bm, bn, warp_wait), block=(384, 1, 1),
+                               shared_bytes=one.shared_bytes + at - st)
+
+
+def sources(blocks: int, cluster: bool = False, pp128: bool = False) -> dict:
+    """name -> KernelSource of every variant (``cluster`` / ``pp128``: only those sets)."""
     from cbrules import api
     from cbrules.kernels.matmul_tc import matmul_tc
     ws = {"stages": 4, "warp_specialize": True, "registers": (40, 232)}
     edit = lambda src, f: dataclasses.replace(src, text=f(src.text))  # noqa: E731
     out = {"coop": api.generate(matmul_tc(**ws, group_m=16)),
            "coop-pers": api.generate(matmul_tc(**ws, group_m=16, persistent=blocks))}
+    if pp128:  # 128x128 tiles: cooperative (two groups of 64x128), one group alone, ping-pong (4 and 5 stages)
+        out["coop128-pers"] = api.generate(matmul_tc(**ws, bm=128, bn=128, group_m=16, persistent=blocks))
+        out["one128-pers"] = api.generate(matmul_tc(**ws, bm=128, bn=128, groups=1, group_m=16, persistent=blocks))
+        out["pingpong128"] = _pingpong_source(out["one128-pers"], blocks, 128, 128)
+        one5 = api.generate(matmul_tc(**{**ws, "stages": 5}, bm=128, bn=128, groups=1, group_m=16, persistent=blocks))
+        out["pingpong128-s5"] = _pingpong_source(one5, blocks, 128, 128)
+        one64 = api.generate(matmul_tc(**ws, bm=64, groups=1, group_m=32, persistent=blocks))
+        out["pingpong"] = _pingpong_source(one64, blocks, 64, 256)
+        out["pingpong-c7514"] = _pingpong_source(one64, blocks, 64, 256, warp_wait=False)
+        return out
     out["coop-pack32"] = edit(out["coop"], pack32)
     out["coop-pers-pack32"] = edit(out["coop-pers"], pack32)
     out["coop-pers-noepi"] = edit(out["coop-pers"], no_epilogue)
@@ -193,8 +236,7 @@ def sources(blocks: int, cluster: bool = False) -> dict:
         out["coop-cluster-arrive"] = edit(out["coop"], cluster_arrive_only)
         return {k: out[k] for k in ("coop", "coop-cluster-arrive", "coop-cluster2")}
     one = api.generate(matmul_tc(**ws, bm=64, groups=1, group_m=32, persistent=blocks))
-    pp = dataclasses.replace(one, text=pingpong(one.text, blocks), block=(384, 1, 1),
-                             shared_bytes=one.shared_bytes + 16384)
+    pp = _pingpong_source(one, blocks, 64, 256)
     out["pingpong"] = pp
     out["pingpong-pack32"] = edit(pp, pack32)
     return out
@@ -208,16 +250,19 @@ def main(argv=None) -> int:
     p.add_argument("--cpu", action="store_true", help="only generate and compile the variants (no GPU)")
     p.add_argument("--cluster", action="store_true", help="only coop and its cluster-of-two B-multicast variant "
                    "(profile_tc.cluster2; one such version hung once: run it alone, under a timeout)")
+    p.add_argument("--pp128", action="store_true", help="only coop, coop-pers and the 128x128 set: the cooperative "
+                   "and one-warp-group persistent kernels and the ping-pong made of the latter (4 and 5 stages)")
     a = p.parse_args(argv)
     from cbrules.codegen.launch import CompiledKernel
     from cbrules.codegen.nvrtc import compile_cuda
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     compiled = {}
-    for name, src in sources(a.blocks, a.cluster).items():
+    for name, src in sources(a.blocks, a.cluster, a.pp128).items():
         cubin = compile_cuda(src.text, src.name)
         r = cubin.resources
-        print(f"{name}: {r.registers} registers, spills {r.spill_stores}/{r.spill_loads}", flush=True)
+        serial = ", wgmma serialized (C7514)" if "C7514" in cubin.log else ""
+        print(f"{name}: {r.registers} registers, spills {r.spill_stores}/{r.spill_loads}{serial}", flush=True)
         compiled[name] = CompiledKernel(src, cubin)
         if name.startswith("pingpong"):
             (out / f"{name}.cu").write_text(src.text)

@@ -155,7 +155,7 @@ def cluster_launch(t: str) -> str:
 VARIANTS = {"default": None, "no-epilogue": no_epilogue, "no-mma": no_mma, "mma-only": mma_only,
             "warp-release": warp_release, "swizzled-store": swizzled_store}
 # opt-in (--cluster): cluster2 hung in its runs of 2026-11-30 (results/matmul_tc/levers/profile and
-# s5_levers: every lane arrived, see cb_mbar_arrive_pair); fixed since, not yet run
+# s5_levers: every lane arrived, see cb_mbar_arrive_pair); fixed since: s5_levers/run5_cluster ran it
 CLUSTER_VARIANTS = {"cluster-launch": cluster_launch, "cluster2": cluster2}
 COMPUTES = ("default", "warp-release", "cluster2", "persistent", "swizzled-store", "group16", "persistent-swizzled",
             "store-swizzle", "store-swizzle-group16", "cluster2-group16")
