@@ -78,10 +78,11 @@ class Matcher(Relations):
         self.kg = kg
         self.decide = decide
         self.plan = plan
-        self._attrs: Optional[AttrIndex] = None
+        # the op index ("index") and the attribute index ("attrs"), built on first use and shared by
+        # the fresh() matchers: an anchored search that needs neither builds neither
+        self._shared: dict[str, Any] = {}
         self._orders: dict[int, list[int]] = {}
         self._places: dict[int, dict[int, int]] = {}  # scope -> each child's place in its order
-        self._index: Optional[dict[str, list[int]]] = None  # op -> nodes, built on first use
         self._within: dict[tuple[int, str], list[int]] = {}  # (scope, op) -> nodes inside, on first use
         self._grouped: dict[int, dict[str, list[int]]] = {}  # scope -> op -> nodes inside, one walk a scope
         self.deepest: tuple[int, str, Any] = (-1, "", None)
@@ -93,10 +94,10 @@ class Matcher(Relations):
         """A matcher over the same (unchanged) graph sharing this one's indexes, with its own
         failure record."""
         m = Matcher.__new__(Matcher)
-        m.kg, m._orders, m._index, m._within = self.kg, self._orders, self.by_op(), self._within
+        m.kg, m._orders, m._shared, m._within = self.kg, self._orders, self._shared, self._within
         m._grouped = self._grouped
         m._places = self._places
-        m.decide, m.plan, m._attrs = self.decide, self.plan, self.attr_index()
+        m.decide, m.plan = self.decide, self.plan
         m.deepest, m.deadline, m.ticks = (-1, "", None), self.deadline, 0
         m.deepest_bindings = {}
         return m
@@ -104,16 +105,18 @@ class Matcher(Relations):
     def by_op(self) -> dict[str, list[int]]:
         """Node ids by op (``"_"``: every node), each sorted; built once, on first use, so that a
         matcher for an anchored match (every node bound) costs nothing proportional to the graph."""
-        if self._index is None:
-            self._index = self.kg.by_op()
-            self._index["_"] = sorted(self.kg.g.nodes)
-        return self._index
+        index = self._shared.get("index")
+        if index is None:
+            index = self._shared["index"] = self.kg.by_op()
+            index["_"] = sorted(self.kg.g.nodes)
+        return index
 
     def attr_index(self) -> AttrIndex:
         """Nodes by op and attribute value (:class:`cbrules.rewrite.plan.AttrIndex`), on first use."""
-        if self._attrs is None:
-            self._attrs = AttrIndex(self.kg, self.by_op())
-        return self._attrs
+        attrs = self._shared.get("attrs")
+        if attrs is None:
+            attrs = self._shared["attrs"] = AttrIndex(self.kg, self.by_op())
+        return attrs
 
     def inside(self, scope: int, op: str) -> list[int]:
         """The nodes of ``op`` (``"_"``: any) inside ``scope``, in id order; remembered, as the graph
@@ -123,7 +126,8 @@ class Matcher(Relations):
         if got is None:
             # a rare op (in an op index already built: an anchored match builds none): its nodes
             # whose scopes include ``scope``
-            few = self._index.get(op, ()) if op != "_" and self._index is not None else None
+            index = self._shared.get("index")
+            few = index.get(op, ()) if op != "_" and index is not None else None
             if few is not None and len(few) <= _FEW:
                 got = [n for n in few if n != scope and scope in self.kg.ancestors(n)]
             else:  # one walk of the scope answers every op (a rule asks for several in each loop)
@@ -276,7 +280,7 @@ class Matcher(Relations):
             # an attribute that must equal a known value: its index, when shorter (and when the
             # pool is large, or is every node of the op in a matcher that has indexed the graph
             # already: the few nodes of one scope must not cost an index of the op's every node)
-            if op != "_" and (len(pool) > _FEW or scope is None and self._index is not None):
+            if op != "_" and (len(pool) > _FEW or scope is None and "index" in self._shared):
                 for path, v in known_values(keys, b):
                     same = self.attr_index().lookup(op, path, v)
                     if same is not None and len(same) < len(pool):

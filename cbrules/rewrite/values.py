@@ -38,6 +38,13 @@ def _const_value(x):
     if isinstance(x, int):
         return x
     if isinstance(x, Term):
+        if x.op == "name":  # what most index terms hold: decided without an exception
+            return None
+        if x.op == "const":
+            v = x.value
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+        if next(x.names(), None) is not None:  # a name has no value here: evaluating it would raise
+            return None
         try:
             v = eval_term(x, {})
             return v if isinstance(v, int) and not isinstance(v, bool) else None
