@@ -160,6 +160,8 @@ class KernelGraph:
     def nodes(self, op: Optional[str] = None) -> list[int]:
         if op is not None and self._ops_kept:
             return list(self._kept_ops().get(op, ()))
+        if op is None:
+            return sorted(self.g._node)
         return sorted(n for n, d in self.g._node.items() if op is None or d["op"] == op)
 
     def by_op(self) -> dict[str, list[int]]:
