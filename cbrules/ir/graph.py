@@ -324,6 +324,16 @@ class KernelGraph:
         nodes, since = self.g._node, bisect.bisect_right(self._trail, step, key=lambda mark: mark[0])
         return list({n for _, n in self._trail[since:] if n in nodes})
 
+    def touched_at(self, step: int) -> list[int]:
+        """The nodes the touch log marked with ``step`` (removed ones too), in no particular order."""
+        if self._trail is None:
+            return []
+        trail = self._trail
+        i = len(trail)
+        while i and trail[i - 1][0] >= step:  # the last step's marks end the trail
+            i -= 1
+        return [n for st, n in trail[i:] if st == step]
+
     def touched_after(self, n: int, step: int) -> bool:
         """Whether the touch log marked ``n`` after ``step`` (a node it never marked: no; without a
         log: yes, it may have changed)."""

@@ -208,7 +208,13 @@ class _Run:
         # anchored rules (see anchors.py): the step at which a rule's every match was last known
         # (found, or all fired already), and its anchor pattern
         self.known: dict[str, int] = {}
-        self.anchors: dict[str, Optional[Anchor]] = {}
+        self.anchors: dict[str, Optional[Anchor]] = {r.name: anchor_of(r.match, r.where) for r in rules.rules}
+        # per node of an op some rule anchors on: (step, ops) of each application since the lowering
+        # began that changed it or something inside it (ops: what the application touched, as
+        # ``touched`` counts them), so that an anchored rule looks again at a changed node only when
+        # a node of an op it watches changed (see _changed_for)
+        self.anchor_ops = frozenset(a.op for a in self.anchors.values() if a is not None)
+        self.news: dict[int, list[tuple[int, frozenset]]] = {}
         self.verified = False  # the graph is unchanged since it last passed verify()
         self.verify_phases = True  # verify() after each phase that changed the graph, not only at the end
         self.oracle = _oracle(tuple(rules.egg_forms)) if rules.egg_forms else None
@@ -254,6 +260,7 @@ class _Run:
                     kg.log_touches(self.step)
                     kg, ops = _apply(kg, rule, at, b, self.step, phase, self.trace, self.debug)
                     self.touched.update(dict.fromkeys(ops, self.step))
+                    self._record_news(kg, frozenset(ops))
                     self.verified = False
                     if self.stop_after is not None and self.step >= self.stop_after:
                         return self._done(kg)
@@ -343,16 +350,42 @@ class _Run:
         id order: the order of the whole-graph search; the matches elsewhere are those known then,
         all of them fired or about to be)."""
         since = self.known.get(rule.name)
-        if rule.name not in self.anchors:
-            self.anchors[rule.name] = anchor_of(rule.match, rule.where)
         anchor = self.anchors[rule.name]
         if since is None or anchor is None or any(self.touched.get(op, -1) > since for op in anchor.outside):
             yield from self._matches(index.fresh(), rule)
             return
         m = index.fresh()
         for n in sorted(n for n in kg.touched_since(since) if kg.op(n) == anchor.op):
-            m.ticks = 0  # _matches adds them up for each anchor
-            yield from self._matches(m, rule, {anchor.var: NodeRef(n)})
+            if self._changed_for(rule, n, since):
+                m.ticks = 0  # _matches adds them up for each anchor
+                yield from self._matches(m, rule, {anchor.var: NodeRef(n)})
+
+    def _record_news(self, kg: KernelGraph, ops: frozenset) -> None:
+        """Note the application just made (``ops``: what it touched) on every anchor node it changed."""
+        nodes = kg.g._node
+        for n in kg.touched_at(self.step):  # an erased node too: a match bound to it is gone
+            if n not in nodes or nodes[n]["op"] in self.anchor_ops:
+                self.news.setdefault(n, []).append((self.step, ops))
+
+    def _changed_for(self, rule: GraphRule, n: int, since: int) -> bool:
+        """Whether an application after step ``since`` changed, inside anchor node ``n`` (or ``n``
+        itself), a node of an op anchored ``rule`` watches: its matches at ``n`` read only the
+        nodes inside ``n`` of those ops (:func:`cbrules.rewrite.plan.watched_ops`), so without one
+        they are the matches known at ``since``."""
+        ops = self._watched(rule)
+        if ops is None:
+            return any(step > since for step, _ in self.news.get(n, ()))
+        for step, touched in reversed(self.news.get(n, ())):
+            if step <= since:
+                return False
+            if not ops.isdisjoint(touched):
+                return True
+        return False
+
+    def _watched(self, rule: GraphRule) -> Optional[frozenset]:
+        if rule.name not in self.watched:
+            self.watched[rule.name] = watched_ops(rule.match, rule.where)
+        return self.watched[rule.name]
 
     def _may_have_news(self, rule: GraphRule) -> bool:
         """Whether ``rule`` may match something it has not fired on: it never looked, or a node of
@@ -360,9 +393,7 @@ class _Run:
         since = self.quiet.get(rule.name)
         if since is None:
             return True
-        if rule.name not in self.watched:
-            self.watched[rule.name] = watched_ops(rule.match, rule.where)
-        ops = self.watched[rule.name]
+        ops = self._watched(rule)
         return ops is None or any(self.touched.get(op, -1) > since for op in ops)
 
     def _still_matches(self, kg: KernelGraph, rule: GraphRule, b: dict) -> Optional[dict]:
@@ -370,7 +401,7 @@ class _Run:
         An anchored rule's match whose anchor and outside ops nothing touched since the batch was
         found is ``b`` itself (its matches there are as they were)."""
         anchor, since = self.anchors.get(rule.name), self.known[rule.name]
-        if anchor is not None and not kg.touched_after(b[anchor.var].id, since) and \
+        if anchor is not None and not self._changed_for(rule, b[anchor.var].id, since) and \
                 all(self.touched.get(op, -1) <= since for op in anchor.outside):
             return b if _match_key(rule, b) not in self.fired else None
         nodes = {k: v for k, v in b.items() if isinstance(v, NodeRef)}
