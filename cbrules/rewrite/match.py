@@ -60,6 +60,9 @@ def _node_pattern(e: SList) -> _NodePattern:
     return got[1]
 
 
+_RELATION_METHODS: dict[int, tuple] = {}  # id of a :match element -> (the element, its relation's method or None)
+
+
 class MatchTimeout(Exception):
     """Matching ran past the matcher's deadline (the engine reports it as a LoweringError)."""
 
@@ -193,10 +196,15 @@ class Matcher(Relations):
             self._fail(i, "no node matches" if els[i].head() not in RELATIONS else "relation does not hold", els[i], b)
 
     def element(self, e: SList, b: dict) -> Iterator[dict]:
-        head = e.head()
-        if head in RELATIONS:  # every relation is a generator: nothing runs before the caller iterates
-            return getattr(self, "_rel_" + head.replace("-", "_"))(e, b)
-        return self.node_pattern(e, b)
+        relation = _RELATION_METHODS.get(id(e))
+        if relation is None or relation[0] is not e:
+            if len(_RELATION_METHODS) > 8192:  # rule sets come and go
+                _RELATION_METHODS.clear()
+            head = e.head()
+            relation = _RELATION_METHODS[id(e)] = (e, "_rel_" + head.replace("-", "_") if head in RELATIONS else None)
+        if relation[1] is not None:  # every relation is a generator: nothing runs before the caller iterates
+            return getattr(self, relation[1])(e, b)
+        return self.node_matches(e, b, pairs=False)
 
     def explain(self) -> str:
         """The deepest failure in words: for a node pattern the first attribute that no candidate
@@ -290,20 +298,23 @@ class Matcher(Relations):
 
     def node_pattern(self, e: SList, b: dict, within: Optional[int] = None) -> Iterator[dict]:
         """Bindings for every node matching pattern ``e`` (inside ``within`` when given)."""
-        for _, b2 in self.node_matches(e, b, within):
-            yield b2
+        return self.node_matches(e, b, within, pairs=False)
 
     def node_matches(self, e: SList, b: dict, within: Optional[int] = None,
-                     among: Optional[list[int]] = None) -> Iterator[tuple[int, dict]]:
+                     among: Optional[list[int]] = None, pairs: bool = True) -> Iterator[Any]:
         """(node, bindings) for every node matching pattern ``e`` (inside ``within``, or among
-        the given nodes in their order)."""
+        the given nodes in their order); the bindings alone when ``pairs`` is false."""
         np = _node_pattern(e)
         var, late, checks = np.var, np.late, np.checks
         # the node's variable joins the bindings after the checks (most candidates fail one) unless a
         # check names it; a scope named by a variable bound before the pattern is read once
         scopes: dict[str, int] = {}
         kg, nodes = self.kg, self.kg.g._node
-        pool, held = self._candidates(np, b, within, among)
+        if var is not None and var in b:  # a bound node: _candidates' answer, without the search
+            n = b[var].id if isinstance(b[var], NodeRef) else None
+            pool, held = [n] if n in nodes and (np.op == "_" or nodes[n]["op"] == np.op) else [], None
+        else:
+            pool, held = self._candidates(np, b, within, among)
         for n in pool:
             self.ticks += 1  # _tick, inline: once per candidate
             if not self.ticks & 1023 and self.deadline is not None and time.monotonic() >= self.deadline:
@@ -328,7 +339,7 @@ class Matcher(Relations):
             if b2 is not None:
                 if late:  # the variable where binding it first puts it: right after ``b``'s
                     b2 = {**b, var: NodeRef(n)} if b2 is b else {**b, var: NodeRef(n), **b2}
-                yield n, b2
+                yield (n, b2) if pairs else b2
 
     def select(self, pattern: SList, b: dict, scope: int) -> set[int]:
         """Nodes inside ``scope`` matching a filter: a node pattern, ``(not F)`` or ``(any-of F ...)``."""
