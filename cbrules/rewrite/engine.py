@@ -38,11 +38,11 @@ from typing import Iterator, Optional
 import networkx as nx
 
 from .actions import Rewriter, RuleFailure
-from .anchors import Anchor, anchor_of
+from .anchors import Anchor, AnchorChanges, anchor_of
 from ..errors import CbrulesError
 from ..ir.graph import KernelGraph
 from .match import Matcher, MatchTimeout
-from .plan import watched_ops
+from .plan import absent_requirement, watched_ops
 from .rulefile import GraphRule, RuleSet
 from ..ir.order import ScheduleError
 from .sexpr import RuleError
@@ -209,12 +209,8 @@ class _Run:
         # (found, or all fired already), and its anchor pattern
         self.known: dict[str, int] = {}
         self.anchors: dict[str, Optional[Anchor]] = {r.name: anchor_of(r.match, r.where) for r in rules.rules}
-        # per node of an op some rule anchors on: (step, ops) of each application since the lowering
-        # began that changed it or something inside it (ops: what the application touched, as
-        # ``touched`` counts them), so that an anchored rule looks again at a changed node only when
-        # a node of an op it watches changed (see _changed_for)
-        self.anchor_ops = frozenset(a.op for a in self.anchors.values() if a is not None)
-        self.news: dict[int, list[tuple[int, frozenset]]] = {}
+        self.changes = AnchorChanges(frozenset(a.op for a in self.anchors.values() if a is not None))
+        self.found: dict[tuple, list[int]] = {}  # (step, op) -> the nodes of op touched since step, this batch
         self.verified = False  # the graph is unchanged since it last passed verify()
         self.verify_phases = True  # verify() after each phase that changed the graph, not only at the end
         self.oracle = _oracle(tuple(rules.egg_forms)) if rules.egg_forms else None
@@ -260,7 +256,7 @@ class _Run:
                     kg.log_touches(self.step)
                     kg, ops = _apply(kg, rule, at, b, self.step, phase, self.trace, self.debug)
                     self.touched.update(dict.fromkeys(ops, self.step))
-                    self._record_news(kg, frozenset(ops))
+                    self.changes.record(kg, self.step, frozenset(ops))
                     self.verified = False
                     if self.stop_after is not None and self.step >= self.stop_after:
                         return self._done(kg)
@@ -334,6 +330,7 @@ class _Run:
     def _next_batch(self, kg: KernelGraph, rules: list[GraphRule]):
         """The first rule (in order) with matches not applied yet, and all those matches."""
         index = Matcher(kg, deadline=self.deadline, decide=self._decider(kg), plan=True)  # the graph does not change while we look
+        self.found = {}
         for rule in rules:
             if not self._may_have_news(rule):
                 continue
@@ -352,35 +349,21 @@ class _Run:
         since = self.known.get(rule.name)
         anchor = self.anchors[rule.name]
         if since is None or anchor is None or any(self.touched.get(op, -1) > since for op in anchor.outside):
-            yield from self._matches(index.fresh(), rule)
+            if not absent_requirement(rule.match, index):
+                yield from self._matches(index.fresh(), rule)
             return
         m = index.fresh()
-        for n in sorted(n for n in kg.touched_since(since) if kg.op(n) == anchor.op):
+        todo = self.found.get((since, anchor.op))  # rules that last looked at one step share it
+        if todo is None:
+            todo = self.found[since, anchor.op] = sorted(n for n in kg.touched_since(since) if kg.op(n) == anchor.op)
+        for n in todo:
             if self._changed_for(rule, n, since):
                 m.ticks = 0  # _matches adds them up for each anchor
                 yield from self._matches(m, rule, {anchor.var: NodeRef(n)})
 
-    def _record_news(self, kg: KernelGraph, ops: frozenset) -> None:
-        """Note the application just made (``ops``: what it touched) on every anchor node it changed."""
-        nodes = kg.g._node
-        for n in kg.touched_at(self.step):  # an erased node too: a match bound to it is gone
-            if n not in nodes or nodes[n]["op"] in self.anchor_ops:
-                self.news.setdefault(n, []).append((self.step, ops))
-
     def _changed_for(self, rule: GraphRule, n: int, since: int) -> bool:
-        """Whether an application after step ``since`` changed, inside anchor node ``n`` (or ``n``
-        itself), a node of an op anchored ``rule`` watches: its matches at ``n`` read only the
-        nodes inside ``n`` of those ops (:func:`cbrules.rewrite.plan.watched_ops`), so without one
-        they are the matches known at ``since``."""
-        ops = self._watched(rule)
-        if ops is None:
-            return any(step > since for step, _ in self.news.get(n, ()))
-        for step, touched in reversed(self.news.get(n, ())):
-            if step <= since:
-                return False
-            if not ops.isdisjoint(touched):
-                return True
-        return False
+        """Whether anchored ``rule``'s matches at node ``n`` may differ from those known at step ``since``."""
+        return self.changes.changed(n, since, self._watched(rule))
 
     def _watched(self, rule: GraphRule) -> Optional[frozenset]:
         if rule.name not in self.watched:
