@@ -271,11 +271,11 @@ class KernelGraph:
 
     def keep_derived(self, keep: bool = True) -> None:
         """Remember each node's effects (a scope's: with everything inside) and each scope's sibling
-        order until it changes. Placing a node asks for the order and the effects of every sibling;
-        without this a scope of k children holding m nodes costs O(m + k log k) per placement.
-        Only for a graph whose every change goes through :meth:`add` and :meth:`add_depends` /
-        :meth:`remove_depends` or is followed by :meth:`touch` (the rewrite engine's private copy);
-        ``keep=False`` forgets."""
+        order until it changes, and the nodes of each op. Placing a node asks for the order and the
+        effects of every sibling; without this a scope of k children holding m nodes costs
+        O(m + k log k) per placement. Only for a graph whose every change goes through :meth:`add`,
+        :meth:`remove_nodes` and :meth:`add_depends` / :meth:`remove_depends` or is followed by
+        :meth:`touch` (the rewrite engine's private copy); ``keep=False`` forgets."""
         self._scope_effects = {} if keep else None
         self._orders = {} if keep else None
         self._resources = {} if keep else None

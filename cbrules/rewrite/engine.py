@@ -10,8 +10,9 @@ the first rule. A match is identified by the rule and the nodes it bound, so a r
 per set of nodes. A rule looks again only when a node of an op it watches changed since it found
 nothing new (:func:`cbrules.rewrite.plan.watched_ops`), and a rule whose matches each read one
 node's subtree looks only at the nodes of that op the applications since touched
-(:mod:`cbrules.rewrite.anchors`); such a match found for a batch is applied without matching it
-again when nothing touched its node since. Lowering works on a private copy of the user's graph,
+(:mod:`cbrules.rewrite.anchors`), and only where an application changed a node of an op it
+watches; such a match found for a batch is applied without matching it again when nothing of
+those ops changed at its node since. Lowering works on a private copy of the user's graph,
 so a failure leaves the graph as it was. ``verify()`` checks the lowered kernel; a lowering that fails is run again with
 ``verify()`` after each phase that changed the graph, so the error names the first phase that left
 an invalid graph (debug mode and a lowering stopped early check each phase on the first run, and
@@ -342,8 +343,9 @@ class _Run:
         return None
 
     def _search(self, kg: KernelGraph, index: Matcher, rule: GraphRule) -> Iterator[dict]:
-        """``rule``'s matches: on the whole graph, or for an anchored rule whose outside patterns'
-        ops nothing touched since its matches were last known, at the anchors touched since (in
+        """``rule``'s matches: on the whole graph (unless a node it needs is missing), or for an
+        anchored rule whose outside patterns' ops nothing touched since its matches were last known,
+        at the anchors changed since in an op it watches (in
         id order: the order of the whole-graph search; the matches elsewhere are those known then,
         all of them fired or about to be)."""
         since = self.known.get(rule.name)
@@ -381,8 +383,9 @@ class _Run:
 
     def _still_matches(self, kg: KernelGraph, rule: GraphRule, b: dict) -> Optional[dict]:
         """``b``'s nodes matched again on the current graph (values re-read), unless already applied.
-        An anchored rule's match whose anchor and outside ops nothing touched since the batch was
-        found is ``b`` itself (its matches there are as they were)."""
+        An anchored rule's match whose anchor no application since the batch was found changed in
+        an op the rule watches, and whose outside ops none touched, is ``b`` itself (its matches
+        there are as they were)."""
         anchor, since = self.anchors.get(rule.name), self.known[rule.name]
         if anchor is not None and not self._changed_for(rule, b[anchor.var].id, since) and \
                 all(self.touched.get(op, -1) <= since for op in anchor.outside):

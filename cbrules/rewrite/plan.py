@@ -8,6 +8,8 @@ with every loop before the load ties them. :func:`join_order` picks, among the l
 patterns, the next one that is tied to what is bound already (its node, an attribute equal to a
 bound variable, its scope), and :class:`AttrIndex` finds the nodes of an op whose attribute has a
 given value without a scan. The matcher then sorts what it found back into the written order.
+From the same indexes, :func:`absent_requirement` rules out, before a whole-graph search, a rule
+one of whose node patterns needs an op or attribute value that no node has.
 
 A pattern whose meaning depends on what is bound before it (a variable under ``not`` or
 ``one-of``; a scope under ``:in``/``:child-of``) keeps the same variables bound before it, or
