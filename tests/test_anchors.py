@@ -101,3 +101,24 @@ def test_anchored_rule_finds_what_a_later_batch_made(tmp_path, monkeypatch, anch
     assert len(loads) == 3
     assert [(rule, b["?r"]) for _, rule, b, *_ in got] == \
         [("tag", r) for r in loads.values()] + [("mark", r) for r in loads.values()]
+
+
+def test_a_rule_looks_again_at_a_loop_only_for_ops_it_watches(rules, monkeypatch):
+    """An anchored rule looks again at a loop an application changed only when a node of an op it
+    watches changed there: the same applications as looking again at every changed loop, and
+    there are loops it does not look at again."""
+    k = synthetic("many loops", 64)
+    skipped = []
+    real = engine._Run._changed_for
+
+    def every_change(self, rule, n, since):
+        changed = self.changes.changed(n, since, None)
+        if changed and not real(self, rule, n, since):
+            skipped.append(rule.name)
+        return changed
+    watched = applications(k, rules, monkeypatch, anchored=True)
+    with monkeypatch.context() as m:
+        m.setattr(engine._Run, "_changed_for", every_change)
+        every = applications(k, rules, monkeypatch, anchored=True)
+    assert every == watched and len(watched) >= 100
+    assert "cb-stage-buffers-for-most-stages" in skipped

@@ -287,3 +287,48 @@ def test_grid_terms_use_symbols_only():
     k = small()
     k.grid("N / 64 + i")  # i is a loop variable: the host cannot compute it
     expect(k.graph, "name-defined", "kernel")
+
+
+def test_kept_op_index_follows_added_and_removed_nodes():
+    """While a graph keeps derived facts it keeps its op index (a lowering asks for it in every
+    batch): it answers as a scan of the graph does after nodes come and go."""
+    kg = small().graph
+    kg.keep_derived()
+    assert kg.by_op() == kg._by_op()
+    loop = kg.nodes("for")[0]
+    added = [kg.add("syncthreads", loop) for _ in range(3)]
+    kg.remove_nodes([added[1], kg.nodes("exp")[0]])
+    assert kg.by_op() == kg._by_op() and "exp" not in kg.by_op()
+    assert kg.nodes("syncthreads") == [added[0], added[2]] == sorted(n for n in kg.g if kg.op(n) == "syncthreads")
+    c = kg.copy()  # a copy keeps its own index
+    c.add("syncthreads", c.root)
+    assert len(c.nodes("syncthreads")) == 3 and len(kg.nodes("syncthreads")) == 2
+    kg.keep_derived(False)
+    assert kg.by_op() == kg._by_op()
+
+
+def test_verify_walks_and_orders_as_the_graph_does():
+    """verify() reads the tree and the depends edges once: the same walk as ``kg.walk()``, and an
+    edge between nodes of different scopes named as before (the first in id order)."""
+    from cbrules import api
+    from cbrules.ir.verify import _tree
+    from cbrules.kernels import KERNELS
+    kg = api.lower(KERNELS["two_pass"].build(KERNELS["two_pass"].default_shape))  # nested scopes
+    assert len(kg.nodes("for")) > 2 and _tree(kg)[0] == list(kg.walk())
+    kg = small().graph
+    (loop,) = kg.nodes("for")
+    load, ex, store = kg.children(loop)
+    kg.add_depends(store, loop)
+    kg.add_depends(load, loop)
+    assert expect(kg, "depends-siblings").node == loop and f"#{load} load" in str(expect(kg, "depends-siblings"))
+    kg = small().graph
+    kg.add_depends(kg.root, kg.root)  # orders nothing: as sibling_edges drops it, so does verify()
+    kg.verify()
+
+
+def test_valid_names_are_remembered_per_namespace():
+    """A name found valid for the rules (cb_ prefix) is still refused to a user."""
+    from cbrules.ir.names import RULES, USER, problem
+    assert problem("cb_full_3", RULES) is None and problem("cb_full_3", RULES) is None
+    assert problem("cb_full_3", USER) is not None
+    assert problem("_Reserved", RULES) is not None and problem("ok_name", USER) is None

@@ -59,3 +59,35 @@ def test_watched_ops(rules):
     assert watched_ops(r.match, r.where) is None
     r = _rule(rules, "cb-one-wait-per-stage")  # (before ...) reads sibling order
     assert watched_ops(r.match, r.where) is None
+
+
+@pytest.mark.parametrize("kernel", ["pointwise", "two_pass", "many loops"])
+def test_a_rule_that_needs_an_absent_node_matches_nothing(rules, kernel):
+    """``absent_requirement`` rules a rule out only where the search finds nothing: on every
+    intermediate graph, for every rule, it is false wherever the rule has a match, and it rules out
+    some (the vectorize rules on kernels with no vectorize loop)."""
+    from cbrules.rewrite.plan import absent_requirement
+    k = synthetic("many loops", 48) if kernel == "many loops" else KERNELS[kernel].build(KERNELS[kernel].default_shape)
+    ruled_out = set()
+    for g in _graphs(k)[::4]:
+        for rule in rules.rules:
+            m = Matcher(g, plan=True)
+            if absent_requirement(rule.match, m):
+                assert next(iter(m.fresh().matches(rule.match, ())), None) is None, rule.name
+                ruled_out.add(rule.name)
+    assert "vectorize-reads" in ruled_out
+
+
+def test_absent_requirement_reads_ops_and_literal_values(rules):
+    from cbrules.rewrite.plan import absent_requirement
+    from cbrules.rewrite.sexpr import read
+    g = KERNELS["pointwise"].build(KERNELS["pointwise"].default_shape).graph
+    m = Matcher(g)
+
+    def absent(text):
+        return absent_requirement(tuple(read(text)[0].items), m)
+    assert not absent('((for ?L) (tma_load ?ld :in ?L))')
+    assert absent('((for ?L) (mma ?x :in ?L))')                 # no mma node
+    assert absent('((for ?L :kind "vectorize"))')                # no loop of that kind
+    assert not absent('((for ?L :kind (not "vectorize")))')      # not a literal
+    assert not absent('((for ?L) (no (mma) :in ?L))')            # inside a relation: not required

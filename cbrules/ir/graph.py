@@ -50,6 +50,9 @@ class KernelGraph:
     _touched: Optional[dict] = None  # node -> the last step that changed it or a node inside it (see log_touches)
     _trail: Optional[list] = None  # (step, node) for each new mark, in step order
     _touch_step = 0
+    _ops_kept = False  # while True, by_op() reads a kept index (see keep_derived)
+    _ops: Optional[dict] = None  # that index once built: op -> its node ids in id order
+    _ops_gone: Any = frozenset()  # the ops whose lists may still hold removed nodes
 
     def __init__(self, name: str, params: tuple = (), block: tuple = (1, 1, 1), grid: Optional[tuple] = None,
                  symbols: tuple = ()):
@@ -63,6 +66,9 @@ class KernelGraph:
         self._touched: Optional[dict] = None
         self._trail: Optional[list] = None
         self._touch_step = 0
+        self._ops_kept = False
+        self._ops: Optional[dict] = None
+        self._ops_gone = set()
         self.trace = None  # set by lowering in debug mode
         self.root = self.add("kernel", None, origin={"by": "build"}, name=name, params=params,
                              block=block, grid=grid, symbols=symbols, requires=())
@@ -81,6 +87,8 @@ class KernelGraph:
         nid = self._next_id
         self._next_id += 1
         self.g.add_node(nid, op=op, origin=dict(origin or {}), **full)
+        if self._ops is not None:  # the largest id: the list stays in id order
+            self._ops.setdefault(op, []).append(nid)
         if self._touched is not None:
             self._mark(nid)
         if parent is not None:
@@ -88,6 +96,12 @@ class KernelGraph:
             self.touch(parent)
             self.touch(nid)
         return nid
+
+    def remove_nodes(self, nodes: list[int]) -> None:
+        """Remove ``nodes`` and their edges (the caller keeps the rest a tree with acyclic sibling order)."""
+        if self._ops is not None:
+            self._ops_gone.update(self.g._node[n]["op"] for n in nodes)
+        self.g.remove_nodes_from(nodes)
 
     def add_depends(self, a: int, b: int) -> None:
         """Order ``a`` before ``b`` (siblings)."""
@@ -144,10 +158,31 @@ class KernelGraph:
         return {k: v for k, v in self.g._node[n].items() if k not in ("op", "origin")}
 
     def nodes(self, op: Optional[str] = None) -> list[int]:
+        if op is not None and self._ops_kept:
+            return list(self._kept_ops().get(op, ()))
+        if op is None:
+            return sorted(self.g._node)
         return sorted(n for n, d in self.g._node.items() if op is None or d["op"] == op)
 
     def by_op(self) -> dict[str, list[int]]:
-        """Node ids grouped by op, each list sorted (one pass; matchers index with it)."""
+        """Node ids grouped by op, each list sorted (matchers index with it): one pass, or while the
+        graph keeps derived facts its kept index (a lowering asks once per batch of applications)."""
+        if self._ops_kept:
+            return {op: list(ids) for op, ids in self._kept_ops().items() if ids}
+        return self._by_op()
+
+    def _kept_ops(self) -> dict[str, list[int]]:
+        """The kept op index, built on first use and cleared of removed nodes."""
+        if self._ops is None:
+            self._ops = self._by_op()
+        if self._ops_gone:
+            nodes = self.g._node
+            for op in self._ops_gone:
+                self._ops[op] = [n for n in self._ops.get(op, ()) if n in nodes]
+            self._ops_gone.clear()
+        return self._ops
+
+    def _by_op(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
         for n, d in self.g._node.items():  # ids mostly in order already: each list's sort is a pass
             if d["op"] in out:
@@ -236,14 +271,15 @@ class KernelGraph:
 
     def keep_derived(self, keep: bool = True) -> None:
         """Remember each node's effects (a scope's: with everything inside) and each scope's sibling
-        order until it changes. Placing a node asks for the order and the effects of every sibling;
-        without this a scope of k children holding m nodes costs O(m + k log k) per placement.
-        Only for a graph whose every change goes through :meth:`add` and :meth:`add_depends` /
-        :meth:`remove_depends` or is followed by :meth:`touch` (the rewrite engine's private copy);
-        ``keep=False`` forgets."""
+        order until it changes, and the nodes of each op. Placing a node asks for the order and the
+        effects of every sibling; without this a scope of k children holding m nodes costs
+        O(m + k log k) per placement. Only for a graph whose every change goes through :meth:`add`,
+        :meth:`remove_nodes` and :meth:`add_depends` / :meth:`remove_depends` or is followed by
+        :meth:`touch` (the rewrite engine's private copy); ``keep=False`` forgets."""
         self._scope_effects = {} if keep else None
         self._orders = {} if keep else None
         self._resources = {} if keep else None
+        self._ops_kept, self._ops, self._ops_gone = keep, None, set()  # the index: built on first use
 
     def touch(self, n: int) -> None:
         """``n`` changed (its attributes, its children, the depends edges among them, or it joins or
@@ -288,6 +324,16 @@ class KernelGraph:
         nodes, since = self.g._node, bisect.bisect_right(self._trail, step, key=lambda mark: mark[0])
         return list({n for _, n in self._trail[since:] if n in nodes})
 
+    def touched_at(self, step: int) -> list[int]:
+        """The nodes the touch log marked with ``step`` (removed ones too), in no particular order."""
+        if self._trail is None:
+            return []
+        trail = self._trail
+        i = len(trail)
+        while i and trail[i - 1][0] >= step:  # the last step's marks end the trail
+            i -= 1
+        return [n for st, n in trail[i:] if st == step]
+
     def touched_after(self, n: int, step: int) -> bool:
         """Whether the touch log marked ``n`` after ``step`` (a node it never marked: no; without a
         log: yes, it may have changed)."""
@@ -306,13 +352,17 @@ class KernelGraph:
         users, writers, seen, stale = entry
         for c in stale:
             old = seen.pop(c, None)
+            now = self.effects(c) if c in self.g and self.parent(c) == scope else None
+            if now is not None and now == old:  # most changes inside a child leave its effects as they were
+                seen[c] = now
+                continue
             if old is not None:
                 for r in old[0] | old[1]:
                     users[r].discard(c)
                 for r in old[1]:
                     writers[r].discard(c)
-            if c in self.g and self.parent(c) == scope:
-                seen[c] = reads, writes = self.effects(c)
+            if now is not None:
+                seen[c] = reads, writes = now
                 for r in reads | writes:
                     users.setdefault(r, set()).add(c)
                 for r in writes:
@@ -376,6 +426,7 @@ class KernelGraph:
         # a kept order changes in place as nodes join it: each copy keeps its own
         new._orders = None if self._orders is None else {s: o.copy() for s, o in self._orders.items()}
         new._resources = None if self._resources is None else {}  # rebuilt on use
+        new._ops_kept, new._ops, new._ops_gone = self._ops_kept, None, set()  # rebuilt on use
         new._touched = new._trail = None  # a copy starts without a touch log (see move_touch_log)
         return new
 

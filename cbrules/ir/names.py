@@ -58,6 +58,10 @@ BUILTINS = tuple(f"{b}.{a}" for b in ("threadIdx", "blockIdx", "blockDim", "grid
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _USER_RESERVED = re.compile(r"cb_|CB_|Cb[A-Z]")
+_CXX_RESERVED = re.compile(r"_[A-Z]")
+# (name, namespace) pairs known to pass: the verifier asks about every name of a kernel, most of
+# them many times (loop variables, barriers, registers of cloned loops)
+_FINE: set[tuple[str, str]] = set()
 
 
 class IdentifierError(CbrulesError, ValueError):
@@ -77,6 +81,8 @@ def problem(name: object, namespace: str = USER) -> Optional[tuple[str, str]]:
     """``(why, fix)`` when ``name`` may not reach CUDA from ``namespace`` (USER or RULES), else None."""
     if not isinstance(name, str):
         return f"has type {type(name).__name__}, not str", "give the name as text"
+    if (name, namespace) in _FINE:
+        return None
     if not _IDENTIFIER.fullmatch(name):
         return ("is not a C identifier (ASCII letters, digits and _, not starting with a digit)",
                 f"rename it, e.g. {_suggest(name)!r}")
@@ -84,7 +90,7 @@ def problem(name: object, namespace: str = USER) -> Optional[tuple[str, str]]:
         return f"is {len(name)} characters long, more than {MAX_LENGTH}", "use a shorter name"
     if name in C_KEYWORDS:
         return "is a C/C++/CUDA keyword or reserved word", f"rename it, e.g. {name + '_'!r}"
-    if "__" in name or re.match(r"_[A-Z]", name):
+    if "__" in name or _CXX_RESERVED.match(name):
         return ("is reserved by C++ (names with '__', or starting with '_' and a capital)",
                 f"rename it, e.g. {_suggest(name)!r}")
     if name in GENERATED:
@@ -93,6 +99,9 @@ def problem(name: object, namespace: str = USER) -> Optional[tuple[str, str]]:
     if namespace == USER and _USER_RESERVED.match(name):
         return ("starts with a prefix that cbrules keeps for its own names (cb_, CB_, Cb + capital: the "
                 "prelude's helpers and rule-made barriers and loops)", f"rename it, e.g. {'my_' + name!r}")
+    if len(_FINE) > 65536:
+        _FINE.clear()
+    _FINE.add((name, namespace))
     return None
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from ..errors import CbrulesError
 from .names import BUILTINS, RULES, problem
 from .ops import DTYPES, LOOP_KINDS, MAX_BACKOFF_NS, OPS, REDUCE_COMBINE, SCOPES, SPACES, term_values
-from .order import CONTAINS, DEPENDS, ScheduleError, sibling_edges, sibling_order
+from .order import CONTAINS, DEPENDS, ScheduleError, sibling_order
 from .terms import BINARY_OPS, UNARY_OPS, Term, call_problem
 from .tma_view import TmaSplitError, normalize_split
 
@@ -42,8 +42,7 @@ def verify(kg: KernelGraph, ready: bool = False, structure_only: bool = False) -
     """
     walked, parent = _tree(kg)  # every node, parents first, and each one's scope: read once here
     _attributes(kg)
-    edges = sibling_edges(kg)
-    orders = _depends(kg, edges, walked, parent)
+    orders = _depends(kg, walked, parent)
     if structure_only:
         return
     order = _program_order(kg, orders)
@@ -89,12 +88,26 @@ def _tree(kg: KernelGraph) -> tuple[list[int], dict[int, int]]:
                              "is a child of the if it completes", n)
         if len([c for c in kg.children(p) if kg.op(c) == "else"]) > 1:
             raise GraphError("else-branch", f"{kg.describe(p)} has more than one else branch", n)
-    walked = list(kg.walk())
+    walked = _walk(kg, parent)
     if len(walked) != len(kg):  # each node but the root has one parent: the walk meets each at most once
         lost = sorted(set(kg.g.nodes) - set(walked))
         raise GraphError("scope-tree", f"{kg.describe(lost[0])} is not reachable from the kernel "
                          "(its scopes form a cycle)", lost[0])
     return walked, parent
+
+
+def _walk(kg: KernelGraph, parent: dict[int, int]) -> list[int]:
+    """``kg.walk()`` (parents first, children in id order) from the parents read already."""
+    kids: dict[int, list[int]] = {}
+    for n in sorted(parent):
+        kids.setdefault(parent[n], []).append(n)
+    out, stack = [], [kg.root]
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        if n in kids:
+            stack.extend(reversed(kids[n]))
+    return out
 
 
 def _attributes(kg: KernelGraph) -> None:
@@ -126,9 +139,22 @@ def _register_count(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and 24 <= x <= 256 and x % 8 == 0
 
 
-def _depends(kg: KernelGraph, edges: dict, walked: list[int], parent: dict[int, int]) -> dict[int, list[int]]:
+def _depends(kg: KernelGraph, walked: list[int], parent: dict[int, int]) -> dict[int, list[int]]:
     """Check the depends edges; return each scope's children in sibling order."""
-    if any(parent.get(a) != parent.get(b) for a, b in _depends_pairs(kg)):  # the first in id order is named
+    # every edge joins siblings (else the first in id order is named), so each orders its scope's
+    # children as it is: :func:`sibling_edges` without lifting any
+    edges: dict[int, list] = {}
+    apart = False
+    for a, nbrs in kg.g._succ.items():
+        pa = parent.get(a)
+        for b, d in nbrs.items():
+            if d["kind"] == DEPENDS:
+                if pa is not None and parent.get(b) == pa:
+                    edges.setdefault(pa, []).append((a, b, (a, b)))
+                elif pa != parent.get(b):
+                    apart = True
+                # else: the root's self-edge, which orders nothing (sibling_edges drops it too)
+    if apart:
         for a, b in kg.depends_edges():
             if parent.get(a) != parent.get(b):
                 raise GraphError("depends-siblings", f"depends edge {kg.describe(a)} -> {kg.describe(b)} joins "
@@ -141,10 +167,6 @@ def _depends(kg: KernelGraph, edges: dict, walked: list[int], parent: dict[int, 
             except ScheduleError as e:
                 raise GraphError("depends-acyclic", str(e), scope) from None
     return orders
-
-
-def _depends_pairs(kg: KernelGraph) -> Iterator[tuple[int, int]]:
-    return ((a, b) for a, nbrs in kg.g._succ.items() for b, d in nbrs.items() if d["kind"] == DEPENDS)
 
 
 def _program_order(kg: KernelGraph, orders: dict[int, list[int]]) -> list[int]:
@@ -323,6 +345,9 @@ def _term_problem(t: Any, finite: bool = True) -> str | None:
     return next((w for w in (_term_problem(a, finite) for a in t.args) if w), None)
 
 
+_MEMORY_OPS = ("load", "store", "copy", "tma_load", "tma_store")  # their src and dst name buffers (a load's dst: a register)
+
+
 def _names(kg: KernelGraph, walked: list[int], parent: dict[int, int]) -> None:
     """Every buffer and register read has a definition (or comes from the host), and every name in
     a term is bound where it is used: an enclosing loop's variable, a symbol, a builtin or a register."""
@@ -344,11 +369,13 @@ def _names(kg: KernelGraph, walked: list[int], parent: dict[int, int]) -> None:
             p = parent.get(n)
             around = scope_vars[p] if p is not None else frozenset()
             scope_vars[n] = around | {kg[n]["var"]} if kg.op(n) == "for" else around
+    nodes = kg.g._node
     for n in kg.nodes():
-        d, op = kg[n], kg.op(n)
-        for key in ("src", "dst", "barrier"):
-            if d.get(key) is not None and (op in ("load", "store", "copy", "tma_load", "tma_store") or key == "barrier"):
-                buf = d[key]
+        d = nodes[n]
+        op = d["op"]
+        for key in ("src", "dst", "barrier") if op in _MEMORY_OPS else ("barrier",):
+            buf = d.get(key)
+            if buf is not None:
                 is_reg = key == "dst" and op == "load"
                 if not is_reg and buf not in buffers and not (buf in params and params[buf].kind == "tensor"):
                     raise GraphError("buffer-defined", f"{kg.describe(n)} uses buffer {buf!r}, which is "
@@ -394,8 +421,9 @@ def _barriers(kg: KernelGraph, order: list[int]) -> None:
     warp-specialized producer): its uses are left to the protocol checker of the interpreter."""
     uses: dict[str, list[int]] = {}
     concurrent = {d for e in kg.nodes("else") for d in kg.descendants(e)}
+    nodes = kg.g._node
     for n in order:
-        if kg.op(n) in BARRIER_OPS and n not in concurrent:
+        if nodes[n]["op"] in BARRIER_OPS and n not in concurrent:
             uses.setdefault(kg[n]["barrier"], []).append(n)
     buffers = kg.buffers()
     for bar, ns in uses.items():
@@ -412,7 +440,7 @@ def _barriers(kg: KernelGraph, order: list[int]) -> None:
 
 def _block_shape(kg: KernelGraph) -> None:
     bx, by, bz = kg.kernel()["block"]
-    for n in kg.nodes():
+    for n in kg.nodes() if bx < 32 else kg.nodes("reduce"):  # a whole warp: only reductions to check
         d = kg[n]
         if bx < 32 and any(t.op == "call" and t.value == "elect_one" for t in _subterms(term_values(d["op"], d))):
             raise GraphError("elect-one-warp", f"{kg.describe(n)} uses elect_one() but blockDim.x = {bx} "

@@ -54,16 +54,24 @@ def _bounded(key: str, value: Any, expr, nodes: int) -> None:
         return  # one level, fewer parts than any bound (most values a rule sets are names)
     sizes: dict[int, int] = {}  # terms share subterms: count each tree node, visit each object once
 
+    def too_deep() -> RuleError:
+        return RuleError(expr.pos, f":{key} would be a value nested more than {MAX_VALUE_DEPTH} deep; a rule "
+                         "probably grows it each time it fires: guard the rule")
+
     def size(v: Any, depth: int) -> int:
         if depth > MAX_VALUE_DEPTH:
-            raise RuleError(expr.pos, f":{key} would be a value nested more than {MAX_VALUE_DEPTH} deep; a rule "
-                            "probably grows it each time it fires: guard the rule")
+            raise too_deep()
+        if isinstance(v, Term):
+            parts, height = _term_parts(v, depth, too_deep)
+            if depth + height > MAX_VALUE_DEPTH:
+                raise too_deep()
+            return parts
         if isinstance(v, str):
             return 1 + len(v)
-        if not isinstance(v, (Term, tuple, dict)):
+        if not isinstance(v, (tuple, dict)):
             return 1
         if id(v) not in sizes:
-            parts = v.args if isinstance(v, Term) else v.values() if isinstance(v, dict) else v
+            parts = v.values() if isinstance(v, dict) else v
             sizes[id(v)] = 1 + sum(size(a, depth + 1) for a in parts)
         return sizes[id(v)]
 
@@ -72,6 +80,28 @@ def _bounded(key: str, value: Any, expr, nodes: int) -> None:
         raise RuleError(expr.pos, f":{key} would be a value of {n} parts (term nodes, characters, elements), more "
                         f"than {bound} for a graph of {nodes} nodes; a rule probably grows it each time it fires: "
                         "guard the rule")
+
+
+# id of a term -> (the term, its parts, its height): a value a rule sets is mostly terms of the graph
+# with a new node or two on top, so each is counted once (terms never change)
+_TERM_PARTS: dict[int, tuple[Term, int, int]] = {}
+
+
+def _term_parts(t: Term, depth: int, too_deep) -> tuple[int, int]:
+    """A term's tree size and height (its deepest leaf's depth below it); ``too_deep()`` is raised
+    while a term not counted yet reaches past :data:`MAX_VALUE_DEPTH` below the value's top."""
+    got = _TERM_PARTS.get(id(t))
+    if got is None or got[0] is not t:
+        if depth > MAX_VALUE_DEPTH:
+            raise too_deep()
+        parts, height = 1, 0
+        for a in t.args:
+            p, h = _term_parts(a, depth + 1, too_deep)
+            parts, height = parts + p, max(height, h + 1)
+        if len(_TERM_PARTS) > 200_000:
+            _TERM_PARTS.clear()
+        got = _TERM_PARTS[id(t)] = (t, parts, height)
+    return got[1], got[2]
 
 
 def _show(v: Any, kg: KernelGraph) -> str:

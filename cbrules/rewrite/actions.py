@@ -235,7 +235,7 @@ class Rewriter(Cloning):
         gone = [n, *self.kg.descendants(n)]
         self.detach(n)
         self.erased_ops.update(self.kg.op(x) for x in gone)
-        self.kg.g.remove_nodes_from(gone)
+        self.kg.remove_nodes(gone)
         self.erased.extend(gone)
 
     def _set(self, a, target, *kv) -> None:

@@ -33,6 +33,35 @@ class Anchor:
     outside: frozenset
 
 
+class AnchorChanges:
+    """Per node of an op some rule anchors on (``ops``): the step and the touched ops (as
+    :meth:`cbrules.rewrite.actions.Rewriter.touched_ops` gives them) of each application that changed
+    it or a node inside it. An anchored rule's matches at such a node read only the nodes inside it
+    of the ops it watches (:func:`cbrules.rewrite.plan.watched_ops`), so the engine looks again at a
+    changed node only when an application changed a node of one of those ops there."""
+
+    def __init__(self, ops: frozenset):
+        self.ops = ops
+        self.news: dict[int, list[tuple[int, frozenset]]] = {}
+
+    def record(self, kg, step: int, touched: frozenset) -> None:
+        """Note application ``step`` (which touched nodes of ``touched`` ops) on each node it changed."""
+        nodes = kg.g._node
+        for n in kg.touched_at(step):  # an erased node too: a match bound to it is gone
+            if n not in nodes or nodes[n]["op"] in self.ops:
+                self.news.setdefault(n, []).append((step, touched))
+
+    def changed(self, n: int, since: int, watched: Optional[frozenset]) -> bool:
+        """Whether an application after step ``since`` changed node ``n`` or a node inside it of an op
+        in ``watched`` (None: of any op)."""
+        for step, touched in reversed(self.news.get(n, ())):
+            if step <= since:
+                return False
+            if watched is None or not watched.isdisjoint(touched):
+                return True
+        return False
+
+
 def _vars(e: Expr) -> list[str]:
     if isinstance(e, Atom):
         return [e.value] if e.kind == "var" else []

@@ -10,8 +10,9 @@ the first rule. A match is identified by the rule and the nodes it bound, so a r
 per set of nodes. A rule looks again only when a node of an op it watches changed since it found
 nothing new (:func:`cbrules.rewrite.plan.watched_ops`), and a rule whose matches each read one
 node's subtree looks only at the nodes of that op the applications since touched
-(:mod:`cbrules.rewrite.anchors`); such a match found for a batch is applied without matching it
-again when nothing touched its node since. Lowering works on a private copy of the user's graph,
+(:mod:`cbrules.rewrite.anchors`), and only where an application changed a node of an op it
+watches; such a match found for a batch is applied without matching it again when nothing of
+those ops changed at its node since. Lowering works on a private copy of the user's graph,
 so a failure leaves the graph as it was. ``verify()`` checks the lowered kernel; a lowering that fails is run again with
 ``verify()`` after each phase that changed the graph, so the error names the first phase that left
 an invalid graph (debug mode and a lowering stopped early check each phase on the first run, and
@@ -38,11 +39,11 @@ from typing import Iterator, Optional
 import networkx as nx
 
 from .actions import Rewriter, RuleFailure
-from .anchors import Anchor, anchor_of
+from .anchors import Anchor, AnchorChanges, anchor_of
 from ..errors import CbrulesError
 from ..ir.graph import KernelGraph
 from .match import Matcher, MatchTimeout
-from .plan import watched_ops
+from .plan import absent_requirement, watched_ops
 from .rulefile import GraphRule, RuleSet
 from ..ir.order import ScheduleError
 from .sexpr import RuleError
@@ -208,7 +209,9 @@ class _Run:
         # anchored rules (see anchors.py): the step at which a rule's every match was last known
         # (found, or all fired already), and its anchor pattern
         self.known: dict[str, int] = {}
-        self.anchors: dict[str, Optional[Anchor]] = {}
+        self.anchors: dict[str, Optional[Anchor]] = {r.name: anchor_of(r.match, r.where) for r in rules.rules}
+        self.changes = AnchorChanges(frozenset(a.op for a in self.anchors.values() if a is not None))
+        self.found: dict[tuple, list[int]] = {}  # (step, op) -> the nodes of op touched since step, this batch
         self.verified = False  # the graph is unchanged since it last passed verify()
         self.verify_phases = True  # verify() after each phase that changed the graph, not only at the end
         self.oracle = _oracle(tuple(rules.egg_forms)) if rules.egg_forms else None
@@ -254,6 +257,7 @@ class _Run:
                     kg.log_touches(self.step)
                     kg, ops = _apply(kg, rule, at, b, self.step, phase, self.trace, self.debug)
                     self.touched.update(dict.fromkeys(ops, self.step))
+                    self.changes.record(kg, self.step, frozenset(ops))
                     self.verified = False
                     if self.stop_after is not None and self.step >= self.stop_after:
                         return self._done(kg)
@@ -327,6 +331,7 @@ class _Run:
     def _next_batch(self, kg: KernelGraph, rules: list[GraphRule]):
         """The first rule (in order) with matches not applied yet, and all those matches."""
         index = Matcher(kg, deadline=self.deadline, decide=self._decider(kg), plan=True)  # the graph does not change while we look
+        self.found = {}
         for rule in rules:
             if not self._may_have_news(rule):
                 continue
@@ -338,21 +343,34 @@ class _Run:
         return None
 
     def _search(self, kg: KernelGraph, index: Matcher, rule: GraphRule) -> Iterator[dict]:
-        """``rule``'s matches: on the whole graph, or for an anchored rule whose outside patterns'
-        ops nothing touched since its matches were last known, at the anchors touched since (in
+        """``rule``'s matches: on the whole graph (unless a node it needs is missing), or for an
+        anchored rule whose outside patterns' ops nothing touched since its matches were last known,
+        at the anchors changed since in an op it watches (in
         id order: the order of the whole-graph search; the matches elsewhere are those known then,
         all of them fired or about to be)."""
         since = self.known.get(rule.name)
-        if rule.name not in self.anchors:
-            self.anchors[rule.name] = anchor_of(rule.match, rule.where)
         anchor = self.anchors[rule.name]
         if since is None or anchor is None or any(self.touched.get(op, -1) > since for op in anchor.outside):
-            yield from self._matches(index.fresh(), rule)
+            if not absent_requirement(rule.match, index):
+                yield from self._matches(index.fresh(), rule)
             return
         m = index.fresh()
-        for n in sorted(n for n in kg.touched_since(since) if kg.op(n) == anchor.op):
-            m.ticks = 0  # _matches adds them up for each anchor
-            yield from self._matches(m, rule, {anchor.var: NodeRef(n)})
+        todo = self.found.get((since, anchor.op))  # rules that last looked at one step share it
+        if todo is None:
+            todo = self.found[since, anchor.op] = sorted(n for n in kg.touched_since(since) if kg.op(n) == anchor.op)
+        for n in todo:
+            if self._changed_for(rule, n, since):
+                m.ticks = 0  # _matches adds them up for each anchor
+                yield from self._matches(m, rule, {anchor.var: NodeRef(n)})
+
+    def _changed_for(self, rule: GraphRule, n: int, since: int) -> bool:
+        """Whether anchored ``rule``'s matches at node ``n`` may differ from those known at step ``since``."""
+        return self.changes.changed(n, since, self._watched(rule))
+
+    def _watched(self, rule: GraphRule) -> Optional[frozenset]:
+        if rule.name not in self.watched:
+            self.watched[rule.name] = watched_ops(rule.match, rule.where)
+        return self.watched[rule.name]
 
     def _may_have_news(self, rule: GraphRule) -> bool:
         """Whether ``rule`` may match something it has not fired on: it never looked, or a node of
@@ -360,17 +378,16 @@ class _Run:
         since = self.quiet.get(rule.name)
         if since is None:
             return True
-        if rule.name not in self.watched:
-            self.watched[rule.name] = watched_ops(rule.match, rule.where)
-        ops = self.watched[rule.name]
+        ops = self._watched(rule)
         return ops is None or any(self.touched.get(op, -1) > since for op in ops)
 
     def _still_matches(self, kg: KernelGraph, rule: GraphRule, b: dict) -> Optional[dict]:
         """``b``'s nodes matched again on the current graph (values re-read), unless already applied.
-        An anchored rule's match whose anchor and outside ops nothing touched since the batch was
-        found is ``b`` itself (its matches there are as they were)."""
+        An anchored rule's match whose anchor no application since the batch was found changed in
+        an op the rule watches, and whose outside ops none touched, is ``b`` itself (its matches
+        there are as they were)."""
         anchor, since = self.anchors.get(rule.name), self.known[rule.name]
-        if anchor is not None and not kg.touched_after(b[anchor.var].id, since) and \
+        if anchor is not None and not self._changed_for(rule, b[anchor.var].id, since) and \
                 all(self.touched.get(op, -1) <= since for op in anchor.outside):
             return b if _match_key(rule, b) not in self.fired else None
         nodes = {k: v for k, v in b.items() if isinstance(v, NodeRef)}

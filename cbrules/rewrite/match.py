@@ -60,6 +60,9 @@ def _node_pattern(e: SList) -> _NodePattern:
     return got[1]
 
 
+_RELATION_METHODS: dict[int, tuple] = {}  # id of a :match element -> (the element, its relation's method or None)
+
+
 class MatchTimeout(Exception):
     """Matching ran past the matcher's deadline (the engine reports it as a LoweringError)."""
 
@@ -78,10 +81,11 @@ class Matcher(Relations):
         self.kg = kg
         self.decide = decide
         self.plan = plan
-        self._attrs: Optional[AttrIndex] = None
+        # the op index ("index") and the attribute index ("attrs"), built on first use and shared by
+        # the fresh() matchers: an anchored search that needs neither builds neither
+        self._shared: dict[str, Any] = {}
         self._orders: dict[int, list[int]] = {}
         self._places: dict[int, dict[int, int]] = {}  # scope -> each child's place in its order
-        self._index: Optional[dict[str, list[int]]] = None  # op -> nodes, built on first use
         self._within: dict[tuple[int, str], list[int]] = {}  # (scope, op) -> nodes inside, on first use
         self._grouped: dict[int, dict[str, list[int]]] = {}  # scope -> op -> nodes inside, one walk a scope
         self.deepest: tuple[int, str, Any] = (-1, "", None)
@@ -93,10 +97,10 @@ class Matcher(Relations):
         """A matcher over the same (unchanged) graph sharing this one's indexes, with its own
         failure record."""
         m = Matcher.__new__(Matcher)
-        m.kg, m._orders, m._index, m._within = self.kg, self._orders, self.by_op(), self._within
+        m.kg, m._orders, m._shared, m._within = self.kg, self._orders, self._shared, self._within
         m._grouped = self._grouped
         m._places = self._places
-        m.decide, m.plan, m._attrs = self.decide, self.plan, self.attr_index()
+        m.decide, m.plan = self.decide, self.plan
         m.deepest, m.deadline, m.ticks = (-1, "", None), self.deadline, 0
         m.deepest_bindings = {}
         return m
@@ -104,16 +108,18 @@ class Matcher(Relations):
     def by_op(self) -> dict[str, list[int]]:
         """Node ids by op (``"_"``: every node), each sorted; built once, on first use, so that a
         matcher for an anchored match (every node bound) costs nothing proportional to the graph."""
-        if self._index is None:
-            self._index = self.kg.by_op()
-            self._index["_"] = sorted(self.kg.g.nodes)
-        return self._index
+        index = self._shared.get("index")
+        if index is None:
+            index = self._shared["index"] = self.kg.by_op()
+            index["_"] = sorted(self.kg.g.nodes)
+        return index
 
     def attr_index(self) -> AttrIndex:
         """Nodes by op and attribute value (:class:`cbrules.rewrite.plan.AttrIndex`), on first use."""
-        if self._attrs is None:
-            self._attrs = AttrIndex(self.kg, self.by_op())
-        return self._attrs
+        attrs = self._shared.get("attrs")
+        if attrs is None:
+            attrs = self._shared["attrs"] = AttrIndex(self.kg, self.by_op())
+        return attrs
 
     def inside(self, scope: int, op: str) -> list[int]:
         """The nodes of ``op`` (``"_"``: any) inside ``scope``, in id order; remembered, as the graph
@@ -123,7 +129,8 @@ class Matcher(Relations):
         if got is None:
             # a rare op (in an op index already built: an anchored match builds none): its nodes
             # whose scopes include ``scope``
-            few = self._index.get(op, ()) if op != "_" and self._index is not None else None
+            index = self._shared.get("index")
+            few = index.get(op, ()) if op != "_" and index is not None else None
             if few is not None and len(few) <= _FEW:
                 got = [n for n in few if n != scope and scope in self.kg.ancestors(n)]
             else:  # one walk of the scope answers every op (a rule asks for several in each loop)
@@ -189,10 +196,15 @@ class Matcher(Relations):
             self._fail(i, "no node matches" if els[i].head() not in RELATIONS else "relation does not hold", els[i], b)
 
     def element(self, e: SList, b: dict) -> Iterator[dict]:
-        head = e.head()
-        if head in RELATIONS:  # every relation is a generator: nothing runs before the caller iterates
-            return getattr(self, "_rel_" + head.replace("-", "_"))(e, b)
-        return self.node_pattern(e, b)
+        relation = _RELATION_METHODS.get(id(e))
+        if relation is None or relation[0] is not e:
+            if len(_RELATION_METHODS) > 8192:  # rule sets come and go
+                _RELATION_METHODS.clear()
+            head = e.head()
+            relation = _RELATION_METHODS[id(e)] = (e, "_rel_" + head.replace("-", "_") if head in RELATIONS else None)
+        if relation[1] is not None:  # every relation is a generator: nothing runs before the caller iterates
+            return getattr(self, relation[1])(e, b)
+        return self.node_matches(e, b, pairs=False)
 
     def explain(self) -> str:
         """The deepest failure in words: for a node pattern the first attribute that no candidate
@@ -276,7 +288,7 @@ class Matcher(Relations):
             # an attribute that must equal a known value: its index, when shorter (and when the
             # pool is large, or is every node of the op in a matcher that has indexed the graph
             # already: the few nodes of one scope must not cost an index of the op's every node)
-            if op != "_" and (len(pool) > _FEW or scope is None and self._index is not None):
+            if op != "_" and (len(pool) > _FEW or scope is None and "index" in self._shared):
                 for path, v in known_values(keys, b):
                     same = self.attr_index().lookup(op, path, v)
                     if same is not None and len(same) < len(pool):
@@ -286,20 +298,23 @@ class Matcher(Relations):
 
     def node_pattern(self, e: SList, b: dict, within: Optional[int] = None) -> Iterator[dict]:
         """Bindings for every node matching pattern ``e`` (inside ``within`` when given)."""
-        for _, b2 in self.node_matches(e, b, within):
-            yield b2
+        return self.node_matches(e, b, within, pairs=False)
 
     def node_matches(self, e: SList, b: dict, within: Optional[int] = None,
-                     among: Optional[list[int]] = None) -> Iterator[tuple[int, dict]]:
+                     among: Optional[list[int]] = None, pairs: bool = True) -> Iterator[Any]:
         """(node, bindings) for every node matching pattern ``e`` (inside ``within``, or among
-        the given nodes in their order)."""
+        the given nodes in their order); the bindings alone when ``pairs`` is false."""
         np = _node_pattern(e)
         var, late, checks = np.var, np.late, np.checks
         # the node's variable joins the bindings after the checks (most candidates fail one) unless a
         # check names it; a scope named by a variable bound before the pattern is read once
         scopes: dict[str, int] = {}
         kg, nodes = self.kg, self.kg.g._node
-        pool, held = self._candidates(np, b, within, among)
+        if var is not None and var in b:  # a bound node: _candidates' answer, without the search
+            n = b[var].id if isinstance(b[var], NodeRef) else None
+            pool, held = [n] if n in nodes and (np.op == "_" or nodes[n]["op"] == np.op) else [], None
+        else:
+            pool, held = self._candidates(np, b, within, among)
         for n in pool:
             self.ticks += 1  # _tick, inline: once per candidate
             if not self.ticks & 1023 and self.deadline is not None and time.monotonic() >= self.deadline:
@@ -324,7 +339,7 @@ class Matcher(Relations):
             if b2 is not None:
                 if late:  # the variable where binding it first puts it: right after ``b``'s
                     b2 = {**b, var: NodeRef(n)} if b2 is b else {**b, var: NodeRef(n), **b2}
-                yield n, b2
+                yield (n, b2) if pairs else b2
 
     def select(self, pattern: SList, b: dict, scope: int) -> set[int]:
         """Nodes inside ``scope`` matching a filter: a node pattern, ``(not F)`` or ``(any-of F ...)``."""

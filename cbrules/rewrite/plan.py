@@ -8,6 +8,8 @@ with every loop before the load ties them. :func:`join_order` picks, among the l
 patterns, the next one that is tied to what is bound already (its node, an attribute equal to a
 bound variable, its scope), and :class:`AttrIndex` finds the nodes of an op whose attribute has a
 given value without a scan. The matcher then sorts what it found back into the written order.
+From the same indexes, :func:`absent_requirement` rules out, before a whole-graph search, a rule
+one of whose node patterns needs an op or attribute value that no node has.
 
 A pattern whose meaning depends on what is bound before it (a variable under ``not`` or
 ``one-of``; a scope under ``:in``/``:child-of``) keeps the same variables bound before it, or
@@ -232,6 +234,31 @@ def _text_vars(els: tuple) -> list[str]:
             _TEXT_VARS.clear()
         got = _TEXT_VARS[id(els)] = (els, list(dict.fromkeys(v for e in els for v in _vars(e))))
     return got[1]
+
+
+_REQUIRED: dict[int, tuple] = {}  # id of a rule's elements -> (the elements, what they require)
+
+
+def absent_requirement(els: tuple, m) -> bool:
+    """Whether matcher ``m``'s graph lacks what a match of ``els`` needs: every match binds a node to
+    each node pattern of ``els`` itself (not one inside a relation), so a pattern whose op, or a
+    literal value one of its attributes must have, no node of the graph has (by ``m``'s op and
+    attribute indexes) rules out every match without a search."""
+    got = _REQUIRED.get(id(els))
+    if got is None or got[0] is not els:
+        if len(_REQUIRED) > 4096:  # rule sets come and go
+            _REQUIRED.clear()
+        need = [(e.head(), list(known_values(pattern_parts(e)[1], {}))) for e in els
+                if isinstance(e, SList) and e.head() not in RELATIONS and e.head() not in (None, "_")]
+        got = _REQUIRED[id(els)] = (els, need)
+    index = m.by_op()
+    for op, values in got[1]:
+        if not index.get(op):
+            return True
+        for path, v in values:
+            if m.attr_index().lookup(op, path, v) == []:
+                return True
+    return False
 
 
 # relations whose answer depends only on nodes their inner pattern names (plus what is bound):

@@ -38,6 +38,13 @@ def _const_value(x):
     if isinstance(x, int):
         return x
     if isinstance(x, Term):
+        if x.op == "name":  # what most index terms hold: decided without an exception
+            return None
+        if x.op == "const":
+            v = x.value
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+        if next(x.names(), None) is not None:  # a name has no value here: evaluating it would raise
+            return None
         try:
             v = eval_term(x, {})
             return v if isinstance(v, int) and not isinstance(v, bool) else None
@@ -194,6 +201,11 @@ def holds(e: Expr, env: Env) -> bool:
 _SYMBOLS = {"true": True, "false": False, "nil": None}
 
 
+# the functions applied to their evaluated arguments (not lazy, not reading a node, not egglog's)
+_PLAIN = {name: fn for name, (_, _, fn) in FUNCTIONS.items()
+          if fn is not None and name not in NODE_FUNCTIONS and name not in ORACLE_FUNCTIONS}
+
+
 def evaluate(e: Expr, env: Env) -> Any:
     """Value of a rule-file expression under ``env``; errors carry the expression's position."""
     if isinstance(e, Atom):
@@ -210,6 +222,9 @@ def evaluate(e: Expr, env: Env) -> Any:
     head = items[0].value if isinstance(items[0], Atom) and items[0].kind == "sym" else None
     args = items[1:]
     try:
+        plain = _PLAIN.get(head)
+        if plain is not None:  # most values: a function of its evaluated arguments
+            return plain(*[evaluate(a, env) for a in args])
         if head in ("and", "or"):
             for a in args:
                 v = evaluate(a, env)
