@@ -7,14 +7,16 @@ saying so (exit 3; ``CBRULES_TRACEBACK=1`` shows the traceback).
 """
 from __future__ import annotations
 
+import _thread
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from . import __version__
 from .errors import CbrulesError, CliError
@@ -357,13 +359,13 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the console script; returns the exit code (see ``EXIT_CODES``)."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _lost_interrupts() as interrupted:
         warnings.showwarning = _show_warning
         try:
             args = parser().parse_args(argv)
             code = args.fn(args)
             sys.stdout.flush()  # here, so that a closed pipe is reported by the handler below
-            return code
+            return 130 if interrupted else code
         except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
             return e.code if isinstance(e.code, int) else 2
         except KeyboardInterrupt:
@@ -393,6 +395,33 @@ def _error(text: str) -> None:
         print(f"cbrules: {text}", file=sys.stderr)
     except (OSError, ValueError):
         pass  # stderr is gone too: nothing left to tell
+
+
+@contextlib.contextmanager
+def _lost_interrupts() -> Iterator[list]:
+    """Ctrl-C that lands in a finalizer (a ``__del__`` run by the collector or by a native library
+    freeing its objects) is printed by Python as "Exception ignored" and lost, so the command would
+    run to its end and exit 0. Such an interrupt is delivered again, quietly, to the code that runs
+    next, and kept so that the exit code is 130 even if that one is lost too."""
+    lost: list = []
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            lost.append(unraisable)
+            import threading  # from another thread, a moment later: here it would be lost again
+
+            timer = threading.Timer(0.01, _thread.interrupt_main)
+            timer.daemon = True
+            timer.start()
+        else:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield lost
+    finally:
+        sys.unraisablehook = previous
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
