@@ -71,6 +71,50 @@ def _time_interleaved(launches: dict, torch, rounds: int = 9, per_round: int = 5
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def time_shape(torch, gen, shape: tuple, compiled: dict, rounds: int, peers=("cublas", "triton"),
+               report: bool = False) -> tuple[dict, dict, float, dict]:
+    """One (m, n, k): random bfloat16 operands, their float32 product as the reference, then cuBLAS and
+    the Triton peer (labelled ``peers``) and every compiled matmul_tc in ``compiled`` (label -> kernel)
+    each launched once into a NaN-poisoned output and checked, then timed in interleaved rounds.
+    Returns (seconds a launch, max abs error, tolerance, seconds of the first launch) by label."""
+    from benchmarks import triton_matmul
+    m, n, k = shape
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    ref = x.float() @ w.float().T
+    tol = 2e-2 * ref.abs().max().item()  # one bfloat16 rounding of the largest result, and then some
+    # each implementation: output -> a launch that writes it
+    impls = {peers[0]: lambda c: lambda: torch.matmul(x, w.T, out=c),
+             peers[1]: lambda c: lambda: triton_matmul.matmul(x, w, c)}
+    for label, ck in compiled.items():
+        impls[label] = (lambda ck: lambda c: ck.bind(a=x, b=w, c=c).launch)(ck)
+    launches, errs, first = {}, {}, {}
+    for label, make in impls.items():
+        c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        launches[label] = make(c)
+        t0 = time.time()
+        launches[label]()
+        torch.cuda.synchronize()
+        first[label] = round(time.time() - t0, 2)
+        errs[label] = (c.float() - ref).abs().max().item()
+        if report:
+            print(f"{m}x{n}x{k} {label}: first launch done, max abs err {errs[label]:.3g}", flush=True)
+    return _time_interleaved(launches, torch, rounds), errs, tol, first
+
+
+def probe_rows(shape: tuple, secs: dict, errs: dict, tol: float, checked) -> list[dict]:
+    """The probes' rows (TFLOP/s, ms, ok: None where ``checked(label)`` says the variant computes no c), printed."""
+    m, n, k = shape
+    rows = []
+    for name in secs:
+        ok = errs[name] <= tol if checked(name) else None
+        tf = 2.0 * m * n * k / secs[name] / 1e12
+        rows.append({"shape": [m, n, k], "variant": name, "tflops": tf, "ms": secs[name] * 1e3, "ok": ok})
+        print(f"{m}x{n}x{k} {name}: {tf:.1f} TFLOP/s ({secs[name] * 1e3:.3f} ms)"
+              f"{'' if ok is not False else ' WRONG err %.3g' % errs[name]}", flush=True)
+    return rows
+
+
 def _sass_summary(ck, out: Path, stem: str) -> dict:
     from benchmarks.sass import _INSTR, loop_histograms
     tool = shutil.which("cuobjdump")
@@ -115,30 +159,14 @@ def main(argv=None) -> int:
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
     for m, n, k in SHAPES:
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-        ref = x.float() @ w.float().T
-        tol = 2e-2 * ref.abs().max().item()  # one bfloat16 rounding of the largest result, and then some
         flop = 2.0 * m * n * k
-        # each implementation: output -> a launch that writes it
-        impls = {"torch.matmul (cuBLAS)": lambda c: lambda: torch.matmul(x, w.T, out=c),
-                 "triton (persistent, TMA, autotuned)": lambda c: lambda: triton_matmul.matmul(x, w, c)}
-        for label, ck in compiled.items():
-            impls[f"matmul_tc {label}"] = (lambda ck: lambda c: ck.bind(a=x, b=w, c=c).launch)(ck)
-        launches, checked = {}, {}
-        for label, make in impls.items():
-            c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            launches[label] = make(c)
-            t0 = time.time()
-            launches[label]()
-            torch.cuda.synchronize()
-            err = (c.float() - ref).abs().max().item()
-            checked[label] = (err, err <= tol, round(time.time() - t0, 2))
-        secs = _time_interleaved(launches, torch, a.rounds)
-        for label in impls:
-            err, ok, first = checked[label]
+        secs, errs, tol, first = time_shape(torch, gen, (m, n, k), {f"matmul_tc {label}": ck for label, ck in
+                                                                     compiled.items()}, a.rounds,
+                                            peers=("torch.matmul (cuBLAS)", "triton (persistent, TMA, autotuned)"))
+        for label in secs:
+            err, ok = errs[label], errs[label] <= tol
             row = {"shape": [m, n, k], "impl": label, "tflops": flop / secs[label] / 1e12, "ms": secs[label] * 1e3,
-                   "max_abs_err": err, "ok": ok, "first_call_s": first}
+                   "max_abs_err": err, "ok": ok, "first_call_s": first[label]}
             if label.startswith("triton"):
                 row["config"] = triton_matmul.best_config()
             if label.startswith("matmul_tc"):
@@ -146,7 +174,6 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"{m}x{n}x{k} {label}: {row['tflops']:.1f} TFLOP/s ({row['ms']:.3f} ms) err {err:.3g}"
                   f"{'' if ok else ' WRONG'}" + (f" [{row['config']}]" if 'config' in row else ''), flush=True)
-        del x, w, ref
     sass = {"default": _sass_summary(compiled["128x256x64 S=4 (default)"], out, "matmul_tc_default"),
             "persistent": _sass_summary(compiled["128x256x64 S=4 persistent"], out, "matmul_tc_persistent"),
             "swizzled-store group_m=16": _sass_summary(compiled["128x256x64 S=4 swizzled store, group_m=16"], out,

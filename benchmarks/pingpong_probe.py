@@ -269,35 +269,12 @@ def main(argv=None) -> int:
     if a.cpu:
         return 0
     import torch
-    from benchmarks import triton_matmul
-    from benchmarks.matmul_tc import _time_interleaved
+    from benchmarks.matmul_tc import probe_rows, time_shape
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for m, n, k in SHAPES:
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-        ref = x.float() @ w.float().T
-        tol = 2e-2 * ref.abs().max().item()
-        launches = {"cublas": (lambda c: lambda: torch.matmul(x, w.T, out=c)),
-                    "triton": (lambda c: lambda: triton_matmul.matmul(x, w, c))}
-        for name in compiled:
-            launches[name] = (lambda ck: lambda c: ck.bind(a=x, b=w, c=c).launch)(compiled[name])
-        fns, errs = {}, {}
-        for name, make in launches.items():
-            c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            fns[name] = make(c)
-            fns[name]()
-            torch.cuda.synchronize()
-            errs[name] = (c.float() - ref).abs().max().item()
-            print(f"{m}x{n}x{k} {name}: first launch done, max abs err {errs[name]:.3g}", flush=True)
-        secs = _time_interleaved(fns, torch, a.rounds)
-        for name in launches:
-            ok = errs[name] <= tol if not any(w in name for w in TIMING_ONLY) else None
-            tf = 2.0 * m * n * k / secs[name] / 1e12
-            rows.append({"shape": [m, n, k], "variant": name, "tflops": tf, "ms": secs[name] * 1e3, "ok": ok})
-            print(f"{m}x{n}x{k} {name}: {tf:.1f} TFLOP/s ({secs[name] * 1e3:.3f} ms)"
-                  f"{'' if ok is not False else ' WRONG err %.3g' % errs[name]}", flush=True)
-        del x, w, ref
+    for shape in SHAPES:
+        secs, errs, tol, _ = time_shape(torch, gen, shape, compiled, a.rounds, report=True)
+        rows += probe_rows(shape, secs, errs, tol, lambda name: not any(w in name for w in TIMING_ONLY))
     meta = {"device": torch.cuda.get_device_name(), "rounds": a.rounds,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (out / "probe.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -292,39 +292,18 @@ def main(argv=None) -> int:
                 compiled[name].bind(a=x, b=x, c=c).launch()
         torch.cuda.synchronize()
         return 0
-    from benchmarks import triton_matmul
-    from benchmarks.matmul_tc import _time_interleaved
+    from benchmarks.matmul_tc import probe_rows, time_shape
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
                             "--format=csv", "-lms", "250"], stdout=open(out / "smi.csv", "w"),
                            stderr=subprocess.DEVNULL)
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
     for m, n, k in ((8192, 8192, 8192), (8192, 8192, 1024)):
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-        ref = x.float() @ w.float().T
-        tol = 2e-2 * ref.abs().max().item()
         names = list(compiled) if k == 8192 else [n for n in ("default", "swizzled-store", "store-swizzle",
                                                               "store-swizzle-group16", "persistent",
                                                               "persistent-swizzled", "cluster2") if n in compiled]
-        launches = {"cublas": (lambda c: lambda: torch.matmul(x, w.T, out=c)),
-                    "triton": (lambda c: lambda: triton_matmul.matmul(x, w, c))}
-        for name in names:
-            launches[name] = (lambda ck: lambda c: ck.bind(a=x, b=w, c=c).launch)(compiled[name])
-        fns, errs = {}, {}
-        for name, make in launches.items():
-            c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            fns[name] = make(c)
-            fns[name]()
-            torch.cuda.synchronize()
-            errs[name] = (c.float() - ref).abs().max().item()
-        secs = _time_interleaved(fns, torch, a.rounds)
-        for name in launches:
-            ok = errs[name] <= tol if name in COMPUTES + ("cublas", "triton") else None
-            tf = 2.0 * m * n * k / secs[name] / 1e12
-            rows.append({"shape": [m, n, k], "variant": name, "tflops": tf, "ms": secs[name] * 1e3, "ok": ok})
-            print(f"{m}x{n}x{k} {name}: {tf:.1f} TFLOP/s ({secs[name] * 1e3:.3f} ms)"
-                  f"{'' if ok is not False else ' WRONG err %.3g' % errs[name]}", flush=True)
+        secs, errs, tol, _ = time_shape(torch, gen, (m, n, k), {name: compiled[name] for name in names}, a.rounds)
+        rows += probe_rows((m, n, k), secs, errs, tol, lambda name: name in COMPUTES + ("cublas", "triton"))
     smi.terminate()
     if a.sustain:
         rows += _sustain(compiled, a.sustain)
