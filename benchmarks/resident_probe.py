@@ -7,7 +7,7 @@ in flight, empty barriers instead of the block sync that ends a main iteration (
 process on one Hopper GPU, outputs poisoned and checked, timed in interleaved rounds (each variant's
 median launch):
 
-    python3 benchmarks/resident_probe.py [--set resident|stages|syncs|walk|path] [--triton-warps 16,8]
+    python3 benchmarks/resident_probe.py [--set resident|stages|syncs|walk|path|reduce] [--triton-warps 16,8]
         [--rounds 7] [--reps 10] [--shape 16384x16384] [--cubins DIR]
     python3 benchmarks/resident_probe.py --set syncs --compile-only   # no GPU: build and NVRTC-compile the set
 
@@ -19,6 +19,9 @@ in, by hand edits as well: ``direct`` drops the TMA copies, their expect-tx and 
 thread loads its elements from global memory (16-byte loads, as Triton's ``LDG.128``) where it read them from
 the slot (with and without the syncs); ``shared`` drops the TMA the same way but keeps the round trip through
 shared memory: each thread copies its elements into the slots itself, then reads them back as before.
+``--set reduce`` measures hand edits of the statistics at 256 and 512 threads: one block reduction of
+(sum, sum of squares) taken as the row arrives instead of two reductions and a variance pass, and the row
+held in registers as bfloat16 instead of float.
 ``--set walk``: P blocks walk the rows
 warp-specialized (512 consumers, one box a stage), the producer keeping S stages in flight across rows.
 """
@@ -38,6 +41,26 @@ from benchmarks.ops import variant_params  # noqa: E402
 
 SYNC_EDITS = ("main sync", "epilogue sync", "reduction sync")
 PATH_EDITS = ("direct", "shared")
+REDUCE_EDITS = ("one reduction", "bf16 row")
+# one block reduction of (sum, sum of squares): each warp's pair through scratch, then every warp sums the
+# partials itself (one block sync a reduction, no broadcast round trip); the variance is E[x^2] - mean^2
+SUM2 = """
+__device__ __forceinline__ void cb_block_sum2(float& a, float& b, float* scratch) {
+  const unsigned lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
+  for (int o = 16; o > 0; o >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, o);
+    b += __shfl_xor_sync(0xffffffffu, b, o);
+  }
+  if (lane == 0) { scratch[threadIdx.x / 32] = a; scratch[16 + threadIdx.x / 32] = b; }
+  __syncthreads();
+  a = lane < nwarps ? scratch[lane] : 0.0f;
+  b = lane < nwarps ? scratch[16 + lane] : 0.0f;
+  for (int o = 16; o > 0; o >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, o);
+    b += __shfl_xor_sync(0xffffffffu, b, o);
+  }
+}
+"""
 # a thread's read of its elements from the slot, the index captured (main loop and epilogue)
 SLOT_READ = r"(cb_vcopy<16>\(&cb_vec_\d+\[0\], )&tile\[(.*?)\]\);"
 SM_REGISTERS, SM_THREADS, SM_SHARED, BLOCK_RESERVED = 65536, 2048, 233472, 1024  # H200, per SM
@@ -78,9 +101,34 @@ def _path(text: str, how: str, params: dict) -> str:
                          f"the row into the slots without the TMA\n{copy}  }}\n  __syncwarp();\n")
 
 
+def _reduce(text: str, how: str) -> str:
+    """ops.py's CUDA with the statistics taken ``how`` (of REDUCE_EDITS): "one reduction" sums the squares
+    beside the sum as the row arrives and reduces both at once (cb_block_sum2), dropping the variance pass
+    over the row and the second block reduction; "bf16 row" keeps the row in registers as its bfloat16
+    elements (Triton's ``x`` before ``.to(float32)``), converting at each use, instead of as float."""
+    if how == "bf16 row":  # the vectors' elements into vals as they are; the sum converts them
+        text = cuda_edit.sub(text, "  float vals[", "  cb_bf16 vals[", who="resident_probe")
+        n = len(re.findall(r"      (v\d+) = cb_vec_\d+\[u\];\n      vals\[.*?\] = \1;\n", text))
+        return _sub_re(text, r"      (v\d+) = (cb_vec_\d+\[u\]);\n      (vals\[.*?\]) = \1;\n",
+                       r"      \3 = \2;\n      \1 = \2;\n", count=n)
+    text = cuda_edit.sub(text, "struct CbSum ", SUM2 + "struct CbSum ", who="resident_probe")
+    n = len(re.findall(r"      s1 = CbSum\(\)\(s1, v\d+\);\n", text))
+    text = _sub_re(text, r"      s1 = CbSum\(\)\(s1, (v\d+)\);\n",
+                   r"      s1 = CbSum()(s1, \1);\n      s2 = CbSum()(s2, \1 * \1);\n", count=n)
+    # the two reductions and the variance pass between them become one reduction of both sums
+    return _sub_re(text, r"(?s)  (v\d+) = cb_block_reduce<float>\(s1, \(float\)0, CbSum\(\), (.*?)\);\n"
+                   r"  (v\d+) = \(\1\) / \((\d+\.0f)\);\n.*?  (v\d+) = cb_block_reduce<float>\(s2, [^\n]*\n"
+                   r"  (v\d+) = \(\5\) / \(\4\);\n",
+                   r"  cb_block_sum2(s1, s2, \2);  // probe: one reduction of both sums\n  \1 = s1;\n"
+                   r"  \3 = (\1) / (\4);\n  \6 = (s2) / (\4) - (\3) * (\3);\n")
+
+
 def _edit(text: str, drop: tuple, params: dict) -> str:
-    """ops.py's CUDA with the row brought in as the PATH_EDITS in ``drop`` say, without the block syncs
-    named in it (of SYNC_EDITS)."""
+    """ops.py's CUDA with the row brought in as the PATH_EDITS in ``drop`` say, the statistics taken as its
+    REDUCE_EDITS say, without the block syncs named in it (of SYNC_EDITS)."""
+    for how in REDUCE_EDITS:
+        if how in drop:
+            text = _reduce(text, how)
     for how in PATH_EDITS:
         if how in drop:
             text = _path(text, how, params)
@@ -124,6 +172,14 @@ def variants(shape: tuple, which: str = "resident") -> list[tuple[str, dict, int
                        (f"S={s} direct, none of the syncs", dict(chosen, stages=s), ("direct", *SYNC_EDITS)),
                        (f"S={s} LDG.128+STS+LDS, no TMA", dict(chosen, stages=s), ("shared",)),
                        (f"S={s} LDG.128+STS+LDS, no loop syncs", dict(chosen, stages=s), ("shared", *loop))]
+    if which == "reduce":  # hand edits of the statistics, at ops.py's 256 threads and Triton's 512
+        out = []
+        for threads in (256, 512):
+            base = dict(chosen, stages=s, threads=threads)
+            out += [(f"threads={threads} S={s}", base, ())] * (threads != 256) + [
+                (f"threads={threads} S={s} {' + '.join(d)}", base, d)
+                for d in (("one reduction",), ("bf16 row",), REDUCE_EDITS)]
+        return ours + out
     if which == "walk":  # warp-specialized walks: the producer keeps S stages in flight across rows
         wide = dict(chosen, threads=512, one_box=True, warp_specialize=True)
         return ours + [(f"WS walk P={p} width={w} S={st} threads=512", dict(wide, stages=st, width=w, walk=p), 0)
@@ -176,7 +232,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (each variant once a round)")
     p.add_argument("--reps", type=int, default=10, help="timed launches of a variant a round")
     p.add_argument("--shape", default="16384x16384")
-    p.add_argument("--set", default="resident", choices=("resident", "stages", "syncs", "walk", "path"),
+    p.add_argument("--set", default="resident", choices=("resident", "stages", "syncs", "walk", "path", "reduce"),
                    help="which variants")
     p.add_argument("--triton-warps", default=[16], type=lambda t: [int(w) for w in t.split(",")],
                    help="Triton row kernels of these num_warps (the first is the base of the ratios)")
@@ -204,6 +260,10 @@ def main() -> None:
         launches[label] = lambda w=warps: _normalize_row[(m,)](x, out, m, n, BLOCK_N=n, num_warps=w)
         regs, spills = getattr(tri, "n_regs", 0), getattr(tri, "n_spills", "?")
         notes[label] = f"regs={regs} spills={spills} blocks/SM={resident(regs or 255, 32 * warps, 0)}"
+        if a.cubins and "cubin" in getattr(tri, "asm", {}):  # Triton's SASS beside ours
+            os.makedirs(a.cubins, exist_ok=True)
+            with open(os.path.join(a.cubins, f"triton_w{warps}.cubin"), "wb") as f:
+                f.write(tri.asm["cubin"])
     for i, (label, params, change) in enumerate(variants((m, n), a.set)):
         try:
             ck = build(params, change)

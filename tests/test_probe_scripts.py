@@ -76,6 +76,31 @@ def test_resident_probe_path_edits_drop_the_tma():
         assert body.count("], &tile[") == slot_reads
 
 
+def test_resident_probe_reduce_edits_compile():
+    """The hand edits of the statistics apply (at 256 and 512 threads) and compile."""
+    out = _run("benchmarks/resident_probe.py", "--set", "reduce", "--compile-only")
+    assert out.count("16384x16384 ") == 8 and "threads=512 S=4 one reduction + bf16 row: regs=" in out
+
+
+def test_resident_probe_one_reduction_replaces_both():
+    """"one reduction" leaves one block reduction (of both sums, taken as the row arrives) and no variance
+    pass; "bf16 row" holds the row as bfloat16 and stores the vectors' elements unconverted."""
+    from cbrules import api
+    from cbrules.kernels import reductions
+    from benchmarks import resident_probe
+    (_, params, _), *_ = resident_probe.variants((16384, 16384), "reduce")
+    text = api.generate(reductions.persistent(**params)).text
+    body = text[text.index('extern "C"'):]
+    assert body.count("cb_block_reduce<float>(") == 2 and "float vals[64];" in body
+    one = resident_probe._edit(text, ("one reduction",), params)
+    body = one[one.index('extern "C"'):]
+    assert "cb_block_reduce<float>(" not in body and body.count("cb_block_sum2(s1, s2, ") == 1
+    assert body.count("s2 = CbSum()(s2, v") == 4 and "vals[q]" not in body
+    row = resident_probe._edit(text, ("bf16 row",), params)
+    body = row[row.index('extern "C"'):]
+    assert "cb_bf16 vals[64];" in body and body.count("] = cb_vec_") == 4
+
+
 def test_probe_elements_reads_booleans_and_counts():
     from benchmarks.probe_elements import _value
     assert _value("true") is True and _value("false") is False and _value("132") == 132
