@@ -227,6 +227,26 @@ def _keep(folder, i: int, label: str, ck) -> None:
             f.write(ck.cubin.cubin)
 
 
+def check_then_time(launches: dict, out, want, notes: dict, rounds: int, reps: int) -> dict:
+    """Each launch once into a NaN-poisoned ``out``, checked against ``want`` (its note starts with ok=...),
+    three warm-up launches, then ``rounds`` interleaved rounds of ``reps`` timed launches of every one in
+    turn: the times by label."""
+    import torch
+    from cbrules.codegen import runtime
+    for label, fn in list(launches.items()):  # correctness first, outputs poisoned
+        out.fill_(float("nan"))
+        fn()
+        runtime.synchronize()
+        notes[label] = f"ok={bool(torch.allclose(out.float(), want, rtol=2e-2, atol=2e-2))} " + notes.get(label, "")
+        for _ in range(3):
+            fn()
+    times = {label: [] for label in launches}
+    for _ in range(rounds):
+        for label, fn in launches.items():
+            times[label] += runtime.time_launch(fn, reps)
+    return times
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (each variant once a round)")
@@ -247,7 +267,6 @@ def main() -> None:
             print(f"{m}x{n} {label}: {note(ck, params)}", flush=True)
         return
     import torch
-    from cbrules.codegen import runtime
     from benchmarks.triton_kernels import _normalize_row
     x = torch.randn(m, n, device="cuda").to(torch.bfloat16)
     out = torch.empty_like(x)
@@ -273,17 +292,7 @@ def main() -> None:
         _keep(a.cubins, i, label, ck)
         launches[label] = ck.bind(x=x, out=out).launch
         notes[label] = note(ck, params)
-    for label, fn in list(launches.items()):  # correctness first, outputs poisoned
-        out.fill_(float("nan"))
-        fn()
-        runtime.synchronize()
-        notes[label] = f"ok={bool(torch.allclose(out.float(), want, rtol=2e-2, atol=2e-2))} {notes[label]}"
-        for _ in range(3):
-            fn()
-    times = {label: [] for label in launches}
-    for _ in range(a.rounds):
-        for label, fn in launches.items():
-            times[label] += runtime.time_launch(fn, a.reps)
+    times = check_then_time(launches, out, want, notes, a.rounds, a.reps)
     base = statistics.median(next(iter(times.values())))
     for label, ts in times.items():
         t = statistics.median(ts)

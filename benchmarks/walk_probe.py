@@ -14,9 +14,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 from cbrules import api  # noqa: E402
-from cbrules.codegen import runtime  # noqa: E402
 from cbrules.kernels import reductions  # noqa: E402
 from benchmarks.ops import variant_params  # noqa: E402
+from benchmarks.resident_probe import check_then_time  # noqa: E402
 from benchmarks.triton_kernels import _normalize_row  # noqa: E402
 
 SHAPES = ((32768, 32768), (16384, 16384))
@@ -60,18 +60,7 @@ def main() -> None:
             launches[label] = ck.bind(x=x, out=out).launch
             r = ck.cubin.resources
             notes[label] = f"regs={r.registers} spills={r.spill_stores}"
-        for label, fn in list(launches.items()):  # correctness first, outputs poisoned
-            out.fill_(float("nan"))
-            fn()
-            runtime.synchronize()
-            ok = bool(torch.allclose(out.float(), want, rtol=2e-2, atol=2e-2))
-            notes[label] = f"ok={ok} " + notes.get(label, "")
-            for _ in range(3):
-                fn()
-        times = {label: [] for label in launches}
-        for _ in range(a.rounds):
-            for label, fn in launches.items():
-                times[label] += runtime.time_launch(fn, a.reps)
+        times = check_then_time(launches, out, want, notes, a.rounds, a.reps)
         base = statistics.median(times["triton row"])
         for label, ts in times.items():
             t = statistics.median(ts)
