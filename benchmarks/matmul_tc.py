@@ -102,6 +102,14 @@ def time_shape(torch, gen, shape: tuple, compiled: dict, rounds: int, peers=("cu
     return _time_interleaved(launches, torch, rounds), errs, tol, first
 
 
+def write_rows(path: Path, rows: list, rounds: int, device: str, **meta) -> dict:
+    """``{"meta", "rows"}`` as JSON at ``path``: the device, the rounds, the date and ``meta``; returns the meta."""
+    meta = {"device": device, "rounds": rounds,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **meta}
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return meta
+
+
 def probe_rows(shape: tuple, secs: dict, errs: dict, tol: float, checked) -> list[dict]:
     """The probes' rows (TFLOP/s, ms, ok: None where ``checked(label)`` says the variant computes no c), printed."""
     m, n, k = shape
@@ -178,9 +186,8 @@ def main(argv=None) -> int:
             "persistent": _sass_summary(compiled["128x256x64 S=4 persistent"], out, "matmul_tc_persistent"),
             "swizzled-store group_m=16": _sass_summary(compiled["128x256x64 S=4 swizzled store, group_m=16"], out,
                                                        "matmul_tc_swizzled_store")}
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "rounds": a.rounds, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sass": sass}
-    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    meta = write_rows(out / "results.json", rows, a.rounds, torch.cuda.get_device_name(), torch=torch.__version__,
+                      triton=triton.__version__, sass=sass)
     (out / "results.md").write_text(_table(rows, meta))
     print(_table(rows, meta))
     return 0

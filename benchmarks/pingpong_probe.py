@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -269,15 +267,13 @@ def main(argv=None) -> int:
     if a.cpu:
         return 0
     import torch
-    from benchmarks.matmul_tc import probe_rows, time_shape
+    from benchmarks.matmul_tc import probe_rows, time_shape, write_rows
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
     for shape in SHAPES:
         secs, errs, tol, _ = time_shape(torch, gen, shape, compiled, a.rounds, report=True)
         rows += probe_rows(shape, secs, errs, tol, lambda name: not any(w in name for w in TIMING_ONLY))
-    meta = {"device": torch.cuda.get_device_name(), "rounds": a.rounds,
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    (out / "probe.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    write_rows(out / "probe.json", rows, a.rounds, torch.cuda.get_device_name())
     return 0
 
 

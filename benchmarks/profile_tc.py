@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -292,7 +291,7 @@ def main(argv=None) -> int:
                 compiled[name].bind(a=x, b=x, c=c).launch()
         torch.cuda.synchronize()
         return 0
-    from benchmarks.matmul_tc import probe_rows, time_shape
+    from benchmarks.matmul_tc import probe_rows, time_shape, write_rows
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
                             "--format=csv", "-lms", "250"], stdout=open(out / "smi.csv", "w"),
                            stderr=subprocess.DEVNULL)
@@ -307,9 +306,7 @@ def main(argv=None) -> int:
     smi.terminate()
     if a.sustain:
         rows += _sustain(compiled, a.sustain)
-    meta = {"device": torch.cuda.get_device_name(), "rounds": a.rounds,
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    (out / "profile.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    write_rows(out / "profile.json", rows, a.rounds, torch.cuda.get_device_name())
     return 0
 
 
