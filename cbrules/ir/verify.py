@@ -101,12 +101,17 @@ def _walk(kg: KernelGraph, parent: dict[int, int]) -> list[int]:
     kids: dict[int, list[int]] = {}
     for n in sorted(parent):
         kids.setdefault(parent[n], []).append(n)
-    out, stack = [], [kg.root]
+    return _preorder(kg.root, kids)
+
+
+def _preorder(root: int, children: dict[int, list[int]]) -> list[int]:
+    """Parents first, each scope's children in the order given."""
+    out, stack = [], [root]
     while stack:
         n = stack.pop()
         out.append(n)
-        if n in kids:
-            stack.extend(reversed(kids[n]))
+        if n in children:
+            stack.extend(reversed(children[n]))
     return out
 
 
@@ -171,13 +176,7 @@ def _depends(kg: KernelGraph, walked: list[int], parent: dict[int, int]) -> dict
 
 def _program_order(kg: KernelGraph, orders: dict[int, list[int]]) -> list[int]:
     """``linear_order`` from the sibling orders :func:`_depends` found (each scope is sorted once)."""
-    out, todo = [], [kg.root]
-    while todo:
-        n = todo.pop()
-        out.append(n)
-        if n in orders:
-            todo.extend(reversed(orders[n]))
-    return out
+    return _preorder(kg.root, orders)
 
 
 # identifier-valued attributes codegen prints, per op (compute ops: their ``dst`` register)
