@@ -7,7 +7,6 @@ saying so (exit 3; ``CBRULES_TRACEBACK=1`` shows the traceback).
 """
 from __future__ import annotations
 
-import _thread
 import argparse
 import contextlib
 import dataclasses
@@ -401,19 +400,15 @@ def _error(text: str) -> None:
 def _lost_interrupts() -> Iterator[list]:
     """Ctrl-C that lands in a finalizer (a ``__del__`` run by the collector or by a native library
     freeing its objects) is printed by Python as "Exception ignored" and lost, so the command would
-    run to its end and exit 0. Such an interrupt is delivered again, quietly, to the code that runs
-    next, and kept so that the exit code is 130 even if that one is lost too."""
+    run to its end and exit 0. Such an interrupt is kept here, quietly, and the exit code is 130.
+    (Raising it again from the hook, or from a timer thread, could land outside ``main`` in a caller
+    that lowers in-process; the next Ctrl-C stops the command as usual.)"""
     lost: list = []
     previous = sys.unraisablehook
 
     def hook(unraisable) -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
             lost.append(unraisable)
-            import threading  # from another thread, a moment later: here it would be lost again
-
-            timer = threading.Timer(0.01, _thread.interrupt_main)
-            timer.daemon = True
-            timer.start()
         else:
             previous(unraisable)
 
