@@ -125,7 +125,7 @@ class MmaGroups:
                 for buf, idx in issue.reads:
                     if buf.tracked:
                         self._reading(buf)[idx] -= 1
-                        buf.readers[idx, span] = now
+                        buf.readers[idx, span] = now + buf.epoch
 
     # ---------------------------------------------------------------- checks other ops call
     def tma_written(self, buf: "SharedBuffer", lo: int, n: int, span: int) -> None:

@@ -37,6 +37,7 @@ from .hazards import (DivergentSync, Deadlock, DoubleInit, ElectError, InterpErr
                       UnfencedRefill, UseAfterInval, UseBeforeInit, WarHazard)
 
 INFLIGHT = np.iinfo(np.int64).max  # phase of an element whose load has not been delivered yet
+_EPOCH_LIMIT = 2 ** 30  # read marks are int32: epoch + a clock of one block stays below 2**31
 
 
 @dataclass
@@ -57,16 +58,42 @@ class SharedBuffer:
 
     def __init__(self, name: str, dtype, size: int, threads: int, tracked: bool):
         self.name = name
-        # floats (bfloat16 too, which numpy does not class as floating) start as NaN: a read before a write shows
-        self.data = np.full(size, np.nan, dtype) if np.dtype(dtype).kind in "fV" else np.zeros(size, dtype)
+        self.data = np.empty(size, dtype)
         self.tracked = tracked
-        self.fresh = np.zeros(size, bool)  # written since a TMA store last sent it
+        self.fresh = np.empty(size, bool)  # written since a TMA store last sent it
         if tracked:
-            self.w_slot = np.full(size, -1, np.int64)  # barrier slot the last TMA write completes on
-            self.w_phase = np.zeros(size, np.int64)  # ... and the phase (INFLIGHT until delivered)
-            self.w_node = np.full(size, -1, np.int64)
-            self.readers = np.full((size, threads), -1, np.int32)  # clock of each thread's last read
-            self.plain = np.full((size, threads), -1, np.int32)  # ... last plain load (generic proxy)
+            self.w_slot = np.empty(size, np.int64)  # barrier slot the last TMA write completes on
+            self.w_phase = np.empty(size, np.int64)  # ... and the phase (INFLIGHT until delivered)
+            self.w_node = np.empty(size, np.int64)
+            # epoch + the clock of each thread's last read (below epoch: none in this block) ...
+            # (zeros: the allocator's untouched zero pages, where a fill would touch every page)
+            self.readers = np.zeros((size, threads), np.int32)
+            self.plain = np.zeros((size, threads), np.int32)  # ... and of its last plain load (generic proxy)
+        self.epoch = 1
+        self.clear()
+
+    def read_clocks(self) -> np.ndarray:
+        """Per element and thread, the clock of the thread's last read in this block (-1: none)."""
+        return np.where(self.readers >= self.epoch, self.readers - self.epoch, -1)
+
+    def clear(self, top: Optional[int] = None) -> None:
+        """The state at the start of a block. ``top``: the previous block's latest clock; its read marks
+        stay, below a new epoch, instead of a refill of the large element x thread arrays."""
+        # floats (bfloat16 too, which numpy does not class as floating) start as NaN: a read before a write shows
+        self.data.fill(np.nan if self.data.dtype.kind in "fV" else 0)
+        self.fresh.fill(False)
+        if self.tracked:
+            self.w_slot.fill(-1)
+            self.w_phase.fill(0)
+            self.w_node.fill(-1)
+            if top is None:
+                return
+            if self.epoch + top + 1 < _EPOCH_LIMIT:
+                self.epoch += top + 1  # every mark of the previous block is now below it
+            else:
+                self.epoch = 1
+                self.readers.fill(0)
+                self.plain.fill(0)
 
 
 @dataclass
@@ -88,10 +115,12 @@ class BlockProtocol:
         self.threads = threads
         self.bars = Barriers(threads, barriers)
         self.shared_spec = shared
+        self.shared: dict[str, SharedBuffer] = {}
         self.reset()
 
     def reset(self) -> None:
         """Fresh state for the next block."""
+        top = int(self.clocks.now.max()) if self.shared else None  # the previous block's latest clock
         self.bars.reset()
         self.clocks = Clocks(self.threads)
         self.fences = ProxyFences(self.threads)
@@ -101,7 +130,11 @@ class BlockProtocol:
         self.stores: list[BulkStore] = []  # bulk groups whose reads are not yet known to every thread
         self.unfinished: list[BulkStore] = []  # ... not yet waited for to completion
         self.mma = MmaGroups(self)  # warpgroup MMA: fences, groups, reads in flight
-        self.shared = {n: SharedBuffer(n, dt, size, self.threads, tr) for n, (dt, size, tr) in self.shared_spec.items()}
+        if self.shared:  # the buffers of the previous block, cleared
+            for buf in self.shared.values():
+                buf.clear(top)
+        else:
+            self.shared = {n: SharedBuffer(n, dt, size, self.threads, tr) for n, (dt, size, tr) in self.shared_spec.items()}
 
     # ------------------------------------------------------------------ barrier slots
     def slot_id(self, buf: str, slot: int, site: SiteFn) -> int:
@@ -311,14 +344,14 @@ class BlockProtocol:
                 e = lo + busy[0]
                 raise WarHazard(f"refills {buf.name}[{e}] while the TMA load #{buf.w_node[e]} into it is still "
                                 "in flight (nobody waited for it)", site(), bname, slot)
-            late = _first_unordered(buf.readers, lo, hi, self.clocks.view_of(issuer))
+            late = _first_unordered(buf.readers, lo, hi, self.clocks.view_of(issuer) + buf.epoch)
             if late:
                 e, t = late
                 raise WarHazard(f"thread {issuer} refills {buf.name}[{lo}:{hi}] (completing on "
                                 f"{b.label(sid)}) while thread {t} may still read {buf.name}[{e}]: its read is "
                                 "not ordered before the refill by a block sync or an arrive/wait chain",
                                 site(), bname, slot)
-            unfenced = _first_unordered(buf.plain, lo, hi, self.fences.covered(issuer, self.clocks))
+            unfenced = _first_unordered(buf.plain, lo, hi, self.fences.covered(issuer, self.clocks) + buf.epoch)
             if unfenced:
                 e, t = unfenced
                 raise UnfencedRefill(f"thread {issuer} refills {buf.name}[{lo}:{hi}] (completing on {b.label(sid)}) "
@@ -350,9 +383,9 @@ class BlockProtocol:
                                 f"the thread has observed only {seen[k]} completed phase(s) of "
                                 f"{self.bars.label(sid)} (a missing wait, or a wait with the wrong parity)",
                                 site(), *self.bars.names[sid])
-        buf.readers[idx, lanes] = self.clocks.now[lanes]
+        buf.readers[idx, lanes] = self.clocks.now[lanes] + buf.epoch
         if plain:
-            buf.plain[idx, lanes] = self.clocks.now[lanes]
+            buf.plain[idx, lanes] = self.clocks.now[lanes] + buf.epoch
 
     def write(self, buf: SharedBuffer, idx: np.ndarray, lanes: Optional[np.ndarray] = None,
               site: Optional[SiteFn] = None) -> None:
@@ -447,6 +480,8 @@ class BlockProtocol:
 def _first_unordered(marks: np.ndarray, lo: int, hi: int, bound: np.ndarray) -> Optional[tuple[int, int]]:
     """The first element of ``[lo, hi)`` with a thread's access (``marks``: element x thread clock) that
     ``bound`` (per thread) does not cover, as (element, thread); None when all are covered."""
+    if hi <= lo or not (marks[lo:hi].max(axis=0) > bound).any():  # the common case, in one reduction
+        return None
     rows = np.nonzero((marks[lo:hi] > bound).any(axis=1))[0]
     if not rows.size:
         return None
