@@ -24,7 +24,6 @@ from cbrules.reference.interp_mma import MmaIssueError
 from cbrules.reference.mma_groups import AccumulatorInFlight, MissingWgmmaFence, MmaInFlight, SwizzleMismatch
 from rulekit import write_mutations
 
-pytestmark = pytest.mark.xdist_group("mma-check")
 SPEC = KERNELS["matmul_tc"]
 STAGES, TRIPS = 3, 7  # more trips than stages: every slot is refilled while earlier tiles are in use
 
