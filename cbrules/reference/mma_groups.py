@@ -36,7 +36,8 @@ import numpy as np
 from .hazards import ProtocolError, RawHazard, SiteFn, WarHazard
 
 if TYPE_CHECKING:  # the protocol owns this model; imported for types only
-    from .protocol import BlockProtocol, SharedBuffer
+    from .order_state import SharedBuffer
+    from .protocol import BlockProtocol
 
 WARPGROUP = 128
 
