@@ -24,7 +24,6 @@ from cbrules.reference.interp_mma import MmaIssueError
 from cbrules.reference.mma_groups import AccumulatorInFlight, MissingWgmmaFence, MmaInFlight, SwizzleMismatch
 from rulekit import write_mutations
 
-pytestmark = pytest.mark.xdist_group("mma-check")
 SPEC = KERNELS["matmul_tc"]
 STAGES, TRIPS = 3, 7  # more trips than stages: every slot is refilled while earlier tiles are in use
 
@@ -212,8 +211,25 @@ def test_completion_records_the_reads_for_the_ordinary_war_check(proto):
     g.issue(1, 0, WG0, "acc", [(tile, np.arange(64))], 128, _site)
     g.commit(0)
     g.wait(0, WG0, 0)
-    assert (tile.readers[:64, :128] == proto.clocks.now[:128]).all() and (tile.readers[:64, 128:] == -1).all()
-    assert (tile.readers[64:] == -1).all()
+    read = tile.read_clocks()
+    assert (read[:64, :128] == proto.clocks.now[:128]).all() and (read[:64, 128:] == -1).all()
+    assert (read[64:] == -1).all()
+
+
+def test_the_next_block_forgets_the_reads_and_records_its_own(proto):
+    """The element x thread read marks are not refilled between blocks (the next block's epoch lies
+    above them): the reads of one block do not count in the next, and the next block's reads do."""
+    tile = proto.shared["tile"]
+    proto.read(tile, np.arange(128) % 64, WG0, _site)
+    proto.clocks.sync_all()
+    proto.read(tile, np.arange(64, 192), WG1, _site)
+    unordered = lambda u: protocol._first_unordered(tile.readers, 0, 4096, proto.clocks.view_of(u) + tile.epoch)  # noqa: E731
+    assert unordered(0) == (64, 128)  # thread 128's read of [64] is not ordered before thread 0
+    proto.reset()
+    assert (tile.read_clocks() == -1).all() and unordered(0) is None
+    proto.read(tile, np.array([7]), np.array([5]), _site)
+    assert unordered(0) == (7, 5) and unordered(5) is None
+    assert tile.read_clocks()[7, 5] == 0 and (tile.read_clocks() >= 0).sum() == 1
 
 
 def test_an_mma_reading_another_swizzle_than_the_tma_wrote_is_named(proto):

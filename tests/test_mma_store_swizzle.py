@@ -17,7 +17,6 @@ from cbrules.reference.hazards import InterpError
 from cbrules.reference.interp import run
 from rulekit import write_rules
 
-pytestmark = pytest.mark.xdist_group("mma-check")
 WS = dict(warp_specialize=True, registers=(40, 232))
 SWIZZLE_SPANS = {"32B": 32, "64B": 64, "128B": 128}
 

@@ -69,18 +69,40 @@ def _points(ranges: Iterable[tuple[str, tuple[int, ...]]]) -> Optional[list[dict
     return [dict(zip(names, vals)) for vals in itertools.product(*(v for _, v in ranges))]
 
 
+def _exact(t: Term) -> tuple:
+    """A key for ``t`` that tells apart constants equal in Python but not in C (1, 1.0 and True)."""
+    return (t.op, type(t.value), t.value, tuple(_exact(a) for a in t.args))
+
+
+# (term, ranges, predicates) -> values: a kernel built again (each trip count the checker tries, each
+# test) enumerates the same terms, up to MAX_POINTS evaluations each
+_VALUES: dict[tuple, Optional[frozenset[int]]] = {}
+_VALUES_MAX = 4096
+
+
 def values(t: Term, ranges: Iterable[tuple[str, tuple[int, ...]]], preds: tuple[Term, ...] = ()) -> Optional[set[int]]:
     """Every value ``t`` takes over ``ranges`` where every one of ``preds`` holds; None when a term
     depends on anything else (or there are too many points)."""
     used = set(t.names()).union(*(p.names() for p in preds))
-    points = _points((n, v) for n, v in ranges if n in used)
+    ranges = tuple((n, tuple(v)) for n, v in ranges if n in used)
+    key = (_exact(t), ranges, tuple(_exact(p) for p in preds))
+    if key not in _VALUES:
+        if len(_VALUES) >= _VALUES_MAX:
+            _VALUES.clear()
+        _VALUES[key] = _enumerate(t, ranges, preds)
+    got = _VALUES[key]
+    return None if got is None else set(got)
+
+
+def _enumerate(t: Term, ranges: tuple, preds: tuple[Term, ...]) -> Optional[frozenset[int]]:
+    points = _points(ranges)
     if points is None:
         return None
     try:
         out = {evaluate(t, p) for p in points if all(evaluate(q, p) for q in preds)}
     except (KeyError, ZeroDivisionError):
         return None
-    return out if all(isinstance(v, int) and not isinstance(v, bool) for v in out) else None
+    return frozenset(out) if all(isinstance(v, int) and not isinstance(v, bool) for v in out) else None
 
 
 def check_write(w: TileWrite, size: int, shape: tuple) -> None:

@@ -36,7 +36,8 @@ import numpy as np
 from .hazards import ProtocolError, RawHazard, SiteFn, WarHazard
 
 if TYPE_CHECKING:  # the protocol owns this model; imported for types only
-    from .protocol import BlockProtocol, SharedBuffer
+    from .order_state import SharedBuffer
+    from .protocol import BlockProtocol
 
 WARPGROUP = 128
 
@@ -125,7 +126,7 @@ class MmaGroups:
                 for buf, idx in issue.reads:
                     if buf.tracked:
                         self._reading(buf)[idx] -= 1
-                        buf.readers[idx, span] = now
+                        buf.readers[idx, span] = now + buf.epoch
 
     # ---------------------------------------------------------------- checks other ops call
     def tma_written(self, buf: "SharedBuffer", lo: int, n: int, span: int) -> None:

@@ -1,12 +1,16 @@
 """The state the protocol checker (:mod:`.protocol`) keeps about ordering inside a block: the vector
 clocks of its threads (:class:`Clocks`: who has seen whose past, through arrivals, waits and syncs) and
 every mbarrier slot (:class:`Barriers`: init, arrivals, transaction bytes, completed phases, and whether
-the TMA unit may see the init), and the proxy fences (:class:`ProxyFences`)."""
+the TMA unit may see the init), the proxy fences (:class:`ProxyFences`), and each shared buffer's data
+with who wrote and read which element (:class:`SharedBuffer`)."""
 from __future__ import annotations
 
 from collections import deque
+from typing import Optional
 
 import numpy as np
+
+_EPOCH_LIMIT = 2 ** 30  # read marks are int32: epoch + a clock of one block stays below 2**31
 
 
 class Clocks:
@@ -108,3 +112,46 @@ class Barriers:
     def current(self, sid: int) -> int:
         """The current phase of the slot as the hardware numbers it: from 0 at its latest init."""
         return int(self.phase[sid] - self.epoch[sid])
+
+
+class SharedBuffer:
+    """A shared allocation: its data and, for buffers TMA loads fill, who wrote and read what."""
+
+    def __init__(self, name: str, dtype, size: int, threads: int, tracked: bool):
+        self.name = name
+        self.data = np.empty(size, dtype)
+        self.tracked = tracked
+        self.fresh = np.empty(size, bool)  # written since a TMA store last sent it
+        if tracked:
+            self.w_slot = np.empty(size, np.int64)  # barrier slot the last TMA write completes on
+            self.w_phase = np.empty(size, np.int64)  # ... and the phase (INFLIGHT until delivered)
+            self.w_node = np.empty(size, np.int64)
+            # epoch + the clock of each thread's last read (below epoch: none in this block) ...
+            # (zeros: the allocator's untouched zero pages, where a fill would touch every page)
+            self.readers = np.zeros((size, threads), np.int32)
+            self.plain = np.zeros((size, threads), np.int32)  # ... and of its last plain load (generic proxy)
+        self.epoch = 1
+        self.clear()
+
+    def read_clocks(self) -> np.ndarray:
+        """Per element and thread, the clock of the thread's last read in this block (-1: none)."""
+        return np.where(self.readers >= self.epoch, self.readers - self.epoch, -1)
+
+    def clear(self, top: Optional[int] = None) -> None:
+        """The state at the start of a block. ``top``: the previous block's latest clock; its read marks
+        stay, below a new epoch, instead of a refill of the large element x thread arrays."""
+        # floats (bfloat16 too, which numpy does not class as floating) start as NaN: a read before a write shows
+        self.data.fill(np.nan if self.data.dtype.kind in "fV" else 0)
+        self.fresh.fill(False)
+        if self.tracked:
+            self.w_slot.fill(-1)
+            self.w_phase.fill(0)
+            self.w_node.fill(-1)
+            if top is None:
+                return
+            if self.epoch + top + 1 < _EPOCH_LIMIT:
+                self.epoch += top + 1  # every mark of the previous block is now below it
+            else:
+                self.epoch = 1
+                self.readers.fill(0)
+                self.plain.fill(0)

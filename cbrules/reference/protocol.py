@@ -29,7 +29,7 @@ from typing import Optional
 import numpy as np
 
 # the checker's failures live in .hazards; they are public here too
-from .order_state import Barriers, Clocks, ProxyFences  # noqa: F401  (public here too)
+from .order_state import Barriers, Clocks, ProxyFences, SharedBuffer  # noqa: F401  (public here too)
 from .mma_groups import MmaGroups
 from .hazards import (DivergentSync, Deadlock, DoubleInit, ElectError, InterpError,  # noqa: F401
                       MissingInval, OutstandingTma, PartialTileStore, ProtocolError, RawHazard, Site, SiteFn,
@@ -52,23 +52,6 @@ class BulkStore:
     done: bool = False  # a non-.read wait saw it complete
 
 
-class SharedBuffer:
-    """A shared allocation: its data and, for buffers TMA loads fill, who wrote and read what."""
-
-    def __init__(self, name: str, dtype, size: int, threads: int, tracked: bool):
-        self.name = name
-        # floats (bfloat16 too, which numpy does not class as floating) start as NaN: a read before a write shows
-        self.data = np.full(size, np.nan, dtype) if np.dtype(dtype).kind in "fV" else np.zeros(size, dtype)
-        self.tracked = tracked
-        self.fresh = np.zeros(size, bool)  # written since a TMA store last sent it
-        if tracked:
-            self.w_slot = np.full(size, -1, np.int64)  # barrier slot the last TMA write completes on
-            self.w_phase = np.zeros(size, np.int64)  # ... and the phase (INFLIGHT until delivered)
-            self.w_node = np.full(size, -1, np.int64)
-            self.readers = np.full((size, threads), -1, np.int32)  # clock of each thread's last read
-            self.plain = np.full((size, threads), -1, np.int32)  # ... last plain load (generic proxy)
-
-
 @dataclass
 class Transfer:
     """A TMA load in flight."""
@@ -88,10 +71,12 @@ class BlockProtocol:
         self.threads = threads
         self.bars = Barriers(threads, barriers)
         self.shared_spec = shared
+        self.shared: dict[str, SharedBuffer] = {}
         self.reset()
 
     def reset(self) -> None:
         """Fresh state for the next block."""
+        top = int(self.clocks.now.max()) if self.shared else None  # the previous block's latest clock
         self.bars.reset()
         self.clocks = Clocks(self.threads)
         self.fences = ProxyFences(self.threads)
@@ -101,7 +86,11 @@ class BlockProtocol:
         self.stores: list[BulkStore] = []  # bulk groups whose reads are not yet known to every thread
         self.unfinished: list[BulkStore] = []  # ... not yet waited for to completion
         self.mma = MmaGroups(self)  # warpgroup MMA: fences, groups, reads in flight
-        self.shared = {n: SharedBuffer(n, dt, size, self.threads, tr) for n, (dt, size, tr) in self.shared_spec.items()}
+        if self.shared:  # the buffers of the previous block, cleared
+            for buf in self.shared.values():
+                buf.clear(top)
+        else:
+            self.shared = {n: SharedBuffer(n, dt, size, self.threads, tr) for n, (dt, size, tr) in self.shared_spec.items()}
 
     # ------------------------------------------------------------------ barrier slots
     def slot_id(self, buf: str, slot: int, site: SiteFn) -> int:
@@ -311,14 +300,14 @@ class BlockProtocol:
                 e = lo + busy[0]
                 raise WarHazard(f"refills {buf.name}[{e}] while the TMA load #{buf.w_node[e]} into it is still "
                                 "in flight (nobody waited for it)", site(), bname, slot)
-            late = _first_unordered(buf.readers, lo, hi, self.clocks.view_of(issuer))
+            late = _first_unordered(buf.readers, lo, hi, self.clocks.view_of(issuer) + buf.epoch)
             if late:
                 e, t = late
                 raise WarHazard(f"thread {issuer} refills {buf.name}[{lo}:{hi}] (completing on "
                                 f"{b.label(sid)}) while thread {t} may still read {buf.name}[{e}]: its read is "
                                 "not ordered before the refill by a block sync or an arrive/wait chain",
                                 site(), bname, slot)
-            unfenced = _first_unordered(buf.plain, lo, hi, self.fences.covered(issuer, self.clocks))
+            unfenced = _first_unordered(buf.plain, lo, hi, self.fences.covered(issuer, self.clocks) + buf.epoch)
             if unfenced:
                 e, t = unfenced
                 raise UnfencedRefill(f"thread {issuer} refills {buf.name}[{lo}:{hi}] (completing on {b.label(sid)}) "
@@ -350,9 +339,9 @@ class BlockProtocol:
                                 f"the thread has observed only {seen[k]} completed phase(s) of "
                                 f"{self.bars.label(sid)} (a missing wait, or a wait with the wrong parity)",
                                 site(), *self.bars.names[sid])
-        buf.readers[idx, lanes] = self.clocks.now[lanes]
+        buf.readers[idx, lanes] = self.clocks.now[lanes] + buf.epoch
         if plain:
-            buf.plain[idx, lanes] = self.clocks.now[lanes]
+            buf.plain[idx, lanes] = self.clocks.now[lanes] + buf.epoch
 
     def write(self, buf: SharedBuffer, idx: np.ndarray, lanes: Optional[np.ndarray] = None,
               site: Optional[SiteFn] = None) -> None:
@@ -447,6 +436,8 @@ class BlockProtocol:
 def _first_unordered(marks: np.ndarray, lo: int, hi: int, bound: np.ndarray) -> Optional[tuple[int, int]]:
     """The first element of ``[lo, hi)`` with a thread's access (``marks``: element x thread clock) that
     ``bound`` (per thread) does not cover, as (element, thread); None when all are covered."""
+    if hi <= lo or not (marks[lo:hi].max(axis=0) > bound).any():  # the common case, in one reduction
+        return None
     rows = np.nonzero((marks[lo:hi] > bound).any(axis=1))[0]
     if not rows.size:
         return None
