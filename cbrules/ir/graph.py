@@ -334,11 +334,6 @@ class KernelGraph:
             i -= 1
         return [n for st, n in trail[i:] if st == step]
 
-    def touched_after(self, n: int, step: int) -> bool:
-        """Whether the touch log marked ``n`` after ``step`` (a node it never marked: no; without a
-        log: yes, it may have changed)."""
-        return self._touched is None or self._touched.get(n, -1) > step
-
     def sibling_resources(self, scope: int) -> tuple[dict[str, set[int]], dict[str, set[int]]]:
         """Each resource the children of ``scope`` read or write -> those children, and each one
         they write -> the writers (kept while the graph keeps derived facts, and updated for the

@@ -310,11 +310,7 @@ class Matcher(Relations):
         # check names it; a scope named by a variable bound before the pattern is read once
         scopes: dict[str, int] = {}
         kg, nodes = self.kg, self.kg.g._node
-        if var is not None and var in b:  # a bound node: _candidates' answer, without the search
-            n = b[var].id if isinstance(b[var], NodeRef) else None
-            pool, held = [n] if n in nodes and (np.op == "_" or nodes[n]["op"] == np.op) else [], None
-        else:
-            pool, held = self._candidates(np, b, within, among)
+        pool, held = self._candidates(np, b, within, among)
         for n in pool:
             self.ticks += 1  # _tick, inline: once per candidate
             if not self.ticks & 1023 and self.deadline is not None and time.monotonic() >= self.deadline:
