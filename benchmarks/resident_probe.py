@@ -24,6 +24,7 @@ shared memory: each thread copies its elements into the slots itself, then reads
 held in registers as bfloat16 instead of float.
 ``--set walk``: P blocks walk the rows
 warp-specialized (512 consumers, one box a stage), the producer keeping S stages in flight across rows.
+The edits of SETUP_EDITS and ROW_EDITS and "contiguous" serve benchmarks/scaling_probe.py.
 """
 import argparse
 import dataclasses
