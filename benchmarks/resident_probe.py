@@ -49,7 +49,7 @@ PATH_EDITS = ("direct", "shared")
 SETUP_EDITS = ("no set-up", "no tensor map")
 # what a row costs (benchmarks/scaling_probe.py --set row): "plain loads" drops __restrict__ from x, so a
 # direct kernel loads with LDG.E.128 (as Triton's) instead of LDG.E.128.CONSTANT; "no block reductions"
-# takes each thread's own partial sums for the row's (a timing probe only: the result is wrong); "two
+# takes each thread's own partial sums as the row's (a timing probe only: the result is wrong); "two
 # blocks an SM" pads the dynamic shared memory so that only two blocks fit an SM (Triton's rows in flight)
 ROW_EDITS = ("plain loads", "no block reductions", "two blocks an SM")
 REDUCE_EDITS = ("one reduction", "bf16 row")
