@@ -24,6 +24,7 @@ shared memory: each thread copies its elements into the slots itself, then reads
 held in registers as bfloat16 instead of float.
 ``--set walk``: P blocks walk the rows
 warp-specialized (512 consumers, one box a stage), the producer keeping S stages in flight across rows.
+The edits of SETUP_EDITS and ROW_EDITS and "contiguous" serve benchmarks/scaling_probe.py.
 """
 import argparse
 import dataclasses
@@ -41,6 +42,16 @@ from benchmarks.ops import variant_params  # noqa: E402
 
 SYNC_EDITS = ("main sync", "epilogue sync", "reduction sync")
 PATH_EDITS = ("direct", "shared")
+# what a direct block does before its first load and a launch carries (benchmarks/scaling_probe.py):
+# "no set-up" drops the barriers' init, fence and block sync and their invalidation, "no tensor map"
+# the unused __grid_constant__ CUtensorMap parameter; "contiguous" gives a thread 16 adjacent elements a
+# stage (two adjacent 16-byte vectors) instead of two vectors 2048 elements apart
+SETUP_EDITS = ("no set-up", "no tensor map")
+# what a row costs (benchmarks/scaling_probe.py --set row): "plain loads" drops __restrict__ from x, so a
+# direct kernel loads with LDG.E.128 (as Triton's) instead of LDG.E.128.CONSTANT; "no block reductions"
+# takes each thread's own partial sums as the row's (a timing probe only: the result is wrong); "two
+# blocks an SM" pads the dynamic shared memory so that only two blocks fit an SM (Triton's rows in flight)
+ROW_EDITS = ("plain loads", "no block reductions", "two blocks an SM")
 REDUCE_EDITS = ("one reduction", "bf16 row")
 # one block reduction of (sum, sum of squares): each warp's pair through scratch, then every warp sums the
 # partials itself (one block sync a reduction, no broadcast round trip); the variance is E[x^2] - mean^2
@@ -90,7 +101,8 @@ def _path(text: str, how: str, params: dict) -> str:
     """ops.py's CUDA with the row brought in ``how`` (of PATH_EDITS) instead of by the TMA."""
     row = f"(int)blockIdx.x * {params['row']}"  # one row a block: element k of the row is slot element k
     if how == "direct":  # each thread's 16-byte vector from global memory where it read the slot
-        return _sub_re(_no_tma(text, ""), SLOT_READ, rf"\1&x[{row} + \2]);", count=4)
+        reads = 2 * (params["width"] // params["threads"] // 8)  # a thread's vectors a stage, main and epilogue
+        return _sub_re(_no_tma(text, ""), SLOT_READ, rf"\1&x[{row} + \2]);", count=reads)
     # "shared": each thread copies the vectors it will read into the slots (LDG.128, STS.128) up front, the
     # whole row in flight as the TMA keeps it; __syncwarp keeps the compiler from forwarding the stores
     # to the reads (a thread reads back only what it wrote)
@@ -123,9 +135,37 @@ def _reduce(text: str, how: str) -> str:
                    r"  \3 = (\1) / (\4);\n  \6 = (s2) / (\4) - (\3) * (\3);\n")
 
 
+def _contiguous(text: str, params: dict) -> str:
+    """ops.py's CUDA (256 threads, stages of 4096) with thread t holding elements 16t..16t+15 of a stage
+    (its two vectors adjacent) instead of 8t..8t+7 and 2048 further; the stores follow the elements."""
+    assert params["threads"] == 256 and params["width"] == 4096, params
+    text = cuda_edit.sub(text, "&tile[(int)threadIdx.x * 8 + j * 4096]", "&tile[(int)threadIdx.x * 16 + j * 4096]",
+                         count=2, who="resident_probe")
+    text = cuda_edit.sub(text, "&tile[((int)threadIdx.x + 256) * 8 + j * 4096]",
+                         "&tile[(int)threadIdx.x * 16 + 8 + j * 4096]", count=2, who="resident_probe")
+    # vals[8 q2 + u] is element 4096 (q2 / 2) + 16 t + 8 (q2 % 2) + u of the row
+    return cuda_edit.sub(text, "(q2 * 256 + (int)threadIdx.x) * 8]",
+                         "(q2 >> 1) * 4096 + (int)threadIdx.x * 16 + (q2 & 1) * 8]", who="resident_probe")
+
+
+def _no_setup(text: str) -> str:
+    """A direct kernel (no TMA, no barrier waits) without the barriers' init, fence and block sync before
+    the first load, and without their invalidation (and the sync before it) at the end."""
+    text = _sub_re(text, r"(?s)  if \(cb_elect_one\(\)\) \{  // pre-prologue\n.*?"
+                   r"  __syncthreads\(\);  // pre-prologue\n", "")
+    text = cuda_edit.between(text, "  __syncthreads();  // post-epilogue\n", "    }\n  }\n", "")
+    assert "cb_mbar_" not in text[text.index('extern "C"'):], "a barrier is left"
+    return text
+
+
 def _edit(text: str, drop: tuple, params: dict) -> str:
     """ops.py's CUDA with the row brought in as the PATH_EDITS in ``drop`` say, the statistics taken as its
-    REDUCE_EDITS say, without the block syncs named in it (of SYNC_EDITS)."""
+    REDUCE_EDITS say, without the block syncs named in it (of SYNC_EDITS), and with a thread's elements
+    adjacent ("contiguous") or, for a direct kernel, without its set-up (SETUP_EDITS)."""
+    if any(d in drop for d in SETUP_EDITS) and "direct" not in drop:
+        raise ValueError(f"{drop}: the set-up and the tensor map go only where the row comes in directly")
+    if "contiguous" in drop:
+        text = _contiguous(text, params)
     for how in REDUCE_EDITS:
         if how in drop:
             text = _reduce(text, how)
@@ -138,6 +178,15 @@ def _edit(text: str, drop: tuple, params: dict) -> str:
         cuda_edit.sub(text, "  __syncthreads();  // post-epilogue\n", "", who="resident_probe")  # there once
         # and the invalidation it orders after every wait (the block ends; nothing reuses the barriers)
         text = cuda_edit.between(text, "  __syncthreads();  // post-epilogue\n", "    }\n  }\n", "")
+    if "no set-up" in drop:
+        text = _no_setup(text)
+    if "plain loads" in drop:
+        text = cuda_edit.sub(text, "const cb_bf16* __restrict__ x,", "const cb_bf16* x,", who="resident_probe")
+    if "no block reductions" in drop:
+        text = _sub_re(text, r"cb_block_reduce<float>\((s[12]), \(float\)0, CbSum\(\), [^;]*\);", r"\1;", count=2)
+    if "no tensor map" in drop:  # the launch then carries the pointers and M only
+        text = cuda_edit.sub(text, ", const __grid_constant__ CUtensorMap x_tmap)", ")", who="resident_probe")
+        assert "x_tmap" not in text[text.index('extern "C"'):], "the tensor map is still used"
     if "reduction sync" in drop:
         text = cuda_edit.sub(text, "  __syncthreads();  // scratch may be reused by the next reduction\n", "",
                              who="resident_probe")
@@ -153,6 +202,10 @@ def _compile_edited(params: dict, drop: tuple):
     from cbrules.codegen.nvrtc import compile_cuda
     src = api.generate(reductions.persistent(**params))
     src = dataclasses.replace(src, text=_edit(src.text, drop, params))
+    if "no tensor map" in drop:
+        src = dataclasses.replace(src, params=tuple(p for p in src.params if p.kind != "tmap"))
+    if "two blocks an SM" in drop:
+        src = dataclasses.replace(src, shared_bytes=SM_SHARED // 2 - BLOCK_RESERVED)
     return CompiledKernel(src, compile_cuda(src.text, src.name))
 
 

@@ -106,3 +106,90 @@ def test_probe_elements_reads_booleans_and_counts():
     assert _value("true") is True and _value("false") is False and _value("132") == 132
     with pytest.raises(ValueError):
         _value("yes")
+
+
+def test_scaling_probe_variants_compile():
+    """Both sets of hand edits of the scaling probe apply and compile, at the occupancy each names."""
+    out = _run("benchmarks/scaling_probe.py", "--compile-only", "--wide-rows", "")
+    assert out.count("16384 columns ") == 7 and "no set-up, no tensor map: regs=" in out
+    assert out.count("blocks/SM=3") == 6 and "direct, 512 threads: regs=" in out
+    out = _run("benchmarks/scaling_probe.py", "--compile-only", "--set", "row", "--wide-rows", "")
+    lines = dict(line.split(": ", 1) for line in out.splitlines())
+    assert len(lines) == 9 and all("blocks/SM=2" in v for k, v in lines.items() if "two blocks" in k or "512" in k)
+
+
+def _element_map(text: str, source: str) -> dict:
+    """(thread, slot of vals) -> element of the row, for the loads (``source`` "x") or the stores ("out")
+    of a direct normalize's CUDA, its index expressions evaluated as Python (threads 0, 1, 37 and 255)."""
+    import re
+    found = {}
+    body = text[text.index("// main"):]
+    if source == "x":  # a load, then the vals slot its elements go to; the main loop has j = 0
+        pairs = re.findall(r"&x\[\(int\)blockIdx\.x \* 16384 \+ (.*?)\]\);\n.*?\n.*?\n.*?\n\s+vals\[(.*?)\] =", body)
+        ranges = [(0,)] * 2 + [(1, 2, 3)] * 2
+        steps = [(index, slot, {"j": j}) for (index, slot), js in zip(pairs, ranges) for j in js]
+    else:  # the store of vals[q2 * 8 + u]
+        (index,) = re.findall(r"&out\[\(int\)blockIdx\.x \* 16384 \+ (.*?)\], ", body)
+        steps = [(index, "q2 * 8 + u", {"q2": q2}) for q2 in range(8)]
+    for t in (0, 1, 37, 255):
+        for index, slot, env in steps:
+            for u in range(8):
+                at = dict(env, u=u)
+                found[t, eval(slot, at)] = eval(index.replace("(int)threadIdx.x", str(t)), at) + u
+    return found
+
+
+@pytest.mark.parametrize("edits", [("direct",), ("direct", "contiguous")], ids=["as-generated", "contiguous"])
+def test_resident_probe_element_edits_store_what_they_load(edits):
+    """A thread stores each element where it loaded it from, with or without "contiguous" (which gives a
+    thread 16 adjacent elements a stage instead of two vectors 2048 apart)."""
+    from cbrules import api
+    from cbrules.kernels import reductions
+    from benchmarks import resident_probe
+    (_, params, _), *_ = resident_probe.variants((16384, 16384), "path")
+    text = resident_probe._edit(api.generate(reductions.persistent(**params)).text, edits, params)
+    loads, stores = _element_map(text, "x"), _element_map(text, "out")
+    assert loads == stores and len(loads) == 4 * 64
+    adjacent = loads[1, 8] - loads[1, 0]
+    assert adjacent == (8 if "contiguous" in edits else 2048)
+
+
+def test_resident_probe_setup_and_row_edits():
+    """The direct kernel without its set-up has no barrier left and, without the tensor map, launches with
+    x, out and M only; plain loads drop __restrict__ from x alone; no block reductions leaves none; two
+    blocks an SM pads the shared memory to that occupancy. The set-up edits need the direct path."""
+    from cbrules import api
+    from cbrules.kernels import reductions
+    from benchmarks import resident_probe
+    (_, params, _), *_ = resident_probe.variants((16384, 16384), "path")
+    text = api.generate(reductions.persistent(**params)).text
+    ck = resident_probe.build(params, ("direct", "no set-up", "no tensor map"))
+    body = ck.source.text[ck.source.text.index('extern "C"'):]
+    assert "cb_mbar_" not in body and "pre-prologue" not in body and "post-epilogue" not in body
+    assert [p.name for p in ck.source.params] == ["M", "x", "out"] and "CUtensorMap" not in body
+    with pytest.raises(ValueError, match="directly"):
+        resident_probe._edit(text, ("no set-up",), params)
+    plain = resident_probe._edit(text, ("direct", "plain loads"), params)
+    assert "const cb_bf16* x," in plain and "cb_bf16* __restrict__ out" in plain
+    alone = resident_probe._edit(text, ("no block reductions",), params)
+    assert "cb_block_reduce<float>(" not in alone[alone.index('extern "C"'):] and "v2 = s1;" in alone
+    two = resident_probe.build(params, ("two blocks an SM",))
+    assert two.source.shared_bytes == 115712 and "blocks/SM=2" in resident_probe.note(two, params)
+
+
+def test_scaling_probe_fit_and_report(tmp_path):
+    """The fit recovers a line's intercept and slope; the report of a --json file gives the ratios to
+    Triton's row kernel a shape, over the rounds, and a row."""
+    import json
+    from benchmarks import scaling_probe
+    a, b, res = scaling_probe.fit([1024, 2048, 4096], [3.0 + 0.5 * m for m in (1024, 2048, 4096)])
+    assert abs(a - 3.0) < 1e-9 and abs(b - 0.5) < 1e-12 and max(map(abs, res)) < 1e-9
+    rows = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+    entry = lambda a, b, m: {"median": a + b * m, "round_medians": [a + b * m] * 3, "ok": True,  # noqa: E731
+                             "note": "", "fed": 3, "pairs": 1, "rounds_run": 3}
+    table = {m: {"triton row": entry(0.004, 1e-5, m), "ours": entry(0.005, 1.01e-5, m)} for m in rows}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({16384: table}))
+    out = _run("benchmarks/scaling_probe.py", "--from-json", str(path))
+    assert "65536x16384 ours" in out and "0.989x triton (rounds 0.989-0.989)" in out
+    assert "ours                                           a=   5.00 us" in out and "0.9901x triton a row" in out
