@@ -37,6 +37,31 @@ def test_joined_search_finds_what_the_written_search_finds(rules, kernel):
     assert joined >= 3  # the rules that join loops with allocs through their loads, at least
 
 
+@pytest.mark.parametrize("kernel", ["pointwise", "matmul", "many loops"])
+def test_absences_asked_first_from_an_anchor_change_nothing(rules, kernel):
+    """A ``(no ...)`` naming only the given bindings is asked before the search (Matcher._absences_hold):
+    from every node of the first pattern's op, the planned matcher finds what the written search finds,
+    and on some graphs the absence fails (the pre-check is exercised both ways)."""
+    from cbrules.rewrite.anchors import anchor_of
+    from cbrules.rewrite.values import NodeRef
+    k = synthetic("many loops", 48) if kernel == "many loops" else KERNELS[kernel].build(stages=3, war="mbarrier")
+    graphs = _graphs(k)
+    asked = {True: 0, False: 0}
+    for rule in rules.rules:
+        anchor = anchor_of(rule.match, rule.where)
+        if anchor is None or not any(e.head() == "no" for e in rule.match):
+            continue
+        for g in graphs[::3]:
+            for n in g.nodes(anchor.op):
+                b = {anchor.var: NodeRef(n)}
+                m = Matcher(g, plan=True)
+                asked[m._absences_hold(rule.match, b)] += 1
+                written = [list(x.items()) for x in Matcher(g).matches(rule.match, rule.where, b)]
+                planned = [list(x.items()) for x in m.matches(rule.match, rule.where, b)]
+                assert planned == written, f"{rule.name} ({rule.at}) at #{n}"
+    assert asked[True] and asked[False]
+
+
 def _rule(rules, name):
     return next(r for r in rules.rules if r.name == name)
 

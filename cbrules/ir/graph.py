@@ -257,6 +257,8 @@ class KernelGraph:
                     r, w = self._own_effects(c)
                     if self.g._node[c]["op"] in SCOPES:
                         stack.append(c)
+                    elif kept is not None:  # a leaf's are its own: kept until touch() drops them
+                        kept[c] = (r, w)
                 reads |= r
                 writes |= w
         if kept is not None:
