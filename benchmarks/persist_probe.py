@@ -84,7 +84,7 @@ def _names(t: str) -> dict:
 def timeline(t: str) -> str:
     """Record each tile's timeline (TL_HELPERS' cb_tl, indexed by tile) from the first consumer warp's
     elected thread; the records are written after the tile's last store is issued."""
-    persistent = "for (int tile = (int)blockIdx.x;" in t
+    persistent = "for (int tile = " in t
     t = _sub(t, "__device__ __forceinline__ bool cb_elect_one()", TL_HELPERS + "__device__ __forceinline__ bool cb_elect_one()")
     t = _sub(t, "  extern __shared__ __align__(1024) unsigned char cb_smem[];\n",
              "  extern __shared__ __align__(1024) unsigned char cb_smem[];\n"
@@ -157,6 +157,55 @@ def dynamic(t: str) -> str:
     return _sub(t, "__device__ __forceinline__ bool cb_elect_one()", helper + "__device__ __forceinline__ bool cb_elect_one()")
 
 
+STM_HELPERS = r'''
+__device__ __forceinline__ unsigned cb_pack_bf16x2(float lo, float hi) {  // lo at the lower address
+  unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+// four 8x8 matrices of 16-bit elements from the mma fragment layout; lane l gives row l % 8 of matrix l / 8
+__device__ __forceinline__ void cb_stmatrix_x4(unsigned addr, unsigned a, unsigned b, unsigned c, unsigned d) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
+               :: "r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+'''
+# TPC siblings (blocks 2k, 2k + 1: the H200 placed them on SMs 2m, 2m + 1 in run1's timelines) take
+# tiles of one A panel (tiles 8 apart in a group of 8 tile rows) / of no common panel
+PERMUTATIONS = {"pairA": "(b < 128 ? b / 16 * 16 + b % 2 * 8 + b % 16 / 2 : b)", "apart": "(b % 2 * 66 + b / 2)"}
+
+
+def static_map(t: str, which: str) -> str:
+    """The persistent kernel with block b starting at tile pi(b) (PERMUTATIONS[which], a permutation
+    of 0..131) instead of b: every wave is still tiles 132 j .. 132 j + 131, placed differently on the SMs."""
+    n = _names(t)
+    if n["stride"] != "132":
+        raise SystemExit("persist_probe: the permutations are of 132 blocks")
+    t = _sub(t, "  float v0 = 0;\n", f"  float v0 = 0;\n  const int cb_pi = [](int b) {{ return {PERMUTATIONS[which]}; }}((int)blockIdx.x);\n")
+    t = _sub(t, f"for (int tile = (int)blockIdx.x; tile < {n['tiles']};", f"for (int tile = cb_pi; tile < {n['tiles']};", count=2)
+    return _sub(t, "((tile - (int)blockIdx.x) / 132 * ", "((tile - cb_pi) / 132 * ", count=13)
+
+
+def stmatrix(t: str) -> str:
+    """The epilogue's staging written with stmatrix (four 8x8 bf16 matrices a thread instruction: 4 an
+    accumulator chunk of 64 columns instead of 32 16-bit stores), into the same 128-byte-swizzled rows."""
+    stage = re.search(r"cb_stage_\d+", t).group(0)
+    t = _sub(t, "__device__ __forceinline__ bool cb_elect_one()", STM_HELPERS + "__device__ __forceinline__ bool cb_elect_one()")
+    i = t.index("for (int acc_j = 0; acc_j < 1; acc_j += 1) {")
+    i = t.rindex("#pragma unroll", 0, i)
+    i = t.rindex("\n", 0, i) + 1
+    pad = t[i:t.index("#", i)]
+    j = t.rindex("\n", 0, t.index("cb_fence_proxy_async();", i)) + 1
+    new = (f"{pad}{{ const int cb_m = (int)threadIdx.x % 32 / 8;  // this lane's matrix: row half, column block\n"
+           f"{pad}  const int cb_row = (int)threadIdx.x / 128 * 64 + (int)threadIdx.x / 32 % 4 * 16 + cb_m % 2 * 8"
+           " + (int)threadIdx.x % 8;\n"
+           f"{pad}  #pragma unroll\n{pad}  for (int cb_p = 0; cb_p < 4; cb_p += 1) {{  // column blocks 2p, 2p + 1 of 8\n"
+           f"{pad}    const float* cb_e = acc + acc_q * 32 + cb_p * 8;\n"
+           f"{pad}    cb_stmatrix_x4(cb_smem_addr({stage} + acc_q % 2 * 8192) + cb_row * 128"
+           " + (((2 * cb_p + cb_m / 2) ^ (cb_row % 8)) * 16),\n"
+           f"{pad}                   cb_pack_bf16x2(cb_e[0], cb_e[1]), cb_pack_bf16x2(cb_e[2], cb_e[3]),"
+           " cb_pack_bf16x2(cb_e[4], cb_e[5]), cb_pack_bf16x2(cb_e[6], cb_e[7]));\n"
+           f"{pad}  }}\n{pad}}}\n")
+    return t[:i] + new + t[j:]
+
+
 def sources(blocks: int) -> dict:
     """name -> KernelSource of every variant."""
     from cbrules import api
@@ -166,7 +215,11 @@ def sources(blocks: int) -> dict:
     out = {"coop": api.generate(matmul_tc(**ws)), "coop-pers": api.generate(matmul_tc(**ws, persistent=blocks))}
     out["coop-pers-ctr"] = edit(out["coop-pers"], counters)
     out["coop-pers-dyn"] = edit(out["coop-pers"], dynamic)
-    for name in ("coop", "coop-pers", "coop-pers-dyn"):
+    for which in PERMUTATIONS:
+        out[f"coop-pers-{which}"] = edit(out["coop-pers"], lambda t: static_map(t, which))
+    for name in ("coop", "coop-pers", "coop-pers-dyn", "coop-pers-pairA"):
+        out[f"{name}-stm"] = edit(out[name], stmatrix)
+    for name in ("coop", "coop-pers", "coop-pers-dyn", "coop-pers-pairA", "coop-pers-apart"):
         out[f"{name}-tl"] = edit(out[name], timeline)
     return out
 
@@ -314,8 +367,14 @@ def main(argv=None) -> int:
         return 0
     rows = []
     for shape in SHAPES:
-        secs, errs, tol, _ = time_shape(torch, gen, shape, compiled, a.rounds, report=True)
-        rows += probe_rows(shape, secs, errs, tol, lambda name: True)
+        every: dict = {}
+        secs, errs, tol, _ = time_shape(torch, gen, shape, compiled, a.rounds, report=True, every=every)
+        here = probe_rows(shape, secs, errs, tol, lambda name: True)
+        for row in here:  # each round against the Triton peer's round (they ran back to back)
+            row["round_ms"] = [round(x * 1e3, 4) for x in every[row["variant"]]]
+            wins = sum(x < y for x, y in zip(every[row["variant"]], every["triton"]))
+            print(f"  {row['variant']}: faster than Triton in {wins} of {len(every['triton'])} rounds", flush=True)
+        rows += here
     write_rows(out / "probe.json", rows, a.rounds, torch.cuda.get_device_name())
     return 0
 
