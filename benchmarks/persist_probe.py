@@ -206,6 +206,21 @@ def stmatrix(t: str) -> str:
     return t[:i] + new + t[j:]
 
 
+def producer_exit(t: str) -> str:
+    """The static persistent kernel whose producer warps other than warp 8 (which issues every load)
+    return before the tile loop instead of running through it without work, as coop-pers-dyn's do."""
+    n = _names(t)
+    head = f"    for (int tile = (int)blockIdx.x; tile < {n['tiles']}; tile += {n['stride']}) {{\n      for (int t = 0; t < cb_ceil_div(K, 64); t += 1) {{  // producer\n"
+    return _sub(t, head, "    if ((int)threadIdx.x / 32 != 8) return;  // warp 8 alone loads\n" + head)
+
+
+def dynamic_static_order(t: str) -> str:
+    """coop-pers-dyn's code (tile index handed through shared memory, one producer warp, end mark)
+    taking the static order: block b's next tile is its last plus the stride, no atomic counter."""
+    n = _names(t)
+    return _sub(dynamic(t), f"tile = cb_fetch_tile({n['stride']}, {n['tiles']})", f"tile = tile + {n['stride']}")
+
+
 def sources(blocks: int) -> dict:
     """name -> KernelSource of every variant."""
     from cbrules import api
@@ -215,11 +230,14 @@ def sources(blocks: int) -> dict:
     out = {"coop": api.generate(matmul_tc(**ws)), "coop-pers": api.generate(matmul_tc(**ws, persistent=blocks))}
     out["coop-pers-ctr"] = edit(out["coop-pers"], counters)
     out["coop-pers-dyn"] = edit(out["coop-pers"], dynamic)
+    out["coop-pers-exit"] = edit(out["coop-pers"], producer_exit)
+    out["coop-pers-dynstatic"] = edit(out["coop-pers"], dynamic_static_order)
     for which in PERMUTATIONS:
         out[f"coop-pers-{which}"] = edit(out["coop-pers"], lambda t: static_map(t, which))
     for name in ("coop", "coop-pers", "coop-pers-dyn", "coop-pers-pairA"):
         out[f"{name}-stm"] = edit(out[name], stmatrix)
-    for name in ("coop", "coop-pers", "coop-pers-dyn", "coop-pers-pairA", "coop-pers-apart"):
+    for name in ("coop", "coop-pers", "coop-pers-dyn", "coop-pers-pairA", "coop-pers-apart", "coop-pers-exit",
+                 "coop-pers-dynstatic"):
         out[f"{name}-tl"] = edit(out[name], timeline)
     return out
 
