@@ -232,12 +232,13 @@ def sources(blocks: int) -> dict:
     out["coop-pers-dyn"] = edit(out["coop-pers"], dynamic)
     out["coop-pers-exit"] = edit(out["coop-pers"], producer_exit)
     out["coop-pers-dynstatic"] = edit(out["coop-pers"], dynamic_static_order)
+    out["coop-pers-ctr-exit"] = edit(out["coop-pers-exit"], counters)
     for which in PERMUTATIONS:
         out[f"coop-pers-{which}"] = edit(out["coop-pers"], lambda t: static_map(t, which))
     for name in ("coop", "coop-pers", "coop-pers-dyn", "coop-pers-pairA"):
         out[f"{name}-stm"] = edit(out[name], stmatrix)
     for name in ("coop", "coop-pers", "coop-pers-dyn", "coop-pers-pairA", "coop-pers-apart", "coop-pers-exit",
-                 "coop-pers-dynstatic"):
+                 "coop-pers-dynstatic", "coop-pers-ctr-exit"):
         out[f"{name}-tl"] = edit(out[name], timeline)
     return out
 
