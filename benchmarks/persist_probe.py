@@ -8,18 +8,23 @@ what it replaces), run beside cuBLAS and the Triton peer:
     python3 benchmarks/persist_probe.py --out DIR --only NAME --check # NAME's first launches, checked
     python3 benchmarks/persist_probe.py --out DIR --cpu              # compile only (no GPU)
 
-Variants (see sources): ``coop`` (today's default: one block a 128x256 tile, group_m 8) and
-``coop-pers`` (the same, persistent: 132 blocks, block b takes tiles b, b + 132, ...);
-``coop-pers-ctr`` (persistent, the slot and parity of a k step from a running tile count instead of
-``(tile - blockIdx.x) / 132``: the per-step arithmetic alone); ``coop-pers-dyn`` (persistent with a
-dynamic tile scheduler: after its first tile, a block's producer warp takes the next tile from a
-global counter (atomicAdd) and hands its index to the consumers through shared memory beside the
-slot's full barrier, so tiles start in index order on whichever block is free, as the hardware
-scheduler hands out the one-block-a-tile kernel's blocks; the last block to run out resets the
-counter). ``*-tl`` are the same kernels recording, for every tile, its SM, the global time at its
-start and end, and SM clocks at its start, at its first full slot, at the end of its mainloop and at
-the end of its epilogue (``--timeline`` writes them to DIR/timeline.npz and summarises them).
-Every variant computes c and is checked against a float32 product.
+Variants (see sources): ``coop`` (today's default: one block a 128x256 tile, group_m 8) and ``coop-pers``
+(the same, persistent: 132 blocks, block b takes tiles b, b + 132, ...); ``coop-pers-ctr`` (persistent, the
+slot and parity of a k step from a running tile count instead of ``(tile - blockIdx.x) / 132``: the per-step
+arithmetic alone); ``coop-pers-dyn`` (persistent with a dynamic tile scheduler: after its first tile, a
+block's producer warp takes the next tile from a global counter (atomicAdd) and hands its index to the
+consumers through shared memory beside the slot's full barrier, so tiles start in index order on whichever
+block is free, as the hardware scheduler hands out the one-block-a-tile kernel's blocks; the last block to
+run out resets the counter; producer warps 9-11 return at once); ``coop-pers-pairA`` / ``-apart`` (static,
+block b starting at tile pi(b), PERMUTATIONS: the two blocks of a TPC take tiles of one A panel / of no
+common panel); ``coop-pers-exit`` (static; the producer warps that issue no load return before the tile
+walk) and ``coop-pers-ctr-exit`` (the same with running counts); ``coop-pers-dynstatic`` (the dynamic
+scheduler's code taking the static order); ``*-stm`` (the epilogue staged by stmatrix). ``*-tl`` are the
+same kernels recording, for every tile, its SM, the global time at its start and end, and SM clocks at its
+start, at its first full slot, at the end of its mainloop and at the end of its epilogue (``--timeline``
+writes them to DIR/timeline.npz and summarises them). Every variant computes c and is checked against a
+float32 product. Figures and the verdict (the idle producer warps' walk is what slows the persistent
+mainloop): benchmarks/results/matmul_tc/s6/.
 """
 from __future__ import annotations
 
@@ -308,7 +313,7 @@ def main(argv=None) -> int:
     p.add_argument("--timeline", action="store_true", help="run the *-tl variants and write their per-tile records")
     p.add_argument("--once", help="launch these (comma-separated; 'triton': the autotuner's 128x256x64 S=3 pick) "
                    "once each at 8192^3, then once each at 8192x8192x1024, and stop (for ncu)")
-    p.add_argument("--only", help="time only these variants (comma-separated)")
+    p.add_argument("--only", help="only these variants (comma-separated; timing, --timeline, --check)")
     p.add_argument("--check", action="store_true", help="launch the --only variants once at each shape, check c, stop")
     a = p.parse_args(argv)
     from cbrules.codegen.launch import CompiledKernel
