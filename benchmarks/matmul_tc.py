@@ -50,10 +50,11 @@ VARIANTS = {
 LEVERS = ("dense store", "swizzled store", "group_m=16")
 
 
-def _time_interleaved(launches: dict, torch, rounds: int = 9, per_round: int = 5, warmup: int = 3) -> dict:
+def _time_interleaved(launches: dict, torch, rounds: int = 9, per_round: int = 5, warmup: int = 3,
+                      every: dict | None = None) -> dict:
     """Median seconds per launch of each implementation: ``rounds`` rounds, each timing ``per_round``
     back-to-back launches of every implementation in turn (CUDA events), so clock and power drift
-    over the run falls on all of them alike."""
+    over the run falls on all of them alike. ``every``, if given, receives each round's seconds."""
     for fn in launches.values():
         for _ in range(warmup):
             fn()
@@ -68,15 +69,18 @@ def _time_interleaved(launches: dict, torch, rounds: int = 9, per_round: int = 5
             e.record()
             e.synchronize()
             times[label].append(s.elapsed_time(e) / 1e3 / per_round)
+    if every is not None:
+        every.update(times)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
 def time_shape(torch, gen, shape: tuple, compiled: dict, rounds: int, peers=("cublas", "triton"),
-               report: bool = False) -> tuple[dict, dict, float, dict]:
+               report: bool = False, every: dict | None = None) -> tuple[dict, dict, float, dict]:
     """One (m, n, k): random bfloat16 operands, their float32 product as the reference, then cuBLAS and
     the Triton peer (labelled ``peers``) and every compiled matmul_tc in ``compiled`` (label -> kernel)
     each launched once into a NaN-poisoned output and checked, then timed in interleaved rounds.
-    Returns (seconds a launch, max abs error, tolerance, seconds of the first launch) by label."""
+    Returns (seconds a launch, max abs error, tolerance, seconds of the first launch) by label;
+    ``every``, if given, receives each round's seconds a launch by label."""
     from benchmarks import triton_matmul
     m, n, k = shape
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -99,7 +103,7 @@ def time_shape(torch, gen, shape: tuple, compiled: dict, rounds: int, peers=("cu
         errs[label] = (c.float() - ref).abs().max().item()
         if report:
             print(f"{m}x{n}x{k} {label}: first launch done, max abs err {errs[label]:.3g}", flush=True)
-    return _time_interleaved(launches, torch, rounds), errs, tol, first
+    return _time_interleaved(launches, torch, rounds, every=every), errs, tol, first
 
 
 def write_rows(path: Path, rows: list, rounds: int, device: str, **meta) -> dict:

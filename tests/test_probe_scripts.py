@@ -193,3 +193,35 @@ def test_scaling_probe_fit_and_report(tmp_path):
     out = _run("benchmarks/scaling_probe.py", "--from-json", str(path))
     assert "65536x16384 ours" in out and "0.989x triton (rounds 0.989-0.989)" in out
     assert "ours                                           a=   5.00 us" in out and "0.9901x triton a row" in out
+
+def test_persist_probe_variants_compile(tmp_path):
+    """Session 6's persistent-kernel probes (timelines, the dynamic tile scheduler, the static
+    permutations, the producer warps' early return, the stmatrix epilogue) apply to the generated
+    code and compile without spills or wgmma serialization."""
+    out = _run("benchmarks/persist_probe.py", "--cpu", "--out", str(tmp_path))
+    lines = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    for name in ("coop-pers-dyn", "coop-pers-exit", "coop-pers-dynstatic", "coop-pers-pairA", "coop-pers-dyn-stm",
+                 "coop-pers-dyn-tl", "coop-tl", "coop-pers-ctr-exit"):
+        assert "spills 0/0" in lines[name] and "C7514" not in lines[name], (name, lines[name])
+    dyn = (tmp_path / "coop-pers-dyn.cu").read_text()
+    assert "atomicAdd(&cb_sched[0], 1)" in dyn and "cb_tile_of[" in dyn and "return;" in dyn
+    assert "stmatrix.sync.aligned.m8n8.x4" in (tmp_path / "coop-stm.cu").read_text()
+    assert "cb_tl + (long long)(tile) * 8" in (tmp_path / "coop-pers-tl.cu").read_text()
+
+
+def test_ncu_stalls_groups_samples_by_instruction_kind(tmp_path):
+    """benchmarks/ncu_stalls.py sums an ncu source page's samples by instruction kind, per kernel."""
+    reasons = ["stall_long_sb", "stall_barrier"]
+    head = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", *reasons]
+    rows = [["0x10", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R3+URZ], R0", "30", "4", "30", "0"],
+            ["0x20", "WARPGROUP.DEPBAR.LE gsb0, 0x1", "60", "4", "0", "60"],
+            ["0x30", "HGMMA.64x256x16.F32.BF16 R24, gdesc[UR8], R24", "10", "4", "0", "0"]]
+    csv_text = "\n".join(",".join(f'"{c}"' for c in r) for r in
+                         [["Kernel Name", "k1"], head, *rows, ["Kernel Name", "k2"], head, rows[2]])
+    path = tmp_path / "source.csv"
+    path.write_text(csv_text + "\n")
+    out = _run("benchmarks/ncu_stalls.py", str(path), "--labels", "first,second")
+    first, second = out.split("second (k2):")
+    assert "60.0 %  wgmma wait (WARPGROUP.DEPBAR)  (barrier 60.0)" in first
+    assert "30.0 %  mbarrier try-wait  (long_sb 30.0)" in first
+    assert "100.0 %  wgmma issue (HGMMA)" in second
