@@ -226,13 +226,24 @@ def dynamic_static_order(t: str) -> str:
     return _sub(dynamic(t), f"tile = cb_fetch_tile({n['stride']}, {n['tiles']})", f"tile = tile + {n['stride']}")
 
 
+def walk_by_every_producer_warp(t: str) -> str:
+    """The kernel as this probe measured it, before rule cb-ws-producer-warp (which came of the
+    probe's -exit variant): the producer's loops without the ``if`` that keeps them to its first
+    warp, so all four producer warps walk them again."""
+    lines = t.split("\n")
+    (at,) = [i for i, line in enumerate(lines) if re.fullmatch(r"    if \(\(int\)threadIdx\.x < \d+\) \{", line)]
+    end = lines.index("    }", at)
+    return "\n".join(lines[:at] + [line[2:] for line in lines[at + 1:end]] + lines[end + 1:])
+
+
 def sources(blocks: int) -> dict:
-    """name -> KernelSource of every variant."""
+    """name -> KernelSource of every variant (coop and coop-pers as measured: see walk_by_every_producer_warp)."""
     from cbrules import api
     from cbrules.kernels.matmul_tc import matmul_tc
     ws = {"stages": 4, "warp_specialize": True, "registers": (40, 232)}
     edit = lambda src, f: dataclasses.replace(src, text=f(src.text))  # noqa: E731
     out = {"coop": api.generate(matmul_tc(**ws)), "coop-pers": api.generate(matmul_tc(**ws, persistent=blocks))}
+    out = {k: edit(v, walk_by_every_producer_warp) for k, v in out.items()}
     out["coop-pers-ctr"] = edit(out["coop-pers"], counters)
     out["coop-pers-dyn"] = edit(out["coop-pers"], dynamic)
     out["coop-pers-exit"] = edit(out["coop-pers"], producer_exit)

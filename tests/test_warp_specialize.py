@@ -61,11 +61,15 @@ def test_warp_specialized_structure_and_compile(case):
     assert str(kg[cons]["pred"]) == f"threadIdx.x < {consumers}"
     in_prod = set(kg.descendants(prod))
     in_cons = set(kg.descendants(cons)) - in_prod - {prod}
-    # the producer: per buffered loop a loop that only loads, and nothing else (no barrier it would
-    # share with the consumers)
-    loops = [n for n in kg.children(prod) if kg.op(n) == "for"]
-    assert len(loops) == len(buffered) and all(kg[n]["part"] == "producer" for n in loops)
-    assert {kg.op(n) for n in kg.children(prod)} <= {"for", "setmaxnreg"}
+    # the producer: its first warp alone runs, per buffered loop, a loop that only loads, and nothing
+    # else (no barrier it would share with the consumers); the other three warps end at once
+    warp = [n for n in kg.children(prod) if kg.op(n) == "if"]
+    assert all(kg[n]["tag"] == "cb-producer-warp" and str(kg[n]["pred"]) == f"threadIdx.x < {consumers + 32}"
+               for n in warp)
+    assert {kg.op(n) for n in kg.children(prod)} <= {"if", "setmaxnreg"}
+    loops = [c for n in warp for c in kg.children(n)]
+    assert len(loops) == len(warp)
+    assert len(loops) == len(buffered) and all(kg.op(n) == "for" and kg[n]["part"] == "producer" for n in loops)
     for loop in loops:
         waits = ops_in(kg, loop, "mbarrier_wait")
         assert len(waits) == 1 and kg[waits[0]]["barrier"].startswith("cb_empty_")
