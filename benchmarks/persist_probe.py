@@ -243,7 +243,9 @@ def sources(blocks: int) -> dict:
     ws = {"stages": 4, "warp_specialize": True, "registers": (40, 232)}
     edit = lambda src, f: dataclasses.replace(src, text=f(src.text))  # noqa: E731
     out = {"coop": api.generate(matmul_tc(**ws)), "coop-pers": api.generate(matmul_tc(**ws, persistent=blocks))}
-    out = {k: edit(v, walk_by_every_producer_warp) for k, v in out.items()}
+    # today's rules (cb-ws-producer-warp): the -exit variant's change, as the rules write it
+    out.update({f"{k}-rule": v for k, v in out.items()})
+    out.update({k: edit(v, walk_by_every_producer_warp) for k, v in out.items() if not k.endswith("-rule")})
     out["coop-pers-ctr"] = edit(out["coop-pers"], counters)
     out["coop-pers-dyn"] = edit(out["coop-pers"], dynamic)
     out["coop-pers-exit"] = edit(out["coop-pers"], producer_exit)
@@ -254,7 +256,7 @@ def sources(blocks: int) -> dict:
     for name in ("coop", "coop-pers", "coop-pers-dyn", "coop-pers-pairA"):
         out[f"{name}-stm"] = edit(out[name], stmatrix)
     for name in ("coop", "coop-pers", "coop-pers-dyn", "coop-pers-pairA", "coop-pers-apart", "coop-pers-exit",
-                 "coop-pers-dynstatic", "coop-pers-ctr-exit"):
+                 "coop-pers-dynstatic", "coop-pers-ctr-exit", "coop-rule", "coop-pers-rule"):
         out[f"{name}-tl"] = edit(out[name], timeline)
     return out
 
