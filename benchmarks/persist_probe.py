@@ -231,7 +231,7 @@ def walk_by_every_producer_warp(t: str) -> str:
     probe's -exit variant): the producer's loops without the ``if`` that keeps them to its first
     warp, so all four producer warps walk them again."""
     lines = t.split("\n")
-    (at,) = [i for i, line in enumerate(lines) if re.fullmatch(r"    if \(\(int\)threadIdx\.x < \d+\) \{", line)]
+    (at,) = [i for i, line in enumerate(lines) if re.fullmatch(r"    if \(\(int\)threadIdx\.x / 32 == \d+\) \{", line)]
     end = lines.index("    }", at)
     return "\n".join(lines[:at] + [line[2:] for line in lines[at + 1:end]] + lines[end + 1:])
 

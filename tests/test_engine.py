@@ -409,3 +409,13 @@ def test_user_rule_as_data_changes_the_cuda(tmp_path):
     assert "cb_fence_proxy_async();  // fence-each-sync @ " in body
     assert body.index("cb_fence_proxy_async();  // fence-each-sync") < body.index("__syncthreads();",
                                                                                 body.index("cb_mbar_wait"))
+
+
+def test_term_builders_lt_and_eq():
+    """(lt A B) and (eq A B) build C comparison terms (an if's predicate), never a lowering-time truth value."""
+    from cbrules.rewrite.values import Env, evaluate
+    env = Env({"?w": 8}, lambda n: {})
+    lt, eq = (evaluate(read(text)[0], env) for text in ('(lt (var "threadIdx.x") 288)',
+                                                        '(eq (/ (var "threadIdx.x") 32) ?w)'))
+    assert str(lt) == "threadIdx.x < 288" and str(eq) == "threadIdx.x / 32 == 8"
+    assert eq == parse("threadIdx.x / 32 == 8")

@@ -64,7 +64,7 @@ def test_warp_specialized_structure_and_compile(case):
     # the producer: its first warp alone runs, per buffered loop, a loop that only loads, and nothing
     # else (no barrier it would share with the consumers); the other three warps end at once
     warp = [n for n in kg.children(prod) if kg.op(n) == "if"]
-    assert all(kg[n]["tag"] == "cb-producer-warp" and str(kg[n]["pred"]) == f"threadIdx.x < {consumers + 32}"
+    assert all(kg[n]["tag"] == "cb-producer-warp" and str(kg[n]["pred"]) == f"threadIdx.x / 32 == {consumers // 32}"
                for n in warp)
     assert {kg.op(n) for n in kg.children(prod)} <= {"if", "setmaxnreg"}
     loops = [c for n in warp for c in kg.children(n)]

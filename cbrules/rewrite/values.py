@@ -133,6 +133,7 @@ FUNCTIONS: dict[str, tuple[int, int | None, Callable | None]] = {
     "var": (1, 1, lambda s: name(check_term_name(s, "(var ...)"))),
     "call": (1, None, lambda fn, *args: call(fn, *args)),
     "lt": (2, 2, lambda a, b: Term("<", (as_term(a), as_term(b)))),
+    "eq": (2, 2, lambda a, b: Term("==", (as_term(a), as_term(b)))),
     "all": (0, None, lambda *xs: _conj(xs)),
     "is-none": (1, 1, lambda x: x is None),
     "is-tuple": (1, 1, lambda x: isinstance(x, tuple)),
