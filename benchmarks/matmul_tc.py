@@ -114,6 +114,17 @@ def write_rows(path: Path, rows: list, rounds: int, device: str, **meta) -> dict
     return meta
 
 
+def probe_parser(description: str):
+    """The options every hand-edit probe of matmul_tc takes (pingpong_probe.py, persist_probe.py)."""
+    import argparse
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", required=True)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--blocks", type=int, default=132, help="persistent blocks (the H200's SM count)")
+    p.add_argument("--cpu", action="store_true", help="only generate and compile the variants (no GPU)")
+    return p
+
+
 def probe_rows(shape: tuple, secs: dict, errs: dict, tol: float, checked) -> list[dict]:
     """The probes' rows (TFLOP/s, ms, ok: None where ``checked(label)`` says the variant computes no c), printed."""
     m, n, k = shape

@@ -28,7 +28,6 @@ mainloop): benchmarks/results/matmul_tc/s6/.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -318,11 +317,8 @@ def summarise(rec, shape: tuple, bm: int = 128, bn: int = 256, bk: int = 64, gro
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--blocks", type=int, default=132, help="persistent blocks (the H200's SM count)")
-    p.add_argument("--cpu", action="store_true", help="only generate and compile the variants (no GPU)")
+    from benchmarks.matmul_tc import probe_parser
+    p = probe_parser(__doc__.splitlines()[0])
     p.add_argument("--timeline", action="store_true", help="run the *-tl variants and write their per-tile records")
     p.add_argument("--once", help="launch these (comma-separated; 'triton': the autotuner's 128x256x64 S=3 pick) "
                    "once each at 8192^3, then once each at 8192x8192x1024, and stop (for ncu)")

@@ -24,7 +24,6 @@ checked against a float32 product. Figures: benchmarks/results/matmul_tc/s5_leve
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import re
@@ -241,11 +240,8 @@ def sources(blocks: int, cluster: bool = False, pp128: bool = False) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--blocks", type=int, default=132, help="persistent blocks (the H200's SM count)")
-    p.add_argument("--cpu", action="store_true", help="only generate and compile the variants (no GPU)")
+    from benchmarks.matmul_tc import probe_parser
+    p = probe_parser(__doc__.splitlines()[0])
     p.add_argument("--cluster", action="store_true", help="only coop and its cluster-of-two B-multicast variant "
                    "(profile_tc.cluster2; one such version hung once: run it alone, under a timeout)")
     p.add_argument("--pp128", action="store_true", help="only coop, coop-pers and the 128x128 set: the cooperative "
