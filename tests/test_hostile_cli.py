@@ -1,6 +1,7 @@
 """Every subcommand with bad input ends in one line on stderr and a non-zero exit code, never a
 Python traceback, and within seconds (in-process through ``cli.main``; a few real processes)."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -237,14 +238,22 @@ def test_interrupt_lost_in_a_finalizer_still_ends_with_130(monkeypatch, capsys):
 
 
 def test_process_interrupt_is_quiet():
-    p = subprocess.Popen([sys.executable, "-m", "cbrules.cli", "check", "single_dim", "--stages", "16"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        assert p.stdout.readline().startswith("single_dim: options given: --stages 16;")  # running: past start-up
-        p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == 130 and err == "", err
+    """Ctrl-C while ``check`` runs: exit 130, nothing on stderr. The check takes a few seconds; on a
+    loaded machine this process may not get to send the signal before the command has finished (its
+    summary line printed: a signal then lands in the interpreter's shutdown and says nothing about
+    the command), so such a run is tried again, at most three times."""
+    for _ in range(3):
+        p = subprocess.Popen([sys.executable, "-m", "cbrules.cli", "check", "single_dim", "--stages", "16"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            assert p.stdout.readline().startswith("single_dim: options given: --stages 16;")  # past start-up
+            p.send_signal(signal.SIGINT)
+            out, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        if not re.search(r"^\d+ trip counts: ", out, re.M):  # interrupted before its end
+            assert p.returncode == 130 and err == "", err
+            return
+    pytest.fail("check single_dim --stages 16 finished before SIGINT reached it in three tries")
