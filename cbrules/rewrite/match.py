@@ -19,7 +19,7 @@ from ..ir.order import sibling_order
 from .sexpr import Atom, Expr, RuleError, SList
 from ..ir.terms import Term
 from .schema import RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS, split_keys  # noqa: F401  (public here too)
-from .plan import AttrIndex, join_order, joined, known_values, pattern_parts
+from .plan import AttrIndex, join_order, joined, known_values, pattern_parts, read_once
 from .relations import Relations
 from .value_patterns import MISSING, _first_miss, _short, compiled, match_value  # noqa: F401  (public here too)
 from .values import Env, NodeRef, evaluate, holds
@@ -189,13 +189,9 @@ class Matcher(Relations):
         Such a relation binds nothing and reads only those variables, so it says the same here as
         where it is written: asked first, it spares a search from an anchor that already has what
         the rule would add (a rule matched again at every loop an application changed)."""
-        got = _ABSENCES.get(id(els))
-        if got is None or got[0] is not els:
-            if len(_ABSENCES) > 4096:  # rule sets come and go
-                _ABSENCES.clear()
-            got = _ABSENCES[id(els)] = (els, [(i, e, frozenset(_vars(e))) for i, e in enumerate(els)
-                                              if isinstance(e, SList) and e.head() == "no"])
-        for i, e, names in got[1]:
+        absences = read_once(_ABSENCES, els, lambda els: [(i, e, frozenset(_vars(e))) for i, e in enumerate(els)
+                                                          if isinstance(e, SList) and e.head() == "no"])
+        for i, e, names in absences:
             if names <= b.keys() and next(self._rel_no(e, b), None) is None:
                 self._fail(i, "relation does not hold", e, b)
                 return False

@@ -224,19 +224,32 @@ def written_rank(els: tuple, b: dict) -> dict[str, int]:
     return rank
 
 
+def read_once(cache: dict, els: tuple, derive) -> Any:
+    """``derive(els)`` for a rule's :match elements, remembered by their identity in ``cache`` (id of
+    the elements -> (the elements, the value)): the engine asks about the same rule text at every
+    search, and rule sets come and go, so the cache is emptied past 4096 entries."""
+    got = cache.get(id(els))
+    if got is None or got[0] is not els:
+        if len(cache) > 4096:
+            cache.clear()
+        got = cache[id(els)] = (els, derive(els))
+    return got[1]
+
+
 _TEXT_VARS: dict[int, tuple] = {}  # id of a rule's elements -> (the elements, their variables in text order)
 
 
 def _text_vars(els: tuple) -> list[str]:
-    got = _TEXT_VARS.get(id(els))
-    if got is None or got[0] is not els:
-        if len(_TEXT_VARS) > 4096:  # rule sets come and go
-            _TEXT_VARS.clear()
-        got = _TEXT_VARS[id(els)] = (els, list(dict.fromkeys(v for e in els for v in _vars(e))))
-    return got[1]
+    return read_once(_TEXT_VARS, els, lambda els: list(dict.fromkeys(v for e in els for v in _vars(e))))
 
 
 _REQUIRED: dict[int, tuple] = {}  # id of a rule's elements -> (the elements, what they require)
+
+
+def _requirements(els: tuple) -> list[tuple[str, list]]:
+    """Each node pattern's op and the literal attribute values it needs (see absent_requirement)."""
+    return [(e.head(), list(known_values(pattern_parts(e)[1], {}))) for e in els
+            if isinstance(e, SList) and e.head() not in RELATIONS and e.head() not in (None, "_")]
 
 
 def absent_requirement(els: tuple, m) -> bool:
@@ -244,15 +257,8 @@ def absent_requirement(els: tuple, m) -> bool:
     each node pattern of ``els`` itself (not one inside a relation), so a pattern whose op, or a
     literal value one of its attributes must have, no node of the graph has (by ``m``'s op and
     attribute indexes) rules out every match without a search."""
-    got = _REQUIRED.get(id(els))
-    if got is None or got[0] is not els:
-        if len(_REQUIRED) > 4096:  # rule sets come and go
-            _REQUIRED.clear()
-        need = [(e.head(), list(known_values(pattern_parts(e)[1], {}))) for e in els
-                if isinstance(e, SList) and e.head() not in RELATIONS and e.head() not in (None, "_")]
-        got = _REQUIRED[id(els)] = (els, need)
     index = m.by_op()
-    for op, values in got[1]:
+    for op, values in read_once(_REQUIRED, els, _requirements):
         if not index.get(op):
             return True
         for path, v in values:
