@@ -419,3 +419,18 @@ def test_term_builders_lt_and_eq():
                                                         '(eq (/ (var "threadIdx.x") 32) ?w)'))
     assert str(lt) == "threadIdx.x < 288" and str(eq) == "threadIdx.x / 32 == 8"
     assert eq == parse("threadIdx.x / 32 == 8")
+
+
+@pytest.mark.parametrize("builder", ["lt", "eq"])
+def test_term_builders_refuse_hostile_operands_by_name(tmp_path, builder):
+    """An operand of (lt ...) / (eq ...) that is no term, or a name that is no C identifier or is unbound
+    in the kernel, ends in a named error (the rule file's, or lowering's with the kernel unchanged),
+    never a traceback or a predicate in the CUDA."""
+    from cbrules.errors import CbrulesError
+    cases = [('(var "x; y")', "is not a C identifier"), ("(dict)", "expression text"),
+             ("(tuple 1 2)", "expression text"), ('"text"', "which is not a loop variable in scope")]
+    for i, (operand, why) in enumerate(cases):
+        body = rule("w", "(for ?L) (syncthreads ?s :child-of ?L)",
+                    f'(wrap ?s (if :pred ({builder} {operand} 1) :tag "w"))')
+        with within(20), pytest.raises(CbrulesError, match=re.escape(why)):
+            run_rules(tmp_path / str(i), kernel(), body)
