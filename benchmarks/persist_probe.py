@@ -225,26 +225,28 @@ def dynamic_static_order(t: str) -> str:
     return _sub(dynamic(t), f"tile = cb_fetch_tile({n['stride']}, {n['tiles']})", f"tile = tile + {n['stride']}")
 
 
-def walk_by_every_producer_warp(t: str) -> str:
-    """The kernel as this probe measured it, before rule cb-ws-producer-warp (which came of the
-    probe's -exit variant): the producer's loops without the ``if`` that keeps them to its first
-    warp, so all four producer warps walk them again."""
-    lines = t.split("\n")
-    (at,) = [i for i, line in enumerate(lines) if re.fullmatch(r"    if \(\(int\)threadIdx\.x / 32 == \d+\) \{", line)]
-    end = lines.index("    }", at)
-    return "\n".join(lines[:at] + [line[2:] for line in lines[at + 1:end]] + lines[end + 1:])
+def measured_rules():
+    """The shipped rules as this probe measured them, before rule cb-ws-producer-warp (which came of its
+    -exit variant): that rule disabled from a rule folder of one line, so that all four producer warps
+    walk the producer's loops again."""
+    import tempfile
+    from cbrules import api
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "before_producer_warp.rules").write_text("(disable cb-ws-producer-warp)\n")
+        return api.load_rules([folder])
 
 
 def sources(blocks: int) -> dict:
-    """name -> KernelSource of every variant (coop and coop-pers as measured: see walk_by_every_producer_warp)."""
+    """name -> KernelSource of every variant (coop and coop-pers as measured, see measured_rules; the
+    -rule ones as today's rules write them)."""
     from cbrules import api
     from cbrules.kernels.matmul_tc import matmul_tc
     ws = {"stages": 4, "warp_specialize": True, "registers": (40, 232)}
     edit = lambda src, f: dataclasses.replace(src, text=f(src.text))  # noqa: E731
-    out = {"coop": api.generate(matmul_tc(**ws)), "coop-pers": api.generate(matmul_tc(**ws, persistent=blocks))}
-    # today's rules (cb-ws-producer-warp): the -exit variant's change, as the rules write it
-    out.update({f"{k}-rule": v for k, v in out.items()})
-    out.update({k: edit(v, walk_by_every_producer_warp) for k, v in out.items() if not k.endswith("-rule")})
+    out = {}
+    for suffix, rules in (("", measured_rules()), ("-rule", None)):
+        out[f"coop{suffix}"] = api.generate(matmul_tc(**ws), rules=rules)
+        out[f"coop-pers{suffix}"] = api.generate(matmul_tc(**ws, persistent=blocks), rules=rules)
     out["coop-pers-ctr"] = edit(out["coop-pers"], counters)
     out["coop-pers-dyn"] = edit(out["coop-pers"], dynamic)
     out["coop-pers-exit"] = edit(out["coop-pers"], producer_exit)
