@@ -11,6 +11,7 @@ import gc
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -249,3 +250,52 @@ def test_kept_order_joins_as_the_sort_does(seed):
         assert (again.alone, again.sources, again.sinks) == (kept.alone, kept.sources, kept.sinks)
         kg.remember_order(kg.root, kept)
     assert joined > 30
+
+
+def _questions(monkeypatch, kernel) -> tuple:
+    """The terms egglog is asked about, and their ranges, while ``kernel`` is lowered (its result
+    cache bypassed); and the kernel's CUDA."""
+    from cbrules.rewrite import simplifier
+    asked = []
+    real = simplifier._simplify_cached
+
+    def spy(terms, ranges, forms):
+        asked.append((set(terms), dict(ranges)))
+        simplifier._SIMPLIFIED.clear()
+        return real(terms, ranges, forms)
+    monkeypatch.setattr(simplifier, "_simplify_cached", spy)
+    text = api.generate(kernel).text
+    assert len(asked) == 1
+    return asked[0], text
+
+
+def test_egglog_questions_do_not_grow_with_identical_loops(monkeypatch):
+    """Every loop of the many-loops kernel asks the same questions under the same ranges (its
+    variable and registers renamed after their position in the term, a variable also after its
+    range), so egglog's work is that of one loop, and each answer still reaches every loop: each of
+    the 40 prologues has its slot ``j % 3`` folded to ``j`` (its range is 0..1)."""
+    (few, _), _ = _questions(monkeypatch, synthetic("many loops", 16))
+    (many, ranges), text = _questions(monkeypatch, synthetic("many loops", 320))
+    named = [{t for t in qs if any(t.names())} for qs in (few, many)]  # each loop's float constant aside
+    assert len(named[1]) == len(named[0]) > 0, [sorted(map(str, qs)) for qs in named]
+    assert ranges.get("v0@0:1") is not None and not [r for r in ranges if "@" in r and not r.startswith("v")]
+    folded = re.findall(r"arrive_expect_tx\(cb_smem_addr\(&cb_full_\d+\[j(\d+)\]\)", text)
+    assert sorted(map(int, folded)) == list(range(40)), folded
+
+
+def test_egglog_question_keeps_distinct_names_apart():
+    """Two loop variables of one term with the same range, and a register, stay three names (``i - j``
+    is no question about ``v0 - v0``, which egglog would fold to 0); symbols keep their names and
+    kernel-wide ranges; renaming the question back gives the term."""
+    from cbrules.ir.terms import name, parse, substitute
+    from cbrules.rewrite.egg import Range
+    from cbrules.rewrite.simplifier import _questioner
+    asked: dict = {}
+    question = _questioner({"i@1": Range(0, 3), "j@2": Range(0, 3)}, {"N", "threadIdx.x"}, asked)
+    t = parse("i - j + i * r + N + threadIdx.x")
+    q, back = question(t, {"i": name("i@1"), "j": name("j@2")})
+    v0, v1, v2 = name("v0@0:3"), name("v1@0:3"), name("v2@")
+    assert q == substitute(t, {"i": v0, "j": v1, "r": v2})
+    assert back == {"v0@0:3": name("i"), "v1@0:3": name("j"), "v2@": name("r")}
+    assert asked == {"v0@0:3": Range(0, 3), "v1@0:3": Range(0, 3)}
+    assert substitute(q, back) == t

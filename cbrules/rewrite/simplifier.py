@@ -116,22 +116,38 @@ def _const(t: Term):
         return None
 
 
-def _scoper():
-    """``substitute`` for the loop renaming, memoised per (term, scope) and returning the term
-    itself when it mentions none of the scope's variables: most terms of a lowered graph are
-    shared between nodes and many mention no loop variable."""
-    memo: dict[tuple[int, int], tuple[Term, Term]] = {}
+def _questioner(loop_ranges: dict, kept: set, asked_ranges: dict):
+    """Each term as the question egglog is asked, memoised per (term, scope): every name it mentions
+    except those of ``kept`` (builtins and symbols: one range for the whole kernel) renamed in
+    order of first mention after its position, and a loop variable also after its loop's range
+    (``v0@0:1``, the range put into ``asked_ranges``; a register has none: ``v1@``), with the map
+    back to the graph's names. The same question from many loops (each of 1,000 loops' prologue
+    slot, its own registers aside) is then asked once: a term's simplest form depends only on the
+    term and on its names' ranges, and the renaming is one to one within a term."""
+    memo: dict[tuple[int, int], tuple[Term, Term, dict]] = {}
 
-    def scope(t: Term, mapping: dict[str, Term]) -> Term:
+    def question(t: Term, mapping: dict[str, Term]) -> tuple[Term, dict]:
         key = (id(t), id(mapping))
         got = memo.get(key)
         if got is None or got[0] is not t:
-            mine = t
-            if mapping and not mapping.keys().isdisjoint(t.names()):
-                mine = substitute(t, mapping)
-            got = memo[key] = (t, mine)
-        return got[1]
-    return scope
+            canon: dict[str, Term] = {}
+            back: dict[str, Term] = {}
+            for var in t.names():
+                if var in canon or (var in kept and var not in mapping):
+                    continue
+                scoped = mapping.get(var)
+                r = None if scoped is None else loop_ranges.get(scoped.value)
+                qname = f"v{len(canon)}@" + ("" if r is None else f"{_bound(r.lo)}:{_bound(r.hi)}")
+                if r is not None:
+                    asked_ranges[qname] = r
+                canon[var], back[qname] = name_term(qname), name_term(var)
+            got = memo[key] = (t, substitute(t, canon) if canon else t, back)
+        return got[1], got[2]
+    return question
+
+
+def _bound(b) -> str:
+    return "" if b is None else str(b)
 
 
 def simplify_terms(kg: KernelGraph, forms: tuple) -> tuple[set[int], dict]:
@@ -139,25 +155,26 @@ def simplify_terms(kg: KernelGraph, forms: tuple) -> tuple[set[int], dict]:
     range facts, each loop's variable renamed after its loop for the question; return the nodes
     changed and egglog's matches per rule."""
     scoped, loop_ranges = _loop_names(kg)
-    back = {str(t.value): name_term(var) for m in scoped.values() for var, t in m.items()}
-    scope = _scoper()
+    renamed = {v for m in scoped.values() for v in m}  # loop variables: their ranges are per loop
+    ranges = {k: r for k, r in term_ranges(kg).items() if k not in renamed}
+    asked_ranges: dict = {}
+    question = _questioner(loop_ranges, set(ranges) | set(BUILTINS), asked_ranges)
     sites = []
     for n in kg.nodes():
         d = kg[n]
         for k in OPS[d["op"]].terms:
             v = d.get(k)
             if isinstance(v, Term):
-                sites.append((n, k, None, v, scope(v, scoped[n])))
+                sites.append((n, k, None, v, *question(v, scoped[n])))
             elif isinstance(v, tuple):
-                sites.extend((n, k, i, x, scope(x, scoped[n])) for i, x in enumerate(v) if isinstance(x, Term))
-    ranges = {k: r for k, r in term_ranges(kg).items() if k not in {v for m in scoped.values() for v in m}}
-    result = _simplify_cached([s[4] for s in sites], {**ranges, **loop_ranges}, forms)
+                sites.extend((n, k, i, x, *question(x, scoped[n])) for i, x in enumerate(v) if isinstance(x, Term))
+    result = _simplify_cached([s[4] for s in sites], {**ranges, **asked_ranges}, forms)
     changed = set()
-    for n, k, i, t, mine in sites:
-        out = result.terms.get(mine, mine)
-        if out is mine:  # unchanged (egglog hands back the term it got): renaming back gives ``t``
+    for n, k, i, t, asked, back in sites:
+        out = result.terms.get(asked, asked)
+        if out is asked:  # unchanged (egglog hands back the term it got): renaming back gives ``t``
             continue
-        new = substitute(out, back)
+        new = substitute(out, back) if back else out
         if new != t:
             changed.add(n)
             if i is None:
