@@ -160,14 +160,16 @@ def simplify_terms(kg: KernelGraph, forms: tuple) -> tuple[set[int], dict]:
     asked_ranges: dict = {}
     question = _questioner(loop_ranges, set(ranges) | set(BUILTINS), asked_ranges)
     sites = []
-    for n in kg.nodes():
+    for n in kg.nodes():  # a constant is its own simplest form: no question (a third of a kernel's terms)
         d = kg[n]
         for k in OPS[d["op"]].terms:
             v = d.get(k)
             if isinstance(v, Term):
-                sites.append((n, k, None, v, *question(v, scoped[n])))
+                if v.op != "const":
+                    sites.append((n, k, None, v, *question(v, scoped[n])))
             elif isinstance(v, tuple):
-                sites.extend((n, k, i, x, *question(x, scoped[n])) for i, x in enumerate(v) if isinstance(x, Term))
+                sites.extend((n, k, i, x, *question(x, scoped[n])) for i, x in enumerate(v)
+                             if isinstance(x, Term) and x.op != "const")
     result = _simplify_cached([s[4] for s in sites], {**ranges, **asked_ranges}, forms)
     changed = set()
     for n, k, i, t, asked, back in sites:
