@@ -118,6 +118,54 @@ def test_scaling_probe_variants_compile():
     assert len(lines) == 9 and all("blocks/SM=2" in v for k, v in lines.items() if "two blocks" in k or "512" in k)
 
 
+
+def test_scaling_probe_stats_set_compiles():
+    """The stable-statistics set applies and compiles: seven edits beside ours, the 512-thread ones two
+    blocks an SM, none spilling."""
+    out = _run("benchmarks/scaling_probe.py", "--compile-only", "--set", "stats", "--wide-rows", "")
+    lines = dict(line.split(": ", 1) for line in out.splitlines())
+    assert len(lines) == 8 and all("spills=0" in v for v in lines.values())
+    assert all("blocks/SM=2" in v for k, v in lines.items() if "512" in k)
+
+
+def test_resident_probe_stable_reduction_is_one_block_reduction():
+    """The stable edit leaves one block reduction (cb_block_chan of the thread's own mean and M2, with the
+    compile-time count and warps) and no other; without the set-up and the main sync, a direct kernel keeps
+    the reduction's one block sync and no barrier."""
+    from cbrules import api
+    from cbrules.kernels import reductions
+    from benchmarks import resident_probe
+    params = dict(row=16384, width=4096, threads=512, box=256, dtype="bfloat16", stages=4)
+    text = api.generate(reductions.persistent(**params)).text
+    edited = resident_probe._edit(text, ("direct", "no set-up", "main sync", "stable reduction"), params)
+    body = edited[edited.index('extern "C"'):]
+    assert "cb_block_reduce" not in body and body.count("cb_block_chan<32, 16>(v2, s2, ") == 1
+    assert "__syncthreads" not in body and "cb_mbar_" not in body
+    assert "v2 = (s1) * (1.0f / 32);" in body and "v7 = (s2) / (16384.0f);" in body
+    with pytest.raises(ValueError, match="power-of-two"):
+        resident_probe._edit(text, ("stable reduction",), dict(params, threads=384))
+
+
+@pytest.mark.parametrize("threads", [256, 512])
+def test_stable_merge_survives_a_large_mean(threads):
+    """The merge as the kernel computes it (float32, lane by lane): on rows of mean 1e4 and spread 1, Chan's
+    merge of (mean, M2) keeps the variance to 1e-4 of float64's; the one-pass E[x^2] - mean^2 loses it
+    entirely (there it is off by more than the variance itself). On a centred row both agree."""
+    import numpy as np
+    from benchmarks.resident_probe import statistics_as_built
+    rng = np.random.default_rng(threads)
+    for mu, sd in ((1e4, 1.0), (-3e4, 2.0), (0.0, 1.0)):
+        row = (mu + sd * rng.standard_normal(16384)).astype(np.float32)
+        want_mean, want_var = row.astype(np.float64).mean(), row.astype(np.float64).var()
+        mean, var = statistics_as_built(row, threads, "stable reduction")
+        assert abs(mean - want_mean) <= 1e-6 * max(abs(want_mean), 1) and abs(var / want_var - 1) < 1e-4
+        _, naive = statistics_as_built(row, threads, "one reduction")
+        if mu:
+            assert abs(naive - want_var) > want_var
+        else:
+            assert abs(naive / want_var - 1) < 1e-4
+
+
 def _element_map(text: str, source: str) -> dict:
     """(thread, slot of vals) -> element of the row, for the loads (``source`` "x") or the stores ("out")
     of a direct normalize's CUDA, its index expressions evaluated as Python (threads 0, 1, 37 and 255)."""
