@@ -188,6 +188,10 @@ def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: i
         raise PersistentWalkError(f"persistent: walk={walk!r}: give the number of blocks that walk the rows, e.g. "
                                   f"walk=132 (one an SM of an H200); 0 launches one block a row")
     _whole("persistent", row=row, box=box, width=width, threads=threads)
+    warps = threads // 32
+    if stats == "stable" and (threads % 32 or warps & (warps - 1)):
+        raise KernelParameterError(f"persistent: stats='stable' merges equal halves of the block: threads={threads} "
+                                   "must be a power-of-two count of whole warps (32, 64, ..., 1024)")
     if width % threads or row % width:
         raise KernelParameterError(f"persistent: width {width} must be a multiple of threads={threads}, and row "
                                    f"{row} a multiple of width")

@@ -114,8 +114,9 @@ def block_reduce(v: np.ndarray, combine: str, op: Callable) -> np.ndarray:
 def block_stats(mean: np.ndarray, m2: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """``cb_block_stats``: each thread's (mean, M2) of ``n`` elements merged pairwise in float32 (Chan's
     update with equal counts: mean = (ma + mb) / 2, M2 = M2a + M2b + d^2 c / 2), an xor-butterfly over
-    each warp's lanes, then over the warps' pairs (a power-of-two count) in every warp; bit for bit the
-    GPU's, whose merge order is the same. Every thread gets the block's pair."""
+    each warp's lanes, then over the warps' pairs (a power-of-two count) in every warp: the GPU's merge
+    order (where nvcc contracts d * d * c + s into one fma the two differ by a rounding). Every thread
+    gets the block's pair."""
     f32 = np.float32
 
     def merge(mean, m2, o, c):
