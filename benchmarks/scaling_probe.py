@@ -79,6 +79,9 @@ SETS = {
         "direct, 512, plain loads, stable reduction": (512, ("direct", "plain loads", "stable reduction")),
         "TMA one box a stage, 512 threads, stable": (512, ("one box", "stable reduction")),
         "TMA (ops.py's), 256 threads, stable reduction": (256, ("stable reduction",)),
+        # as the product builds them (persistent's parameters); ours above is ops.py's choice
+        "product, the previous choice (TMA, 256, two-pass)": (256, {"direct": False, "stats": "two-pass"}),
+        "product, TMA, 256 threads, stats=stable": (256, {"direct": False, "stats": "stable"}),
     },
 }
 
@@ -100,7 +103,12 @@ def kernels(cols: int, edits: dict) -> dict:
     if edits:
         assert name == "persistent" and chosen["row"] // chosen["width"] == 4, chosen
         for label, (threads, drop) in edits.items():
-            params = dict(chosen, stages=4, threads=threads, one_box="one box" in drop)
+            if isinstance(drop, dict):  # a kernel the product builds: persistent's own parameters
+                params = dict(chosen, stages=4, threads=threads, **drop)
+                ck = resident_probe.build(params, 0)
+                out[label] = (ck, resident_probe.note(ck, params))
+                continue
+            params = dict(resident_probe.edit_base(chosen), stages=4, threads=threads, one_box="one box" in drop)
             drop = tuple(d for d in drop if d != "one box")  # a build parameter, not an edit
             ck = resident_probe.build(params, drop)
             out[label] = (ck, resident_probe.note(ck, params))
