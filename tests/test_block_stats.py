@@ -140,9 +140,9 @@ def test_stable_statistics_pass_the_checker(ws):
     assert not bad, "\n".join(bad)
 
 
-def _stats_kernel(threads: int, **kw) -> Kernel:
-    k = Kernel("stats", block=threads)
-    out = k.tensor("out", (threads,), "float32")
+def _stats_kernel(block, **kw) -> Kernel:
+    k = Kernel("stats", block=block)
+    out = k.tensor("out", (64,), "float32")
     mean, m2 = k.block_stats(threadIdx.x, 1.0, 4, **kw)
     k.store(out, threadIdx.x, k.add(mean, m2))
     return k
@@ -159,6 +159,8 @@ def test_hostile_block_stats_are_named_errors():
     with pytest.raises(GraphError, match="block-stats-warps.*96 threads"):
         api.lower(_stats_kernel(96))
     api.lower(_stats_kernel(64))
+    with pytest.raises(GraphError, match="block-stats-warps.*one-dimensional block, got 32x2x1"):
+        api.lower(_stats_kernel((32, 2)))
     with pytest.raises(KernelParameterError, match="stats='mean'"):
         reductions.persistent(stats="mean")
     with pytest.raises(KernelParameterError, match="threads=384 must be a power-of-two"):

@@ -30,6 +30,8 @@ def test_stable_normalize_matches_numpy(row, form, dtype):
         args = SPEC.make_inputs(shape, np.random.default_rng(row + m), "float32")
         args = {k: (v + np.float32(shift) if k == "x" else v).astype(NP_DTYPES[dtype]) for k, v in args.items()}
         rtol, atol = SPEC.tolerances(shape, dtype)
-        atol += 1e-3 if shift and dtype == "float32" else 0.0  # float32 x - mean at 1e4: ~1e-3 of a unit spread
+        # float32 holds a mean of 1e4 to ~1e-3 (its ulp there is 2^-10), so x - mean is off by that much in
+        # either statistics (two-pass 0.96e-3, stable 1.20e-3 here in the interpreter; 1.25e-3 and 1.27e-3 at 256)
+        atol += 2.5e-3 if shift and dtype == "float32" else 0.0
         failures = poisoned_run(ck, args, SPEC.expected(args), SPEC.outputs, rtol, atol, shape)
         assert not failures, "\n".join(failures)

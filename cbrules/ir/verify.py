@@ -452,6 +452,9 @@ def _block_shape(kg: KernelGraph) -> None:
                              f"whole warps, got {bx * by * bz} threads", n)
         if d["op"] == "block_stats":  # the merge's butterfly pairs equal halves: 2^k whole warps
             threads = d.get("count") or bx * by * bz
+            if by * bz != 1:  # the prelude's lanes and warps count threadIdx.x alone
+                raise GraphError("block-stats-warps", f"{kg.describe(n)}: block statistics need a one-dimensional "
+                                 f"block, got {bx}x{by}x{bz}; put the threads along x", n)
             if not isinstance(threads, int) or threads % 32 or (threads // 32) & (threads // 32 - 1):
                 raise GraphError("block-stats-warps", f"{kg.describe(n)}: block statistics merge equal halves of "
                                  f"the block: it needs a power-of-two count of whole warps, got {threads} threads; "
