@@ -9,7 +9,6 @@ from typing import Callable, Optional
 
 STATS_PRELUDE = (Path(__file__).with_name("prelude_stats.cu")).read_text()
 HELPER = "cb_block_stats"
-SCRATCH_USERS = ("reduce", "block_stats")  # the ops whose block form passes values through the scratch
 
 
 def _uses_scratch(step) -> bool:

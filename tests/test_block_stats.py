@@ -175,3 +175,21 @@ def test_block_stats_every_thread_gets_the_merge():
     out = run(api.lower(_stats_kernel(64)), {"out": np.full(64, np.nan, np.float32)})["out"]
     t = np.arange(64.0)
     assert np.allclose(out, t.mean() + 64 + 4 * ((t - t.mean()) ** 2).sum(), rtol=1e-6)
+
+
+def test_the_closing_sync_stays_where_a_reduction_follows():
+    """The merge's scratch is the block reductions': its closing sync is left out only where no reduction
+    can run after it (the last scratch user, outside every loop)."""
+    def text(then_reduce: bool, in_loop: bool) -> str:
+        k = Kernel("stats", block=64)
+        out = k.tensor("out", (64,), "float32")
+        if in_loop:
+            with k.loop("i", 2):
+                mean, m2 = k.block_stats(threadIdx.x, 1.0, 4, dst="mean", dst_m2="m2")
+        else:
+            mean, m2 = k.block_stats(threadIdx.x, 1.0, 4)
+        total = k.reduce(m2) if then_reduce else m2
+        k.store(out, threadIdx.x, k.add(mean, total))
+        return api.generate(k).text
+    assert "cb_block_stats<4, true>(" in text(False, False)
+    assert "cb_block_stats<4, false>(" in text(True, False) and "cb_block_stats<4, false>(" in text(False, True)
