@@ -86,9 +86,14 @@ def _normalize_kernel(shape: tuple, dtype: str = "float32") -> tuple[str, dict]:
     so the producer loads the next row while the consumers normalize this one: 3645 -> 3911 GB/s, 0.95x ->
     1.02x Triton's row kernel (benchmarks/walk_probe.py; at 16384 walking lost up to half, so not there).
     At 16384 the last 1-1.5 % to Triton's row kernel moved with no occupancy, box, stage, sync or walk
-    variant, nor without the TMA (benchmarks/resident_probe.py, ``benchmarks/results/bf16/resident/``)."""
+    variant, nor without the TMA (benchmarks/resident_probe.py, ``benchmarks/results/bf16/resident/``),
+    until the statistics became one stable block reduction: a row of 16384 loaded directly (no TMA) by
+    512 threads, two blocks an SM, with ``stats="stable"`` (benchmarks/scaling_probe.py --set stats)."""
     n = shape[1]
     if dtype != "float32":
+        if n == 16384:
+            return "persistent", {"row": n, "width": 4096, "threads": 512, "box": 256, "stats": "stable",
+                                  "direct": True}
         if n <= 16384:
             return "persistent", {"row": n, "width": max(n // 4, 1024), "threads": 256, "box": 256}
         if n <= 32768:

@@ -72,6 +72,39 @@ __device__ __forceinline__ void cb_block_sum2(float& a, float& b, float* scratch
   }
 }
 """
+# the statistics as ONE numerically stable block reduction (Chan et al.'s pairwise merge of (mean, M2)):
+# each thread takes the mean of its own K registers and M2 = sum (x - mean_t)^2 over them (no sync), then
+# the block merges the pairs by butterflies. Every merge joins two groups of equal count c (K elements a
+# thread), so the weights are compile-time: mean = (ma + mb) / 2, M2 = M2a + M2b + d^2 * c / 2 with
+# d = mb - ma; both partners compute the same bits (fp + is commutative, d^2 = (-d)^2). Each warp's pair
+# through scratch, one block sync, then every warp merges the NW partials itself (lane l reads partial
+# l % NW, so every lane ends with the whole block's pair).
+CHAN = """
+template <int K, int NW>
+__device__ __forceinline__ void cb_block_chan(float& mean, float& m2, float* scratch) {
+  const unsigned lane = threadIdx.x % 32;
+  float c = 0.5f * K;
+  #pragma unroll
+  for (int o = 1; o < 32; o <<= 1, c *= 2.0f) {
+    const float mb = __shfl_xor_sync(0xffffffffu, mean, o), m2b = __shfl_xor_sync(0xffffffffu, m2, o);
+    const float d = mb - mean;
+    mean = 0.5f * (mean + mb);
+    m2 = (m2 + m2b) + d * d * c;
+  }
+  if (lane == 0) { scratch[threadIdx.x / 32] = mean; scratch[NW + threadIdx.x / 32] = m2; }
+  __syncthreads();
+  mean = scratch[lane % NW];
+  m2 = scratch[NW + lane % NW];
+  #pragma unroll
+  for (int o = 1; o < NW; o <<= 1, c *= 2.0f) {
+    const float mb = __shfl_xor_sync(0xffffffffu, mean, o), m2b = __shfl_xor_sync(0xffffffffu, m2, o);
+    const float d = mb - mean;
+    mean = 0.5f * (mean + mb);
+    m2 = (m2 + m2b) + d * d * c;
+  }
+}
+"""
+STATS_EDITS = ("stable reduction",)
 # a thread's read of its elements from the slot, the index captured (main loop and epilogue)
 SLOT_READ = r"(cb_vcopy<16>\(&cb_vec_\d+\[0\], )&tile\[(.*?)\]\);"
 SM_REGISTERS, SM_THREADS, SM_SHARED, BLOCK_RESERVED = 65536, 2048, 233472, 1024  # H200, per SM
@@ -135,6 +168,72 @@ def _reduce(text: str, how: str) -> str:
                    r"  \3 = (\1) / (\4);\n  \6 = (s2) / (\4) - (\3) * (\3);\n")
 
 
+def _stable(text: str, params: dict) -> str:
+    """ops.py's CUDA with the statistics as one stable block reduction (CHAN): the thread's own mean from
+    the sum it took as the row arrived, the existing pass over its registers now around that mean (before
+    the block reduction, not after it), then cb_block_chan merges (mean, M2) over the block; the variance
+    is M2 / n. The second block reduction and the first's three syncs go (one sync in all)."""
+    k, nw = params["row"] // params["threads"], params["threads"] // 32
+    if nw & (nw - 1) or nw > 32:
+        raise ValueError(f"{params['threads']} threads: the stable reduction's butterfly needs a power-of-two "
+                         "count of warps, at most 32")
+    text = cuda_edit.sub(text, "struct CbSum ", CHAN + "struct CbSum ", who="resident_probe")
+    return _sub_re(text, r"(?s)  (v\d+) = cb_block_reduce<float>\(s1, \(float\)0, CbSum\(\), (.*?)\);\n"
+                   r"  (v\d+) = \(\1\) / \((\d+\.0f)\);\n(.*?)  (v\d+) = cb_block_reduce<float>\(s2, [^\n]*\n"
+                   r"  (v\d+) = \(\6\) / \(\4\);\n",
+                   rf"  \3 = (s1) * (1.0f / {k});  // probe: the thread's own mean, then its M2 about it\n\5"
+                   rf"  cb_block_chan<{k}, {nw}>(\3, s2, \2);  // probe: one stable reduction of (mean, M2)\n"
+                   r"  \7 = (s2) / (\4);\n")
+
+
+def _butterfly(mean, m2, count: float, levels: int):
+    """CHAN's merges over ``levels`` butterfly levels of float32 arrays (one entry a lane), each side of the
+    first level holding ``count`` elements: what every lane holds after them."""
+    import numpy as np
+    idx = np.arange(mean.size)
+    c = np.float32(0.5 * count)
+    for level in range(levels):
+        partner = idx ^ (1 << level)
+        d = mean[partner] - mean
+        mean, m2 = np.float32(0.5) * (mean + mean[partner]), (m2 + m2[partner]) + d * d * c
+        c = c * np.float32(2)
+    return mean, m2
+
+
+def statistics_as_built(row, threads: int, how: str) -> tuple[float, float]:
+    """(mean, variance) of one ``row`` as the edited kernels compute them in float32, thread by thread and
+    lane by lane (numpy, no GPU): ``how`` "stable reduction" (CHAN: each thread's mean and M2, the pairs
+    merged by butterflies within each warp, then over the warps' partials) or "one reduction" (the sums of
+    x and x^2, var = E[x^2] - mean^2). Which elements a thread holds does not change a statistic's
+    meaning, only its rounding: thread t takes elements t*K .. t*K + K - 1 here."""
+    import numpy as np
+    v = np.asarray(row, dtype=np.float32).reshape(threads, -1)
+    k, nw, n = v.shape[1], threads // 32, np.float32(v.size)
+    s1 = np.zeros(threads, np.float32)
+    for q in range(k):  # each thread's sum as its elements arrive
+        s1 += v[:, q]
+    if how == "one reduction":
+        s2 = np.zeros(threads, np.float32)
+        for q in range(k):
+            s2 += v[:, q] * v[:, q]
+        for part in (s1, s2):  # the block sums: butterflies in each warp, then over the warps' sums
+            for level in range(5):
+                part += part.reshape(nw, 32)[:, np.arange(32) ^ (1 << level)].reshape(-1)
+        w1, w2 = s1[::32].copy(), s2[::32].copy()
+        for level in range(nw.bit_length() - 1):
+            w1, w2 = w1 + w1[np.arange(nw) ^ (1 << level)], w2 + w2[np.arange(nw) ^ (1 << level)]
+        mean = w1[0] / n
+        return float(mean), float(w2[0] / n - mean * mean)
+    mean = s1 * np.float32(1.0 / k)
+    m2 = np.zeros(threads, np.float32)
+    for q in range(k):
+        d = v[:, q] - mean
+        m2 += d * d
+    mean, m2 = _butterfly(mean, m2, k, 5)  # within each warp (lane partners never leave it)
+    mean, m2 = _butterfly(mean[::32].copy(), m2[::32].copy(), 32 * k, nw.bit_length() - 1)
+    return float(mean[0]), float(m2[0] / n)
+
+
 def _contiguous(text: str, params: dict) -> str:
     """ops.py's CUDA (256 threads, stages of 4096) with thread t holding elements 16t..16t+15 of a stage
     (its two vectors adjacent) instead of 8t..8t+7 and 2048 further; the stores follow the elements."""
@@ -169,6 +268,8 @@ def _edit(text: str, drop: tuple, params: dict) -> str:
     for how in REDUCE_EDITS:
         if how in drop:
             text = _reduce(text, how)
+    if "stable reduction" in drop:
+        text = _stable(text, params)
     for how in PATH_EDITS:
         if how in drop:
             text = _path(text, how, params)
@@ -209,12 +310,23 @@ def _compile_edited(params: dict, drop: tuple):
     return CompiledKernel(src, compile_cuda(src.text, src.name))
 
 
+# ops.py's choice for a 16384 half-precision row loads it directly with the stable statistics (512
+# threads); the hand edits apply to the kernel it chose before: TMA stages, two-pass statistics, 256 threads
+EDIT_BASE_DROPS = ("direct", "stats")
+
+
+def edit_base(params: dict) -> dict:
+    """``params`` of ops.py's choice as the TMA, two-pass, 256-thread kernel the hand edits apply to."""
+    return dict({k: v for k, v in params.items() if k not in EDIT_BASE_DROPS}, threads=256)
+
+
 def variants(shape: tuple, which: str = "resident") -> list[tuple[str, dict, int]]:
     """(label, persistent's build parameters, __launch_bounds__ minimum of blocks or 0) of set ``which``."""
     name, chosen = variant_params("normalize", shape, "bfloat16")
     assert name == "persistent" and not chosen.get("walk"), (name, chosen)
     s = chosen["row"] // chosen["width"]  # the whole row in flight
     ours = [(f"ops.py choice S={s}", dict(chosen, stages=s), 0)]
+    chosen = edit_base(chosen)
     if which == "syncs":  # hand edits: the third item names the syncs dropped
         return ours + [(f"S={s} no {d}", dict(chosen, stages=s), (d,)) for d in SYNC_EDITS] + [
             (f"S={s} none of the three", dict(chosen, stages=s), SYNC_EDITS)]

@@ -5,14 +5,16 @@ reference, beside hand edits of ours (resident_probe's). ``--set setup``: what a
 row (no TMA; no barrier set-up; no tensor-map parameter) and two block shapes (a thread's elements
 adjacent; the direct path at 512 threads); ``--set row``: what a row costs (two blocks an SM instead of
 three; plain instead of read-only loads; one block reduction of both sums; no block reductions at all,
-a timing-only variant). Each implementation's median time is fitted as t = a + b * rows (least squares):
+a timing-only variant); ``--set stats``: the statistics as one numerically stable block reduction
+(Chan's pairwise merge of each thread's (mean, M2), resident_probe's CHAN) beside the one-pass (Σx, Σx²)
+and the two-pass ones, direct and through the TMA, at 512 and 256 threads. Each implementation's median time is fitted as t = a + b * rows (least squares):
 b is the time a row, a the fixed cost of a launch (launch latency, first wave's ramp, last wave's tail).
 Beside the fit, not in it: launches over 1 and 396 rows (one block; one wave of ours: three blocks an SM)
 and over whole waves of both ours and Triton's (15840 = 40 x 396 = 60 x 264 rows, 16632 = 42 x 396 =
 63 x 264) and 16236 (41 x 396), around 16384 (41.4 waves of ours, 62.1 of Triton's): what the last
 wave's fill costs.
 
-    python3 benchmarks/scaling_probe.py [--set setup|row] [--rows 1024,...,65536] [--wide-rows 2048,...]
+    python3 benchmarks/scaling_probe.py [--set setup|row|stats] [--rows 1024,...,65536] [--wide-rows 2048,...]
         [--beside-rows 1,396] [--rounds 9] [--reps 20] [--json FILE] [--cubins DIR]
     python3 benchmarks/scaling_probe.py --compile-only   # no GPU: build and NVRTC-compile every variant
     python3 benchmarks/scaling_probe.py --from-json FILE  # no GPU: the report of an earlier run
@@ -68,6 +70,19 @@ SETS = {
         f"direct, 512, no block reductions {TIMING_ONLY}": (512, ("direct", "no block reductions",
                                                                  "two blocks an SM")),
     },
+    "stats": {  # the statistics as ONE numerically stable block reduction (Chan's merge) beside the one-pass
+        "direct, 512 threads, one reduction (one-pass)": (512, ("direct", "one reduction")),
+        "direct, 512 threads (two-pass)": (512, ("direct",)),
+        "direct, 512 threads, stable reduction": (512, ("direct", "stable reduction")),
+        "direct, 512, no barriers or loop syncs, stable": (512, ("direct", "no set-up", "main sync",
+                                                                  "stable reduction")),
+        "direct, 512, plain loads, stable reduction": (512, ("direct", "plain loads", "stable reduction")),
+        "TMA one box a stage, 512 threads, stable": (512, ("one box", "stable reduction")),
+        "TMA (ops.py's), 256 threads, stable reduction": (256, ("stable reduction",)),
+        # as the product builds them (persistent's parameters); ours above is ops.py's choice
+        "product, the previous choice (TMA, 256, two-pass)": (256, {"direct": False, "stats": "two-pass"}),
+        "product, TMA, 256 threads, stats=stable": (256, {"direct": False, "stats": "stable"}),
+    },
 }
 
 
@@ -88,7 +103,13 @@ def kernels(cols: int, edits: dict) -> dict:
     if edits:
         assert name == "persistent" and chosen["row"] // chosen["width"] == 4, chosen
         for label, (threads, drop) in edits.items():
-            params = dict(chosen, stages=4, threads=threads)
+            if isinstance(drop, dict):  # a kernel the product builds: persistent's own parameters
+                params = dict(chosen, stages=4, threads=threads, **drop)
+                ck = resident_probe.build(params, 0)
+                out[label] = (ck, resident_probe.note(ck, params))
+                continue
+            params = dict(resident_probe.edit_base(chosen), stages=4, threads=threads, one_box="one box" in drop)
+            drop = tuple(d for d in drop if d != "one box")  # a build parameter, not an edit
             ck = resident_probe.build(params, drop)
             out[label] = (ck, resident_probe.note(ck, params))
     return out
@@ -159,6 +180,27 @@ def measure(rows: int, cols: int, ours: dict, warps: tuple, rounds: int, reps: i
     del xs, outs, want, per_pair
     torch.cuda.empty_cache()
     return result
+
+
+def shifted_errors(cols: int, ours: dict, rows: int = 1024, shift: float = 1024.0, spread: float = 8.0) -> dict:
+    """label -> the largest error of the output against a float64 normalisation of the same bfloat16 input,
+    for rows whose mean (``shift``) is large against their spread: where a one-pass variance
+    (E[x^2] - mean^2 in float32) cancels and a stable one does not. NaN-poisoned outputs."""
+    import torch
+    from benchmarks.triton_kernels import _normalize_row
+    x = (shift + spread * torch.randn(rows, cols, device="cuda")).to(torch.bfloat16)
+    want = torch.nn.functional.layer_norm(x.double(), (cols,), eps=0.0)
+    out = torch.empty_like(x)
+    launches = {BASE: lambda: _normalize_row[(rows,)](x, out, rows, cols, BLOCK_N=cols, num_warps=16)}
+    launches.update({label: ck.bind(x=x, out=out).launch for label, (ck, _) in ours.items()
+                     if TIMING_ONLY not in label})
+    errors = {}
+    for label, fn in launches.items():
+        out.fill_(float("nan"))
+        fn()
+        torch.cuda.synchronize()
+        errors[label] = float((out.double() - want).abs().max())  # NaN if anything was left unwritten
+    return errors
 
 
 def summarize(table: dict) -> dict:
@@ -241,6 +283,10 @@ def main() -> None:
             resident_probe._keep(a.cubins, i, f"{cols} {label}", ck)
         if a.compile_only:
             continue
+        if a.set == "stats" and edits:
+            for label, err in shifted_errors(cols, ours).items():
+                print(f"shifted rows (1024 + 8 randn, bfloat16) 1024x{cols} {label:<46} max |error| {err:.3g}",
+                      flush=True)
         table = {}
         for rows in rows_list:
             table[rows] = measure(rows, cols, ours, warps, a.rounds, a.reps)

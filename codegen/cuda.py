@@ -22,6 +22,7 @@ from ..schedule import Step
 from ..ir.terms import BINARY_OPS, DEVICE_FUNCTIONS, UNARY_OPS, Term, call_problem, to_c
 
 from . import mma as _mma
+from . import stats as _stats
 from .errors import CodegenError
 
 PRELUDE = (Path(__file__).with_name("prelude.cu")).read_text()
@@ -171,12 +172,15 @@ class _Emitter:
                 self.reg_arrays[_ident(a["buf"])] = s
             elif "dst" in a and s.op not in ("store", "copy", "tma_load", "alloc"):
                 self.registers.setdefault(_ident(a["dst"]), a.get("dtype", "float32"))
+                if s.op == "block_stats":
+                    self.registers.setdefault(_ident(a["dst_m2"]), "float32")
             elif s.op == "mbarrier_wait" and a.get("backoff") is not None:
                 self.uses_backoff = True
-            if s.op == "reduce" and a["kind"] == "block":
+            if s.op == "reduce" and a["kind"] == "block" or s.op == "block_stats":
                 self.uses_reduce = True
             if s.op == "mma":
                 self.mmas.append(a)
+        self.stats_last = _stats.last_scratch_user(program)
         if self.uses_reduce:
             self.reduce_offset = self._carve(REDUCE_SCRATCH_BYTES, 16)
 
@@ -253,6 +257,8 @@ class _Emitter:
 
     def statement(self, s: Step) -> Optional[str]:
         """The C statement of a non-scope step (None for declarations hoisted to the top)."""
+        if s.op == "block_stats":  # its closing sync depends on where it is
+            return _stats.statement(s, _Checked(s.op, s.attrs), self, _ident, _int, _c_term)
         form = _STATEMENTS.get(s.op) or (_unary if s.op in _UNARY_C else _binary if s.op in _BINARY_C else None)
         if form is None:
             raise CodegenError(f"codegen has no form for op {s.op!r} (node #{s.node})")
@@ -284,7 +290,8 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
         + ([SWIZZLE_PRELUDE] if any("cb_swizzle(" in line for line in e.lines) else []) \
         + ([VECTOR_PRELUDE] if any("cb_vcopy<" in line for line in e.lines) else []) \
         + ([TMA5_PRELUDE] if any(p.kind == "tmap" and len(p.box) > 3 for p in k["params"]) else []) \
-        + ([PRELUDE_ROLES] if roles else []) + (_mma.helpers(e.mmas) if e.mmas else [])
+        + ([PRELUDE_ROLES] if roles else []) + (_mma.helpers(e.mmas) if e.mmas else []) \
+        + ([_stats.STATS_PRELUDE] if any(_stats.HELPER in line for line in e.lines) else [])
     text = "\n".join([
         *preludes, e.elect_one(), *([BACKOFF_WAIT] if e.uses_backoff else []), "",
         f'extern "C" __global__ void __launch_bounds__({bounds}) {_ident(k["name"])}({e.signature()}) {{',

@@ -17,6 +17,15 @@ def _run(*argv: str) -> str:
     return r.stdout
 
 
+def _edit_base(which: str) -> dict:
+    """The parameters the resident probe's hand edits of set ``which`` apply to: ops.py's choice as the TMA,
+    two-pass kernel (its 16384-column half-precision choice is now the direct, stable one)."""
+    from benchmarks import resident_probe
+    (_, params, _), *_ = resident_probe.variants((16384, 16384), which)
+    assert params.get("direct") and params.get("stats") == "stable", params
+    return resident_probe.edit_base(params)
+
+
 def test_profile_tc_variants_compile(tmp_path):
     out = _run("benchmarks/profile_tc.py", "--cpu", "--out", str(tmp_path))
     assert "store-swizzle:" in out and "no-epilogue" in out and "spills 0/0" in out
@@ -55,7 +64,7 @@ def test_resident_probe_path_edits_compile():
     """The hand edits bringing the row in without the TMA (each edit found as often as expected)."""
     out = _run("benchmarks/resident_probe.py", "--set", "path", "--compile-only")
     assert out.count("16384x16384 ") == 6 and "LDG.128+STS+LDS, no loop syncs: regs=" in out
-    assert out.count("blocks/SM=3") == 6  # the same occupancy as ops.py's choice
+    assert out.count("blocks/SM=3") == 5  # the same occupancy as the TMA kernel they edit (ops.py's before)
 
 
 def test_resident_probe_path_edits_drop_the_tma():
@@ -64,7 +73,7 @@ def test_resident_probe_path_edits_drop_the_tma():
     from cbrules import api
     from cbrules.kernels import reductions
     from benchmarks import resident_probe
-    (_, params, _), *_ = resident_probe.variants((16384, 16384), "path")
+    params = _edit_base("path")
     text = api.generate(reductions.persistent(**params)).text
     body = text[text.index('extern "C"'):]
     assert "&x_tmap" in body and body.count("cb_mbar_wait(") == 2
@@ -88,7 +97,7 @@ def test_resident_probe_one_reduction_replaces_both():
     from cbrules import api
     from cbrules.kernels import reductions
     from benchmarks import resident_probe
-    (_, params, _), *_ = resident_probe.variants((16384, 16384), "reduce")
+    params = _edit_base("reduce")
     text = api.generate(reductions.persistent(**params)).text
     body = text[text.index('extern "C"'):]
     assert body.count("cb_block_reduce<float>(") == 2 and "float vals[64];" in body
@@ -112,10 +121,59 @@ def test_scaling_probe_variants_compile():
     """Both sets of hand edits of the scaling probe apply and compile, at the occupancy each names."""
     out = _run("benchmarks/scaling_probe.py", "--compile-only", "--wide-rows", "")
     assert out.count("16384 columns ") == 7 and "no set-up, no tensor map: regs=" in out
-    assert out.count("blocks/SM=3") == 6 and "direct, 512 threads: regs=" in out
+    assert out.count("blocks/SM=3") == 5 and "direct, 512 threads: regs=" in out
+    assert "ours (ops.py S=4): regs=57 spills=0 smem=256 blocks/SM=2" in out  # direct, stats="stable"
     out = _run("benchmarks/scaling_probe.py", "--compile-only", "--set", "row", "--wide-rows", "")
     lines = dict(line.split(": ", 1) for line in out.splitlines())
     assert len(lines) == 9 and all("blocks/SM=2" in v for k, v in lines.items() if "two blocks" in k or "512" in k)
+
+
+
+def test_scaling_probe_stats_set_compiles():
+    """The stable-statistics set applies and compiles: seven edits beside ours, the 512-thread ones two
+    blocks an SM, none spilling."""
+    out = _run("benchmarks/scaling_probe.py", "--compile-only", "--set", "stats", "--wide-rows", "")
+    lines = dict(line.split(": ", 1) for line in out.splitlines())
+    assert len(lines) == 10 and all("spills=0" in v for v in lines.values())
+    assert all("blocks/SM=2" in v for k, v in lines.items() if "512" in k)
+
+
+def test_resident_probe_stable_reduction_is_one_block_reduction():
+    """The stable edit leaves one block reduction (cb_block_chan of the thread's own mean and M2, with the
+    compile-time count and warps) and no other; without the set-up and the main sync, a direct kernel keeps
+    the reduction's one block sync and no barrier."""
+    from cbrules import api
+    from cbrules.kernels import reductions
+    from benchmarks import resident_probe
+    params = dict(row=16384, width=4096, threads=512, box=256, dtype="bfloat16", stages=4)
+    text = api.generate(reductions.persistent(**params)).text
+    edited = resident_probe._edit(text, ("direct", "no set-up", "main sync", "stable reduction"), params)
+    body = edited[edited.index('extern "C"'):]
+    assert "cb_block_reduce" not in body and body.count("cb_block_chan<32, 16>(v2, s2, ") == 1
+    assert "__syncthreads" not in body and "cb_mbar_" not in body
+    assert "v2 = (s1) * (1.0f / 32);" in body and "v7 = (s2) / (16384.0f);" in body
+    with pytest.raises(ValueError, match="power-of-two"):
+        resident_probe._edit(text, ("stable reduction",), dict(params, threads=384))
+
+
+@pytest.mark.parametrize("threads", [256, 512])
+def test_stable_merge_survives_a_large_mean(threads):
+    """The merge as the kernel computes it (float32, lane by lane): on rows of mean 1e4 and spread 1, Chan's
+    merge of (mean, M2) keeps the variance to 1e-4 of float64's; the one-pass E[x^2] - mean^2 loses it
+    entirely (there it is off by more than the variance itself). On a centred row both agree."""
+    import numpy as np
+    from benchmarks.resident_probe import statistics_as_built
+    rng = np.random.default_rng(threads)
+    for mu, sd in ((1e4, 1.0), (-3e4, 2.0), (0.0, 1.0)):
+        row = (mu + sd * rng.standard_normal(16384)).astype(np.float32)
+        want_mean, want_var = row.astype(np.float64).mean(), row.astype(np.float64).var()
+        mean, var = statistics_as_built(row, threads, "stable reduction")
+        assert abs(mean - want_mean) <= 1e-6 * max(abs(want_mean), 1) and abs(var / want_var - 1) < 1e-4
+        _, naive = statistics_as_built(row, threads, "one reduction")
+        if mu:
+            assert abs(naive - want_var) > want_var
+        else:
+            assert abs(naive / want_var - 1) < 1e-4
 
 
 def _element_map(text: str, source: str) -> dict:
@@ -146,7 +204,7 @@ def test_resident_probe_element_edits_store_what_they_load(edits):
     from cbrules import api
     from cbrules.kernels import reductions
     from benchmarks import resident_probe
-    (_, params, _), *_ = resident_probe.variants((16384, 16384), "path")
+    params = _edit_base("path")
     text = resident_probe._edit(api.generate(reductions.persistent(**params)).text, edits, params)
     loads, stores = _element_map(text, "x"), _element_map(text, "out")
     assert loads == stores and len(loads) == 4 * 64
@@ -161,7 +219,7 @@ def test_resident_probe_setup_and_row_edits():
     from cbrules import api
     from cbrules.kernels import reductions
     from benchmarks import resident_probe
-    (_, params, _), *_ = resident_probe.variants((16384, 16384), "path")
+    params = _edit_base("path")
     text = api.generate(reductions.persistent(**params)).text
     ck = resident_probe.build(params, ("direct", "no set-up", "no tensor map"))
     body = ck.source.text[ck.source.text.index('extern "C"'):]

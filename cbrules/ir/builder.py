@@ -318,6 +318,23 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
         self._node("reduce", dst=dst, src=as_term(src), kind=kind, combine=combine, dtype=dtype)
         return name(dst)
 
+    def block_stats(self, mean: TermLike, m2: TermLike, n: int, dst: Optional[str] = None,
+                    dst_m2: Optional[str] = None) -> tuple[Term, Term]:
+        """The block's (mean, M2) from each thread's ``mean`` and ``m2`` (the sum of squared deviations
+        from that mean) over ``n`` elements of its own, in one block reduction that does not cancel when
+        the mean is large against the spread (the variance is M2 / (n * threads)). Every thread gets
+        both; the block must be a power-of-two count of whole warps."""
+        where = f"block_stats at {_call_site()}"
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise BuildError(f"{where}: n={n!r} must be the count of elements each thread's mean covers, a "
+                             "whole number of at least 1")
+        dst = self._reg(dst, "block_stats", "float32")
+        dst_m2 = self._reg(dst_m2, "block_stats", "float32")
+        if dst_m2 == dst:
+            raise BuildError(f"{where}: dst and dst_m2 are both {dst!r}; give two registers")
+        self._node("block_stats", dst=dst, dst_m2=dst_m2, args=(as_term(mean), as_term(m2)), n=n, dtype="float32")
+        return name(dst), name(dst_m2)
+
     def select(self, pred: TermLike, a: TermLike, b: TermLike, dst: Optional[str] = None,
                dtype: str = "float32") -> Term:
         """``dst = pred ? a : b`` per thread, e.g. ``k.select((col).lt(n), v, float("-inf"))`` for a

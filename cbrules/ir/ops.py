@@ -89,6 +89,11 @@ OPS: dict[str, OpSpec] = {
     # a block reduction with bar_id/count syncs through named barrier bar_id over threads 0..count-1 only
     "reduce": OpSpec(("dst", "src", "kind", "combine", "dtype"), ("bar_id", "count"), ("src",)),
     "fma": OpSpec(("dst", "args", "dtype"), (), ("args",)),
+    # the row statistics of a block in ONE numerically stable reduction: each thread's (mean, M2) of the
+    # n elements it took (args; M2 = sum of (x - mean)^2, n the same for every thread) merged pairwise
+    # over the block (Chan et al.): dst = the block's mean, dst_m2 its M2 (variance = M2 / (n * threads));
+    # bar_id/count as a reduce's
+    "block_stats": OpSpec(("dst", "dst_m2", "args", "n", "dtype"), ("bar_id", "count"), ("args",)),
     "mbarrier_init": OpSpec(_BAR + ("count",), (), ("slot",), "sync"),
     "mbarrier_arrive": OpSpec(_BAR, (), ("slot",), "sync"),
     "mbarrier_arrive_expect_tx": OpSpec(_BAR + ("bytes",), (), ("slot",), "sync"),
@@ -152,6 +157,9 @@ OP_DOCS: dict[str, str] = {
     "reduce": "dst = the combine (sum, max, min) of src over the block (kind block) or into dst (kind serial); "
               "with bar_id, over the first count threads through named barrier bar_id",
     "fma": "dst = args[0] * args[1] + args[2]",
+    "block_stats": "dst, dst_m2 = the mean and M2 (sum of squared deviations) over the block of the threads' "
+                   "own (mean, M2) = args, each of n elements, merged pairwise (no cancellation, one block "
+                   "sync); with bar_id, over the first count threads through named barrier bar_id",
     "mbarrier_init": "the elected thread initialises barrier[slot] to expect count arrivals",
     "mbarrier_arrive": "this thread arrives on barrier[slot]",
     "mbarrier_arrive_expect_tx": "this thread arrives on barrier[slot] and arms it for bytes of TMA traffic",
@@ -223,6 +231,8 @@ def effects(op: str, attrs: Mapping[str, Any]) -> tuple[set[str], set[str]]:
         writes.add(f"mem:{attrs['acc']}")
     elif op == "reduce" and attrs.get("kind") == "block":
         writes.add(SYNC_TOKEN)  # a block reduction synchronises the block
+    elif op == "block_stats":
+        writes |= {f"reg:{attrs['dst_m2']}", SYNC_TOKEN}
     elif spec.category == "sync":
         writes.add(SYNC_TOKEN)
         reads.add(SYNC_TOKEN)

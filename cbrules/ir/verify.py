@@ -183,7 +183,7 @@ def _program_order(kg: KernelGraph, orders: dict[int, list[int]]) -> list[int]:
 _IDENT_KEYS = {"kernel": ("name",), "alloc": ("buf",), "for": ("var",), "load": ("dst", "src"), "store": ("dst",),
                "copy": ("dst", "src"),
                "tma_load": ("tmap", "dst", "barrier"), "tma_store": ("tmap", "src"),
-               "mma": ("acc", "a", "b")}
+               "mma": ("acc", "a", "b"), "block_stats": ("dst", "dst_m2")}
 
 
 def _ident_keys(op: str) -> tuple[str, ...]:
@@ -229,7 +229,7 @@ def _identifiers(kg: KernelGraph, walked: list[int]) -> None:
                 if name in {kg[a]["var"] for a in kg.ancestors(n) if kg.op(a) == "for"}:
                     raise GraphError("name-unique", f"{kg.describe(n)}: loop variable {name!r} is already the "
                                      "variable of an enclosing loop; give the inner loop its own", n)
-            elif key == "dst" and (op == "load" or OPS[op].category == "compute"):
+            elif key in ("dst", "dst_m2") and (op == "load" or OPS[op].category == "compute"):
                 claim(name, "register", n, True)
 
 
@@ -265,7 +265,8 @@ _INT_ATTRS = (("alloc", "shape", 1, True), ("alloc", "align", 1, False), ("mbarr
               ("tma_load", "box", 1, True), ("tma_load", "tile", 1, True), ("bar_sync", "id", 0, False),
               ("bar_sync", "count", 1, False), ("kernel", "block", 1, True), ("mbarrier_wait", "backoff", 0, False),
               ("tma_store_wait", "pending", 0, False), ("copy", "count", 1, False), ("mma", "shape", 1, True),
-              ("mma", "groups", 1, False), ("mma", "swizzle", 0, False), ("wgmma_wait", "pending", 0, False))
+              ("mma", "groups", 1, False), ("mma", "swizzle", 0, False), ("wgmma_wait", "pending", 0, False),
+              ("block_stats", "n", 1, False))
 _INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16}
 _INT_ATTR: dict[tuple[str, str], tuple[int, bool]] = {}  # (op, key) -> (lowest value, a tuple?)
 _INT_KEYS: dict[str, list[tuple[str, int]]] = {}  # op -> its (key, lowest value), in _INT_ATTRS order
@@ -359,6 +360,8 @@ def _names(kg: KernelGraph, walked: list[int], parent: dict[int, int]) -> None:
             written_bufs.add(d["dst"])
         if OPS[d["op"]].category == "compute" or d["op"] == "load":
             registers.add(d["dst"])
+            if d["op"] == "block_stats":
+                registers.add(d["dst_m2"])
     builtins = set(BUILTINS)
     seen: dict[int, tuple] = {}  # id of a term -> (the term, its names)
     # the variables of the loops around each scope (a scope's own included), parents first
@@ -439,7 +442,7 @@ def _barriers(kg: KernelGraph, order: list[int]) -> None:
 
 def _block_shape(kg: KernelGraph) -> None:
     bx, by, bz = kg.kernel()["block"]
-    for n in kg.nodes() if bx < 32 else kg.nodes("reduce"):  # a whole warp: only reductions to check
+    for n in kg.nodes() if bx < 32 else kg.nodes("reduce") + kg.nodes("block_stats"):  # only reductions to check
         d = kg[n]
         if bx < 32 and any(t.op == "call" and t.value == "elect_one" for t in _subterms(term_values(d["op"], d))):
             raise GraphError("elect-one-warp", f"{kg.describe(n)} uses elect_one() but blockDim.x = {bx} "
@@ -447,6 +450,15 @@ def _block_shape(kg: KernelGraph) -> None:
         if d["op"] == "reduce" and d["kind"] == "block" and (bx * by * bz) % 32:
             raise GraphError("block-reduce-warps", f"{kg.describe(n)}: a block reduction needs a block of "
                              f"whole warps, got {bx * by * bz} threads", n)
+        if d["op"] == "block_stats":  # the merge's butterfly pairs equal halves: 2^k whole warps
+            threads = d.get("count") or bx * by * bz
+            if by * bz != 1:  # the prelude's lanes and warps count threadIdx.x alone
+                raise GraphError("block-stats-warps", f"{kg.describe(n)}: block statistics need a one-dimensional "
+                                 f"block, got {bx}x{by}x{bz}; put the threads along x", n)
+            if not isinstance(threads, int) or threads % 32 or (threads // 32) & (threads // 32 - 1):
+                raise GraphError("block-stats-warps", f"{kg.describe(n)}: block statistics merge equal halves of "
+                                 f"the block: it needs a power-of-two count of whole warps, got {threads} threads; "
+                                 "use 32, 64, 128, 256, 512 or 1024 threads", n)
 
 
 def _subterms(ts):

@@ -23,6 +23,8 @@ class PersistentWalkError(KernelParameterError):
     """``persistent(walk=...)`` was given something other than a count of blocks."""
 
 
+STATS = ("two-pass", "stable")  # how persistent takes a row's mean and variance
+
 MAX_THREAD_VALUES = 255  # row elements a thread of `persistent` keeps in registers (a thread has at most 255)
 
 
@@ -154,7 +156,8 @@ def outer_reduction(stages: int = 3, prefetch=None, war: Optional[str] = None, r
 
 def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: int = 1024, box: int = 128,
                width: int = COLS, threads: int = COLS, dtype: str = "float32", warp_specialize: bool = False,
-               registers=None, one_box: bool = False, walk: int = 0) -> Kernel:
+               registers=None, one_box: bool = False, walk: int = 0, stats: str = "two-pass",
+               direct: bool = False) -> Kernel:
     """``out = (x - mean) / sqrt(var)`` per row of a [M, row] tensor (``row`` fixed at build time).
 
     One block of ``threads`` per row; each stage brings a ``width``-wide tile as several ``box``-wide
@@ -168,11 +171,27 @@ def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: i
     matmul_tc's persistent walk does (0: one block a row): with ``warp_specialize=True`` the producer warp group
     loads the next row's stages while the consumers still reduce and store this one; without, each row's
     loop is pipelined on its own.
+    ``stats="two-pass"`` reduces the sum over the block, then the squares about the block's mean (two block
+    reductions, three syncs each); ``stats="stable"`` takes each thread's own mean and M2 about it from its
+    registers and merges the pairs in ONE block reduction (``block_stats``: pairwise, so nothing cancels
+    when the mean is large against the spread; one sync; threads a power-of-two count of warps).
+    ``direct=True`` loads each thread's elements straight from global memory (16-byte vector loads for
+    half precision) instead of through TMA stages: no circular buffer, no barriers, no tensor map (stages,
+    prefetch, war, box, one_box and warp_specialize then do not apply).
     """
+    if stats not in STATS:
+        raise KernelParameterError(f"persistent: stats={stats!r}: give one of {', '.join(STATS)}")
+    if direct and (warp_specialize or one_box):
+        raise KernelParameterError("persistent: direct=True loads without TMA stages: warp_specialize and one_box "
+                                   "apply only to the TMA path")
     if not isinstance(walk, int) or isinstance(walk, bool) or walk < 0:
         raise PersistentWalkError(f"persistent: walk={walk!r}: give the number of blocks that walk the rows, e.g. "
                                   f"walk=132 (one an SM of an H200); 0 launches one block a row")
     _whole("persistent", row=row, box=box, width=width, threads=threads)
+    warps = threads // 32
+    if stats == "stable" and (threads % 32 or warps & (warps - 1)):
+        raise KernelParameterError(f"persistent: stats='stable' merges equal halves of the block: threads={threads} "
+                                   "must be a power-of-two count of whole warps (32, 64, ..., 1024)")
     if width % threads or row % width:
         raise KernelParameterError(f"persistent: width {width} must be a multiple of threads={threads}, and row "
                                    f"{row} a multiple of width")
@@ -188,11 +207,14 @@ def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: i
     k = Kernel("persistent", block=threads)
     m = k.symbol("M")
     x, out = k.tensor("x", (m, row), dtype), k.tensor("out", (m, row), dtype)
-    if one_box:  # the row as [row / box, box]: a stage's tile is one box of width / box such stretches
+    if direct:
+        x_map = tile = None
+    elif one_box:  # the row as [row / box, box]: a stage's tile is one box of width / box such stretches
         x_map = k.tensor_map(x, box=(1, width // box, box), split={1: box})
     else:
         x_map = k.tensor_map(x, box=(1, box))
-    tile = k.alloc("tile", "shared", dtype, (1, width))
+    if not direct:
+        tile = k.alloc("tile", "shared", dtype, (1, width))
     vals = k.alloc("vals", "register", "float32", (row // threads,))
     cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
     # half precision: a thread's elements come `vec` side by side (one vector access each); element
@@ -201,26 +223,39 @@ def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: i
 
     def normalize_row(r):
         k.assign(0.0, dst="s1")
-        with k.loop("j", tiles, circular_buffer=cb) as j:
-            if one_box:
+        loop = k.loop("j", tiles, kind="unroll") if direct else k.loop("j", tiles, circular_buffer=cb)
+        with loop as j:
+            if direct:  # element i of the stage's tile is element j * width + i of the row
+                src, at = x, lambda i: r * row + j * width + i
+            elif one_box:
                 k.tma_load(x_map, (r, j * (width // box), 0), tile)
             else:
                 k.tma_load(x_map, (r, j * width), tile, tile=(1, width))
+            if not direct:
+                src, at = tile, lambda i: i
             for c, lane in enumerate(lanes(per, threads) if vec == 1 else ()):  # unrolled: a column of every `threads`
-                v = k.load(tile, lane)
+                v = k.load(src, at(lane))
                 k.store(vals, j * per + c if per > 1 else j, v)
                 k.reduce(v, kind="serial", dst="s1")
             for c in range(per // vec if vec > 1 else 0):
                 with k.loop("u", vec, kind="vectorize") as u:
-                    v = k.load(tile, (threadIdx.x + c * threads) * vec + u)
+                    v = k.load(src, at((threadIdx.x + c * threads) * vec + u))
                     k.store(vals, j * per + c * vec + u, v)
                     k.reduce(v, kind="serial", dst="s1")
-        mean = k.div(k.reduce("s1", kind="block"), float(row))
+        if stats == "stable":  # the thread's own mean and M2 about it, then one merge over the block
+            own = k.mul("s1", 1.0 / (row // threads))
+            mean = own
+        else:
+            mean = k.div(k.reduce("s1", kind="block"), float(row))
         k.assign(0.0, dst="s2")
         with k.loop("q", row // threads, kind="unroll") as q:
             d = k.sub(k.load(vals, q), mean)
             k.reduce(k.mul(d, d), kind="serial", dst="s2")
-        rstd = k.rsqrt(k.div(k.reduce("s2", kind="block"), float(row)))
+        if stats == "stable":
+            mean, m2 = k.block_stats(own, "s2", row // threads)
+            rstd = k.rsqrt(k.div(m2, float(row)))
+        else:
+            rstd = k.rsqrt(k.div(k.reduce("s2", kind="block"), float(row)))
         if vec > 1:
             with k.loop("q2", row // threads // vec, kind="unroll") as g, k.loop("u", vec, kind="vectorize") as u:
                 k.store(out, r * row + (g * threads + threadIdx.x) * vec + u,

@@ -109,3 +109,31 @@ def block_reduce(v: np.ndarray, combine: str, op: Callable) -> np.ndarray:
     for o in (16, 8, 4, 2, 1):
         x = op(x, x[lane ^ o])
     return np.full(v.size, x[0], v.dtype)
+
+
+def block_stats(mean: np.ndarray, m2: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``cb_block_stats``: each thread's (mean, M2) of ``n`` elements merged pairwise in float32 (Chan's
+    update with equal counts: mean = (ma + mb) / 2, M2 = M2a + M2b + d^2 c / 2), an xor-butterfly over
+    each warp's lanes, then over the warps' pairs (a power-of-two count) in every warp: the GPU's merge
+    order (where nvcc contracts d * d * c + s into one fma the two differ by a rounding). Every thread
+    gets the block's pair."""
+    f32 = np.float32
+
+    def merge(mean, m2, o, c):
+        lane = np.arange(mean.shape[-1])
+        mb, m2b = mean[..., lane ^ o], m2[..., lane ^ o]
+        d = mb - mean
+        return f32(0.5) * (mean + mb), (m2 + m2b) + d * d * c
+
+    warps = mean.size // 32
+    w, w2 = mean.astype(f32).reshape(warps, 32), m2.astype(f32).reshape(warps, 32)
+    c = f32(0.5 * n)
+    for o in (1, 2, 4, 8, 16):
+        w, w2 = merge(w, w2, o, c)
+        c = c * f32(2)
+    x, x2 = w[:, 0], w2[:, 0]
+    o = 1
+    while o < warps:
+        x, x2 = merge(x, x2, o, c)
+        c, o = c * f32(2), o * 2
+    return np.full(mean.size, x[0], f32), np.full(mean.size, x2[0], f32)

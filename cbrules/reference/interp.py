@@ -24,7 +24,7 @@ import numpy as np
 from ..ir.bind import NP_DTYPES, BlocksLike, bind, select_blocks
 from ..ir.builder import Kernel
 from ..ir.graph import BUILTINS, KernelGraph
-from .hwsim import block_reduce
+from .hwsim import block_reduce, block_stats
 from ..ir.ops import UNARY
 from .interp_memory import MemoryOps, NonUniform, OutOfBounds
 from .interp_mma import MmaOps
@@ -45,7 +45,7 @@ _UNARY_NP = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: x
 _ARITH = {"add": "+", "sub": "-", "mul": "*"}
 # after these a role yields: another role may run next (and may now be able to)
 _SWITCH_OPS = frozenset(("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
-                         "mbarrier_inval", "syncthreads", "bar_sync", "reduce", "tma_load"))
+                         "mbarrier_inval", "syncthreads", "bar_sync", "reduce", "block_stats", "tma_load"))
 
 
 class UnmodelledTerm(InterpError):
@@ -64,7 +64,7 @@ class Program:
         self.fns: dict[int, dict[str, Any]] = {}
         steps = list(self.root.walk())
         # names fixed for a whole block; a loop variable or register that shadows one is not
-        shadowing = {s.attrs.get("var") for s in steps} | {s.attrs.get("dst") for s in steps}
+        shadowing = {s.attrs.get("var") for s in steps} | {s.attrs.get(k) for s in steps for k in ("dst", "dst_m2")}
         invariant = frozenset(set(BUILTINS) | {p.name for p in kg.params().values() if p.kind == "symbol"}) - shadowing
         for s in steps:
             a = s.attrs
@@ -74,6 +74,8 @@ class Program:
                 self.allocs[a["buf"]] = a
             elif "dst" in a and s.op not in ("store", "copy", "tma_load"):
                 self.reg_dtypes.setdefault(a["dst"], np.dtype(NP_DTYPES[a.get("dtype", "float32")]))
+                if s.op == "block_stats":
+                    self.reg_dtypes.setdefault(a["dst_m2"], np.dtype(np.float32))
             if s.op == "tma_load":
                 tma_dsts.add(a["dst"])
             try:
@@ -162,7 +164,7 @@ class _BlockRunner(MemoryOps, MmaOps):
                 shared[name] = (np.dtype(NP_DTYPES[a["dtype"]]), size, name in prog.tma_dsts)
         self.proto = BlockProtocol(T, bars, shared)
         self.handlers = {op: getattr(self, "_" + op) for op in
-                         ("for", "if", "load", "store", "copy", "assign", "fma", "reduce", "tma_load", "tma_store", "tma_store_wait",
+                         ("for", "if", "load", "store", "copy", "assign", "fma", "reduce", "block_stats", "tma_load", "tma_store", "tma_store_wait",
                           "mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
                           "mbarrier_inval", "syncthreads", "bar_sync", "setmaxnreg", "mma", "wgmma_fence", "fence_proxy_async",
                           "wgmma_commit", "wgmma_wait")}
@@ -392,6 +394,26 @@ class _BlockRunner(MemoryOps, MmaOps):
             raise InterpError(f"a block reduction needs whole warps; the block has {self.T} threads", self.site())
         self.set_reg(a["dst"], block_reduce(v, a["combine"], comb), mask)
         self.proto.sync_all()  # the generated reduction passes partial results through __syncthreads
+
+    def _block_stats(self, s: Step, mask: np.ndarray) -> None:
+        """The block's (mean, M2) from every thread's (over threads 0..count-1 with a named barrier)."""
+        a = s.attrs
+        mean, m2 = (np.broadcast_to(np.asarray(f(self.env, self.lanes(mask)), np.float32), (self.T,))
+                    for f in self.p.fns[s.node]["args"])
+        count = int(a["count"]) if a.get("bar_id") is not None else self.T
+        if count % 32 or count > self.T or mask.sum() != count or not mask[:count].all():
+            raise DivergentSync(f"block statistics over threads 0..{count - 1} are reached by {int(mask.sum())} "
+                                "thread(s)", self.site())
+        if (count // 32) & (count // 32 - 1):
+            raise InterpError(f"block statistics need a power-of-two count of warps; {count} threads", self.site())
+        out_mean, out_m2 = np.zeros(self.T, np.float32), np.zeros(self.T, np.float32)
+        out_mean[:count], out_m2[:count] = block_stats(mean[:count], m2[:count], int(a["n"]))
+        self.set_reg(a["dst"], out_mean, mask)
+        self.set_reg(a["dst_m2"], out_m2, mask)
+        if count == self.T:
+            self.proto.sync_all()  # the partials pass through __syncthreads
+        else:
+            self.proto.clocks.sync_lanes(np.arange(count))
 
     def _named_reduce(self, s: Step, src, comb, mask: np.ndarray) -> None:
         """A block reduction over threads 0 .. count-1 through named barrier ``bar_id``."""
