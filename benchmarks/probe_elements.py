@@ -6,10 +6,11 @@ columns), e.g. under a compute-sanitizer tool:
     compute-sanitizer --tool synccheck python3 benchmarks/probe_elements.py persistent 300,32768 bfloat16 2 \
         width=16384 threads=512 box=256 one_box=true walk=132 warp_specialize=true
 
-(build parameters after the stage count, NAME=INTEGER or NAME=true|false).
+(build parameters after the stage count, NAME=INTEGER, NAME=true|false or NAME=WORD).
 """
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 
@@ -18,8 +19,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _value(text: str):
-    """A build parameter from the command line: true / false, else a whole number."""
+def _value(text: str, word: bool = False):
+    """A build parameter from the command line: the text itself where the parameter takes a word
+    (``word``: its default is text, e.g. ``stats=stable``), else true / false or a whole number."""
+    if word:
+        return text
     return {"true": True, "false": False}[text] if text in ("true", "false") else int(text)
 
 
@@ -28,8 +32,9 @@ def main(argv: list[str]) -> int:
     from cbrules.kernels import KERNELS
 
     name, shape, dtype, stages = argv[0], tuple(int(s) for s in argv[1].split(",")), argv[2], int(argv[3])
-    params = {k: _value(v) for k, v in (kv.split("=") for kv in argv[4:])}
     spec = KERNELS[name]
+    defaults = {k: p.default for k, p in inspect.signature(spec.factory).parameters.items()}
+    params = {k: _value(v, isinstance(defaults.get(k), str)) for k, v in (kv.split("=") for kv in argv[4:])}
     ck = api.compile(spec.build(shape, stages=stages, dtype=dtype, **params))
     args = spec.make_inputs(shape, np.random.default_rng(0), dtype)
     want = spec.expected(args)

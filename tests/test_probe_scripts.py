@@ -115,6 +115,7 @@ def test_probe_elements_reads_booleans_and_counts():
     assert _value("true") is True and _value("false") is False and _value("132") == 132
     with pytest.raises(ValueError):
         _value("yes")
+    assert _value("stable", word=True) == "stable"  # a parameter whose default is text (stats=)
 
 
 def test_scaling_probe_variants_compile():
