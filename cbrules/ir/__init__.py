@@ -2,7 +2,7 @@
 
 Owns the op table (:mod:`.ops`), index/predicate terms (:mod:`.terms`), the name rules
 (:mod:`.names`), the kernel graph (:mod:`.graph`) with its sibling order (:mod:`.order`) and
-invariants (:mod:`.verify`), the hardware limits (:mod:`.limits`), the builder a kernel is written
+invariants (:mod:`.verify`; what value an attribute may hold: :mod:`.attributes`), the hardware limits (:mod:`.limits`), the builder a kernel is written
 with (:mod:`.builder`: its argument values and handles in :mod:`.builder_values`, the TMA, synchronisation
 and tensor-core calls mixed in from :mod:`.builder_tma`, :mod:`.builder_sync`, :mod:`.builder_mma`; what TMA
 loads cover in :mod:`.coverage`), the tensor cores' layout facts (:mod:`.mma_layout`) and the binding of host

@@ -11,8 +11,9 @@ import math
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..errors import CbrulesError
+from .attributes import INT_HIGH, INT_KEYS, attribute_problem, ident_keys, register_count
 from .names import BUILTINS, RULES, problem
-from .ops import DTYPES, LOOP_KINDS, MAX_BACKOFF_NS, OPS, REDUCE_COMBINE, SCOPES, SPACES, term_values
+from .ops import DTYPES, LOOP_KINDS, OPS, REDUCE_COMBINE, SCOPES, SPACES, term_values
 from .order import CONTAINS, DEPENDS, ScheduleError, sibling_order
 from .terms import BINARY_OPS, UNARY_OPS, Term, call_problem
 from .tma_view import TmaSplitError, normalize_split
@@ -131,17 +132,12 @@ def _attributes(kg: KernelGraph) -> None:
         if d["op"] == "for" and d["kind"] not in LOOP_KINDS:
             raise GraphError("attributes", f"{kg.describe(n)} has loop kind {d['kind']!r}; "
                              f"expected one of {', '.join(LOOP_KINDS)}", n)
-        if d["op"] == "setmaxnreg" and (d["action"] not in ("inc", "dec") or not _register_count(d["count"])):
+        if d["op"] == "setmaxnreg" and (d["action"] not in ("inc", "dec") or not register_count(d["count"])):
             raise GraphError("attributes", f"{kg.describe(n)}: setmaxnreg.{d['action']} {d['count']!r}; the action "
                              "is inc or dec and the count a multiple of 8 in 24..256", n)
         if d["op"] == "alloc" and (d["space"] not in SPACES or d["dtype"] not in DTYPES):
             raise GraphError("attributes", f"{kg.describe(n)}: space {d['space']!r} / dtype {d['dtype']!r} "
                              "not supported", n)
-
-
-def _register_count(x) -> bool:
-    """A register count setmaxnreg accepts: a multiple of 8 in 24..256."""
-    return isinstance(x, int) and not isinstance(x, bool) and 24 <= x <= 256 and x % 8 == 0
 
 
 def _depends(kg: KernelGraph, walked: list[int], parent: dict[int, int]) -> dict[int, list[int]]:
@@ -179,21 +175,9 @@ def _program_order(kg: KernelGraph, orders: dict[int, list[int]]) -> list[int]:
     return _preorder(kg.root, orders)
 
 
-# identifier-valued attributes codegen prints, per op (compute ops: their ``dst`` register)
-_IDENT_KEYS = {"kernel": ("name",), "alloc": ("buf",), "for": ("var",), "load": ("dst", "src"), "store": ("dst",),
-               "copy": ("dst", "src"),
-               "tma_load": ("tmap", "dst", "barrier"), "tma_store": ("tmap", "src"),
-               "mma": ("acc", "a", "b"), "block_stats": ("dst", "dst_m2")}
-
-
-def _ident_keys(op: str) -> tuple[str, ...]:
-    spec = OPS.get(op)
-    return _IDENT_KEYS.get(op) or (("dst",) if spec and spec.category == "compute" else ("barrier",))
-
-
 def _ident_attrs(kg: KernelGraph, n: int) -> Iterator[tuple[str, Any]]:
     d, op = kg[n], kg.op(n)
-    for k in _ident_keys(op):
+    for k in ident_keys(op):
         if d.get(k) is not None:
             yield k, d[k]
     if op == "kernel":
@@ -233,48 +217,6 @@ def _identifiers(kg: KernelGraph, walked: list[int]) -> None:
                 claim(name, "register", n, True)
 
 
-def attribute_problem(op: str, key: str, value: Any) -> str | None:
-    """Why ``value`` cannot be attribute ``key`` of an ``op`` node for codegen (a name that is not a
-    valid identifier, an int attribute that is not an int in range), else None. Rule actions may call
-    it when they set an attribute, so that the error points at the rule's own text."""
-    if key in _ident_keys(op):
-        why = problem(value, RULES)
-        return f"{value!r} {why[0]}; {why[1]}" if why else None
-    entry = _INT_ATTR.get((op, key))
-    if entry is None:
-        return None
-    low, many = entry
-    if many and not isinstance(value, tuple):
-        return f"{value!r} is not a tuple of ints"
-    bad = next((p for p in map(lambda v: _int_problem(v, low), value if many else (value,)) if p), None)
-    high = _INT_HIGH.get((op, key))
-    if bad is None and high is not None and value > high:
-        bad = f"{value} is above {high}"
-    return bad
-
-
-def _int_problem(v: Any, low: int) -> str | None:
-    if isinstance(v, bool) or not isinstance(v, int):
-        return f"{v!r} is not an int"
-    return f"{v} is below {low}" if v < low else None
-
-
-# integer-valued attributes codegen prints or sizes memory by: (op, key, lowest value, a tuple?)
-_INT_ATTRS = (("alloc", "shape", 1, True), ("alloc", "align", 1, False), ("mbarrier_init", "count", 1, False),
-              ("mbarrier_arrive_expect_tx", "bytes", 0, False), ("tma_load", "bytes", 0, False),
-              ("tma_load", "box", 1, True), ("tma_load", "tile", 1, True), ("bar_sync", "id", 0, False),
-              ("bar_sync", "count", 1, False), ("kernel", "block", 1, True), ("mbarrier_wait", "backoff", 0, False),
-              ("tma_store_wait", "pending", 0, False), ("copy", "count", 1, False), ("mma", "shape", 1, True),
-              ("mma", "groups", 1, False), ("mma", "swizzle", 0, False), ("wgmma_wait", "pending", 0, False),
-              ("block_stats", "n", 1, False))
-_INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16}
-_INT_ATTR: dict[tuple[str, str], tuple[int, bool]] = {}  # (op, key) -> (lowest value, a tuple?)
-_INT_KEYS: dict[str, list[tuple[str, int]]] = {}  # op -> its (key, lowest value), in _INT_ATTRS order
-for _o, _k, _low, _many in _INT_ATTRS:
-    _INT_ATTR.setdefault((_o, _k), (_low, _many))
-    _INT_KEYS.setdefault(_o, []).append((_k, _low))
-
-
 def _values(kg: KernelGraph, walked: list[int]) -> None:
     """Integer attributes are ints in range, enumerations hold known values, and every term is
     made of known operators, device functions and constants (infinities and NaN only where a value
@@ -282,10 +224,10 @@ def _values(kg: KernelGraph, walked: list[int]) -> None:
     seen: dict[tuple, tuple] = {}  # (id of a term, finite) -> (the term, its problem)
     for n in walked:
         d, op = kg[n], kg.op(n)
-        for key, low in _INT_KEYS.get(op, ()):
+        for key, low in INT_KEYS.get(op, ()):
             bad = attribute_problem(op, key, d[key]) if d.get(key) is not None else None
             if bad:
-                most = f" and <= {_INT_HIGH[op, key]}" if (op, key) in _INT_HIGH else ""
+                most = f" and <= {INT_HIGH[op, key]}" if (op, key) in INT_HIGH else ""
                 raise GraphError("int-valued", f"{kg.describe(n)}: {key} must be int(s) >= {low}{most}: {bad}", n)
         if op == "alloc" and d.get("align") and d["align"] & (d["align"] - 1):
             raise GraphError("int-valued", f"{kg.describe(n)}: align {d['align']} is not a power of two", n)

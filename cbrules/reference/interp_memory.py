@@ -17,7 +17,7 @@ from ..ir.ops import DTYPE_BYTES, MAX_BACKOFF_NS
 from ..ir.terms import swizzle_index
 from .hazards import DivergentSync, InterpError, TmaIssueError
 from ..schedule import Step
-from ..ir.verify import attribute_problem
+from ..ir.attributes import attribute_problem
 
 
 class OutOfBounds(InterpError):

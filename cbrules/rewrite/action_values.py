@@ -7,7 +7,7 @@ from typing import Any
 
 from ..ir.graph import KernelGraph
 from ..ir.terms import Term, as_term
-from ..ir.verify import attribute_problem
+from ..ir.attributes import attribute_problem
 from .sexpr import RuleError
 from .values import NodeRef
 

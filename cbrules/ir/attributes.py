@@ -1,0 +1,70 @@
+"""What value an attribute may hold: identifier-valued attributes (names codegen prints) and the
+integer-valued ones (sizes, counts, ids) with their ranges. :mod:`cbrules.ir.verify` checks a whole
+graph with these; rule actions and the interpreter ask :func:`attribute_problem` of one value, so an
+error points at the rule text or the step that set it."""
+from __future__ import annotations
+
+from typing import Any
+
+from .names import RULES, problem
+from .ops import MAX_BACKOFF_NS, OPS
+
+
+def register_count(x) -> bool:
+    """A register count setmaxnreg accepts: a multiple of 8 in 24..256."""
+    return isinstance(x, int) and not isinstance(x, bool) and 24 <= x <= 256 and x % 8 == 0
+
+
+# identifier-valued attributes codegen prints, per op (compute ops: their ``dst`` register)
+IDENT_KEYS = {"kernel": ("name",), "alloc": ("buf",), "for": ("var",), "load": ("dst", "src"), "store": ("dst",),
+              "copy": ("dst", "src"),
+              "tma_load": ("tmap", "dst", "barrier"), "tma_store": ("tmap", "src"),
+              "mma": ("acc", "a", "b"), "block_stats": ("dst", "dst_m2")}
+
+
+def ident_keys(op: str) -> tuple[str, ...]:
+    """The attributes of an ``op`` node that hold names codegen prints."""
+    spec = OPS.get(op)
+    return IDENT_KEYS.get(op) or (("dst",) if spec and spec.category == "compute" else ("barrier",))
+
+
+def attribute_problem(op: str, key: str, value: Any) -> str | None:
+    """Why ``value`` cannot be attribute ``key`` of an ``op`` node for codegen (a name that is not a
+    valid identifier, an int attribute that is not an int in range), else None. Rule actions may call
+    it when they set an attribute, so that the error points at the rule's own text."""
+    if key in ident_keys(op):
+        why = problem(value, RULES)
+        return f"{value!r} {why[0]}; {why[1]}" if why else None
+    entry = _INT_ATTR.get((op, key))
+    if entry is None:
+        return None
+    low, many = entry
+    if many and not isinstance(value, tuple):
+        return f"{value!r} is not a tuple of ints"
+    bad = next((p for p in map(lambda v: _int_problem(v, low), value if many else (value,)) if p), None)
+    high = INT_HIGH.get((op, key))
+    if bad is None and high is not None and value > high:
+        bad = f"{value} is above {high}"
+    return bad
+
+
+def _int_problem(v: Any, low: int) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        return f"{v!r} is not an int"
+    return f"{v} is below {low}" if v < low else None
+
+
+# integer-valued attributes codegen prints or sizes memory by: (op, key, lowest value, a tuple?)
+INT_ATTRS = (("alloc", "shape", 1, True), ("alloc", "align", 1, False), ("mbarrier_init", "count", 1, False),
+             ("mbarrier_arrive_expect_tx", "bytes", 0, False), ("tma_load", "bytes", 0, False),
+             ("tma_load", "box", 1, True), ("tma_load", "tile", 1, True), ("bar_sync", "id", 0, False),
+             ("bar_sync", "count", 1, False), ("kernel", "block", 1, True), ("mbarrier_wait", "backoff", 0, False),
+             ("tma_store_wait", "pending", 0, False), ("copy", "count", 1, False), ("mma", "shape", 1, True),
+             ("mma", "groups", 1, False), ("mma", "swizzle", 0, False), ("wgmma_wait", "pending", 0, False),
+             ("block_stats", "n", 1, False))
+INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16}
+_INT_ATTR: dict[tuple[str, str], tuple[int, bool]] = {}  # (op, key) -> (lowest value, a tuple?)
+INT_KEYS: dict[str, list[tuple[str, int]]] = {}  # op -> its (key, lowest value), in INT_ATTRS order
+for _o, _k, _low, _many in INT_ATTRS:
+    _INT_ATTR.setdefault((_o, _k), (_low, _many))
+    INT_KEYS.setdefault(_o, []).append((_k, _low))
