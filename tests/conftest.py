@@ -35,10 +35,15 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
     """Keep NVRTC's on-disk cache out of the user's home during tests (shared across the session;
-    session scope so that module-scoped compile fixtures see it too)."""
+    session scope so that module-scoped compile fixtures see it too). The xdist workers of one run
+    share one folder (their temporary folders' parent): a kernel one worker compiled is a cache hit
+    for the other (entries are written whole and renamed into place, so concurrent use is safe)."""
     old = os.environ.get("CBRULES_CACHE_DIR")
     if old is None:
-        os.environ["CBRULES_CACHE_DIR"] = str(tmp_path_factory.getbasetemp() / "nvrtc-cache")
+        base = tmp_path_factory.getbasetemp()
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            base = base.parent
+        os.environ["CBRULES_CACHE_DIR"] = str(base / "nvrtc-cache")
     yield
     if old is None:
         os.environ.pop("CBRULES_CACHE_DIR", None)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.xdist_group("probe-scripts")
 ROOT = Path(__file__).resolve().parents[1]
 
 
