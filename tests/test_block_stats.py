@@ -167,6 +167,9 @@ def test_hostile_block_stats_are_named_errors():
         reductions.persistent(row=3072, width=768, threads=384, stats="stable")
     with pytest.raises(KernelParameterError, match="direct=True"):
         reductions.persistent(direct=True, warp_specialize=True)
+    for bad in ("yes", 1, None):
+        with pytest.raises(KernelParameterError, match=r"direct=.*give True"):
+            reductions.persistent(direct=bad)
 
 
 def test_block_stats_every_thread_gets_the_merge():

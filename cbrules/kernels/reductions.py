@@ -181,6 +181,9 @@ def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: i
     """
     if stats not in STATS:
         raise KernelParameterError(f"persistent: stats={stats!r}: give one of {', '.join(STATS)}")
+    if not isinstance(direct, bool):
+        raise KernelParameterError(f"persistent: direct={direct!r}: give True (each thread loads its elements "
+                                   "from global memory) or False (TMA stages)")
     if direct and (warp_specialize or one_box):
         raise KernelParameterError("persistent: direct=True loads without TMA stages: warp_specialize and one_box "
                                    "apply only to the TMA path")
