@@ -13,6 +13,7 @@ from cbrules.check import Checker, trip_counts
 from cbrules.errors import CbrulesError
 from cbrules.ir.bind import NP_DTYPES
 from cbrules.ir.builder import Kernel, threadIdx
+from cbrules.ir.terms import as_term
 from cbrules.ir.verify import GraphError
 from cbrules.kernels import KERNELS, reductions
 from cbrules.kernels.reductions import KernelParameterError
@@ -196,3 +197,44 @@ def test_the_closing_sync_stays_where_a_reduction_follows():
         return api.generate(k).text
     assert "cb_block_stats<4, true>(" in text(False, False)
     assert "cb_block_stats<4, false>(" in text(True, False) and "cb_block_stats<4, false>(" in text(False, True)
+
+
+@pytest.mark.parametrize("op, args", [("fma", 2), ("select", 4), ("exp", 2), ("add", 1), ("block_stats", 1),
+                                      ("block_stats", 3), ("block_stats", None)])
+def test_args_of_the_wrong_count_are_named_errors(op, args):
+    """A node whose args codegen prints by position (fmaf(a, b, c), the merge's (mean, M2)) holds exactly
+    that many terms: a graph from a rule, a trace file or the builder's internals with another count is
+    refused by name, not printed as CUDA that does not compile (or a Python traceback)."""
+    k = Kernel("s", block=64)
+    attrs = dict(dst="a", dtype="float32", args=as_term(1.0) if args is None else tuple(as_term(1.0) for _ in range(args)))
+    if op == "block_stats":
+        attrs.update(dst_m2="b", n=4)
+    k._node(op, **attrs)
+    with pytest.raises(GraphError, match=rf"\[attributes\] .*{op}\(dst=a\).*: args (holds {args} value|is Term)"):
+        api.generate(k)
+
+
+def test_one_register_for_both_results_of_block_stats_is_refused():
+    """The builder refuses dst == dst_m2; a graph made otherwise (a rule's template) is refused by verify:
+    both results in one variable would silently lose one."""
+    k = Kernel("s", block=64)
+    k._node("block_stats", dst="a", dst_m2="a", args=(as_term(1.0), as_term(0.0)), n=4, dtype="float32")
+    with pytest.raises(GraphError, match="dst and dst_m2 are both 'a'"):
+        api.generate(k)
+
+
+def test_a_rule_that_builds_args_of_the_wrong_count_is_named_at_its_text(tmp_path):
+    """A user rule inserting an fma with two args: the error names the rule file, line and column."""
+    from tests.rulekit import write_rules
+    from cbrules.rewrite import engine
+    from cbrules.rewrite.rulefile import load
+    path = write_rules(tmp_path / "r", """
+        (phases p)
+        (graph-rule two-args
+          :phase p
+          :match ((kernel ?K :tag (absent)))
+          :rewrite ((set ?K :tag "done")
+                    (insert-at-entry ?K (fma :dst "r9" :args (tuple 1.0 2.0) :dtype "float32"))))
+        """)
+    with pytest.raises(CbrulesError, match=rf"{path.name}:\d+:\d+.*fma :args: holds 2 value\(s\); fma takes exactly 3"):
+        engine.lower(Kernel("s", block=64).graph, load([tmp_path / "r"]), simplify=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .names import RULES, problem
-from .ops import MAX_BACKOFF_NS, OPS
+from .ops import BINARY, MAX_BACKOFF_NS, OPS, UNARY
 
 
 def register_count(x) -> bool:
@@ -28,10 +28,21 @@ def ident_keys(op: str) -> tuple[str, ...]:
     return IDENT_KEYS.get(op) or (("dst",) if spec and spec.category == "compute" else ("barrier",))
 
 
+# how many terms an op's args holds (codegen prints each by position: fmaf(a, b, c))
+ARG_COUNTS = {"fma": 3, "select": 3, "block_stats": 2, **{u: 1 for u in UNARY}, **{b: 2 for b in BINARY}}
+
+
 def attribute_problem(op: str, key: str, value: Any) -> str | None:
     """Why ``value`` cannot be attribute ``key`` of an ``op`` node for codegen (a name that is not a
-    valid identifier, an int attribute that is not an int in range), else None. Rule actions may call
-    it when they set an attribute, so that the error points at the rule's own text."""
+    valid identifier, an int attribute that is not an int in range, args of the wrong count), else
+    None. Rule actions may call it when they set an attribute, so that the error points at the rule's
+    own text."""
+    if key == "args" and op in ARG_COUNTS:
+        want = ARG_COUNTS[op]
+        if not isinstance(value, tuple):
+            return f"is {value!r}, not a tuple of {want} terms"
+        if len(value) != want:
+            return f"holds {len(value)} value(s); {op} takes exactly {want}"
     if key in ident_keys(op):
         why = problem(value, RULES)
         return f"{value!r} {why[0]}; {why[1]}" if why else None

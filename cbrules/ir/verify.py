@@ -11,7 +11,7 @@ import math
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..errors import CbrulesError
-from .attributes import INT_HIGH, INT_KEYS, attribute_problem, ident_keys, register_count
+from .attributes import ARG_COUNTS, INT_HIGH, INT_KEYS, attribute_problem, ident_keys, register_count
 from .names import BUILTINS, RULES, problem
 from .ops import DTYPES, LOOP_KINDS, OPS, REDUCE_COMBINE, SCOPES, SPACES, term_values
 from .order import CONTAINS, DEPENDS, ScheduleError, sibling_order
@@ -135,6 +135,12 @@ def _attributes(kg: KernelGraph) -> None:
         if d["op"] == "setmaxnreg" and (d["action"] not in ("inc", "dec") or not register_count(d["count"])):
             raise GraphError("attributes", f"{kg.describe(n)}: setmaxnreg.{d['action']} {d['count']!r}; the action "
                              "is inc or dec and the count a multiple of 8 in 24..256", n)
+        bad = attribute_problem(d["op"], "args", d["args"]) if d["op"] in ARG_COUNTS else None
+        if bad:
+            raise GraphError("attributes", f"{kg.describe(n)}: args {bad}", n)
+        if d["op"] == "block_stats" and d["dst"] == d["dst_m2"]:  # one variable for both results: one is lost
+            raise GraphError("attributes", f"{kg.describe(n)}: dst and dst_m2 are both {d['dst']!r}; the mean "
+                             "and the M2 need a register each", n)
         if d["op"] == "alloc" and (d["space"] not in SPACES or d["dtype"] not in DTYPES):
             raise GraphError("attributes", f"{kg.describe(n)}: space {d['space']!r} / dtype {d['dtype']!r} "
                              "not supported", n)
