@@ -238,3 +238,16 @@ def test_a_rule_that_builds_args_of_the_wrong_count_is_named_at_its_text(tmp_pat
         """)
     with pytest.raises(CbrulesError, match=rf"{path.name}:\d+:\d+.*fma :args: holds 2 value\(s\); fma takes exactly 3"):
         engine.lower(Kernel("s", block=64).graph, load([tmp_path / "r"]), simplify=False)
+
+
+def test_a_count_beyond_float32s_exact_integers_is_refused():
+    """The merge weighs with n as a float32: counts above 2**24 are refused by name (2**31 reached
+    NVRTC as a template argument it could not take)."""
+    for n, ok in ((1 << 24, True), ((1 << 24) + 1, False), (1 << 31, False)):
+        k = Kernel("s", block=64)
+        k.block_stats(1.0, 0.0, n)
+        if ok:
+            api.generate(k)
+        else:
+            with pytest.raises(GraphError, match=r"\[int-valued\].*n must be .*<= 16777216"):
+                api.generate(k)

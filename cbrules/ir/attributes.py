@@ -73,7 +73,8 @@ INT_ATTRS = (("alloc", "shape", 1, True), ("alloc", "align", 1, False), ("mbarri
              ("tma_store_wait", "pending", 0, False), ("copy", "count", 1, False), ("mma", "shape", 1, True),
              ("mma", "groups", 1, False), ("mma", "swizzle", 0, False), ("wgmma_wait", "pending", 0, False),
              ("block_stats", "n", 1, False))
-INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16}
+# block_stats n: the merge weighs with n as a float32, exact up to 2**24 (a thread holds a few hundred)
+INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16, ("block_stats", "n"): 1 << 24}
 _INT_ATTR: dict[tuple[str, str], tuple[int, bool]] = {}  # (op, key) -> (lowest value, a tuple?)
 INT_KEYS: dict[str, list[tuple[str, int]]] = {}  # op -> its (key, lowest value), in INT_ATTRS order
 for _o, _k, _low, _many in INT_ATTRS:
