@@ -88,7 +88,11 @@ def _normalize_kernel(shape: tuple, dtype: str = "float32") -> tuple[str, dict]:
     At 16384 the last 1-1.5 % to Triton's row kernel moved with no occupancy, box, stage, sync or walk
     variant, nor without the TMA (benchmarks/resident_probe.py, ``benchmarks/results/bf16/resident/``),
     until the statistics became one stable block reduction: a row of 16384 loaded directly (no TMA) by
-    512 threads, two blocks an SM, with ``stats="stable"`` (benchmarks/scaling_probe.py --set stats)."""
+    512 threads, two blocks an SM, with ``stats="stable"`` (benchmarks/scaling_probe.py --set stats).
+    float32 rows of 16384 and 32768 take the same statistics on directly loaded rows, 32 floats a thread
+    (512 and 1024 threads): 0.952 -> 0.978x and 0.920 -> 0.976x Triton's row kernel in one H200 probe
+    (7 interleaved rounds, ``benchmarks/results/f32_normalize/``); the TMA kernels with the stable
+    statistics gained 0.2 % and 1.3 %."""
     n = shape[1]
     if dtype != "float32":
         if n == 16384:
@@ -100,6 +104,8 @@ def _normalize_kernel(shape: tuple, dtype: str = "float32") -> tuple[str, dict]:
             return "persistent", {"row": n, "width": 16384, "threads": 512, "box": 256, "one_box": True,
                                   "walk": 132, "warp_specialize": True}
         return "two_pass", {"width": 16384, "threads": 512}
+    if n in (16384, 32768):  # 32 floats a thread, loaded directly, one stable merge (session 7 probe)
+        return "persistent", {"row": n, "width": n // 4, "threads": n // 32, "stats": "stable", "direct": True}
     if n <= 16384:
         return "persistent", {"row": n, "width": 1024, "threads": 256}
     if n <= 32768:
@@ -151,15 +157,20 @@ def flops(op: str, shape: tuple) -> Optional[float]:
 
 def ws_params(params: dict) -> dict:
     """Build parameters of the warp-specialized variant: a block of 1024 threads (two_pass) has no
-    room for the producer warp group, so it runs on 512 consumers."""
-    params = {k: v for k, v in params.items() if k != "warp_specialize"}  # the caller says it
+    room for the producer warp group, so it runs on 512 consumers; a row loaded directly has no stages
+    for a producer to fill, so its variant loads the same tiles through the TMA."""
+    params = {k: v for k, v in params.items() if k not in ("warp_specialize", "direct")}  # the caller says it
     return dict(params, threads=512) if params.get("threads", 0) > 896 else params
 
 
 def ws_registers(consumers: int) -> tuple[int, int]:
-    """(producer, consumer) registers: the producer keeps 40, the consumers share the rest of the
-    65536 (at most 232 each, a multiple of 8)."""
-    per = (65536 - 128 * PRODUCER_REGISTERS) // consumers // 8 * 8
+    """(producer, consumer) registers: the producer keeps 40, the consumers share the rest of what
+    the block is launched with, its threads times the registers a thread may have at one block an
+    SM (65536 / threads, rounded down to ptxas's 8; at most 232 each, a multiple of 8). More would
+    leave the consumers' setmaxnreg.inc waiting forever (codegen.registers refuses such a kernel)."""
+    threads = consumers + 128
+    pool = threads * (65536 // threads // 8 * 8)
+    per = (pool - 128 * PRODUCER_REGISTERS) // consumers // 8 * 8
     return PRODUCER_REGISTERS, min(232, per)
 
 
@@ -169,11 +180,12 @@ def ws_label(stages: int, registers: Optional[tuple]) -> str:
 
 def chosen_stages(op: str, shape: tuple) -> int:
     """The S the rules choose for ``op`` on ``shape`` with ``stages="auto"`` (the largest over its
-    circular-buffered loops; the benchmark kernels have one, or two of the same size)."""
+    circular-buffered loops; the benchmark kernels have one, or two of the same size); 1 for a kernel
+    with none (a row loaded directly)."""
     from cbrules import api
     g = api.lower(build_generated(op, shape, "auto"))
-    return max(g[n]["annotations"]["circular_buffer"]["stages"] for n in g.nodes("for")
-               if g[n].get("part") == "main")
+    return max((g[n]["annotations"]["circular_buffer"]["stages"] for n in g.nodes("for")
+                if g[n].get("part") == "main"), default=1)
 
 
 def build_variant(kernel: str, stages, warp_specialize: bool = False, registers=None, **params):

@@ -22,6 +22,7 @@ from ..schedule import Step
 from ..ir.terms import BINARY_OPS, DEVICE_FUNCTIONS, UNARY_OPS, Term, call_problem, to_c
 
 from . import mma as _mma
+from . import registers as _registers
 from . import stats as _stats
 from .errors import CodegenError
 
@@ -73,7 +74,8 @@ class KernelSource:
     grid: tuple[Term, ...]
     shared_bytes: int
     requires: tuple = ()  # (predicate over symbols, message[, code]) to check before each launch
-    aligned: tuple = ()  # (tensor, bytes): its vector accesses need its address aligned so
+    aligned: tuple = ()  # (tensor, bytes): its vector accesses need its address aligned so (the launcher checks)
+    setmaxnreg: tuple = ()  # (count, threads) of each setmaxnreg: what it asks of the block's register pool
 
 
 def _ident(name: Any) -> str:
@@ -300,7 +302,8 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
         raise CodegenError(f"kernel {k['name']}: {e.smem_bytes} bytes of shared memory, more than the "
                            f"{MAX_SHARED_BYTES} a block may have on sm_90; use smaller tiles or fewer stages")
     return KernelSource(k["name"], text, tuple(k["params"]), tuple(k["block"]), tuple(k["grid"]), e.smem_bytes,
-                        tuple(k.get("requires", ())), tuple(sorted(e.vector_tensors.items())))
+                        tuple(k.get("requires", ())), tuple(sorted(e.vector_tensors.items())),
+                        _registers.demands(program, bx * by * bz))
 
 
 # ------------------------------------------------------------------------------ statement table

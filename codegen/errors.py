@@ -17,6 +17,11 @@ class CodegenError(CbrulesError):
     """Base class of every error raised by :mod:`codegen`."""
 
 
+class RegisterPoolError(CodegenError):
+    """A warp-specialized kernel's ``setmaxnreg`` ask its block's register pool for more registers than
+    the block is launched with: its ``setmaxnreg.inc`` would wait forever."""
+
+
 def _source_excerpt(source_lines: list[str], line: int) -> str:
     """Lines ``line-2 .. line+2`` of the source, numbered, with ``>>`` on ``line``."""
     lo = max(1, line - _CONTEXT)

@@ -21,8 +21,9 @@ from ..ir.tma_view import checked_view
 
 from . import runtime, tma
 from .cuda import KernelSource
-from .errors import CodegenError
+from .errors import CodegenError, RegisterPoolError
 from .nvrtc import Cubin
+from .registers import pool_problem
 from .runtime import DeviceArray
 
 # LaunchError lives in cbrules.ir.bind; it is re-exported here for callers of the launcher
@@ -122,6 +123,11 @@ class CompiledKernel:
     """A compiled kernel ready to run: ``kernel(x=..., out=...)``."""
 
     def __init__(self, source: KernelSource, cubin: Cubin):
+        # a register split the block cannot hold hangs it on the device: refused before any launch
+        why = pool_problem(source.name, source.setmaxnreg, source.block[0] * source.block[1] * source.block[2],
+                           cubin.resources.registers)
+        if why:
+            raise RegisterPoolError(why)
         self.source = source
         self.cubin = cubin
         self._module = None

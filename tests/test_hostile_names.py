@@ -18,6 +18,7 @@ from cbrules.ir.names import IdentifierError, NameClashError
 from cbrules.schedule import schedule
 from cbrules.rewrite.sexpr import RuleError
 from cbrules.codegen.cuda import PRELUDE, PRELUDE_ROLES, emit
+from cbrules.codegen.stats import STATS_PRELUDE
 
 INJECTION = "N\n#define exp(x) 0\n"
 
@@ -239,6 +240,8 @@ def _kernel_names(kg) -> set[str]:
             out.add(d["var"])
         elif "dst" in d and kg.op(n) not in ("store", "tma_load"):
             out.add(d["dst"])
+            if kg.op(n) == "block_stats":  # its second register
+                out.add(d["dst_m2"])
     return out
 
 
@@ -274,7 +277,8 @@ def test_the_scan_would_see_an_unchecked_name():
     assert _unchecked_tokens(kg, text.replace("expf(", "sinf(")) == {"sinf"}
 
 
-@pytest.mark.parametrize("prelude", [PRELUDE, PRELUDE_ROLES], ids=["prelude", "prelude_roles"])
+@pytest.mark.parametrize("prelude", [PRELUDE, PRELUDE_ROLES, STATS_PRELUDE], ids=["prelude", "prelude_roles",
+                                                                             "prelude_stats"])
 def test_every_prelude_definition_is_reserved(prelude):
     defined = set(re.findall(r"\b(?:struct|void|bool|unsigned|int|T)\s+(?:__align__\(\d+\)\s+)?([A-Za-z_]\w*)\s*[({]",
                              prelude)) - names.C_KEYWORDS

@@ -179,3 +179,19 @@ def test_benchmark_kernels_on_gpu(op, shape, stages):
     rtol, atol = spec.tolerance(shape)
     for out in spec.outputs:
         np.testing.assert_allclose(args[out], want[out], rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("n", [16384, 32768])
+def test_the_benchmarks_every_normalize_variant_builds(n):
+    """ops.py's float32 normalize of rows of 16384 and 32768 loads them directly with the stable
+    statistics; run.py's other columns still build from it: stages="auto" (no circular-buffered loop:
+    S = 1), and the warp-specialized variant (the same tiles through the TMA, the merge over the
+    consumers' named barrier)."""
+    from benchmarks.ops import build_generated, chosen_stages, variant_params
+    name, params = variant_params("normalize", (4, n))
+    assert params["direct"] and params["stats"] == "stable"
+    assert chosen_stages("normalize", (4, n)) == 1
+    body = api.generate(build_generated("normalize", (4, n), 2)).text.split('extern "C"')[1]
+    assert "cb_block_stats<" in body and "cb_tma_load(" not in body
+    ws = api.generate(build_generated("normalize", (4, n), 2, ws=True)).text.split('extern "C"')[1]
+    assert "cb_block_stats_named<" in ws and "cb_tma_load(" in ws

@@ -8,7 +8,7 @@ import pytest
 from cbrules import api
 from cbrules.ir.builder import Kernel, circular_buffer, threadIdx
 from cbrules.rewrite.engine import LoweringError
-from cbrules.kernels import KERNELS, SEED_MATRIX
+from cbrules.kernels import KERNELS, SEED_MATRIX, reductions
 from cbrules.ir.terms import call, evaluate
 from rulekit import write_rules
 
@@ -233,3 +233,34 @@ def test_else_outside_an_if_is_a_graph_error():
     k.graph.add("else", k.graph.root, origin={})
     with pytest.raises(GraphError, match="else-branch"):
         k.graph.verify()
+
+
+def test_a_register_split_the_block_cannot_hold_is_refused_before_launch():
+    """setmaxnreg.inc waits until the block's pool (its threads times ptxas's registers) holds what it
+    asks: a split that asks for more hangs the block on the device. A float32 row walk of 512
+    consumers with 40/112 asks 128 x 40 + 512 x 112 = 62464 of 640 x 96 = 61440 (ptxas's cap at
+    one block an SM): refused by name when compiled; 40/104 fits and compiles; matmul_tc's 40/232
+    over 256 consumers fills its 384 x 168 exactly."""
+    from cbrules.codegen.errors import RegisterPoolError
+    from cbrules.kernels import KERNELS
+
+    def build(regs):
+        return reductions.persistent(stages=2, row=16384, width=4096, threads=512, stats="stable",
+                                     warp_specialize=True, registers=regs)
+    with pytest.raises(RegisterPoolError, match=r"512 threads x 112 \+ 128 threads x 40 = 62464 registers.*"
+                                                r"640 x 96 = 61440.*would wait forever"):
+        api.compile(build((40, 112)))
+    ck = api.compile(build((40, 104)))
+    assert sorted(ck.source.setmaxnreg) == [(40, 128), (104, 512)]
+    tc = KERNELS["matmul_tc"]
+    ck = api.compile(tc.build(tc.default_shape, stages=4, dtype="bfloat16", warp_specialize=True, registers=(40, 232)))
+    assert sorted(ck.source.setmaxnreg) == [(40, 128), (232, 256)] and ck.cubin.resources.registers == 168
+
+
+def test_a_setmaxnreg_under_a_branch_codegen_cannot_count_is_refused():
+    """The pool check needs the threads of each setmaxnreg; under another predicate it says so."""
+    from cbrules.codegen.registers import pool_problem
+    assert pool_problem("k", (), 384, 168) is None
+    assert pool_problem("k", ((232, 256), (40, 128)), 384, 168) is None
+    assert "cannot count" in pool_problem("k", ((232, None), (40, 128)), 384, 168)
+    assert "would wait forever" in pool_problem("k", ((232, 256), (48, 128)), 384, 168)
