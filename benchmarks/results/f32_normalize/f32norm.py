@@ -19,11 +19,10 @@ for shape in [(16384, 16384), (32768, 32768)]:
     x, out = t["x"], t["out"]
     ref = torch.nn.functional.layer_norm(x, (n,), eps=0.0)
     name, cur = variant_params("normalize", shape, "float32")
-    variants = {f"ops.py ({name} {cur})": (name, cur, 4)}
-    for th in (512, 1024):
-        if n // th <= 64:
-            variants[f"direct stable {th}"] = ("persistent", dict(row=n, width=n // 4, threads=th, stats="stable", direct=True), 2)
-    variants[f"TMA stable {cur.get('threads')}"] = (name, dict(cur, stats="stable"), 4) if name == "persistent" else None
+    variants = {f"ops.py ({name} {cur})": (name, cur, 2)}
+    before = dict(row=n, width=1024, threads=256) if n == 16384 else dict(row=n, width=8192, threads=512)
+    for s_ in (2, 3, 4):
+        variants[f"before (TMA two-pass {before['width']}/{before['threads']}) S={s_}"] = ("persistent", before, s_)
     fns = {}
     for label, v in variants.items():
         if v is None:
