@@ -178,7 +178,7 @@ class _Emitter:
                     self.registers.setdefault(_ident(a["dst_m2"]), "float32")
             elif s.op == "mbarrier_wait" and a.get("backoff") is not None:
                 self.uses_backoff = True
-            if s.op == "reduce" and a["kind"] == "block" or s.op == "block_stats":
+            if _stats.uses_scratch(s):
                 self.uses_reduce = True
             if s.op == "mma":
                 self.mmas.append(a)

@@ -11,26 +11,26 @@ STATS_PRELUDE = (Path(__file__).with_name("prelude_stats.cu")).read_text()
 HELPER = "cb_block_stats"
 
 
-def _uses_scratch(step) -> bool:
+def uses_scratch(step) -> bool:
+    """Whether the step passes partials through the block-reduction scratch."""
     return step.op == "block_stats" or (step.op == "reduce" and step.attrs.get("kind") == "block")
 
 
 def last_scratch_user(program) -> Optional[int]:
     """The node of the block_stats after which no scratch user can run: the program's last scratch user,
     outside every loop (a loop could run it, or one before it, again); None if there is none."""
-    found: list[tuple[int, bool]] = []
+    found: list[tuple[object, bool]] = []
 
     def walk(step, in_loop: bool) -> None:
-        if _uses_scratch(step):
-            found.append((step.node, in_loop))
+        if uses_scratch(step):
+            found.append((step, in_loop))
         for c in step.body:
             walk(c, in_loop or step.op == "for")
 
     walk(program, False)
-    if not found or found[-1][1]:
+    if not found or found[-1][1] or found[-1][0].op != "block_stats":
         return None
-    node = found[-1][0]
-    return node if any(s.node == node and s.op == "block_stats" for s in program.walk()) else None
+    return found[-1][0].node
 
 
 def statement(step, a, e, ident: Callable, integer: Callable, c_term: Callable) -> str:

@@ -1,9 +1,10 @@
 """The egglog step of lowering: the graph's terms simplified once, after the last phase, and the
 range facts that egglog (and the rules' ``provably-*`` guards) reason under.
 
-Each loop's variable is renamed after its loop for egglog (``i`` in loop #12 is ``i@12``), so the
-prologue, main loop and epilogue, which share a variable name, each get their own range. A term
-set simplified before under the same ranges and rules costs a lookup (lowering the same kernel
+Each loop's variable is told apart by its loop (``i`` in loop #12 is ``i@12``), so the prologue,
+main loop and epilogue, which share a variable name, each get their own range; each term is then
+asked in its own names (:func:`_questioner`), so the same question from many loops is asked once. A
+term set simplified before under the same ranges and rules costs a lookup (lowering the same kernel
 again: the checker, the CLI, the benchmarks).
 """
 from __future__ import annotations
@@ -152,7 +153,7 @@ def _bound(b) -> str:
 
 def simplify_terms(kg: KernelGraph, forms: tuple) -> tuple[set[int], dict]:
     """Replace every term of ``kg`` (in place) by egglog's simplest form of it under the graph's
-    range facts, each loop's variable renamed after its loop for the question; return the nodes
+    range facts, each term asked in its own names with its loop variables' ranges; return the nodes
     changed and egglog's matches per rule."""
     scoped, loop_ranges = _loop_names(kg)
     renamed = {v for m in scoped.values() for v in m}  # loop variables: their ranges are per loop
