@@ -358,8 +358,9 @@ class _Run:
         todo = self.found.get((since, anchor.op))  # rules that last looked at one step share it
         if todo is None:
             todo = self.found[since, anchor.op] = sorted(n for n in kg.touched_since(since) if kg.op(n) == anchor.op)
+        first = rule.match[0]
         for n in todo:
-            if self._changed_for(rule, n, since):
+            if self._changed_for(rule, n, since) and m.attributes_hold(first, n):
                 m.ticks = 0  # _matches adds them up for each anchor
                 yield from self._matches(m, rule, {anchor.var: NodeRef(n)})
 

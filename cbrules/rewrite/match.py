@@ -355,6 +355,23 @@ class Matcher(Relations):
                     b2 = {**b, var: NodeRef(n)} if b2 is b else {**b, var: NodeRef(n), **b2}
                 yield (n, b2) if pairs else b2
 
+    def attributes_hold(self, e: SList, n: int) -> bool:
+        """Whether node ``n`` has node pattern ``e``'s op and passes its attribute checks (its scope
+        keys aside): what a search anchored at ``n`` asks first, without a search's set-up. Half of
+        the anchors an application leaves behind are new nodes of the op that match no rule's anchor
+        (a barrier loop is a ``for`` too)."""
+        np = _node_pattern(e)
+        attrs = self.kg.g._node[n]
+        if np.op != "_" and attrs["op"] != np.op:
+            return False
+        b: Optional[dict] = {} if np.var is None else {np.var: NodeRef(n)}
+        for k, p, check in np.checks:
+            if check is not None:
+                b = check(attrs.get(k, MISSING), b)
+                if b is None:
+                    return False
+        return True
+
     def select(self, pattern: SList, b: dict, scope: int) -> set[int]:
         """Nodes inside ``scope`` matching a filter: a node pattern, ``(not F)`` or ``(any-of F ...)``."""
         head = pattern.head()
