@@ -29,13 +29,14 @@ from .builder_mma import MmaBuilder
 from .builder_sync import SyncBuilder
 from .builder_tma import TmaBuilder
 from .builder_values import (MAX_BLOCK_THREADS, Buffer, BuildError, StagingAlignmentError, TensorMap,  # noqa: F401
-                             _call_site, _cb_options, _choice, _dims, _inside, _int, _ints, _MEMORY, _term, blockDim,
-                             blockIdx, ceil_div, circular_buffer, gridDim, lanes, threadIdx)
+                             _call_site, _cb_options, _choice, _dims, _inside, _int, _ints, _MEMORY, _shallow, _term,
+                             blockDim, blockIdx, ceil_div, circular_buffer, gridDim, lanes, threadIdx)
 from .coverage import PartialTileError  # noqa: F401  (public via the builder)
 from .graph import KernelGraph, Param
 from .limits import SWIZZLE_SPAN, SwizzleError, TmaBoxError, swizzle_repeat  # noqa: F401  (public via the builder)
 from .names import IdentifierError, NameClashError  # noqa: F401  (public via the builder)
-from .ops import (BINARY, DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS, REDUCE_COMBINE, SPACES, UNARY,
+from .ops import (BINARY, BUILT_SCOPE_DEPTH, DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS, OPS, REDUCE_COMBINE,
+                  SPACES, UNARY,
                   DependenceTracker,
                   compute_dtype)
 from .terms import ELECT_ONE, Term, TermLike, as_term, name
@@ -130,6 +131,11 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
 
     # ---------------------------------------------------------------- node creation
     def _node(self, op: str, **attrs) -> int:
+        for key in OPS[op].terms:  # before anything reads them: a term too deep cannot even be walked
+            v = attrs.get(key)
+            for i, t in enumerate(v if isinstance(v, tuple) else (v,)):
+                if isinstance(t, Term):
+                    _shallow(t, f"{op} at {_call_site()}", key if not isinstance(v, tuple) else f"{key}[{i}]")
         n = self.graph.add(op, self._scopes[-1], origin={"by": "build", "where": _call_site()}, **attrs)
         if op not in ("for", "if"):
             self._order(n)
@@ -143,6 +149,10 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
 
     @contextmanager
     def _scope(self, op: str, **attrs) -> Iterator[int]:
+        if len(self._scopes) > BUILT_SCOPE_DEPTH:  # the kernel's own scope counts as one
+            raise BuildError(f"{op} at {_call_site()}: scopes nested more than {BUILT_SCOPE_DEPTH} deep, more than the "
+                             "generated code and the simplifier take; flatten the nest (one loop over the product of "
+                             "the trip counts, or an if whose predicate joins the conditions with &&)")
         n = self._node(op, **attrs)
         self._scopes.append(n)
         try:
@@ -224,6 +234,7 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
         if src.space != "shared" or src.name not in self._tile_writes:
             return
         where = _call_site()
+        _shallow(index, f"load at {where}", "index")
         coverage.check_read(src.name, src.shape, index, coverage.scope_ranges(self.graph, self._scopes),
                             coverage.scope_preds(self.graph, self._scopes), where)
         if src.name not in self._stored:

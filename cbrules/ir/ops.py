@@ -12,6 +12,10 @@ from typing import Any, Mapping, Sequence
 from .terms import Term
 
 SCOPES = ("kernel", "for", "if", "else")
+# how deep scopes may nest (verify refuses deeper; codegen, the simplifier and the interpreter walk
+# them recursively); a kernel as built gets half, so that the scopes rules wrap around stay within it
+MAX_SCOPE_DEPTH = 200
+BUILT_SCOPE_DEPTH = MAX_SCOPE_DEPTH // 2
 LOOP_KINDS = ("serial", "unroll", "unswitch", "vectorize",
               "thread-x", "thread-y", "thread-z", "block-x", "block-y", "block-z")
 SPACES = ("global", "shared", "register")

@@ -68,14 +68,55 @@ class Term:
         return f"Term({to_c(self)!r})"
 
     def names(self) -> Iterator[str]:
-        """Every name the term mentions (loop variables, symbols, registers, builtins)."""
-        if self.op == "name":
-            yield str(self.value)
-        for a in self.args:
-            yield from a.names()
+        """Every name the term mentions (loop variables, symbols, registers, builtins), in order of
+        mention (an explicit stack: a generator per level cost most of the walk, and lowering a large
+        kernel asks this of every term several times)."""
+        out, stack = [], [self]
+        while stack:
+            t = stack.pop()
+            if t.op == "name":
+                out.append(str(t.value))
+            if t.args:
+                stack.extend(reversed(t.args))
+        return iter(out)
 
 
 TermLike = Union[Term, int, float, bool, str]
+
+# how large a term may be in a graph (verify refuses larger ones, and a rule may not set one): codegen,
+# egglog and the interpreter read terms recursively and print every part, and the shipped kernels'
+# largest term has 27 parts and is 7 levels deep
+MAX_TERM_DEPTH = 200
+MAX_TERM_PARTS = 10_000
+# a kernel as built gets half of each, so that what the rules put around a user's term stays within them
+BUILT_TERM_DEPTH = MAX_TERM_DEPTH // 2
+BUILT_TERM_PARTS = MAX_TERM_PARTS // 2
+
+
+def extent(t: Term, known: Optional[dict] = None) -> tuple[int, int]:
+    """(parts, height) of ``t`` as printed (a leaf: 1 part, height 0), with an explicit stack and
+    each distinct subterm object counted once: a term may be far too deep to walk recursively, and
+    one that shares its subterms (``x + x`` doubled 40 times) is 2**40 parts as printed but 41
+    objects. Anything but a term counts as a leaf. ``known`` (id of a subterm -> (the subterm,
+    parts, height)) may be shared by calls over terms that share subterms."""
+    known = {} if known is None else known
+    stack = [(t, False)]
+    while stack:
+        x, ready = stack.pop()
+        got = known.get(id(x))
+        if got is not None and got[0] is x:
+            continue
+        args = x.args if isinstance(x, Term) else ()
+        if not ready:
+            stack.append((x, True))
+            stack.extend((a, False) for a in args)
+            continue
+        parts, height = 1, 0
+        for a in args:
+            _, p, h = known[id(a)]
+            parts, height = parts + p, max(height, h + 1)
+        known[id(x)] = (x, parts, height)
+    return known[id(t)][1], known[id(t)][2]
 
 
 def const(v: Union[int, float, bool]) -> Term:

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 from ..errors import CbrulesError
 from .attributes import ARG_COUNTS, INT_HIGH, INT_KEYS, attribute_problem, ident_keys, register_count
 from .names import BUILTINS, RULES, problem
-from .ops import DTYPES, LOOP_KINDS, OPS, REDUCE_COMBINE, SCOPES, SPACES, term_values
+from .ops import DTYPES, LOOP_KINDS, MAX_SCOPE_DEPTH, OPS, REDUCE_COMBINE, SCOPES, SPACES, term_values
 from .order import CONTAINS, DEPENDS, ScheduleError, sibling_order
-from .terms import BINARY_OPS, UNARY_OPS, Term, call_problem
+from .terms import BINARY_OPS, MAX_TERM_DEPTH, MAX_TERM_PARTS, UNARY_OPS, Term, call_problem, extent
 from .tma_view import TmaSplitError, normalize_split
 
 if TYPE_CHECKING:  # the graph imports this module to verify itself
@@ -94,6 +94,14 @@ def _tree(kg: KernelGraph) -> tuple[list[int], dict[int, int]]:
         lost = sorted(set(kg.g.nodes) - set(walked))
         raise GraphError("scope-tree", f"{kg.describe(lost[0])} is not reachable from the kernel "
                          "(its scopes form a cycle)", lost[0])
+    depth = {kg.root: 0}
+    nodes = kg.g._node
+    for n in walked:  # parents first
+        if n in parent and nodes[n]["op"] in SCOPES:
+            depth[n] = depth[parent[n]] + 1
+            if depth[n] > MAX_SCOPE_DEPTH:
+                raise GraphError("scope-depth", f"{kg.describe(n)} is nested {depth[n]} scopes deep, more than the "
+                                 f"{MAX_SCOPE_DEPTH} the generated code and the simplifier take", n)
     return walked, parent
 
 
@@ -274,7 +282,47 @@ _VALUE_KEYS = ("value", "args", "src")  # terms that compute a value (a reduce's
 
 
 def _term_problem(t: Any, finite: bool = True) -> str | None:
-    """Why ``t`` cannot be printed as C, or None; ``finite``: infinities and NaN are refused."""
+    """Why ``t`` cannot be printed as C, or None; ``finite``: infinities and NaN are refused. The walk
+    stops past :data:`MAX_TERM_DEPTH` levels or :data:`MAX_TERM_PARTS` parts, so that a term too deep
+    to walk, or one that repeats a subexpression into more parts than can be printed, is refused by
+    name, not a crash or a hang."""
+    why = _problem_within(t, finite, 0, [MAX_TERM_PARTS])
+    if why is not _TOO_LARGE:
+        return why
+    parts, height = extent(t)  # each shared part once: the figures for the message
+    if height > MAX_TERM_DEPTH:
+        return (f"holds an expression nested more than {MAX_TERM_DEPTH} operators deep ({height}), more than the "
+                "generated code and the simplifier take")
+    return (f"holds an expression of more than {MAX_TERM_PARTS} parts as printed ({parts}: it repeats a "
+            "subexpression), more than the generated code and the simplifier take")
+
+
+_TOO_LARGE = "too large"  # _problem_within's answer past the bounds (compared by identity)
+
+
+def _problem_within(t: Any, finite: bool, depth: int, budget: list[int]) -> str | None:
+    """:func:`_term_problem` below ``depth`` with ``budget[0]`` parts left to read (recursion at most
+    MAX_TERM_DEPTH deep; the common parts, a name, an int or a binary operator, checked inline)."""
+    budget[0] -= 1
+    if depth > MAX_TERM_DEPTH or budget[0] < 0:
+        return _TOO_LARGE
+    if t.__class__ is Term and (t.op == "name" and t.value.__class__ is str or
+                                t.op == "const" and t.value.__class__ is int or
+                                len(t.args) == 2 and t.op in BINARY_OPS):
+        pass
+    else:
+        why = _own_problem(t, finite)
+        if why:
+            return why
+    for a in t.args:
+        why = _problem_within(a, finite, depth + 1, budget)
+        if why:
+            return why
+    return None
+
+
+def _own_problem(t: Any, finite: bool) -> str | None:
+    """Why the top of ``t`` (not its operands) cannot be printed as C, or None."""
     if not isinstance(t, Term):
         return f"holds {t!r}, which is not a term"
     if t.op == "const":
@@ -290,7 +338,7 @@ def _term_problem(t: Any, finite: bool = True) -> str | None:
             return f"calls {t.value!r}: {why}"
     elif not ((len(t.args) == 1 and t.op in UNARY_OPS) or (len(t.args) == 2 and t.op in BINARY_OPS)):
         return f"holds operator {t.op!r} with {len(t.args)} operand(s)"
-    return next((w for w in (_term_problem(a, finite) for a in t.args) if w), None)
+    return None
 
 
 _MEMORY_OPS = ("load", "store", "copy", "tma_load", "tma_store")  # their src and dst name buffers (a load's dst: a register)

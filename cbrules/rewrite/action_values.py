@@ -6,15 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from ..ir.graph import KernelGraph
-from ..ir.terms import Term, as_term
+from ..ir.terms import MAX_TERM_DEPTH, MAX_TERM_PARTS, Term, as_term
 from ..ir.attributes import attribute_problem
 from .sexpr import RuleError
 from .values import NodeRef
 
 # values a rule sets: the shipped rules' largest term has 27 nodes and is 7 deep
-MAX_VALUE_SIZE = 10_000
+MAX_VALUE_SIZE = MAX_TERM_PARTS  # what verify takes
 VALUE_PARTS_PER_NODE = 16
-MAX_VALUE_DEPTH = 200
+MAX_VALUE_DEPTH = MAX_TERM_DEPTH  # what verify takes
 
 
 def _replace(t: Any, frm: Term, to: Term) -> Any:
