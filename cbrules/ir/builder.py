@@ -29,7 +29,7 @@ from .builder_mma import MmaBuilder
 from .builder_sync import SyncBuilder
 from .builder_tma import TmaBuilder
 from .builder_values import (MAX_BLOCK_THREADS, Buffer, BuildError, StagingAlignmentError, TensorMap,  # noqa: F401
-                             _call_site, _cb_options, _choice, _dims, _inside, _int, _ints, _MEMORY, _shallow, _term,
+                             _call_site, _cb_options, _choice, _dims, _inside, _int, _ints, _MEMORY, _bounded_term, _term,
                              blockDim, blockIdx, ceil_div, circular_buffer, gridDim, lanes, threadIdx)
 from .coverage import PartialTileError  # noqa: F401  (public via the builder)
 from .graph import KernelGraph, Param
@@ -131,11 +131,11 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
 
     # ---------------------------------------------------------------- node creation
     def _node(self, op: str, **attrs) -> int:
-        for key in OPS[op].terms:  # before anything reads them: a term too deep cannot even be walked
+        for key in OPS[op].terms:  # before anything reads them: a term too deep or large cannot be walked or printed
             v = attrs.get(key)
             for i, t in enumerate(v if isinstance(v, tuple) else (v,)):
                 if isinstance(t, Term):
-                    _shallow(t, f"{op} at {_call_site()}", key if not isinstance(v, tuple) else f"{key}[{i}]")
+                    _bounded_term(t, f"{op} at {_call_site()}", key if not isinstance(v, tuple) else f"{key}[{i}]")
         n = self.graph.add(op, self._scopes[-1], origin={"by": "build", "where": _call_site()}, **attrs)
         if op not in ("for", "if"):
             self._order(n)
@@ -234,7 +234,7 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
         if src.space != "shared" or src.name not in self._tile_writes:
             return
         where = _call_site()
-        _shallow(index, f"load at {where}", "index")
+        _bounded_term(index, f"load at {where}", "index")
         coverage.check_read(src.name, src.shape, index, coverage.scope_ranges(self.graph, self._scopes),
                             coverage.scope_preds(self.graph, self._scopes), where)
         if src.name not in self._stored:

@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 
 from . import coverage, names
 from .builder_values import (Buffer, BuildError, StagingAlignmentError, TensorMap, _call_site, _cb_options, _choice,
-                             _int, _ints, _shallow)
+                             _int, _ints, _bounded_term)
 from .graph import Param
 from .limits import SWIZZLE_SPAN, SwizzleError, check_box, check_swizzle, swizzle_repeat
 from .ops import DTYPE_BYTES
@@ -95,8 +95,8 @@ class TmaBuilder:
         if circular_buffer is not None:
             attrs["circular_buffer"] = _cb_options(circular_buffer, where)
         for i, c in enumerate(attrs["coords"]):  # the coverage check below reads them
-            _shallow(c, where, f"coords[{i}]")
-        _shallow(attrs["offset"], where, "offset")
+            _bounded_term(c, where, f"coords[{i}]")
+        _bounded_term(attrs["offset"], where, "offset")
         write = coverage.TileWrite(dst.name, attrs["offset"], math.prod(attrs["tile"]), tmap.box, attrs["tile"],
                                    tmap.name, _call_site(), tuple(coverage.scope_ranges(self.graph, self._scopes)))
         coverage.check_write(write, math.prod(dst.shape), dst.shape)

@@ -97,17 +97,17 @@ def _term(value: TermLike, where: str, what: str, low: Optional[int] = None) -> 
     """A size, bound or step: a term over symbols, or an int literal of at least ``low`` (a float
     would make C compare floats, a non-positive size negative memory)."""
     if isinstance(value, (Term, str)):
-        return _shallow(as_term(value), where, what)
+        return _bounded_term(as_term(value), where, what)
     return as_term(_int(value, where, what, low))
 
 
-def _shallow(t: Term, where: str, what: str) -> Term:
+def _bounded_term(t: Term, where: str, what: str) -> Term:
     """``t``, unless it nests deeper or has more parts than a kernel as built may hold
     (:data:`cbrules.ir.terms.BUILT_TERM_DEPTH`, ``BUILT_TERM_PARTS``): a BuildError."""
     parts, height = extent(t)
     if height > BUILT_TERM_DEPTH or parts > BUILT_TERM_PARTS:
         size = f"nested more than {BUILT_TERM_DEPTH} operators deep" if height > BUILT_TERM_DEPTH else \
-            f"of more than {BUILT_TERM_PARTS} parts as printed ({parts}: it repeats a subexpression)"
+            f"of more than {BUILT_TERM_PARTS} parts as printed ({parts})"
         raise BuildError(f"{where}: {what} is an expression {size}, more than the generated code and the "
                          "simplifier take; build it in steps (a value into a register with k.add / k.mul, or a "
                          "loop instead of a long chain of + or *)")

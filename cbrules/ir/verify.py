@@ -293,8 +293,8 @@ def _term_problem(t: Any, finite: bool = True) -> str | None:
     if height > MAX_TERM_DEPTH:
         return (f"holds an expression nested more than {MAX_TERM_DEPTH} operators deep ({height}), more than the "
                 "generated code and the simplifier take")
-    return (f"holds an expression of more than {MAX_TERM_PARTS} parts as printed ({parts}: it repeats a "
-            "subexpression), more than the generated code and the simplifier take")
+    return (f"holds an expression of more than {MAX_TERM_PARTS} parts as printed ({parts}), more than the "
+            "generated code and the simplifier take")
 
 
 _TOO_LARGE = "too large"  # _problem_within's answer past the bounds (compared by identity)
