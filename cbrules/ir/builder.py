@@ -39,7 +39,7 @@ from .ops import (BINARY, BUILT_SCOPE_DEPTH, DTYPE_BYTES, DTYPES, HALF_DTYPES, L
                   SPACES, UNARY,
                   DependenceTracker,
                   compute_dtype)
-from .terms import ELECT_ONE, Term, TermLike, as_term, name
+from .terms import BUILT_TERM_DEPTH, BUILT_TERM_PARTS, ELECT_ONE, Term, TermLike, as_term, fits, name
 
 
 
@@ -134,7 +134,7 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
         for key in OPS[op].terms:  # before anything reads them: a term too deep or large cannot be walked or printed
             v = attrs.get(key)
             for i, t in enumerate(v if isinstance(v, tuple) else (v,)):
-                if isinstance(t, Term):
+                if isinstance(t, Term) and not fits(t, BUILT_TERM_DEPTH, BUILT_TERM_PARTS):  # the call site: only then
                     _bounded_term(t, f"{op} at {_call_site()}", key if not isinstance(v, tuple) else f"{key}[{i}]")
         n = self.graph.add(op, self._scopes[-1], origin={"by": "build", "where": _call_site()}, **attrs)
         if op not in ("for", "if"):

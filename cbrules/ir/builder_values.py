@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence, Union
 
 from ..errors import CbrulesError
 from .ops import DTYPE_BYTES
-from .terms import BUILT_TERM_DEPTH, BUILT_TERM_PARTS, Term, TermLike, as_term, call, extent, name
+from .terms import BUILT_TERM_DEPTH, BUILT_TERM_PARTS, Term, TermLike, as_term, call, extent, fits, name
 
 threadIdx = type("threadIdx", (), {a: name(f"threadIdx.{a}") for a in "xyz"})
 blockIdx = type("blockIdx", (), {a: name(f"blockIdx.{a}") for a in "xyz"})
@@ -104,6 +104,8 @@ def _term(value: TermLike, where: str, what: str, low: Optional[int] = None) -> 
 def _bounded_term(t: Term, where: str, what: str) -> Term:
     """``t``, unless it nests deeper or has more parts than a kernel as built may hold
     (:data:`cbrules.ir.terms.BUILT_TERM_DEPTH`, ``BUILT_TERM_PARTS``): a BuildError."""
+    if fits(t, BUILT_TERM_DEPTH, BUILT_TERM_PARTS):
+        return t
     parts, height = extent(t)
     if height > BUILT_TERM_DEPTH or parts > BUILT_TERM_PARTS:
         size = f"nested more than {BUILT_TERM_DEPTH} operators deep" if height > BUILT_TERM_DEPTH else \

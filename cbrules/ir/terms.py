@@ -93,6 +93,23 @@ BUILT_TERM_DEPTH = MAX_TERM_DEPTH // 2
 BUILT_TERM_PARTS = MAX_TERM_PARTS // 2
 
 
+def fits(t: Term, levels: int, parts: int) -> bool:
+    """Whether ``t`` nests at most ``levels`` operators deep and prints in at most ``parts`` parts:
+    a walk that stops as soon as either is passed, so it takes at most ``parts`` steps and never
+    recurses deeper than ``levels`` whatever ``t`` is (the cheap test; :func:`extent` gives the figures)."""
+    return _fits(t, levels, [parts])
+
+
+def _fits(t: Term, left: int, budget: list[int]) -> bool:
+    budget[0] -= 1
+    if left < 0 or budget[0] < 0:
+        return False
+    for a in getattr(t, "args", ()):
+        if not _fits(a, left - 1, budget):
+            return False
+    return True
+
+
 def extent(t: Term, known: Optional[dict] = None) -> tuple[int, int]:
     """(parts, height) of ``t`` as printed (a leaf: 1 part, height 0), with an explicit stack and
     each distinct subterm object counted once: a term may be far too deep to walk recursively, and
