@@ -39,12 +39,32 @@ from ..ir.graph import KernelGraph
 from ..ir.ops import OPS, conflicts, nearest_conflicts_among
 from ..ir.order import kept_order, sibling_order, sibling_pairs
 from .schema import ACTIONS, settable as _settable, split_keys, split_keys_once  # noqa: F401  (ACTIONS: public)
-from .sexpr import RuleError, SList
+from .sexpr import Atom, RuleError, SList
 from ..ir.terms import Term, as_term
 from .values import Env, NodeRef, evaluate
 from .action_values import (MAX_VALUE_DEPTH, MAX_VALUE_SIZE, VALUE_PARTS_PER_NODE, _bounded,  # noqa: F401
                             _coerce, _printable, _replace, _show)
 from .cloning import Cloning
+
+
+# a template's literal attribute values (a string, number or symbol in the rule's text), coerced and
+# checked the first time the template is used: most of a template's keys are literals (:dtype, :part,
+# :tag), and a lowering instantiates each template once a loop
+_LITERALS: dict[int, tuple[SList, dict]] = {}  # id of a template -> (the template, key -> value)
+
+
+def _literal_values(t: SList) -> dict:
+    got = _LITERALS.get(id(t))
+    return got[1] if got is not None and got[0] is t else {}
+
+
+def _remember_literal(t: SList, key: str, value: Any) -> None:
+    got = _LITERALS.get(id(t))
+    if got is None or got[0] is not t:
+        if len(_LITERALS) > 8192:  # rule sets come and go
+            _LITERALS.clear()
+        got = _LITERALS[id(t)] = (t, {})
+    got[1][key] = value
 
 
 class RuleFailure(Exception):
@@ -172,12 +192,17 @@ class Rewriter(Cloning):
         pos, keys = split_keys_once(t.items, 1)
         spec = OPS[op]
         attrs = {}
+        known = _literal_values(t)
         for k, v in keys.items():
-            if k != "as":
+            if k in known:  # a literal checked when the template was first used: the same value each time
+                attrs[k] = known[k]
+            elif k != "as":
                 _settable(k, v)
                 attrs[k] = _coerce(spec, k, self.value(v))
                 _bounded(k, attrs[k], v, len(self.kg))
                 _printable(op, k, attrs[k], v)
+                if isinstance(v, Atom) and v.kind != "var":  # one part, whatever the graph's size: within every bound
+                    _remember_literal(t, k, attrs[k])
         n = self.kg.add(op, parent, origin=self.origin, **attrs)
         self.created.append(n)
         if "as" in keys:
