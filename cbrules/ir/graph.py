@@ -390,6 +390,15 @@ class KernelGraph:
         cache[n] = (items, r, w)
         return r, w
 
+    def copied_effects(self, src: int, dst: int) -> None:
+        """Node ``dst`` was made with ``src``'s attributes (its origin aside): remember ``src``'s own
+        effects as ``dst``'s instead of reading its terms again (a clone copies every node of a loop;
+        the remembered entry still checks ``dst``'s attributes before it is used)."""
+        cache = vars(self).setdefault("_effects", {})
+        seen = cache.get(src)
+        if seen is not None and seen[0] == tuple(self.g._node[src].items()):
+            cache[dst] = (tuple(self.g._node[dst].items()), seen[1], seen[2])
+
     def kernel(self) -> dict:
         return self.g.nodes[self.root]
 

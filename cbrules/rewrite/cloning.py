@@ -53,7 +53,8 @@ class Cloning:
             return None
         attrs = kg.attrs(n)
         # a leaf in the substituted set, or an inner scope holding only such leaves, sees the new value
-        if n in shifted or (not root and inside and all(d in shifted for d in inside)):
+        substituted = n in shifted or (not root and inside and all(d in shifted for d in inside))
+        if substituted:
             for k in OPS[kg.op(n)].terms:
                 v = attrs.get(k)
                 if isinstance(v, Term):
@@ -65,6 +66,8 @@ class Cloning:
         source = first.get("source") or (f"{first['rule']} @ {first['at']}" if first.get("rule")
                                          else f"build @ {first.get('where', '?')}")
         new = kg.add(kg.op(n), None, origin={**self.origin, "from": n, "source": source}, **attrs)
+        if not substituted:
+            kg.copied_effects(n, new)
         self.created.append(new)
         if not kg.is_scope(n):
             return new
