@@ -83,18 +83,22 @@ def _simplify_cached(terms: list, ranges: dict, forms: tuple):
     return result
 
 
-def _loop_names(kg: KernelGraph) -> tuple[dict[int, dict[str, Term]], dict]:
+def _loop_names(kg: KernelGraph) -> tuple[dict[int, dict[str, Term]], dict, set]:
     """Per node, its enclosing loops' variables renamed after the loop (``i`` in loop #12 becomes
-    ``i@12``), and the range of each renamed variable from its own loop's bounds. The prologue,
-    main loop and epilogue share a variable name but not a range: per loop, the prologue's
-    ``i % S`` (i < P < S) folds to ``i`` and its parity to 0."""
+    ``i@12``), the range of each renamed variable from its own loop's bounds, and the variables
+    renamed. The prologue, main loop and epilogue share a variable name but not a range: per loop, the
+    prologue's ``i % S`` (i < P < S) folds to ``i`` and its parity to 0. Nodes of one scope share one
+    mapping; an explicit stack, children in any order (each node's mapping is its scopes' alone)."""
     from .egg import Range
     scoped: dict[int, dict[str, Term]] = {}
     ranges: dict = {}
-
-    def walk(n: int, outer: dict[str, Term]) -> None:
+    renamed: set[str] = set()
+    nodes, succ = kg.g._node, kg.g._succ
+    stack: list[tuple[int, dict[str, Term]]] = [(kg.root, {})]
+    while stack:
+        n, outer = stack.pop()
         scoped[n] = outer
-        d = kg[n]
+        d = nodes[n]
         inner = outer
         if d["op"] == "for":
             scoped_name = f"{d['var']}@{n}"
@@ -102,10 +106,11 @@ def _loop_names(kg: KernelGraph) -> tuple[dict[int, dict[str, Term]], dict]:
             lo, hi = _const(substitute(d["start"], outer)), _const(substitute(d["stop"], outer))
             if lo is None or hi is None or hi > lo:  # an empty loop (a short trip count's main loop) says nothing
                 ranges[scoped_name] = Range(lo, None if hi is None else hi - 1)
-        for c in kg.children(n):
-            walk(c, inner)
-    walk(kg.root, {})
-    return scoped, ranges
+        kids = [c for c, e in succ[n].items() if e["kind"] == "contains"]
+        if kids and inner is not outer:  # a variable some node is inside: its range is per loop
+            renamed.add(d["var"])
+        stack.extend((c, inner) for c in kids)
+    return scoped, ranges, renamed
 
 
 def _const(t: Term):
@@ -118,33 +123,51 @@ def _const(t: Term):
 
 
 def _questioner(loop_ranges: dict, kept: set, asked_ranges: dict):
-    """Each term as the question egglog is asked, memoised per (term, scope): every name it mentions
-    except those of ``kept`` (builtins and symbols: one range for the whole kernel) renamed in
-    order of first mention after its position, and a loop variable also after its loop's range
-    (``v0@0:1``, the range put into ``asked_ranges``; a register has none: ``v1@``), with the map
-    back to the graph's names. The same question from many loops (each of 1,000 loops' prologue
-    slot, its own registers aside) is then asked once: a term's simplest form depends only on the
-    term and on its names' ranges, and the renaming is one to one within a term."""
-    memo: dict[tuple[int, int], tuple[Term, Term, dict]] = {}
+    """Each term as the question egglog is asked: every name it mentions except those of ``kept``
+    (builtins and symbols: one range for the whole kernel) renamed in order of first mention after its
+    position, and a loop variable also after its loop's range (``v0@0:1``, the range put into
+    ``asked_ranges``; a register has none: ``v1@``), with the map back to the graph's names. The same
+    question from many loops (each of 1,000 loops' prologue slot, its own registers aside) is then
+    asked once: a term's simplest form depends only on the term and on its names' ranges, and the
+    renaming is one to one within a term. Equal questions come back as one object (found by a key of
+    nested tuples, which Python compares and hashes without a call per part), so the questions are
+    told apart, hashed and answered once each, not once a term of the graph."""
+    questions: dict[tuple, Term] = {}  # a question's key -> the question
+    names: dict[str, Term] = {}  # the name terms, one object each
+
+    def name_of(text: str) -> Term:
+        got = names.get(text)
+        if got is None:
+            got = names[text] = name_term(text)
+        return got
 
     def question(t: Term, mapping: dict[str, Term]) -> tuple[Term, dict]:
-        key = (id(t), id(mapping))
-        got = memo.get(key)
-        if got is None or got[0] is not t:
-            canon: dict[str, Term] = {}
-            back: dict[str, Term] = {}
-            for var in t.names():
-                if var in canon or (var in kept and var not in mapping):
-                    continue
-                scoped = mapping.get(var)
-                r = None if scoped is None else loop_ranges.get(scoped.value)
-                qname = f"v{len(canon)}@" + ("" if r is None else f"{_bound(r.lo)}:{_bound(r.hi)}")
-                if r is not None:
-                    asked_ranges[qname] = r
-                canon[var], back[qname] = name_term(qname), name_term(var)
-            got = memo[key] = (t, substitute(t, canon) if canon else t, back)
-        return got[1], got[2]
+        canon: dict[str, str] = {}
+        back: dict[str, Term] = {}
+        for var in t.names():
+            if var in canon or (var in kept and var not in mapping):
+                continue
+            scoped = mapping.get(var)
+            r = None if scoped is None else loop_ranges.get(scoped.value)
+            qname = f"v{len(canon)}@" + ("" if r is None else f"{_bound(r.lo)}:{_bound(r.hi)}")
+            if r is not None:
+                asked_ranges[qname] = r
+            canon[var] = qname
+            back[qname] = name_of(var)
+        key = _key(t, canon)
+        q = questions.get(key)
+        if q is None:
+            q = questions[key] = substitute(t, {v: name_of(qn) for v, qn in canon.items()}) if canon else t
+        return q, back
+    question.asked = questions  # type: ignore[attr-defined]
     return question
+
+
+def _key(t: Term, canon: dict[str, str]) -> tuple:
+    """``t`` with its names renamed by ``canon`` as nested tuples: equal exactly when the renamed terms
+    are (terms compare their op, operands and value the same way)."""
+    value = canon.get(t.value, t.value) if t.op == "name" and isinstance(t.value, str) else t.value
+    return (t.op, value, *[_key(a, canon) for a in t.args]) if t.args else (t.op, value)
 
 
 def _bound(b) -> str:
@@ -155,14 +178,14 @@ def simplify_terms(kg: KernelGraph, forms: tuple) -> tuple[set[int], dict]:
     """Replace every term of ``kg`` (in place) by egglog's simplest form of it under the graph's
     range facts, each term asked in its own names with its loop variables' ranges; return the nodes
     changed and egglog's matches per rule."""
-    scoped, loop_ranges = _loop_names(kg)
-    renamed = {v for m in scoped.values() for v in m}  # loop variables: their ranges are per loop
+    scoped, loop_ranges, renamed = _loop_names(kg)  # loop variables: their ranges are per loop
     ranges = {k: r for k, r in term_ranges(kg).items() if k not in renamed}
     asked_ranges: dict = {}
     question = _questioner(loop_ranges, set(ranges) | set(BUILTINS), asked_ranges)
     sites = []
+    nodes = kg.g._node
     for n in kg.nodes():  # a constant is its own simplest form: no question (a third of a kernel's terms)
-        d = kg[n]
+        d = nodes[n]
         for k in OPS[d["op"]].terms:
             v = d.get(k)
             if isinstance(v, Term):
@@ -171,11 +194,13 @@ def simplify_terms(kg: KernelGraph, forms: tuple) -> tuple[set[int], dict]:
             elif isinstance(v, tuple):
                 sites.extend((n, k, i, x, *question(x, scoped[n])) for i, x in enumerate(v)
                              if isinstance(x, Term) and x.op != "const")
-    result = _simplify_cached([s[4] for s in sites], {**ranges, **asked_ranges}, forms)
+    asked = list(question.asked.values())  # each question once, in the order first asked
+    result = _simplify_cached(asked, {**ranges, **asked_ranges}, forms)
+    answers = {id(q): result.terms.get(q, q) for q in asked}
     changed = set()
-    for n, k, i, t, asked, back in sites:
-        out = result.terms.get(asked, asked)
-        if out is asked:  # unchanged (egglog hands back the term it got): renaming back gives ``t``
+    for n, k, i, t, asked_q, back in sites:
+        out = answers[id(asked_q)]
+        if out is asked_q:  # unchanged (egglog hands back the term it got): renaming back gives ``t``
             continue
         new = substitute(out, back) if back else out
         if new != t:
