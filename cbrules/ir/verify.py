@@ -41,9 +41,9 @@ def verify(kg: KernelGraph, ready: bool = False, structure_only: bool = False) -
     every single rule application, while a phase may still be half-way through a protocol);
     ``ready`` adds what code generation needs: every TMA load has a barrier to complete on.
     """
-    walked, parent = _tree(kg)  # every node, parents first, and each one's scope: read once here
+    walked, parent, kids = _tree(kg)  # every node, parents first, each one's scope, each scope's children
     _attributes(kg)
-    orders = _depends(kg, walked, parent)
+    orders = _depends(kg, walked, parent, kids)
     if structure_only:
         return
     order = _program_order(kg, orders)
@@ -59,9 +59,9 @@ def verify(kg: KernelGraph, ready: bool = False, structure_only: bool = False) -
                                  "(or let the shipped rules lower it), or pass barrier= and slot=", n)
 
 
-def _tree(kg: KernelGraph) -> tuple[list[int], dict[int, int]]:
-    """Check the scope tree; return every node, parents before children (``kg.walk()``), and each
-    node's parent (the root has none)."""
+def _tree(kg: KernelGraph) -> tuple[list[int], dict[int, int], dict[int, list[int]]]:
+    """Check the scope tree; return every node, parents before children (``kg.walk()``), each
+    node's parent (the root has none) and each scope's children in id order."""
     parent: dict[int, int] = {}
     kernels = kg.nodes("kernel")
     if kernels != [kg.root]:
@@ -89,7 +89,7 @@ def _tree(kg: KernelGraph) -> tuple[list[int], dict[int, int]]:
                              "is a child of the if it completes", n)
         if len([c for c in kg.children(p) if kg.op(c) == "else"]) > 1:
             raise GraphError("else-branch", f"{kg.describe(p)} has more than one else branch", n)
-    walked = _walk(kg, parent)
+    walked, kids = _walk(kg, parent)
     if len(walked) != len(kg):  # each node but the root has one parent: the walk meets each at most once
         lost = sorted(set(kg.g.nodes) - set(walked))
         raise GraphError("scope-tree", f"{kg.describe(lost[0])} is not reachable from the kernel "
@@ -102,15 +102,16 @@ def _tree(kg: KernelGraph) -> tuple[list[int], dict[int, int]]:
             if depth[n] > MAX_SCOPE_DEPTH:
                 raise GraphError("scope-depth", f"{kg.describe(n)} is nested {depth[n]} scopes deep, more than the "
                                  f"{MAX_SCOPE_DEPTH} the generated code and the simplifier take", n)
-    return walked, parent
+    return walked, parent, kids
 
 
-def _walk(kg: KernelGraph, parent: dict[int, int]) -> list[int]:
-    """``kg.walk()`` (parents first, children in id order) from the parents read already."""
+def _walk(kg: KernelGraph, parent: dict[int, int]) -> tuple[list[int], dict[int, list[int]]]:
+    """``kg.walk()`` (parents first, children in id order) from the parents read already, and each
+    scope's children in id order."""
     kids: dict[int, list[int]] = {}
     for n in sorted(parent):
         kids.setdefault(parent[n], []).append(n)
-    return _preorder(kg.root, kids)
+    return _preorder(kg.root, kids), kids
 
 
 def _preorder(root: int, children: dict[int, list[int]]) -> list[int]:
@@ -154,7 +155,8 @@ def _attributes(kg: KernelGraph) -> None:
                              "not supported", n)
 
 
-def _depends(kg: KernelGraph, walked: list[int], parent: dict[int, int]) -> dict[int, list[int]]:
+def _depends(kg: KernelGraph, walked: list[int], parent: dict[int, int],
+             kids: dict[int, list[int]]) -> dict[int, list[int]]:
     """Check the depends edges; return each scope's children in sibling order."""
     # every edge joins siblings (else the first in id order is named), so each orders its scope's
     # children as it is: :func:`sibling_edges` without lifting any
@@ -175,8 +177,12 @@ def _depends(kg: KernelGraph, walked: list[int], parent: dict[int, int]) -> dict
                 raise GraphError("depends-siblings", f"depends edge {kg.describe(a)} -> {kg.describe(b)} joins "
                                  "nodes of different scopes; order their enclosing siblings instead", b)
     orders = {}
+    nodes = kg.g._node
     for scope in walked:
-        if kg.is_scope(scope):
+        if nodes[scope]["op"] in SCOPES:
+            if scope not in edges:  # no edge orders its children: the sort takes them in id order
+                orders[scope] = kids.get(scope, [])
+                continue
             try:
                 orders[scope] = sibling_order(kg, scope, edges)
             except ScheduleError as e:
@@ -358,7 +364,7 @@ def _names(kg: KernelGraph, walked: list[int], parent: dict[int, int]) -> None:
             registers.add(d["dst"])
             if d["op"] == "block_stats":
                 registers.add(d["dst_m2"])
-    builtins = set(BUILTINS)
+    everywhere = symbols | set(BUILTINS) | registers  # one lookup a name besides the loops around it
     seen: dict[int, tuple] = {}  # id of a term -> (the term, its names)
     # the variables of the loops around each scope (a scope's own included), parents first
     scope_vars: dict[int, frozenset] = {}
@@ -406,8 +412,7 @@ def _names(kg: KernelGraph, walked: list[int], parent: dict[int, int]) -> None:
             if names is None:
                 names = seen[id(t)] = (t, tuple(t.names()))
             for name in names[1]:
-                # four lookups, not a union per node: the registers alone grow with the graph
-                if name not in loop_vars and name not in symbols and name not in builtins and name not in registers:
+                if name not in loop_vars and name not in everywhere:
                     raise GraphError("name-defined", f"{kg.describe(n)} uses {name!r} in {t}, which is not a "
                                      "loop variable in scope, a symbol, a builtin or a register", n)
 
