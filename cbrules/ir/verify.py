@@ -218,9 +218,18 @@ def _identifiers(kg: KernelGraph, walked: list[int]) -> None:
                              f"{kg.describe(had[1])}; the generated CUDA would mix them up: rename one", n)
         what.setdefault(name, (kind, n))
 
+    nodes, keys_of = kg.g._node, {}
     for n in walked:
-        op = kg.op(n)
-        for key, name in _ident_attrs(kg, n):
+        d = nodes[n]
+        op = d["op"]
+        keys = keys_of.get(op)
+        if keys is None:
+            keys = keys_of[op] = ident_keys(op)
+        if op == "kernel":
+            named = list(_ident_attrs(kg, n))
+        else:  # the same pairs as _ident_attrs, without a generator a node
+            named = [(k, d[k]) for k in keys if d.get(k) is not None]
+        for key, name in named:
             why = problem(name, RULES)
             if why:
                 raise GraphError("identifier", f"{kg.describe(n)}: {key} {name!r} {why[0]}; {why[1]}", n)
@@ -242,8 +251,10 @@ def _values(kg: KernelGraph, walked: list[int]) -> None:
     made of known operators, device functions and constants (infinities and NaN only where a value
     is computed: an index, bound or predicate holding one is a mistake)."""
     seen: dict[tuple, tuple] = {}  # (id of a term, finite) -> (the term, its problem)
+    nodes = kg.g._node
     for n in walked:
-        d, op = kg[n], kg.op(n)
+        d = nodes[n]
+        op = d["op"]
         for key, low in INT_KEYS.get(op, ()):
             bad = attribute_problem(op, key, d[key]) if d.get(key) is not None else None
             if bad:
@@ -368,12 +379,13 @@ def _names(kg: KernelGraph, walked: list[int], parent: dict[int, int]) -> None:
     seen: dict[int, tuple] = {}  # id of a term -> (the term, its names)
     # the variables of the loops around each scope (a scope's own included), parents first
     scope_vars: dict[int, frozenset] = {}
+    nodes = kg.g._node
     for n in walked:
-        if kg.is_scope(n):
+        d = nodes[n]
+        if d["op"] in SCOPES:
             p = parent.get(n)
             around = scope_vars[p] if p is not None else frozenset()
-            scope_vars[n] = around | {kg[n]["var"]} if kg.op(n) == "for" else around
-    nodes = kg.g._node
+            scope_vars[n] = around | {d["var"]} if d["op"] == "for" else around
     for n in kg.nodes():
         d = nodes[n]
         op = d["op"]
