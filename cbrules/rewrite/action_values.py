@@ -52,34 +52,47 @@ def _bounded(key: str, value: Any, expr, nodes: int) -> None:
         return  # one part, one level: within every bound
     if isinstance(value, str) and len(value) < MAX_VALUE_SIZE:
         return  # one level, fewer parts than any bound (most values a rule sets are names)
-    sizes: dict[int, int] = {}  # terms share subterms: count each tree node, visit each object once
-
-    def too_deep() -> RuleError:
-        return RuleError(expr.pos, f":{key} would be a value nested more than {MAX_VALUE_DEPTH} deep; a rule "
-                         "probably grows it each time it fires: guard the rule")
-
-    def size(v: Any, depth: int) -> int:
-        if depth > MAX_VALUE_DEPTH:
-            raise too_deep()
-        if isinstance(v, Term):
-            parts, height = _term_parts(v, depth, too_deep)
-            if depth + height > MAX_VALUE_DEPTH:
-                raise too_deep()
-            return parts
-        if isinstance(v, str):
-            return 1 + len(v)
-        if not isinstance(v, (tuple, dict)):
-            return 1
-        if id(v) not in sizes:
-            parts = v.values() if isinstance(v, dict) else v
-            sizes[id(v)] = 1 + sum(size(a, depth + 1) for a in parts)
-        return sizes[id(v)]
-
-    n, bound = size(value, 0), MAX_VALUE_SIZE + VALUE_PARTS_PER_NODE * nodes
+    too_deep = _TooDeep(expr, key)
+    # terms share subterms: count each tree node, visit each object once
+    n, bound = _size(value, 0, {}, too_deep), MAX_VALUE_SIZE + VALUE_PARTS_PER_NODE * nodes
     if n > bound:
         raise RuleError(expr.pos, f":{key} would be a value of {n} parts (term nodes, characters, elements), more "
                         f"than {bound} for a graph of {nodes} nodes; a rule probably grows it each time it fires: "
                         "guard the rule")
+
+
+class _TooDeep:
+    """The error for a value nested past MAX_VALUE_DEPTH, made when raised (an object, not a closure:
+    a closure that refers to itself is a reference cycle, and lowering runs with the cycle collector
+    off, so each of the tens of thousands of values checked would stay in memory until it ends)."""
+
+    __slots__ = ("expr", "key")
+
+    def __init__(self, expr, key: str):
+        self.expr, self.key = expr, key
+
+    def __call__(self) -> RuleError:
+        return RuleError(self.expr.pos, f":{self.key} would be a value nested more than {MAX_VALUE_DEPTH} deep; a "
+                         "rule probably grows it each time it fires: guard the rule")
+
+
+def _size(v: Any, depth: int, sizes: dict[int, int], too_deep: _TooDeep) -> int:
+    """Parts of value ``v`` (term nodes, characters, elements), each tuple or dict counted once."""
+    if depth > MAX_VALUE_DEPTH:
+        raise too_deep()
+    if isinstance(v, Term):
+        parts, height = _term_parts(v, depth, too_deep)
+        if depth + height > MAX_VALUE_DEPTH:
+            raise too_deep()
+        return parts
+    if isinstance(v, str):
+        return 1 + len(v)
+    if not isinstance(v, (tuple, dict)):
+        return 1
+    if id(v) not in sizes:
+        parts = v.values() if isinstance(v, dict) else v
+        sizes[id(v)] = 1 + sum(_size(a, depth + 1, sizes, too_deep) for a in parts)
+    return sizes[id(v)]
 
 
 # id of a term -> (the term, its parts, its height): a value a rule sets is mostly terms of the graph

@@ -90,7 +90,7 @@ class Rewriter(Cloning):
         self.erased_ops: set[str] = set()
         # one Env for the application: it reads ``self.b`` (changed in place by let, :as and clone's
         # :as), not a copy, so every value sees the bindings as they are when it is evaluated
-        self._env = Env(self.b, lambda n: self.kg[n])
+        self._env = Env(self.b, kg.__getitem__)  # not a closure over self: that would be a reference cycle
 
     def env(self) -> Env:
         return self._env
