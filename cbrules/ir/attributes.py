@@ -1,13 +1,15 @@
-"""What value an attribute may hold: identifier-valued attributes (names codegen prints) and the
-integer-valued ones (sizes, counts, ids) with their ranges. :mod:`cbrules.ir.verify` checks a whole
+"""What value an attribute may hold: identifier-valued attributes (names codegen prints), the
+integer-valued ones (sizes, counts, ids) with their ranges, and terms codegen can print. :mod:`cbrules.ir.verify` checks a whole
 graph with these; rule actions and the interpreter ask :func:`attribute_problem` of one value, so an
 error points at the rule text or the step that set it."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .names import RULES, problem
 from .ops import BINARY, MAX_BACKOFF_NS, OPS, UNARY
+from .terms import BINARY_OPS, MAX_TERM_DEPTH, MAX_TERM_PARTS, UNARY_OPS, Term, call_problem, extent
 
 
 def register_count(x) -> bool:
@@ -80,3 +82,63 @@ INT_KEYS: dict[str, list[tuple[str, int]]] = {}  # op -> its (key, lowest value)
 for _o, _k, _low, _many in INT_ATTRS:
     _INT_ATTR.setdefault((_o, _k), (_low, _many))
     INT_KEYS.setdefault(_o, []).append((_k, _low))
+
+
+def term_problem(t: Any, finite: bool = True) -> str | None:
+    """Why ``t`` cannot be printed as C, or None; ``finite``: infinities and NaN are refused. The walk
+    stops past :data:`MAX_TERM_DEPTH` levels or :data:`MAX_TERM_PARTS` parts, so that a term too deep
+    to walk, or one that repeats a subexpression into more parts than can be printed, is refused by
+    name, not a crash or a hang."""
+    why = _problem_within(t, finite, 0, [MAX_TERM_PARTS])
+    if why is not _TOO_LARGE:
+        return why
+    parts, height = extent(t)  # each shared part once: the figures for the message
+    if height > MAX_TERM_DEPTH:
+        return (f"holds an expression nested more than {MAX_TERM_DEPTH} operators deep ({height}), more than the "
+                "generated code and the simplifier take")
+    return (f"holds an expression of more than {MAX_TERM_PARTS} parts as printed ({parts}), more than the "
+            "generated code and the simplifier take")
+
+
+_TOO_LARGE = "too large"  # _problem_within's answer past the bounds (compared by identity)
+
+
+def _problem_within(t: Any, finite: bool, depth: int, budget: list[int]) -> str | None:
+    """:func:`_term_problem` below ``depth`` with ``budget[0]`` parts left to read (recursion at most
+    MAX_TERM_DEPTH deep; the common parts, a name, an int or a binary operator, checked inline)."""
+    budget[0] -= 1
+    if depth > MAX_TERM_DEPTH or budget[0] < 0:
+        return _TOO_LARGE
+    if t.__class__ is Term and (t.op == "name" and t.value.__class__ is str or
+                                t.op == "const" and t.value.__class__ is int or
+                                len(t.args) == 2 and t.op in BINARY_OPS):
+        pass
+    else:
+        why = _own_problem(t, finite)
+        if why:
+            return why
+    for a in t.args:
+        why = _problem_within(a, finite, depth + 1, budget)
+        if why:
+            return why
+    return None
+
+
+def _own_problem(t: Any, finite: bool) -> str | None:
+    """Why the top of ``t`` (not its operands) cannot be printed as C, or None."""
+    if not isinstance(t, Term):
+        return f"holds {t!r}, which is not a term"
+    if t.op == "const":
+        v = t.value
+        if finite and isinstance(v, float) and not math.isfinite(v):
+            return f"holds the constant {v!r}, which is no index, bound or predicate (only computed values may be infinite or NaN)"
+        return None if isinstance(v, (bool, int, float)) else f"holds the constant {v!r}, not a number"
+    if t.op == "name":
+        return None if isinstance(t.value, str) else f"holds the name {t.value!r}, not text"
+    if t.op == "call":
+        why = call_problem(t.value, len(t.args))
+        if why:
+            return f"calls {t.value!r}: {why}"
+    elif not ((len(t.args) == 1 and t.op in UNARY_OPS) or (len(t.args) == 2 and t.op in BINARY_OPS)):
+        return f"holds operator {t.op!r} with {len(t.args)} operand(s)"
+    return None

@@ -7,15 +7,15 @@ where it is used, every call is a device function, and integer-valued attributes
 """
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..errors import CbrulesError
-from .attributes import ARG_COUNTS, INT_HIGH, INT_KEYS, attribute_problem, ident_keys, register_count
+from .attributes import (ARG_COUNTS, INT_HIGH, INT_KEYS, attribute_problem, ident_keys, register_count,
+                         term_problem)
 from .names import BUILTINS, RULES, problem
 from .ops import DTYPES, LOOP_KINDS, MAX_SCOPE_DEPTH, OPS, REDUCE_COMBINE, SCOPES, SPACES, term_values
 from .order import CONTAINS, DEPENDS, ScheduleError, sibling_order
-from .terms import BINARY_OPS, MAX_TERM_DEPTH, MAX_TERM_PARTS, UNARY_OPS, Term, call_problem, extent
+from .terms import Term
 from .tma_view import TmaSplitError, normalize_split
 
 if TYPE_CHECKING:  # the graph imports this module to verify itself
@@ -41,7 +41,8 @@ def verify(kg: KernelGraph, ready: bool = False, structure_only: bool = False) -
     every single rule application, while a phase may still be half-way through a protocol);
     ``ready`` adds what code generation needs: every TMA load has a barrier to complete on.
     """
-    walked, parent, kids = _tree(kg)  # every node, parents first, each one's scope, each scope's children
+    by_op = kg.by_op()  # one pass: the checks below ask for the nodes of several ops
+    walked, parent, kids = _tree(kg, by_op)  # every node, parents first, each one's scope, each scope's children
     _attributes(kg)
     orders = _depends(kg, walked, parent, kids)
     if structure_only:
@@ -49,21 +50,24 @@ def verify(kg: KernelGraph, ready: bool = False, structure_only: bool = False) -
     order = _program_order(kg, orders)
     _identifiers(kg, walked)
     _values(kg, walked)
-    _names(kg, walked, parent)
-    _barriers(kg, order)
-    _block_shape(kg)
+    _names(kg, walked, parent, by_op)
+    _barriers(kg, order, by_op)
+    _block_shape(kg, by_op)
     if ready:
-        for n in kg.nodes("tma_load"):
+        for n in by_op.get("tma_load", ()):
             if not kg[n].get("barrier"):
                 raise GraphError("tma-barrier", f"{kg.describe(n)} has no barrier: mark its loop circular-buffered "
                                  "(or let the shipped rules lower it), or pass barrier= and slot=", n)
 
 
-def _tree(kg: KernelGraph) -> tuple[list[int], dict[int, int], dict[int, list[int]]]:
+def _tree(kg: KernelGraph, by_op: dict[str, list[int]] | None = None
+          ) -> tuple[list[int], dict[int, int], dict[int, list[int]]]:
     """Check the scope tree; return every node, parents before children (``kg.walk()``), each
-    node's parent (the root has none) and each scope's children in id order."""
+    node's parent (the root has none) and each scope's children in id order (``by_op``:
+    ``kg.by_op()``, when the caller has it)."""
+    by_op = kg.by_op() if by_op is None else by_op
     parent: dict[int, int] = {}
-    kernels = kg.nodes("kernel")
+    kernels = by_op.get("kernel", [])
     if kernels != [kg.root]:
         extra = [n for n in kernels if n != kg.root]
         raise GraphError("single-root", f"{kg.describe(extra[0])} is a second kernel node; a graph "
@@ -82,7 +86,7 @@ def _tree(kg: KernelGraph) -> tuple[list[int], dict[int, int], dict[int, list[in
             raise GraphError("scope-tree", f"{kg.describe(n)} is contained by {kg.describe(parents[0])}, "
                              "which is not a scope (kernel/for/if)", n)
         parent[n] = parents[0]
-    for n in kg.nodes("else"):
+    for n in by_op.get("else", ()):
         p = kg.parent(n)
         if p is None or kg.op(p) != "if":
             raise GraphError("else-branch", f"{kg.describe(n)} is not directly inside an if; an else branch "
@@ -190,6 +194,12 @@ def _depends(kg: KernelGraph, walked: list[int], parent: dict[int, int],
     return orders
 
 
+def _buffers(kg: KernelGraph, by_op: dict[str, list[int]]) -> dict[str, int]:
+    """``kg.buffers()`` from the nodes by op read already."""
+    nodes = kg.g._node
+    return {nodes[n]["buf"]: n for n in by_op.get("alloc", ())}
+
+
 def _program_order(kg: KernelGraph, orders: dict[int, list[int]]) -> list[int]:
     """``linear_order`` from the sibling orders :func:`_depends` found (each scope is sorted once)."""
     return _preorder(kg.root, orders)
@@ -273,7 +283,7 @@ def _values(kg: KernelGraph, walked: list[int]) -> None:
             for t in (v if isinstance(v, tuple) else () if v is None else (v,)):
                 finite = key not in _VALUE_KEYS
                 known = seen.get((id(t), finite))  # cloned nodes share their terms: each is read once
-                why = known[1] if known is not None and known[0] is t else _term_problem(t, finite)
+                why = known[1] if known is not None and known[0] is t else term_problem(t, finite)
                 seen[id(t), finite] = (t, why)
                 if why:
                     raise GraphError("term", f"{kg.describe(n)}: {key} {why}", n)
@@ -298,75 +308,15 @@ def _split_ok(p: Any) -> bool:
 _VALUE_KEYS = ("value", "args", "src")  # terms that compute a value (a reduce's src), not an index
 
 
-def _term_problem(t: Any, finite: bool = True) -> str | None:
-    """Why ``t`` cannot be printed as C, or None; ``finite``: infinities and NaN are refused. The walk
-    stops past :data:`MAX_TERM_DEPTH` levels or :data:`MAX_TERM_PARTS` parts, so that a term too deep
-    to walk, or one that repeats a subexpression into more parts than can be printed, is refused by
-    name, not a crash or a hang."""
-    why = _problem_within(t, finite, 0, [MAX_TERM_PARTS])
-    if why is not _TOO_LARGE:
-        return why
-    parts, height = extent(t)  # each shared part once: the figures for the message
-    if height > MAX_TERM_DEPTH:
-        return (f"holds an expression nested more than {MAX_TERM_DEPTH} operators deep ({height}), more than the "
-                "generated code and the simplifier take")
-    return (f"holds an expression of more than {MAX_TERM_PARTS} parts as printed ({parts}), more than the "
-            "generated code and the simplifier take")
-
-
-_TOO_LARGE = "too large"  # _problem_within's answer past the bounds (compared by identity)
-
-
-def _problem_within(t: Any, finite: bool, depth: int, budget: list[int]) -> str | None:
-    """:func:`_term_problem` below ``depth`` with ``budget[0]`` parts left to read (recursion at most
-    MAX_TERM_DEPTH deep; the common parts, a name, an int or a binary operator, checked inline)."""
-    budget[0] -= 1
-    if depth > MAX_TERM_DEPTH or budget[0] < 0:
-        return _TOO_LARGE
-    if t.__class__ is Term and (t.op == "name" and t.value.__class__ is str or
-                                t.op == "const" and t.value.__class__ is int or
-                                len(t.args) == 2 and t.op in BINARY_OPS):
-        pass
-    else:
-        why = _own_problem(t, finite)
-        if why:
-            return why
-    for a in t.args:
-        why = _problem_within(a, finite, depth + 1, budget)
-        if why:
-            return why
-    return None
-
-
-def _own_problem(t: Any, finite: bool) -> str | None:
-    """Why the top of ``t`` (not its operands) cannot be printed as C, or None."""
-    if not isinstance(t, Term):
-        return f"holds {t!r}, which is not a term"
-    if t.op == "const":
-        v = t.value
-        if finite and isinstance(v, float) and not math.isfinite(v):
-            return f"holds the constant {v!r}, which is no index, bound or predicate (only computed values may be infinite or NaN)"
-        return None if isinstance(v, (bool, int, float)) else f"holds the constant {v!r}, not a number"
-    if t.op == "name":
-        return None if isinstance(t.value, str) else f"holds the name {t.value!r}, not text"
-    if t.op == "call":
-        why = call_problem(t.value, len(t.args))
-        if why:
-            return f"calls {t.value!r}: {why}"
-    elif not ((len(t.args) == 1 and t.op in UNARY_OPS) or (len(t.args) == 2 and t.op in BINARY_OPS)):
-        return f"holds operator {t.op!r} with {len(t.args)} operand(s)"
-    return None
-
-
 _MEMORY_OPS = ("load", "store", "copy", "tma_load", "tma_store")  # their src and dst name buffers (a load's dst: a register)
 
 
-def _names(kg: KernelGraph, walked: list[int], parent: dict[int, int]) -> None:
+def _names(kg: KernelGraph, walked: list[int], parent: dict[int, int], by_op: dict[str, list[int]]) -> None:
     """Every buffer and register read has a definition (or comes from the host), and every name in
     a term is bound where it is used: an enclosing loop's variable, a symbol, a builtin or a register."""
     params = kg.params()
     symbols = {p for p in params if params[p].kind == "symbol"}
-    buffers = kg.buffers()
+    buffers = _buffers(kg, by_op)
     written_bufs, registers = set(), set()
     for d in kg.g._node.values():
         if d["op"] in ("tma_load", "store", "copy"):
@@ -429,18 +379,18 @@ def _names(kg: KernelGraph, walked: list[int], parent: dict[int, int]) -> None:
                                      "loop variable in scope, a symbol, a builtin or a register", n)
 
 
-def _barriers(kg: KernelGraph, order: list[int]) -> None:
+def _barriers(kg: KernelGraph, order: list[int], by_op: dict[str, list[int]]) -> None:
     """Each barrier array is initialised before any other use and invalidated after the last.
 
     Program order says nothing about an else branch run by other threads at the same time (a
     warp-specialized producer): its uses are left to the protocol checker of the interpreter."""
     uses: dict[str, list[int]] = {}
-    concurrent = {d for e in kg.nodes("else") for d in kg.descendants(e)}
+    concurrent = {d for e in by_op.get("else", ()) for d in kg.descendants(e)}
     nodes = kg.g._node
     for n in order:
         if nodes[n]["op"] in BARRIER_OPS and n not in concurrent:
             uses.setdefault(kg[n]["barrier"], []).append(n)
-    buffers = kg.buffers()
+    buffers = _buffers(kg, by_op)
     for bar, ns in uses.items():
         if bar in buffers and kg[buffers[bar]]["dtype"] != "mbarrier":
             raise GraphError("barrier-type", f"{kg.describe(ns[0])} uses {bar!r}, which is allocated as "
@@ -453,9 +403,9 @@ def _barriers(kg: KernelGraph, order: list[int]) -> None:
                              f"{kg.describe(ns[-1])}", ns[-1])
 
 
-def _block_shape(kg: KernelGraph) -> None:
+def _block_shape(kg: KernelGraph, by_op: dict[str, list[int]]) -> None:
     bx, by, bz = kg.kernel()["block"]
-    for n in kg.nodes() if bx < 32 else kg.nodes("reduce") + kg.nodes("block_stats"):  # only reductions to check
+    for n in kg.nodes() if bx < 32 else by_op.get("reduce", []) + by_op.get("block_stats", []):  # only reductions to check
         d = kg[n]
         if bx < 32 and any(t.op == "call" and t.value == "elect_one" for t in _subterms(term_values(d["op"], d))):
             raise GraphError("elect-one-warp", f"{kg.describe(n)} uses elect_one() but blockDim.x = {bx} "
