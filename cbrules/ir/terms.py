@@ -31,6 +31,12 @@ class Term:
     args: tuple["Term", ...] = ()
     value: Union[int, float, bool, str, None] = None
 
+    def __init__(self, op: str, args: tuple["Term", ...] = (), value: Union[int, float, bool, str, None] = None):
+        # the fields written straight into the instance: a frozen dataclass's own __init__ goes through
+        # object.__setattr__ for each, twice the cost, and lowering a large kernel makes ~10**5 terms
+        d = self.__dict__
+        d["op"], d["args"], d["value"] = op, args, value
+
     # -- construction helpers so that builder code reads like the kernel ----------------------
     def _bin(self, op: str, other: "TermLike", swap: bool = False) -> "Term":
         a, b = self, as_term(other)

@@ -23,6 +23,9 @@ class NodeRef:
 
     id: int
 
+    def __init__(self, id: int):
+        self.__dict__["id"] = id  # as Term's: the matcher makes one per candidate it binds
+
     def __str__(self) -> str:
         return f"#{self.id}"
 
