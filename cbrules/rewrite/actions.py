@@ -40,7 +40,7 @@ from ..ir.ops import OPS, conflicts, nearest_conflicts_among
 from ..ir.order import kept_order, sibling_order, sibling_pairs
 from .schema import ACTIONS, settable as _settable, split_keys, split_keys_once  # noqa: F401  (ACTIONS: public)
 from .sexpr import Atom, RuleError, SList
-from ..ir.terms import Term, as_term
+from ..ir.terms import Term, as_term, extent
 from .values import Env, NodeRef, evaluate
 from .action_values import (MAX_VALUE_DEPTH, MAX_VALUE_SIZE, VALUE_PARTS_PER_NODE, _bounded,  # noqa: F401
                             _coerce, _printable, _replace, _show)
@@ -56,6 +56,14 @@ _LITERALS: dict[int, tuple[SList, dict]] = {}  # id of a template -> (the templa
 def _literal_values(t: SList) -> dict:
     got = _LITERALS.get(id(t))
     return got[1] if got is not None and got[0] is t else {}
+
+
+def _small(value: Any) -> bool:
+    """Whether a value is within the size bound of a graph of any size (then the checks it passed once
+    pass again; a long literal text may pass only in a large graph, whose bound grows with it)."""
+    if isinstance(value, str):
+        return len(value) < MAX_VALUE_SIZE
+    return not isinstance(value, Term) or extent(value)[0] <= MAX_VALUE_SIZE
 
 
 def _remember_literal(t: SList, key: str, value: Any) -> None:
@@ -201,7 +209,7 @@ class Rewriter(Cloning):
                 attrs[k] = _coerce(spec, k, self.value(v))
                 _bounded(k, attrs[k], v, len(self.kg))
                 _printable(op, k, attrs[k], v)
-                if isinstance(v, Atom) and v.kind != "var":  # one part, whatever the graph's size: within every bound
+                if isinstance(v, Atom) and v.kind != "var" and _small(attrs[k]):
                     _remember_literal(t, k, attrs[k])
         n = self.kg.add(op, parent, origin=self.origin, **attrs)
         self.created.append(n)
