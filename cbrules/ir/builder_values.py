@@ -106,14 +106,12 @@ def _bounded_term(t: Term, where: str, what: str) -> Term:
     (:data:`cbrules.ir.terms.BUILT_TERM_DEPTH`, ``BUILT_TERM_PARTS``): a BuildError."""
     if fits(t, BUILT_TERM_DEPTH, BUILT_TERM_PARTS):
         return t
-    parts, height = extent(t)
-    if height > BUILT_TERM_DEPTH or parts > BUILT_TERM_PARTS:
-        size = f"nested more than {BUILT_TERM_DEPTH} operators deep" if height > BUILT_TERM_DEPTH else \
-            f"of more than {BUILT_TERM_PARTS} parts as printed ({parts})"
-        raise BuildError(f"{where}: {what} is an expression {size}, more than the generated code and the "
-                         "simplifier take; build it in steps (a value into a register with k.add / k.mul, or a "
-                         "loop instead of a long chain of + or *)")
-    return t
+    parts, height = extent(t)  # the figures for the message
+    size = f"nested more than {BUILT_TERM_DEPTH} operators deep" if height > BUILT_TERM_DEPTH else \
+        f"of more than {BUILT_TERM_PARTS} parts as printed ({parts})"
+    raise BuildError(f"{where}: {what} is an expression {size}, more than the generated code and the "
+                     "simplifier take; build it in steps (a value into a register with k.add / k.mul, or a "
+                     "loop instead of a long chain of + or *)")
 
 
 def _cb_options(options: Any, where: str) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..ir.graph import KernelGraph
-from ..ir.terms import MAX_TERM_DEPTH, MAX_TERM_PARTS, Term, as_term
+from ..ir.terms import MAX_TERM_DEPTH, MAX_TERM_PARTS, Term, as_term, extent
 from ..ir.attributes import attribute_problem
 from .sexpr import RuleError
 from .values import NodeRef
@@ -81,7 +81,9 @@ def _size(v: Any, depth: int, sizes: dict[int, int], too_deep: _TooDeep) -> int:
     if depth > MAX_VALUE_DEPTH:
         raise too_deep()
     if isinstance(v, Term):
-        parts, height = _term_parts(v, depth, too_deep)
+        if len(_TERM_PARTS) > 200_000:
+            _TERM_PARTS.clear()
+        parts, height = extent(v, _TERM_PARTS)  # no recursion: a term past the bound is counted, then refused
         if depth + height > MAX_VALUE_DEPTH:
             raise too_deep()
         return parts
@@ -95,26 +97,9 @@ def _size(v: Any, depth: int, sizes: dict[int, int], too_deep: _TooDeep) -> int:
     return sizes[id(v)]
 
 
-# id of a term -> (the term, its parts, its height): a value a rule sets is mostly terms of the graph
-# with a new node or two on top, so each is counted once (terms never change)
+# id of a term -> (the term, its parts, its height), as terms.extent keeps them: a value a rule sets is
+# mostly terms of the graph with a new node or two on top, so each is counted once (terms never change)
 _TERM_PARTS: dict[int, tuple[Term, int, int]] = {}
-
-
-def _term_parts(t: Term, depth: int, too_deep) -> tuple[int, int]:
-    """A term's tree size and height (its deepest leaf's depth below it); ``too_deep()`` is raised
-    while a term not counted yet reaches past :data:`MAX_VALUE_DEPTH` below the value's top."""
-    got = _TERM_PARTS.get(id(t))
-    if got is None or got[0] is not t:
-        if depth > MAX_VALUE_DEPTH:
-            raise too_deep()
-        parts, height = 1, 0
-        for a in t.args:
-            p, h = _term_parts(a, depth + 1, too_deep)
-            parts, height = parts + p, max(height, h + 1)
-        if len(_TERM_PARTS) > 200_000:
-            _TERM_PARTS.clear()
-        got = _TERM_PARTS[id(t)] = (t, parts, height)
-    return got[1], got[2]
 
 
 def _show(v: Any, kg: KernelGraph) -> str:
