@@ -434,3 +434,26 @@ def test_term_builders_refuse_hostile_operands_by_name(tmp_path, builder):
                     f'(wrap ?s (if :pred ({builder} {operand} 1) :tag "w"))')
         with within(20), pytest.raises(CbrulesError, match=re.escape(why)):
             run_rules(tmp_path / str(i), kernel(), body)
+
+
+def test_a_long_literal_passing_in_a_large_graph_is_checked_again_in_a_small_one(tmp_path):
+    """A template's literal values are checked once and remembered, but only those within the value
+    bound of a graph of any size: the bound grows with the graph (16 parts a node), so a long literal
+    text a large graph allows is refused again, by name, in a small one lowered with the same rules."""
+    from cbrules.rewrite.action_values import MAX_VALUE_SIZE, VALUE_PARTS_PER_NODE
+    text = "t" * (MAX_VALUE_SIZE + 1000)
+    folder = tmp_path / "rules"
+    write_rules(folder, "(phases p)\n" + rule("mark", "(kernel ?K :tag (absent))",
+                                            f'(insert-at-entry ?K (syncthreads :tag "{text}")) (set ?K :tag "done")'))
+    rules = rulefile.load([folder])
+    large, small = Kernel("large", block=64), kernel()
+    n = large.symbol("N")
+    x, out = large.tensor("x", (n,)), large.tensor("out", (n,))
+    for i in range(40):
+        large.store(out, threadIdx.x + i, large.load(x, threadIdx.x + i))
+    assert MAX_VALUE_SIZE + VALUE_PARTS_PER_NODE * len(large.graph) > len(text) + 1 > \
+        MAX_VALUE_SIZE + VALUE_PARTS_PER_NODE * len(small)
+    lowered = engine.lower(large.graph, rules).graph
+    assert [lowered[s]["tag"] for s in lowered.nodes("syncthreads")] == [text]
+    with pytest.raises(engine.LoweringError, match=r"rule mark .*:tag would be a value of \d+ parts"):
+        engine.lower(small, rules)
