@@ -212,6 +212,10 @@ class _Run:
         self.anchors: dict[str, Optional[Anchor]] = {r.name: anchor_of(r.match, r.where) for r in rules.rules}
         self.changes = AnchorChanges(frozenset(a.op for a in self.anchors.values() if a is not None))
         self.found: dict[tuple, list[int]] = {}  # (step, op) -> the nodes of op touched since step, this batch
+        # the whole-graph searches' attribute index, (op, path) -> table, kept from batch to batch
+        # while no application touches a node of its op (see _kept_tables)
+        self.tables: dict[tuple, Optional[dict]] = {}
+        self.tables_step = 0
         self.verified = False  # the graph is unchanged since it last passed verify()
         self.verify_phases = True  # verify() after each phase that changed the graph, not only at the end
         self.oracle = _oracle(tuple(rules.egg_forms)) if rules.egg_forms else None
@@ -330,7 +334,8 @@ class _Run:
     # ------------------------------------------------------------------ matching
     def _next_batch(self, kg: KernelGraph, rules: list[GraphRule]):
         """The first rule (in order) with matches not applied yet, and all those matches."""
-        index = Matcher(kg, deadline=self.deadline, decide=self._decider(kg), plan=True)  # the graph does not change while we look
+        index = Matcher(kg, deadline=self.deadline, decide=self._decider(kg), plan=True,  # the graph does not change while we look
+                        attr_tables=self._kept_tables())
         self.found = {}
         for rule in rules:
             if not self._may_have_news(rule):
@@ -341,6 +346,14 @@ class _Run:
                 return rule, batch
             self.quiet[rule.name] = self.step
         return None
+
+    def _kept_tables(self) -> dict:
+        """The attribute index's tables still true of the graph: those of ops no application has
+        touched since the last batch (a batch's whole-graph searches index the same few ops)."""
+        since, self.tables_step = self.tables_step, self.step
+        for key in [key for key in self.tables if self.touched.get(key[0], -1) > since]:
+            del self.tables[key]
+        return self.tables
 
     def _search(self, kg: KernelGraph, index: Matcher, rule: GraphRule) -> Iterator[dict]:
         """``rule``'s matches: on the whole graph (unless a node it needs is missing), or for an

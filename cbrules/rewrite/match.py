@@ -74,19 +74,21 @@ class Matcher(Relations):
     """Matches rules against one graph; remembers the deepest failure for "why not" queries."""
 
     def __init__(self, kg: KernelGraph, deadline: Optional[float] = None,
-                 decide: Optional[Callable[[Term], bool]] = None, plan: bool = False):
+                 decide: Optional[Callable[[Term], bool]] = None, plan: bool = False,
+                 attr_tables: Optional[dict] = None):
         """``deadline`` (a ``time.monotonic()`` value): past it, matching raises :class:`MatchTimeout`
         (a rule with many node patterns can take time exponential in their number). ``decide``
         proves predicate terms for the ``provably-*`` guards (the engine's egglog oracle).
         ``plan``: search the leading node patterns in a joined order (:mod:`cbrules.rewrite.plan`);
         the bindings are the same, in the same order, but the deepest failure that :meth:`explain`
-        reports is the written search's only without it."""
+        reports is the written search's only without it. ``attr_tables``: the attribute index's
+        tables (see :class:`cbrules.rewrite.plan.AttrIndex`), kept by the caller across matchers."""
         self.kg = kg
         self.decide = decide
         self.plan = plan
         # the op index ("index") and the attribute index ("attrs"), built on first use and shared by
         # the fresh() matchers: an anchored search that needs neither builds neither
-        self._shared: dict[str, Any] = {}
+        self._shared: dict[str, Any] = {"tables": attr_tables}
         self._orders: dict[int, list[int]] = {}
         self._places: dict[int, dict[int, int]] = {}  # scope -> each child's place in its order
         self._within: dict[tuple[int, str], list[int]] = {}  # (scope, op) -> nodes inside, on first use
@@ -121,7 +123,7 @@ class Matcher(Relations):
         """Nodes by op and attribute value (:class:`cbrules.rewrite.plan.AttrIndex`), on first use."""
         attrs = self._shared.get("attrs")
         if attrs is None:
-            attrs = self._shared["attrs"] = AttrIndex(self.kg, self.by_op())
+            attrs = self._shared["attrs"] = AttrIndex(self.kg, self.by_op, self._shared["tables"])
         return attrs
 
     def inside(self, scope: int, op: str) -> list[int]:

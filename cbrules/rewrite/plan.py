@@ -17,7 +17,7 @@ the rule is searched as written.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ..ir.terms import Term
 from .schema import RELATIONS, STRUCTURAL_KEYS, split_keys_once
@@ -75,11 +75,13 @@ def index_key(v: Any) -> Any:
 
 class AttrIndex:
     """Nodes of an op by the value of one attribute, built per (op, key) on first use from the
-    matcher's op index (so each list is in id order); the graph does not change meanwhile."""
+    matcher's op index (``by_op()``, so each list is in id order); the graph does not change
+    meanwhile. ``tables``: where the tables go, which the caller may keep for later matchers while
+    no node of their op changes (the engine, from one batch to the next)."""
 
-    def __init__(self, kg, by_op: dict[str, list[int]]):
+    def __init__(self, kg, by_op: Callable[[], dict[str, list[int]]], tables: Optional[dict] = None):
         self.kg, self.by_op = kg, by_op
-        self._tables: dict[tuple[str, str], Optional[dict]] = {}
+        self._tables: dict[tuple[str, tuple], Optional[dict]] = {} if tables is None else tables
 
     def lookup(self, op: str, path: tuple, value: Any) -> Optional[list[int]]:
         """The ``op`` nodes whose attribute at ``path`` (a key, then keys into dictionary values)
@@ -95,8 +97,9 @@ class AttrIndex:
 
     def _build(self, op: str, path: tuple) -> Optional[dict]:
         table: dict = {}
-        for n in self.by_op.get(op, ()):
-            v = self.kg[n]
+        nodes = self.kg.g._node
+        for n in self.by_op().get(op, ()):
+            v = nodes[n]
             for key in path:
                 v = v.get(key, _UNINDEXED) if isinstance(v, dict) else _UNINDEXED
             if v is _UNINDEXED:
