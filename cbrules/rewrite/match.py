@@ -93,6 +93,7 @@ class Matcher(Relations):
         self._places: dict[int, dict[int, int]] = {}  # scope -> each child's place in its order
         self._within: dict[tuple[int, str], list[int]] = {}  # (scope, op) -> nodes inside, on first use
         self._grouped: dict[int, dict[str, list[int]]] = {}  # scope -> op -> nodes inside, one walk a scope
+        self._kids: dict[tuple[int, str], list[int]] = {}  # (scope, op) -> children, on first use
         self.deepest: tuple[int, str, Any] = (-1, "", None)
         self.deepest_bindings: dict = {}  # the bindings the deepest failure was tried with
         self.deadline = deadline
@@ -103,7 +104,7 @@ class Matcher(Relations):
         failure record."""
         m = Matcher.__new__(Matcher)
         m.kg, m._orders, m._shared, m._within = self.kg, self._orders, self._shared, self._within
-        m._grouped = self._grouped
+        m._grouped, m._kids = self._grouped, self._kids
         m._places = self._places
         m.decide, m.plan = self.decide, self.plan
         m.deepest, m.deadline, m.ticks = (-1, "", None), self.deadline, 0
@@ -147,6 +148,17 @@ class Matcher(Relations):
                         grouped.setdefault(nodes[n]["op"], []).append(n)
                 got = grouped.get(op, [])
             self._within[key] = got
+        return got
+
+    def children(self, scope: int, op: str) -> list[int]:
+        """The children of ``op`` (``"_"``: any) of ``scope``, in id order; remembered like
+        :meth:`inside` (the rules anchored at a loop ask for its children one after another)."""
+        key = (scope, op)
+        got = self._kids.get(key)
+        if got is None:
+            kids = self.kg.children(scope)
+            nodes = self.kg.g._node
+            got = self._kids[key] = kids if op == "_" else [n for n in kids if nodes[n]["op"] == op]
         return got
 
     def _tick(self) -> None:
@@ -298,9 +310,7 @@ class Matcher(Relations):
             return list(self.inside(within, op)), None
         elif "child-of" in keys:
             scope = self._scope_of(keys["child-of"], b)
-            pool = self.kg.children(scope)
-            nodes = self.kg.g._node
-            return [n for n in pool if op == "_" or nodes[n]["op"] == op], ("child-of", scope)
+            return list(self.children(scope, op)), ("child-of", scope)
         else:  # inside a scope, or the whole graph (the op index, built once per matcher)
             scope = self._scope_of(keys["in"], b) if "in" in keys else None
             pool = self.inside(scope, op) if scope is not None else self.by_op().get(op, ())
