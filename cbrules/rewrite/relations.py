@@ -180,7 +180,7 @@ class Relations:
         scope = self.kg.parent(a)
         if scope is None or scope != self.kg.parent(c) or a == c:
             return None
-        kids = set(self.kg.children(scope))
+        kids = set(self.children(scope, "_"))
 
         def reaches(x: int, y: int) -> bool:
             seen, todo = {x}, [x]
