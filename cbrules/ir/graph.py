@@ -303,6 +303,42 @@ class KernelGraph:
                 index[p][3].add(n)
             n = p
 
+    def joined(self, n: int) -> None:
+        """``n`` (with what it holds) was just put into its scope, and nothing inside it changed after
+        its effects were last read: what :meth:`touch` of ``n`` and of the scope does, except that
+        the remembered effects of the scopes around ``n``, and the resource indexes that list those
+        scopes, grow by ``n``'s effects instead of being read again (a scope's effects are the union
+        of what it holds: adding a node adds exactly its own)."""
+        if self._orders:
+            self._orders.pop(n, None)
+        kept, index, log = self._scope_effects, self._resources, self._touched
+        if not kept and not index and log is None:
+            return
+        reads, writes = self.effects(n)
+        if self._orders:
+            self._orders.pop(self.parent(n), None)
+        x = n
+        while x is not None:
+            if log is not None:
+                self._mark(x)
+            p = self.parent(x)
+            if x != n and kept:
+                had = kept.get(x)
+                if had is not None:
+                    kept[x] = (had[0] | reads, had[1] | writes)
+            if index and p in index:
+                users, writers, seen, stale = index[p]
+                old = seen.get(x)
+                if x not in stale and old is not None:  # listed already: list it for n's resources too
+                    for r in (reads | writes) - old[0] - old[1]:
+                        users.setdefault(r, set()).add(x)
+                    for r in writes - old[1]:
+                        writers.setdefault(r, set()).add(x)
+                    seen[x] = (old[0] | reads, old[1] | writes)
+                else:
+                    stale.add(x)
+            x = p
+
     def log_touches(self, step: Optional[int]) -> None:
         """From now on mark each node that changes, or that holds a node that changes (as
         :meth:`touch` and :meth:`add` say), with ``step``; None stops (and forgets). The rewrite

@@ -75,16 +75,20 @@ class Term:
 
     def names(self) -> Iterator[str]:
         """Every name the term mentions (loop variables, symbols, registers, builtins), in order of
-        mention (an explicit stack: a generator per level cost most of the walk, and lowering a large
-        kernel asks this of every term several times)."""
-        out, stack = [], [self]
-        while stack:
-            t = stack.pop()
-            if t.op == "name":
-                out.append(str(t.value))
-            if t.args:
-                stack.extend(reversed(t.args))
-        return iter(out)
+        mention. Read once per term object and kept on it (terms never change; lowering a large kernel
+        asks this of every term several times, mostly of the same objects), with an explicit stack:
+        a generator per level cost most of the walk."""
+        got = self.__dict__.get("_names")
+        if got is None:
+            out, stack = [], [self]
+            while stack:
+                t = stack.pop()
+                if t.op == "name":
+                    out.append(str(t.value))
+                if t.args:
+                    stack.extend(reversed(t.args))
+            got = self.__dict__["_names"] = tuple(out)
+        return iter(got)
 
 
 TermLike = Union[Term, int, float, bool, str]
@@ -116,30 +120,33 @@ def _fits(t: Term, left: int, budget: list[int]) -> bool:
     return True
 
 
-def extent(t: Term, known: Optional[dict] = None) -> tuple[int, int]:
+def extent(t: Term) -> tuple[int, int]:
     """(parts, height) of ``t`` as printed (a leaf: 1 part, height 0), with an explicit stack and
     each distinct subterm object counted once: a term may be far too deep to walk recursively, and
     one that shares its subterms (``x + x`` doubled 40 times) is 2**40 parts as printed but 41
-    objects. Anything but a term counts as a leaf. ``known`` (id of a subterm -> (the subterm,
-    parts, height)) may be shared by calls over terms that share subterms."""
-    known = {} if known is None else known
+    objects. Anything but a term counts as a leaf. Each subterm keeps its figures (terms never
+    change): a value a rule sets is mostly terms of the graph with a new part or two on top."""
+    if not isinstance(t, Term):
+        return 1, 0
+    got = t.__dict__.get("_extent")
+    if got is not None:
+        return got
     stack = [(t, False)]
     while stack:
         x, ready = stack.pop()
-        got = known.get(id(x))
-        if got is not None and got[0] is x:
+        d = x.__dict__
+        if "_extent" in d:
             continue
-        args = x.args if isinstance(x, Term) else ()
         if not ready:
             stack.append((x, True))
-            stack.extend((a, False) for a in args)
+            stack.extend((a, False) for a in x.args if isinstance(a, Term))
             continue
         parts, height = 1, 0
-        for a in args:
-            _, p, h = known[id(a)]
+        for a in x.args:
+            p, h = a.__dict__["_extent"] if isinstance(a, Term) else (1, 0)
             parts, height = parts + p, max(height, h + 1)
-        known[id(x)] = (x, parts, height)
-    return known[id(t)][1], known[id(t)][2]
+        d["_extent"] = (parts, height)
+    return t.__dict__["_extent"]
 
 
 def const(v: Union[int, float, bool]) -> Term:

@@ -81,9 +81,7 @@ def _size(v: Any, depth: int, sizes: dict[int, int], too_deep: _TooDeep) -> int:
     if depth > MAX_VALUE_DEPTH:
         raise too_deep()
     if isinstance(v, Term):
-        if len(_TERM_PARTS) > 200_000:
-            _TERM_PARTS.clear()
-        parts, height = extent(v, _TERM_PARTS)  # no recursion: a term past the bound is counted, then refused
+        parts, height = extent(v)  # no recursion: a term past the bound is counted, then refused
         if depth + height > MAX_VALUE_DEPTH:
             raise too_deep()
         return parts
@@ -95,11 +93,6 @@ def _size(v: Any, depth: int, sizes: dict[int, int], too_deep: _TooDeep) -> int:
         parts = v.values() if isinstance(v, dict) else v
         sizes[id(v)] = 1 + sum(_size(a, depth + 1, sizes, too_deep) for a in parts)
     return sizes[id(v)]
-
-
-# id of a term -> (the term, its parts, its height), as terms.extent keeps them: a value a rule sets is
-# mostly terms of the graph with a new node or two on top, so each is counted once (terms never change)
-_TERM_PARTS: dict[int, tuple[Term, int, int]] = {}
 
 
 def _show(v: Any, kg: KernelGraph) -> str:
