@@ -96,6 +96,12 @@ def sibling_order(kg: KernelGraph, scope: int, edges: Optional[dict] = None) -> 
     return order
 
 
+def order_among(kids: list[int], pairs: list[tuple[int, int]]) -> Optional[list[int]]:
+    """``kids`` (in id order) in the order :func:`sibling_order` gives them when ``pairs`` are the
+    depends edges among them; None when those form a cycle (:func:`sibling_order` names it)."""
+    return _smallest_first(*_adjacency(kids, [(a, b) for a, b in pairs if a != b]))
+
+
 def kept_order(kg: KernelGraph, scope: int) -> Optional["KeptOrder"]:
     """The kept sibling order of ``scope`` (sorted now when not kept), or None when the graph
     keeps no derived facts (see ``KernelGraph.keep_derived``)."""

@@ -14,7 +14,7 @@ from .attributes import (ARG_COUNTS, INT_HIGH, INT_KEYS, attribute_problem, iden
                          term_problem)
 from .names import BUILTINS, RULES, problem
 from .ops import DTYPES, LOOP_KINDS, MAX_SCOPE_DEPTH, OPS, REDUCE_COMBINE, SCOPES, SPACES, term_values
-from .order import CONTAINS, DEPENDS, ScheduleError, sibling_order
+from .order import CONTAINS, DEPENDS, ScheduleError, order_among, sibling_order
 from .terms import Term
 from .tma_view import TmaSplitError, normalize_split
 
@@ -171,7 +171,7 @@ def _depends(kg: KernelGraph, walked: list[int], parent: dict[int, int],
         for b, d in nbrs.items():
             if d["kind"] == DEPENDS:
                 if pa is not None and parent.get(b) == pa:
-                    edges.setdefault(pa, []).append((a, b, (a, b)))
+                    edges.setdefault(pa, []).append((a, b))
                 elif pa != parent.get(b):
                     apart = True
                 # else: the root's self-edge, which orders nothing (sibling_edges drops it too)
@@ -187,10 +187,13 @@ def _depends(kg: KernelGraph, walked: list[int], parent: dict[int, int],
             if scope not in edges:  # no edge orders its children: the sort takes them in id order
                 orders[scope] = kids.get(scope, [])
                 continue
-            try:
-                orders[scope] = sibling_order(kg, scope, edges)
-            except ScheduleError as e:
-                raise GraphError("depends-acyclic", str(e), scope) from None
+            got = order_among(kids.get(scope, []), edges[scope])
+            if got is None:  # a cycle: the scheduler's sort names it
+                try:
+                    got = sibling_order(kg, scope, {scope: [(a, b, (a, b)) for a, b in edges[scope]]})
+                except ScheduleError as e:
+                    raise GraphError("depends-acyclic", str(e), scope) from None
+            orders[scope] = got
     return orders
 
 

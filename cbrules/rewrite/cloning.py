@@ -35,7 +35,8 @@ class Cloning:
             mapping = {str(self.value(var)): as_term(self.value(term))}
             shifted = matcher.select(pat, self.b, src) & kept
         parent = self.kg.parent(src)
-        new = self._copy(src, kept, mapping, shifted, keys.get("substitute"), root=True)
+        holds, mixed = self._holding(src, kept, shifted)
+        new = self._copy(src, kept, mapping, shifted, keys.get("substitute"), holds, mixed, root=True)
         self.place(new, parent, "before", src)
         if "set" in keys:
             if not isinstance(keys["set"], SList):
@@ -44,16 +45,35 @@ class Cloning:
         if "as" in keys:
             self.b[keys["as"].value] = NodeRef(new)
 
-    def _copy(self, n: int, kept: set, mapping: dict, shifted: set, at: Optional[SList],
-              root: bool = False) -> Optional[int]:
-        """Copy ``n``'s subtree: kept leaves, and the scopes holding some (the root always)."""
+    def _holding(self, src: int, kept: set, shifted: set) -> tuple[set, set]:
+        """The scopes inside ``src`` (``src`` too) that hold a kept leaf, and those that hold a kept
+        leaf not in ``shifted``: one walk up from each kept leaf, not one walk down from each scope."""
+        holds: set[int] = set()
+        mixed: set[int] = set()
         kg = self.kg
-        inside = [d for d in kg.descendants(n) if d in kept] if kg.is_scope(n) else []
-        if not root and (n not in kept if not kg.is_scope(n) else not inside):
+        for leaf in kept:
+            plain = leaf not in shifted
+            s = kg.parent(leaf)
+            while s is not None and (s not in holds or plain and s not in mixed):
+                holds.add(s)
+                if plain:
+                    mixed.add(s)
+                if s == src:
+                    break
+                s = kg.parent(s)
+        return holds, mixed
+
+    def _copy(self, n: int, kept: set, mapping: dict, shifted: set, at: Optional[SList], holds: set, mixed: set,
+              root: bool = False) -> Optional[int]:
+        """Copy ``n``'s subtree: kept leaves, and the scopes holding some (the root always); ``holds``
+        and ``mixed`` as :meth:`_holding` gives them."""
+        kg = self.kg
+        scope = kg.is_scope(n)
+        if not root and (n not in kept if not scope else n not in holds):
             return None
         attrs = kg.attrs(n)
         # a leaf in the substituted set, or an inner scope holding only such leaves, sees the new value
-        substituted = n in shifted or (not root and inside and all(d in shifted for d in inside))
+        substituted = n in shifted or (not root and scope and n not in mixed)
         if substituted:
             for k in OPS[kg.op(n)].terms:
                 v = attrs.get(k)
@@ -69,14 +89,13 @@ class Cloning:
         if not substituted:
             kg.copied_effects(n, new)
         self.created.append(new)
-        if not kg.is_scope(n):
+        if not scope:
             return new
         seq = []
         for c in sibling_order(kg, n):
-            cc = self._copy(c, kept, mapping, shifted, at)
-            if cc is not None:
+            cc = self._copy(c, kept, mapping, shifted, at, holds, mixed)
+            if cc is not None:  # the copy is not in the graph's tree yet: nothing around it to tell
                 kg.g.add_edge(new, cc, kind="contains")
-                kg.touch(new)
                 seq.append(cc)
         kg.order_by_effects(seq)  # the copies keep the original's order wherever effects conflict
         return new

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 
 from ..ir.graph import BUILTINS, KernelGraph
-from ..ir.ops import OPS
+from ..ir.ops import OPS, SCOPES
 from ..ir.terms import Term, evaluate, substitute
 from ..ir.terms import name as name_term
 
@@ -106,6 +106,8 @@ def _loop_names(kg: KernelGraph) -> tuple[dict[int, dict[str, Term]], dict, set]
             lo, hi = _const(substitute(d["start"], outer)), _const(substitute(d["stop"], outer))
             if lo is None or hi is None or hi > lo:  # an empty loop (a short trip count's main loop) says nothing
                 ranges[scoped_name] = Range(lo, None if hi is None else hi - 1)
+        if d["op"] not in SCOPES:  # most nodes: nothing inside
+            continue
         kids = [c for c, e in succ[n].items() if e["kind"] == "contains"]
         if kids and inner is not outer:  # a variable some node is inside: its range is per loop
             renamed.add(d["var"])
@@ -196,17 +198,22 @@ def simplify_terms(kg: KernelGraph, forms: tuple) -> tuple[set[int], dict]:
                              if isinstance(x, Term) and x.op != "const")
     asked = list(question.asked.values())  # each question once, in the order first asked
     result = _simplify_cached(asked, {**ranges, **asked_ranges}, forms)
-    answers = {id(q): result.terms.get(q, q) for q in asked}
+    # each question's answer, None when it is the question itself: a site's term is its question
+    # renamed back one to one (question names are not identifiers: they cannot meet a kept name), so
+    # the site changes exactly when its question's answer differs from the question
+    answers = {}
+    for q in asked:
+        out = result.terms.get(q, q)
+        answers[id(q)] = None if out is q or out == q else out
     changed = set()
     for n, k, i, t, asked_q, back in sites:
         out = answers[id(asked_q)]
-        if out is asked_q:  # unchanged (egglog hands back the term it got): renaming back gives ``t``
+        if out is None:
             continue
         new = substitute(out, back) if back else out
-        if new != t:
-            changed.add(n)
-            if i is None:
-                kg[n][k] = new
-            else:
-                kg[n][k] = kg[n][k][:i] + (new,) + kg[n][k][i + 1:]
+        changed.add(n)
+        if i is None:
+            kg[n][k] = new
+        else:
+            kg[n][k] = kg[n][k][:i] + (new,) + kg[n][k][i + 1:]
     return changed, dict(result.rule_matches)
