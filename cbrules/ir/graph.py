@@ -266,11 +266,6 @@ class KernelGraph:
             return kept[n]
         return reads, writes
 
-    def lazy_effects(self, seq: list[int]) -> "_LazyEffects":
-        """The effects of nodes ``seq`` as a sequence whose items are read when asked (a
-        placement reads siblings only as far as the nearest conflicts)."""
-        return _LazyEffects(self, seq)
-
     def keep_derived(self, keep: bool = True) -> None:
         """Remember each node's effects (a scope's: with everything inside) and each scope's sibling
         order until it changes, and the nodes of each op. Placing a node asks for the order and the
@@ -329,6 +324,8 @@ class KernelGraph:
             if index and p in index:
                 users, writers, seen, stale = index[p]
                 old = seen.get(x)
+                if x == n and old is None and n not in stale:  # new to the index: listed now, not read again
+                    old = seen[n] = (frozenset(), frozenset())
                 if x not in stale and old is not None:  # listed already: list it for n's resources too
                     for r in (reads | writes) - old[0] - old[1]:
                         users.setdefault(r, set()).add(x)
@@ -383,9 +380,10 @@ class KernelGraph:
             if index is not None:
                 index[scope] = entry
         users, writers, seen, stale = entry
+        nodes = self.g._node
         for c in stale:
             old = seen.pop(c, None)
-            now = self.effects(c) if c in self.g and self.parent(c) == scope else None
+            now = self.effects(c) if c in nodes and self.parent(c) == scope else None
             if now is not None and now == old:  # most changes inside a child leave its effects as they were
                 seen[c] = now
                 continue
@@ -487,17 +485,6 @@ class KernelGraph:
             yield n
             if nodes[n]["op"] in SCOPES:  # only a scope contains nodes
                 stack.extend(reversed(self.children(n)))
-
-
-class _LazyEffects:
-    def __init__(self, kg: KernelGraph, seq: list[int]):
-        self.kg, self.seq = kg, seq
-
-    def __len__(self) -> int:
-        return len(self.seq)
-
-    def __getitem__(self, i: int) -> tuple[set[str], set[str]]:
-        return self.kg.effects(self.seq[i])
 
 
 def _plain(v: Any) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .terms import Term
 
@@ -275,18 +275,21 @@ def nearest_conflicts(seq: Sequence[tuple[set[str], set[str]]], at: int,
     return before, after
 
 
-def nearest_conflicts_among(seq: Sequence[tuple[set[str], set[str]]], at: int, mine: tuple[set[str], set[str]],
-                            users: tuple[Mapping[str, set[int]], Mapping[str, set[int]]], place: Mapping[int, int],
-                            crowded: int = 64) -> tuple[set[int], set[int]]:
-    """:func:`nearest_conflicts`, reading for each resource only the siblings that use it
-    (``users``: resource -> sibling ids that use it, and that write it; ``place``: sibling id ->
-    position in ``seq``; ids not placed there are ignored). A resource used by more than
-    ``crowded`` siblings (the sync token) is scanned for as before: its writers are near."""
+def nearest_conflicts_among(seq: Sequence[int], effects_of: Callable[[int], tuple[set[str], set[str]]], at: int,
+                            mine: tuple[set[str], set[str]], users: tuple[Mapping[str, set[int]], Mapping[str, set[int]]],
+                            label: Mapping[int, int], crowded: int = 64) -> tuple[set[int], set[int]]:
+    """:func:`nearest_conflicts` for a node placed at position ``at`` among siblings ``seq`` (ids in
+    program order; ``effects_of`` reads a sibling's effects), returning sibling ids, and reading for
+    each resource only the siblings that use it (``users``: resource -> sibling ids that use it, and
+    that write it; ``label``: sibling id -> a number that orders the siblings as ``seq`` does; ids
+    without one are not placed yet and are ignored). A resource used by more than ``crowded``
+    siblings (the sync token) is scanned for as before: its writers are near."""
     reads, writes = mine
     using, writing = users
     before: set[int] = set()
     after: set[int] = set()
     crowd: set[str] = set()
+    cut = label[seq[at]] if at < len(seq) else None  # the siblings labelled below it come before
     for r in reads | writes:
         who = using.get(r)
         if not who or r not in writes and not writing.get(r):
@@ -294,21 +297,35 @@ def nearest_conflicts_among(seq: Sequence[tuple[set[str], set[str]]], at: int, m
         if len(who) > crowded:
             crowd.add(r)
             continue
-        places = sorted(place[c] for c in who if c in place)
-        cut = bisect.bisect_left(places, at)
-        for span, out in ((reversed(places[:cut]), before), (places[cut:], after)):
-            for i in span:
-                their_reads, their_writes = seq[i]
+        placed = sorted((label[c], c) for c in who if c in label)
+        i = len(placed) if cut is None else bisect.bisect_left(placed, (cut,))
+        for span, out in ((reversed(placed[:i]), before), (placed[i:], after)):
+            for _, c in span:
+                their_reads, their_writes = effects_of(c)
                 if r in their_writes:
-                    out.add(i)
+                    out.add(c)
                     break
                 if r in their_reads and r in writes:
-                    out.add(i)
+                    out.add(c)
     if crowd:
-        b, a = nearest_conflicts(seq, at, (reads & crowd, writes & crowd))
-        before |= b
-        after |= a
+        lazy = _Lazy(seq, effects_of)
+        b, a = nearest_conflicts(lazy, at, (reads & crowd, writes & crowd))
+        before.update(seq[i] for i in b)
+        after.update(seq[i] for i in a)
     return before, after
+
+
+class _Lazy:
+    """Siblings' effects as a sequence read on demand (a scan stops at the nearest writers)."""
+
+    def __init__(self, seq: Sequence[int], effects_of: Callable[[int], tuple[set[str], set[str]]]):
+        self.seq, self.effects_of = seq, effects_of
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def __getitem__(self, i: int) -> tuple[set[str], set[str]]:
+        return self.effects_of(self.seq[i])
 
 
 class DependenceTracker:

@@ -131,6 +131,15 @@ def extent(t: Term) -> tuple[int, int]:
     got = t.__dict__.get("_extent")
     if got is not None:
         return got
+    parts, height = 1, 0
+    for a in t.args:  # most new terms put one part on top of terms already measured
+        got = a.__dict__.get("_extent") if isinstance(a, Term) else (1, 0)
+        if got is None:
+            break
+        parts, height = parts + got[0], max(height, got[1] + 1)
+    else:
+        got = t.__dict__["_extent"] = (parts, height)
+        return got
     stack = [(t, False)]
     while stack:
         x, ready = stack.pop()

@@ -180,13 +180,12 @@ class Rewriter(Cloning):
         for s in after:
             kg.add_depends(n, s)
         # only the siblings that touch n's resources, by the scope's resource index
-        place = kept if kept is not None else {c: i for i, c in enumerate(seq)}  # sibling -> position
-        preds, succs = nearest_conflicts_among(kg.lazy_effects(seq), at, kg.effects(n), kg.sibling_resources(scope),
-                                               place)
-        for i in preds:
-            kg.add_depends(seq[i], n)
-        for i in succs:
-            kg.add_depends(n, seq[i])
+        label = kept.key if kept is not None else {c: i for i, c in enumerate(seq)}  # orders siblings as seq does
+        preds, succs = nearest_conflicts_among(seq, kg.effects, at, kg.effects(n), kg.sibling_resources(scope), label)
+        for s in sorted(preds, key=label.__getitem__):
+            kg.add_depends(s, n)
+        for s in sorted(succs, key=label.__getitem__):
+            kg.add_depends(n, s)
         # the new order without sorting the scope again: at entry n precedes every source and at
         # exit follows every sink, whatever its id; a new node (the largest id) next to an anchor
         # joins where the sort would put it when that moves no other sibling (see order.KeptOrder)

@@ -37,11 +37,11 @@ class Cloning:
         parent = self.kg.parent(src)
         holds, mixed = self._holding(src, kept, shifted)
         new = self._copy(src, kept, mapping, shifted, keys.get("substitute"), holds, mixed, root=True)
-        self.place(new, parent, "before", src)
-        if "set" in keys:
+        if "set" in keys:  # before the copy joins the graph: it is placed by its own effects, read once
             if not isinstance(keys["set"], SList):
                 raise RuleError(keys["set"].pos, "clone :set takes a list (:key value ...)")
             self._set_attrs(new, keys["set"].items)
+        self.place(new, parent, "before", src)
         if "as" in keys:
             self.b[keys["as"].value] = NodeRef(new)
 
