@@ -26,8 +26,10 @@ def _replace(t: Any, frm: Term, to: Term) -> Any:
     if not t.args:
         return t
     args = [_replace(x, frm, to) for x in t.args]
-    # unchanged: the same object, so that the caller's comparison costs nothing
-    return t if all(a is b for a, b in zip(args, t.args)) else Term(t.op, tuple(args), t.value)
+    for a, b in zip(args, t.args):
+        if a is not b:
+            return Term(t.op, tuple(args), t.value)
+    return t  # unchanged: the same object, so that the caller's comparison costs nothing
 
 
 def _coerce(spec, key: str, value: Any) -> Any:

@@ -58,13 +58,15 @@ def _const_value(x):
 
 def _arith(op: str) -> Callable:
     def fn(*xs):
-        if _is_term(*xs) and all(_const_value(x) is not None for x in xs):
-            xs = tuple(_const_value(x) for x in xs)  # constants fold now, not in egglog
-        if _is_term(*xs):
-            t = as_term(xs[0])
-            for x in xs[1:]:
-                t = Term(op, (t, as_term(x)))
-            return t
+        if Term in map(type, xs):  # a term among them (a type test in C: every value a template computes asks)
+            values = [_const_value(x) for x in xs]
+            if None not in values:
+                xs = values  # constants fold now, not in egglog
+            else:
+                t = as_term(xs[0])
+                for x in xs[1:]:
+                    t = Term(op, (t, as_term(x)))
+                return t
         acc = xs[0]
         for x in xs[1:]:
             acc = eval_term(Term(op, (const(acc), const(x))), {})
