@@ -12,7 +12,7 @@ Value patterns: ``?x`` (bind, or compare when bound), ``_``, a literal, ``(one-o
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from ..ir.graph import KernelGraph
 from ..ir.order import sibling_order
@@ -294,37 +294,41 @@ class Matcher(Relations):
 
     def candidates(self, e: SList, b: dict, within: Optional[int] = None,
                    among: Optional[list[int]] = None) -> list[int]:
-        return self._candidates(_node_pattern(e), b, within, among)[0]
+        return list(self._candidates(_node_pattern(e), b, within, among)[0])
 
     def _candidates(self, np: _NodePattern, b: dict, within: Optional[int],
-                    among: Optional[list[int]]) -> tuple[list[int], Optional[tuple[str, int]]]:
+                    among: Optional[list[int]]) -> tuple[Sequence[int], Optional[tuple[str, int]]]:
         """The candidate nodes, and the scope key (``in`` or ``child-of``) and scope that every
         one of them already satisfies (None when the pool is not taken from that scope)."""
+        # the pools are the matcher's own lists (read only: the graph does not change while it looks)
         op, var, keys = np.op, np.var, np.keys
         if var is not None and var in b:
             ref = b[var]
-            pool = [ref.id] if isinstance(ref, NodeRef) and ref.id in self.kg else []
+            nodes = self.kg.g._node
+            if isinstance(ref, NodeRef) and ref.id in nodes and (op == "_" or nodes[ref.id]["op"] == op):
+                return (ref.id,), None
+            return (), None
         elif among is not None:
-            pool = among
+            nodes = self.kg.g._node
+            return [n for n in among if op == "_" or nodes[n]["op"] == op], None
         elif within is not None:
-            return list(self.inside(within, op)), None
+            return self.inside(within, op), None
         elif "child-of" in keys:
             scope = self._scope_of(keys["child-of"], b)
-            return list(self.children(scope, op)), ("child-of", scope)
-        else:  # inside a scope, or the whole graph (the op index, built once per matcher)
-            scope = self._scope_of(keys["in"], b) if "in" in keys else None
-            pool = self.inside(scope, op) if scope is not None else self.by_op().get(op, ())
-            held = None if scope is None else ("in", scope)
-            # an attribute that must equal a known value: its index, when shorter (and when the
-            # pool is large, or is every node of the op in a matcher that has indexed the graph
-            # already: the few nodes of one scope must not cost an index of the op's every node)
-            if op != "_" and (len(pool) > _FEW or scope is None and "index" in self._shared):
-                for path, v in known_values(keys, b):
-                    same = self.attr_index().lookup(op, path, v)
-                    if same is not None and len(same) < len(pool):
-                        pool, held = same, None
-            return list(pool), held
-        return [n for n in pool if op == "_" or self.kg.op(n) == op], None
+            return self.children(scope, op), ("child-of", scope)
+        # inside a scope, or the whole graph (the op index, built once per matcher)
+        scope = self._scope_of(keys["in"], b) if "in" in keys else None
+        pool = self.inside(scope, op) if scope is not None else self.by_op().get(op, ())
+        held = None if scope is None else ("in", scope)
+        # an attribute that must equal a known value: its index, when shorter (and when the
+        # pool is large, or is every node of the op in a matcher that has indexed the graph
+        # already: the few nodes of one scope must not cost an index of the op's every node)
+        if op != "_" and (len(pool) > _FEW or scope is None and "index" in self._shared):
+            for path, v in known_values(keys, b):
+                same = self.attr_index().lookup(op, path, v)
+                if same is not None and len(same) < len(pool):
+                    pool, held = same, None
+        return pool, held
 
     def node_pattern(self, e: SList, b: dict, within: Optional[int] = None) -> Iterator[dict]:
         """Bindings for every node matching pattern ``e`` (inside ``within`` when given)."""
