@@ -80,19 +80,22 @@ class KernelGraph:
         if op not in OPS:
             raise ValueError(f"unknown op {op!r}")
         spec = OPS[op]
-        full = {**spec.defaults, **attrs}
+        d = {"op": op, "origin": dict(origin or {}), **spec.defaults, **attrs}
         for k in spec.terms:  # plain numbers in term attributes become constant terms
-            if isinstance(full.get(k), (int, float)):
-                full[k] = const(full[k])
+            if isinstance(d.get(k), (int, float)):
+                d[k] = const(d[k])
         nid = self._next_id
         self._next_id += 1
-        self.g.add_node(nid, op=op, origin=dict(origin or {}), **full)
+        # networkx's own tables, as add_node fills them (its keyword arguments would copy d twice)
+        g = self.g
+        g._succ[nid], g._pred[nid], g._node[nid] = {}, {}, d
+        nx._clear_cache(g)
         if self._ops is not None:  # the largest id: the list stays in id order
             self._ops.setdefault(op, []).append(nid)
         if self._touched is not None:
             self._mark(nid)
         if parent is not None:
-            self.g.add_edge(parent, nid, kind=CONTAINS)
+            self._edge(parent, nid, CONTAINS)
             self.touch(parent)
             self.touch(nid)
         return nid
@@ -103,9 +106,23 @@ class KernelGraph:
             self._ops_gone.update(self.g._node[n]["op"] for n in nodes)
         self.g.remove_nodes_from(nodes)
 
+    def _edge(self, a: int, b: int, kind: str) -> None:
+        """networkx's ``add_edge(a, b, kind=kind)`` for two nodes of the graph, written into its tables
+        directly (lowering adds about three edges a node; the call and its checks cost more)."""
+        g = self.g
+        if a not in g._node or b not in g._node:
+            g.add_edge(a, b, kind=kind)  # as networkx does it: the missing node is made
+            return
+        data = g._succ[a].get(b)
+        if data is None:
+            g._succ[a][b] = g._pred[b][a] = {"kind": kind}
+        else:
+            data["kind"] = kind
+        nx._clear_cache(g)
+
     def add_depends(self, a: int, b: int) -> None:
         """Order ``a`` before ``b`` (siblings)."""
-        self.g.add_edge(a, b, kind=DEPENDS)
+        self._edge(a, b, DEPENDS)
         if self._orders or self._touched is not None:
             self._reordered(self.parent(a))
 

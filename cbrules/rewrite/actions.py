@@ -41,7 +41,7 @@ from ..ir.order import kept_order, sibling_order, sibling_pairs
 from .schema import ACTIONS, settable as _settable, split_keys, split_keys_once  # noqa: F401  (ACTIONS: public)
 from .sexpr import Atom, RuleError, SList
 from ..ir.terms import Term, as_term, extent
-from .values import Env, NodeRef, evaluate
+from .values import Env, NodeRef, compiled
 from .action_values import (MAX_VALUE_DEPTH, MAX_VALUE_SIZE, VALUE_PARTS_PER_NODE, _bounded,  # noqa: F401
                             _coerce, _printable, _replace, _show)
 from .cloning import Cloning
@@ -104,7 +104,7 @@ class Rewriter(Cloning):
         return self._env
 
     def value(self, e) -> Any:
-        return evaluate(e, self.env())
+        return compiled(e)(self._env)
 
     def node(self, e) -> int:
         v = self.value(e)

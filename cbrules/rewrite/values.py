@@ -200,7 +200,7 @@ def _provably(op: str, a: Any, b: Any, decide: Callable[[Term], bool] | None) ->
 
 def holds(e: Expr, env: Env) -> bool:
     """A guard: true only for a decided true value (an undecided predicate term is not true)."""
-    v = evaluate(e, env)
+    v = compiled(e)(env)
     return v is True or (not isinstance(v, (Term, bool)) and bool(v))
 
 
@@ -264,3 +264,56 @@ def evaluate(e: Expr, env: Env) -> Any:
         raise RuleError(e.pos, str(x) if isinstance(x, IdentifierError) else f"({head} ...): {x}") from None
     except Exception as x:  # a wrong value reaching a function: say where and with what
         raise RuleError(e.pos, f"({head} ...) failed: {x}") from None
+
+
+# id of an expression -> (the expression, its compiled form): rule files are parsed once, and an action's
+# values and a rule's guards are evaluated once per application or match
+_COMPILED: dict[int, tuple[Expr, Callable[[Env], Any]]] = {}
+
+
+def compiled(e: Expr) -> Callable[[Env], Any]:
+    """``e`` as a function of an :class:`Env` that gives what :func:`evaluate` gives (the same values,
+    the same errors): the literals, variables and plain functions of the expression read once, so
+    that evaluating it again costs the calls alone. Lazy, node and oracle functions are evaluated
+    by :func:`evaluate`."""
+    got = _COMPILED.get(id(e))
+    if got is not None and got[0] is e:
+        return got[1]
+    fn = _compile(e)
+    if len(_COMPILED) > 65536:  # rule sets come and go
+        _COMPILED.clear()
+    _COMPILED[id(e)] = (e, fn)
+    return fn
+
+
+def _compile(e: Expr) -> Callable[[Env], Any]:
+    if isinstance(e, Atom):
+        if e.kind == "var":
+            var, pos = e.value, e.pos
+
+            def bound(env: Env) -> Any:
+                b = env.bindings
+                if var not in b:
+                    raise RuleError(pos, f"unbound variable {var}")
+                return b[var]
+            return bound
+        value = _SYMBOLS.get(e.value, e.value) if e.kind == "sym" else e.value
+        return lambda env: value
+    items = e.items
+    head = items[0].value if items and isinstance(items[0], Atom) and items[0].kind == "sym" else None
+    plain = _PLAIN.get(head)
+    if plain is None:  # (), lazy, node and oracle functions, unknown heads: as evaluate reads them
+        return lambda env: evaluate(e, env)
+    args = [_compile(a) for a in items[1:]]
+    pos = e.pos
+
+    def apply(env: Env) -> Any:
+        try:
+            return plain(*[a(env) for a in args])
+        except RuleError:
+            raise
+        except (IdentifierError, DeviceFunctionError) as x:
+            raise RuleError(pos, str(x) if isinstance(x, IdentifierError) else f"({head} ...): {x}") from None
+        except Exception as x:
+            raise RuleError(pos, f"({head} ...) failed: {x}") from None
+    return apply
