@@ -239,12 +239,34 @@ class KernelGraph:
         """Every node inside ``n``, in no particular order (one sort, or none, for the caller). A
         list, not a generator: the matcher and the actions walk hundreds of thousands of nodes
         this way on a large kernel, and a yield per node cost a third of the walk."""
-        succ, stack, out = self.g._succ, [n], []
+        succ, nodes, stack, out = self.g._succ, self.g._node, [n], []
         while stack:
             for c, d in succ[stack.pop()].items():
                 if d["kind"] == CONTAINS:
                     out.append(c)
-                    stack.append(c)
+                    if nodes[c]["op"] in SCOPES:  # a leaf's successors are siblings it orders
+                        stack.append(c)
+        return out
+
+    def inside_by_op(self, n: int) -> dict[str, list[int]]:
+        """The nodes inside ``n`` by op, and under ``"_"`` all of them, each list in id order: one
+        walk (a matcher asks for several ops inside the scope it is anchored at)."""
+        succ, nodes, stack = self.g._succ, self.g._node, [n]
+        every: list[int] = []
+        out: dict[str, list[int]] = {"_": every}
+        while stack:
+            for c, d in succ[stack.pop()].items():
+                if d["kind"] == CONTAINS:
+                    every.append(c)
+                    op = nodes[c]["op"]
+                    if op in out:
+                        out[op].append(c)
+                    else:
+                        out[op] = [c]
+                    if op in SCOPES:
+                        stack.append(c)
+        for ids in out.values():
+            ids.sort()
         return out
 
     def is_scope(self, n: int) -> bool:

@@ -426,7 +426,11 @@ def substitute(t: Term, mapping: Mapping[str, Term]) -> Term:
         return mapping.get(str(t.value), t)
     if not t.args:
         return t
-    return Term(t.op, tuple(substitute(a, mapping) for a in t.args), t.value)
+    args = tuple([substitute(a, mapping) for a in t.args])
+    for a, b in zip(args, t.args):
+        if a is not b:
+            return Term(t.op, args, t.value)
+    return t  # nothing replaced: the same object (with the figures it keeps)
 
 
 # ------------------------------------------------------------------------------ linear facts

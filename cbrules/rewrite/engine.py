@@ -370,7 +370,8 @@ class _Run:
         m = index.fresh()
         todo = self.found.get((since, anchor.op))  # rules that last looked at one step share it
         if todo is None:
-            todo = self.found[since, anchor.op] = sorted(n for n in kg.touched_since(since) if kg.op(n) == anchor.op)
+            nodes = kg.g._node
+            todo = self.found[since, anchor.op] = sorted(n for n in kg.touched_since(since) if nodes[n]["op"] == anchor.op)
         first = rule.match[0]
         for n in todo:
             if self._changed_for(rule, n, since) and m.attributes_hold(first, n):

@@ -142,10 +142,7 @@ class Matcher(Relations):
             else:  # one walk of the scope answers every op (a rule asks for several in each loop)
                 grouped = self._grouped.get(scope)
                 if grouped is None:
-                    pool, nodes = self.kg.descendants(scope), self.kg.g._node
-                    grouped = self._grouped[scope] = {"_": pool}
-                    for n in pool:  # in id order, as pool is
-                        grouped.setdefault(nodes[n]["op"], []).append(n)
+                    grouped = self._grouped[scope] = self.kg.inside_by_op(scope)
                 got = grouped.get(op, [])
             self._within[key] = got
         return got
