@@ -120,6 +120,11 @@ class KernelGraph:
             data["kind"] = kind
         nx._clear_cache(g)
 
+    def contain(self, scope: int, n: int) -> None:
+        """Make ``n`` a child of ``scope`` (the contains edge alone: the caller then tells the graph,
+        with :meth:`joined` or :meth:`touch`, unless ``scope`` is in no scope yet)."""
+        self._edge(scope, n, CONTAINS)
+
     def add_depends(self, a: int, b: int) -> None:
         """Order ``a`` before ``b`` (siblings)."""
         self._edge(a, b, DEPENDS)
@@ -463,14 +468,29 @@ class KernelGraph:
         cache[n] = (items, r, w)
         return r, w
 
-    def copied_effects(self, src: int, dst: int) -> None:
-        """Node ``dst`` was made with ``src``'s attributes (its origin aside): remember ``src``'s own
-        effects as ``dst``'s instead of reading its terms again (a clone copies every node of a loop;
-        the remembered entry still checks ``dst``'s attributes before it is used)."""
-        cache = vars(self).setdefault("_effects", {})
-        seen = cache.get(src)
-        if seen is not None and seen[0] == tuple(self.g._node[src].items()):
-            cache[dst] = (tuple(self.g._node[dst].items()), seen[1], seen[2])
+    def copy_node(self, src: int, origin: Mapping[str, Any], changed: Optional[Mapping[str, Any]] = None) -> int:
+        """A new node, in no scope yet, with ``src``'s op and attributes (``changed`` replacing some) and
+        ``origin``; return its id. With nothing changed it has ``src``'s own effects, remembered
+        instead of read from its terms again (a clone copies every node of a loop)."""
+        attrs = self.g._node[src]
+        d = {**attrs, "origin": dict(origin)}  # "origin" keeps its place: the attributes read in the same order
+        if changed:
+            d.update(changed)
+        nid = self._next_id
+        self._next_id += 1
+        g = self.g
+        g._succ[nid], g._pred[nid], g._node[nid] = {}, {}, d
+        nx._clear_cache(g)
+        if self._ops is not None:
+            self._ops.setdefault(d["op"], []).append(nid)
+        if self._touched is not None:
+            self._mark(nid)
+        if not changed:
+            cache = vars(self).setdefault("_effects", {})
+            seen = cache.get(src)
+            if seen is not None and seen[0] == tuple(attrs.items()):
+                cache[nid] = (tuple(d.items()), seen[1], seen[2])
+        return nid
 
     def kernel(self) -> dict:
         return self.g.nodes[self.root]

@@ -156,7 +156,7 @@ class Rewriter(Cloning):
             kept = None  # n moves within its scope: sorted again when next asked
         seq = kept.seq if kept is not None else [c for c in sibling_order(kg, scope) if c != n]
         if kg.parent(n) != scope:
-            kg.g.add_edge(scope, n, kind="contains")
+            kg.contain(scope, n)
             kg.joined(n)  # the scopes around grow by n's effects
         # entry/exit: before the siblings nothing precedes / after those nothing follows; the rest
         # is ordered through them (edges stay linear in the number of siblings)

@@ -71,23 +71,22 @@ class Cloning:
         scope = kg.is_scope(n)
         if not root and (n not in kept if not scope else n not in holds):
             return None
-        attrs = kg.attrs(n)
         # a leaf in the substituted set, or an inner scope holding only such leaves, sees the new value
         substituted = n in shifted or (not root and scope and n not in mixed)
+        changed = {}
         if substituted:
-            for k in OPS[kg.op(n)].terms:
+            attrs = kg[n]
+            for k in OPS[attrs["op"]].terms:
                 v = attrs.get(k)
                 if isinstance(v, Term):
-                    attrs[k] = substitute(v, mapping)
+                    changed[k] = substitute(v, mapping)
                 elif isinstance(v, tuple):
-                    attrs[k] = tuple(substitute(x, mapping) if isinstance(x, Term) else x for x in v)
-                _bounded(k, attrs.get(k), at, len(self.kg))
+                    changed[k] = tuple(substitute(x, mapping) if isinstance(x, Term) else x for x in v)
+                _bounded(k, changed.get(k, v), at, len(self.kg))
         first = kg[n]["origin"]
         source = first.get("source") or (f"{first['rule']} @ {first['at']}" if first.get("rule")
                                          else f"build @ {first.get('where', '?')}")
-        new = kg.add(kg.op(n), None, origin={**self.origin, "from": n, "source": source}, **attrs)
-        if not substituted:
-            kg.copied_effects(n, new)
+        new = kg.copy_node(n, {**self.origin, "from": n, "source": source}, changed)
         self.created.append(new)
         if not scope:
             return new
@@ -95,7 +94,7 @@ class Cloning:
         for c in sibling_order(kg, n):
             cc = self._copy(c, kept, mapping, shifted, at, holds, mixed)
             if cc is not None:  # the copy is not in the graph's tree yet: nothing around it to tell
-                kg.g.add_edge(new, cc, kind="contains")
+                kg.contain(new, cc)
                 seq.append(cc)
         kg.order_by_effects(seq)  # the copies keep the original's order wherever effects conflict
         return new
