@@ -88,7 +88,15 @@ def term_problem(t: Any, finite: bool = True) -> str | None:
     """Why ``t`` cannot be printed as C, or None; ``finite``: infinities and NaN are refused. The walk
     stops past :data:`MAX_TERM_DEPTH` levels or :data:`MAX_TERM_PARTS` parts, so that a term too deep
     to walk, or one that repeats a subexpression into more parts than can be printed, is refused by
-    name, not a crash or a hang."""
+    name, not a crash or a hang. A term found fine is marked so (terms never change; a clone's nodes
+    share their terms, and verify reads every term of a graph)."""
+    if t.__class__ is Term:
+        fine = t.__dict__.get("_fine")
+        if fine is True or fine is False and not finite:
+            return None
+        parts, height = extent(t)  # kept on the term: within the bounds, the walk below recurses at most height deep
+        if parts <= MAX_TERM_PARTS and height <= MAX_TERM_DEPTH:
+            return _problem_of(t, finite)
     why = _problem_within(t, finite, 0, [MAX_TERM_PARTS])
     if why is not _TOO_LARGE:
         return why
@@ -121,6 +129,28 @@ def _problem_within(t: Any, finite: bool, depth: int, budget: list[int]) -> str 
         why = _problem_within(a, finite, depth + 1, budget)
         if why:
             return why
+    return None
+
+
+def _problem_of(t: Any, finite: bool) -> str | None:
+    """:func:`_problem_within` for a term within the bounds: the same problem found first, parts
+    marked fine (``_fine``: True when checked with ``finite``, False when only without) skipped."""
+    if t.__class__ is not Term:
+        return _own_problem(t, finite)
+    d = t.__dict__
+    fine = d.get("_fine")
+    if fine is True or fine is False and not finite:
+        return None
+    if not (t.op == "name" and t.value.__class__ is str or t.op == "const" and t.value.__class__ is int or
+            len(t.args) == 2 and t.op in BINARY_OPS):
+        why = _own_problem(t, finite)
+        if why:
+            return why
+    for a in t.args:
+        why = _problem_of(a, finite)
+        if why:
+            return why
+    d["_fine"] = True if finite else fine is True
     return None
 
 

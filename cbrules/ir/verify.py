@@ -72,9 +72,10 @@ def _tree(kg: KernelGraph, by_op: dict[str, list[int]] | None = None
         extra = [n for n in kernels if n != kg.root]
         raise GraphError("single-root", f"{kg.describe(extra[0])} is a second kernel node; a graph "
                          "has exactly one root", extra[0] if extra else None)
+    root, nodes = kg.root, kg.g._node
     for n, preds in kg.g._pred.items():
         parents = [p for p, d in preds.items() if d["kind"] == CONTAINS]
-        if n == kg.root:
+        if n == root:
             if parents:
                 raise GraphError("single-root", f"the kernel node is contained by {kg.describe(parents[0])}", n)
             continue
@@ -82,7 +83,7 @@ def _tree(kg: KernelGraph, by_op: dict[str, list[int]] | None = None
             what = "no enclosing scope" if not parents else \
                 "several enclosing scopes: " + ", ".join(kg.describe(p) for p in parents)
             raise GraphError("scope-tree", f"{kg.describe(n)} has {what}; every node needs exactly one", n)
-        if kg.op(parents[0]) not in SCOPES:
+        if nodes[parents[0]]["op"] not in SCOPES:
             raise GraphError("scope-tree", f"{kg.describe(n)} is contained by {kg.describe(parents[0])}, "
                              "which is not a scope (kernel/for/if)", n)
         parent[n] = parents[0]
@@ -98,8 +99,7 @@ def _tree(kg: KernelGraph, by_op: dict[str, list[int]] | None = None
         lost = sorted(set(kg.g.nodes) - set(walked))
         raise GraphError("scope-tree", f"{kg.describe(lost[0])} is not reachable from the kernel "
                          "(its scopes form a cycle)", lost[0])
-    depth = {kg.root: 0}
-    nodes = kg.g._node
+    depth = {root: 0}
     for n in walked:  # parents first
         if n in parent and nodes[n]["op"] in SCOPES:
             depth[n] = depth[parent[n]] + 1
@@ -130,31 +130,32 @@ def _preorder(root: int, children: dict[int, list[int]]) -> list[int]:
 
 
 def _attributes(kg: KernelGraph) -> None:
-    for n in kg.g.nodes:
-        d = kg[n]
-        spec = OPS.get(d["op"])
+    for n, d in kg.g._node.items():
+        op = d["op"]
+        spec = OPS.get(op)
         if spec is None:
-            raise GraphError("known-op", f"node #{n} has unknown op {d['op']!r}", n)
-        missing = [k for k in spec.required if k not in d]
-        if missing:
-            raise GraphError("attributes", f"{kg.describe(n)} lacks attribute(s) {', '.join(missing)}", n)
-        if d["op"] == "for" and isinstance(d["step"], Term) and d["step"].op == "const" and \
+            raise GraphError("known-op", f"node #{n} has unknown op {op!r}", n)
+        for k in spec.required:
+            if k not in d:
+                missing = [k for k in spec.required if k not in d]
+                raise GraphError("attributes", f"{kg.describe(n)} lacks attribute(s) {', '.join(missing)}", n)
+        if op == "for" and isinstance(d["step"], Term) and d["step"].op == "const" and \
                 not (isinstance(d["step"].value, int) and d["step"].value >= 1):
             raise GraphError("attributes", f"{kg.describe(n)} has step {d['step']}: a loop's step must be at "
                              "least 1, or it never ends on the device", n)
-        if d["op"] == "for" and d["kind"] not in LOOP_KINDS:
+        if op == "for" and d["kind"] not in LOOP_KINDS:
             raise GraphError("attributes", f"{kg.describe(n)} has loop kind {d['kind']!r}; "
                              f"expected one of {', '.join(LOOP_KINDS)}", n)
-        if d["op"] == "setmaxnreg" and (d["action"] not in ("inc", "dec") or not register_count(d["count"])):
+        if op == "setmaxnreg" and (d["action"] not in ("inc", "dec") or not register_count(d["count"])):
             raise GraphError("attributes", f"{kg.describe(n)}: setmaxnreg.{d['action']} {d['count']!r}; the action "
                              "is inc or dec and the count a multiple of 8 in 24..256", n)
-        bad = attribute_problem(d["op"], "args", d["args"]) if d["op"] in ARG_COUNTS else None
+        bad = attribute_problem(op, "args", d["args"]) if op in ARG_COUNTS else None
         if bad:
             raise GraphError("attributes", f"{kg.describe(n)}: args {bad}", n)
-        if d["op"] == "block_stats" and d["dst"] == d["dst_m2"]:  # one variable for both results: one is lost
+        if op == "block_stats" and d["dst"] == d["dst_m2"]:  # one variable for both results: one is lost
             raise GraphError("attributes", f"{kg.describe(n)}: dst and dst_m2 are both {d['dst']!r}; the mean "
                              "and the M2 need a register each", n)
-        if d["op"] == "alloc" and (d["space"] not in SPACES or d["dtype"] not in DTYPES):
+        if op == "alloc" and (d["space"] not in SPACES or d["dtype"] not in DTYPES):
             raise GraphError("attributes", f"{kg.describe(n)}: space {d['space']!r} / dtype {d['dtype']!r} "
                              "not supported", n)
 
@@ -263,7 +264,6 @@ def _values(kg: KernelGraph, walked: list[int]) -> None:
     """Integer attributes are ints in range, enumerations hold known values, and every term is
     made of known operators, device functions and constants (infinities and NaN only where a value
     is computed: an index, bound or predicate holding one is a mistake)."""
-    seen: dict[tuple, tuple] = {}  # (id of a term, finite) -> (the term, its problem)
     nodes = kg.g._node
     for n in walked:
         d = nodes[n]
@@ -284,10 +284,7 @@ def _values(kg: KernelGraph, walked: list[int]) -> None:
         for key in OPS[op].terms:
             v = d.get(key)
             for t in (v if isinstance(v, tuple) else () if v is None else (v,)):
-                finite = key not in _VALUE_KEYS
-                known = seen.get((id(t), finite))  # cloned nodes share their terms: each is read once
-                why = known[1] if known is not None and known[0] is t else term_problem(t, finite)
-                seen[id(t), finite] = (t, why)
+                why = term_problem(t, key not in _VALUE_KEYS)  # a term read before answers at once
                 if why:
                     raise GraphError("term", f"{kg.describe(n)}: {key} {why}", n)
     for p in kg.kernel()["params"]:
@@ -329,7 +326,6 @@ def _names(kg: KernelGraph, walked: list[int], parent: dict[int, int], by_op: di
             if d["op"] == "block_stats":
                 registers.add(d["dst_m2"])
     everywhere = symbols | set(BUILTINS) | registers  # one lookup a name besides the loops around it
-    seen: dict[int, tuple] = {}  # id of a term -> (the term, its names)
     # the variables of the loops around each scope (a scope's own included), parents first
     scope_vars: dict[int, frozenset] = {}
     nodes = kg.g._node
@@ -373,10 +369,7 @@ def _names(kg: KernelGraph, walked: list[int], parent: dict[int, int], by_op: di
         if op == "for":  # no enclosing loop reuses it (_identifiers)
             loop_vars = loop_vars - {d["var"]}
         for t in term_values(op, d):
-            names = seen.get(id(t))  # cloned nodes share their terms: each term's names read once
-            if names is None:
-                names = seen[id(t)] = (t, tuple(t.names()))
-            for name in names[1]:
+            for name in t.names():  # kept on the term: cloned nodes share their terms
                 if name not in loop_vars and name not in everywhere:
                     raise GraphError("name-defined", f"{kg.describe(n)} uses {name!r} in {t}, which is not a "
                                      "loop variable in scope, a symbol, a builtin or a register", n)
