@@ -170,7 +170,7 @@ class KernelGraph:
         return n in self.g
 
     def __len__(self) -> int:
-        return self.g.number_of_nodes()
+        return len(self.g._node)
 
     def op(self, n: int) -> str:
         return self.g._node[n]["op"]

@@ -117,6 +117,8 @@ def _loop_names(kg: KernelGraph) -> tuple[dict[int, dict[str, Term]], dict, set]
 
 def _const(t: Term):
     """The int value of a constant term (None when it names something or is no int)."""
+    if t.op != "const" and next(t.names(), None) is not None:  # names something: no value here
+        return None
     try:
         v = evaluate(t, {})
         return v if isinstance(v, int) and not isinstance(v, bool) else None
