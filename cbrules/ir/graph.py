@@ -84,16 +84,7 @@ class KernelGraph:
         for k in spec.terms:  # plain numbers in term attributes become constant terms
             if isinstance(d.get(k), (int, float)):
                 d[k] = const(d[k])
-        nid = self._next_id
-        self._next_id += 1
-        # networkx's own tables, as add_node fills them (its keyword arguments would copy d twice)
-        g = self.g
-        g._succ[nid], g._pred[nid], g._node[nid] = {}, {}, d
-        nx._clear_cache(g)
-        if self._ops is not None:  # the largest id: the list stays in id order
-            self._ops.setdefault(op, []).append(nid)
-        if self._touched is not None:
-            self._mark(nid)
+        nid = self._new_node(d)
         if parent is not None:
             self._edge(parent, nid, CONTAINS)
             self.touch(parent)
@@ -105,6 +96,20 @@ class KernelGraph:
         if self._ops is not None:
             self._ops_gone.update(self.g._node[n]["op"] for n in nodes)
         self.g.remove_nodes_from(nodes)
+
+    def _new_node(self, d: dict) -> int:
+        """A node with attribute table ``d`` (``op`` and ``origin`` included), in no scope; its id."""
+        nid = self._next_id
+        self._next_id += 1
+        # networkx's own tables, as add_node fills them (its keyword arguments would copy d twice)
+        g = self.g
+        g._succ[nid], g._pred[nid], g._node[nid] = {}, {}, d
+        nx._clear_cache(g)
+        if self._ops is not None:  # the largest id: the list stays in id order
+            self._ops.setdefault(d["op"], []).append(nid)
+        if self._touched is not None:
+            self._mark(nid)
+        return nid
 
     def _edge(self, a: int, b: int, kind: str) -> None:
         """networkx's ``add_edge(a, b, kind=kind)`` for two nodes of the graph, written into its tables
@@ -476,15 +481,7 @@ class KernelGraph:
         d = {**attrs, "origin": dict(origin)}  # "origin" keeps its place: the attributes read in the same order
         if changed:
             d.update(changed)
-        nid = self._next_id
-        self._next_id += 1
-        g = self.g
-        g._succ[nid], g._pred[nid], g._node[nid] = {}, {}, d
-        nx._clear_cache(g)
-        if self._ops is not None:
-            self._ops.setdefault(d["op"], []).append(nid)
-        if self._touched is not None:
-            self._mark(nid)
+        nid = self._new_node(d)
         if not changed:
             cache = vars(self).setdefault("_effects", {})
             seen = cache.get(src)

@@ -25,7 +25,11 @@ _PREC = {op: i for i, level in enumerate(_LEVELS) for op in level}
 
 @dataclass(frozen=True)
 class Term:
-    """One node of an expression tree; ``op`` is 'const', 'name', 'call', or an operator symbol."""
+    """One node of an expression tree; ``op`` is 'const', 'name', 'call', or an operator symbol.
+
+    A term never changes, so what is read of it is kept in its instance dict, outside the fields that
+    equality and hashing compare: its names (:meth:`names`), its size and height (:func:`extent`) and
+    whether it is printable (``cbrules.ir.attributes.term_problem``)."""
 
     op: str
     args: tuple["Term", ...] = ()
