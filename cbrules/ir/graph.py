@@ -130,11 +130,11 @@ class KernelGraph:
         with :meth:`joined` or :meth:`touch`, unless ``scope`` is in no scope yet)."""
         self._edge(scope, n, CONTAINS)
 
-    def add_depends(self, a: int, b: int) -> None:
-        """Order ``a`` before ``b`` (siblings)."""
+    def add_depends(self, a: int, b: int, scope: Optional[int] = None) -> None:
+        """Order ``a`` before ``b`` (siblings; ``scope``: their scope, when the caller knows it)."""
         self._edge(a, b, DEPENDS)
         if self._orders or self._touched is not None:
-            self._reordered(self.parent(a))
+            self._reordered(self.parent(a) if scope is None else scope)
 
     def remove_depends(self, a: int, b: int) -> None:
         self.g.remove_edge(a, b)
@@ -161,9 +161,10 @@ class KernelGraph:
         """Add the depends edges that keep siblings ``seq`` (in program order) in that order
         wherever their effects conflict (RAW/WAR/WAW on registers, buffers, the sync token)."""
         tracker = DependenceTracker()
+        scope = self.parent(seq[0]) if seq else None  # siblings: one scope
         for n in seq:
             for p in tracker.add(n, self.effects(n)):
-                self.add_depends(p, n)
+                self.add_depends(p, n, scope)
 
     # ---------------------------------------------------------------------------- queries
     # queries read networkx's adjacency dicts directly (``_node``, ``_succ``, ``_pred``): its view

@@ -176,16 +176,16 @@ class Rewriter(Cloning):
             at, before, after = (at, [], [anchor]) if where == "before" else (at + 1, [anchor], [])
         anchor_preds = kept.preds(kg, seq[at]) if kept is not None and at < len(seq) and anchor else []
         for s in before:
-            kg.add_depends(s, n)
+            kg.add_depends(s, n, scope)
         for s in after:
-            kg.add_depends(n, s)
+            kg.add_depends(n, s, scope)
         # only the siblings that touch n's resources, by the scope's resource index
         label = kept.key if kept is not None else {c: i for i, c in enumerate(seq)}  # orders siblings as seq does
         preds, succs = nearest_conflicts_among(seq, kg.effects, at, kg.effects(n), kg.sibling_resources(scope), label)
         for s in sorted(preds, key=label.__getitem__):
-            kg.add_depends(s, n)
+            kg.add_depends(s, n, scope)
         for s in sorted(succs, key=label.__getitem__):
-            kg.add_depends(n, s)
+            kg.add_depends(n, s, scope)
         # the new order without sorting the scope again: at entry n precedes every source and at
         # exit follows every sink, whatever its id; a new node (the largest id) next to an anchor
         # joins where the sort would put it when that moves no other sibling (see order.KeptOrder)
