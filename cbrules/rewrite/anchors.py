@@ -7,16 +7,17 @@ scope key, and everything after it reads only what is inside ``?A`` (or ``?A`` i
 among siblings inside ``?A``, their effects), and node patterns of other ops with no scope key
 ("outside" patterns, e.g. the ``alloc`` a loop's buffer names). Its matches at an anchor node then
 change only when something inside that node changes (the graph records it, see
-:meth:`cbrules.ir.graph.KernelGraph.touched_since`) or when a node of an outside pattern's op
-changes (the engine then matches the whole graph again). Guards that ask egglog (``provably-*``)
-read every loop's range: a rule with one is not anchored.
+:meth:`cbrules.ir.graph.KernelGraph.touched_since`) or when a node that changed now passes an
+outside pattern's op and attribute checks (the engine then matches the whole graph again; a node
+that leaves an outside pattern, or goes, only takes matches away). Guards that ask egglog
+(``provably-*``) read every loop's range: a rule with one is not anchored.
 
 The matcher enumerates the anchor first, in id order, so the matches at the anchors changed,
 taken anchor by anchor in id order, come in the order a whole-graph search gives them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from .plan import pattern_parts
@@ -26,11 +27,13 @@ from .sexpr import Atom, Expr, SList
 
 @dataclass(frozen=True)
 class Anchor:
-    """A rule's anchor pattern: its op and node variable, and the ops of its outside patterns."""
+    """A rule's anchor pattern: its op and node variable, the ops of its outside patterns, and those
+    patterns."""
 
     op: str
     var: str
     outside: frozenset
+    patterns: tuple = field(default=(), repr=False, compare=False)  # the outside node patterns
 
 
 class AnchorChanges:
@@ -98,6 +101,7 @@ def anchor_of(match: tuple, guards: tuple) -> Optional[Anchor]:
     outside: set[str] = set()  # variables bound by outside patterns
     named = set(_vars(match[0]))  # every variable named so far (bound or not: a relation binding one is refused)
     ops: set[str] = set()
+    patterns: list[SList] = []
     for e in match[1:]:
         if not isinstance(e, SList):
             return None
@@ -126,10 +130,11 @@ def anchor_of(match: tuple, guards: tuple) -> Optional[Anchor]:
             continue
         if head == "_" or scopes and any(s == var or s in inside for s in scopes):
             return None
-        ops.add(head)  # an outside pattern: any change to a node of its op may change the matches
+        ops.add(head)  # an outside pattern: a node of its op that changes may change the matches
+        patterns.append(e)
         if v is not None:
             outside.add(v)
-    return Anchor(op, var, frozenset(ops))
+    return Anchor(op, var, frozenset(ops), tuple(patterns))
 
 
 def _inner_local(p: Expr, var: str, inside: set[str], around: bool) -> bool:

@@ -363,7 +363,7 @@ class _Run:
         all of them fired or about to be)."""
         since = self.known.get(rule.name)
         anchor = self.anchors[rule.name]
-        if since is None or anchor is None or any(self.touched.get(op, -1) > since for op in anchor.outside):
+        if since is None or anchor is None or self._outside_news(kg, index, anchor, since):
             if not absent_requirement(rule.match, index):
                 yield from self._matches(index.fresh(), rule)
             return
@@ -377,6 +377,19 @@ class _Run:
             if self._changed_for(rule, n, since) and m.attributes_hold(first, n):
                 m.ticks = 0  # _matches adds them up for each anchor
                 yield from self._matches(m, rule, {anchor.var: NodeRef(n)})
+
+    def _outside_news(self, kg: KernelGraph, m: Matcher, anchor: Anchor, since: int) -> bool:
+        """Whether a node that an application touched since step ``since`` now passes an outside
+        pattern's op and attribute checks: only such a node can join a match not known then (an
+        outside pattern is a plain node pattern, so a node that leaves it, or goes, only takes matches
+        away, and a node that did not change matches as it did)."""
+        ops = {op for op in anchor.outside if self.touched.get(op, -1) > since}
+        if not ops:
+            return False
+        nodes = kg.g._node
+        patterns = [p for p in anchor.patterns if p.head() in ops]
+        return any(nodes[n]["op"] in ops and any(m.attributes_hold(p, n) for p in patterns)
+                   for n in kg.touched_since(since))
 
     def _changed_for(self, rule: GraphRule, n: int, since: int) -> bool:
         """Whether anchored ``rule``'s matches at node ``n`` may differ from those known at step ``since``."""
