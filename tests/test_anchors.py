@@ -122,3 +122,28 @@ def test_a_rule_looks_again_at_a_loop_only_for_ops_it_watches(rules, monkeypatch
         every = applications(k, rules, monkeypatch, anchored=True)
     assert every == watched and len(watched) >= 100
     assert "cb-stage-buffers-for-most-stages" in skipped
+
+
+# use: anchored at each loop with an outside pattern (a ready alloc); it finds nothing until ready has
+# fired. touch changes every alloc without making one ready (news of the op that gains no match), ready
+# makes one alloc ready (news that does): the matches appear then, at every loop, as a whole-graph search
+# finds them
+OUTSIDE_NEWS = """(phases p)
+(graph-rule use :phase p :match ((for ?L) (load ?r :in ?L :tag (absent)) (alloc ?a :tag "ready"))
+  :rewrite ((set ?r :tag "used")))
+(graph-rule touch :phase p :after (use) :match ((alloc ?a :tag (absent) :stage (absent)))
+  :rewrite ((set ?a :stage "seen")))
+(graph-rule ready :phase p :after (touch) :match ((alloc ?a :buf "tile3" :tag (absent))) :rewrite ((set ?a :tag "ready")))
+"""
+
+
+@pytest.mark.parametrize("anchored", [False, True])
+def test_an_outside_node_that_comes_to_match_sends_the_rule_back_to_the_whole_graph(tmp_path, monkeypatch, anchored):
+    write_rules(tmp_path / "rules", OUTSIDE_NEWS)
+    k = synthetic("many loops", 48)
+    got = applications(k, rulefile.load([tmp_path / "rules"]), monkeypatch, anchored, stop_after_phase="p")
+    assert [rule for _, rule, *_ in got] == ["touch"] * 6 + ["ready"] + ["use"] * 6
+    if anchored:
+        whole = applications(k, rulefile.load([tmp_path / "rules"]), monkeypatch, False, stop_after_phase="p")
+        assert got == whole
+    assert engine.anchor_of(rulefile.load([tmp_path / "rules"]).rules[0].match, ()).outside == {"alloc"}
