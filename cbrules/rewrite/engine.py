@@ -248,14 +248,15 @@ class _Run:
                     break
                 rule, batch = found
                 at = rule.at  # a path made relative: once a batch, not per application
-                for b in batch:
+                for key, b in batch:
                     self._check_time()
-                    b = self._still_matches(kg, rule, b)
-                    if b is None:
+                    still = self._still_matches(kg, rule, b, key)
+                    if still is None:
                         continue  # an earlier application of the batch changed what this one matched
+                    key, b = still
                     if self.per_rule[rule.name] >= bound:
                         raise self._bound_error(rule, bound, start_nodes)
-                    self.fired.add(_match_key(rule, b))
+                    self.fired.add(key)
                     self.step += 1
                     self.per_rule[rule.name] += 1
                     kg.log_touches(self.step)
@@ -340,7 +341,8 @@ class _Run:
         for rule in rules:
             if not self._may_have_news(rule):
                 continue
-            batch = [b for b in self._search(kg, index, rule) if _match_key(rule, b) not in self.fired]
+            keyed = ((_match_key(rule, b), b) for b in self._search(kg, index, rule))
+            batch = [(key, b) for key, b in keyed if key not in self.fired]  # each match's key read once
             self.known[rule.name] = self.step
             if batch:
                 return rule, batch
@@ -409,20 +411,21 @@ class _Run:
         ops = self._watched(rule)
         return ops is None or any(self.touched.get(op, -1) > since for op in ops)
 
-    def _still_matches(self, kg: KernelGraph, rule: GraphRule, b: dict) -> Optional[dict]:
-        """``b``'s nodes matched again on the current graph (values re-read), unless already applied.
-        An anchored rule's match whose anchor no application since the batch was found changed in
-        an op the rule watches, and whose outside ops none touched, is ``b`` itself (its matches
-        there are as they were)."""
+    def _still_matches(self, kg: KernelGraph, rule: GraphRule, b: dict, key: tuple) -> Optional[tuple[tuple, dict]]:
+        """``b``'s nodes matched again on the current graph (values re-read), with the match's key
+        (``key``: ``b``'s), unless already applied. An anchored rule's match whose anchor no
+        application since the batch was found changed in an op the rule watches, and whose outside
+        ops none touched, is ``b`` itself (its matches there are as they were)."""
         anchor, since = self.anchors.get(rule.name), self.known[rule.name]
         if anchor is not None and not self._changed_for(rule, b[anchor.var].id, since) and \
                 all(self.touched.get(op, -1) <= since for op in anchor.outside):
-            return b if _match_key(rule, b) not in self.fired else None
+            return (key, b) if key not in self.fired else None
         nodes = {k: v for k, v in b.items() if isinstance(v, NodeRef)}
         if any(v.id not in kg for v in nodes.values()):
             return None
         m = Matcher(kg, deadline=self.deadline, decide=self._decider(kg), plan=True)
-        return next((b2 for b2 in self._matches(m, rule, nodes) if _match_key(rule, b2) not in self.fired), None)
+        keyed = ((_match_key(rule, b2), b2) for b2 in self._matches(m, rule, nodes))
+        return next(((k2, b2) for k2, b2 in keyed if k2 not in self.fired), None)
 
     def _matches(self, m: Matcher, rule: GraphRule, nodes: Optional[dict] = None) -> Iterator[dict]:
         """``rule``'s matches by ``m`` (starting from ``nodes``), its failures named, its work counted."""
