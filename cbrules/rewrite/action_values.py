@@ -54,13 +54,8 @@ def _bounded(key: str, value: Any, expr, nodes: int) -> None:
         return  # one part, one level: within every bound
     if isinstance(value, str) and len(value) < MAX_VALUE_SIZE:
         return  # one level, fewer parts than any bound (most values a rule sets are names)
-    if isinstance(value, Term):  # most values: a term, measured once (terms keep their figures)
-        n, height = extent(value)
-        if height > MAX_VALUE_DEPTH:
-            raise _TooDeep(expr, key)()
-    else:  # terms share subterms: count each tree node, visit each object once
-        n = _size(value, 0, {}, _TooDeep(expr, key))
-    bound = MAX_VALUE_SIZE + VALUE_PARTS_PER_NODE * nodes
+    # terms share subterms: count each tree node, visit each object once (a term keeps its figures)
+    n, bound = _size(value, 0, {}, _TooDeep(expr, key)), MAX_VALUE_SIZE + VALUE_PARTS_PER_NODE * nodes
     if n > bound:
         raise RuleError(expr.pos, f":{key} would be a value of {n} parts (term nodes, characters, elements), more "
                         f"than {bound} for a graph of {nodes} nodes; a rule probably grows it each time it fires: "

@@ -211,7 +211,8 @@ class _Run:
         self.known: dict[str, int] = {}
         self.anchors: dict[str, Optional[Anchor]] = {r.name: anchor_of(r.match, r.where) for r in rules.rules}
         self.changes = AnchorChanges(frozenset(a.op for a in self.anchors.values() if a is not None))
-        self.found: dict[tuple, list[int]] = {}  # (step, op) -> the nodes of op touched since step, this batch
+        # this batch: step -> the nodes touched since, and (step, op) -> those of op, in id order
+        self.found: dict = {}
         # the whole-graph searches' attribute index, (op, path) -> table, kept from batch to batch
         # while no application touches a node of its op (see _kept_tables)
         self.tables: dict[tuple, Optional[dict]] = {}
@@ -373,7 +374,8 @@ class _Run:
         todo = self.found.get((since, anchor.op))  # rules that last looked at one step share it
         if todo is None:
             nodes = kg.g._node
-            todo = self.found[since, anchor.op] = sorted(n for n in kg.touched_since(since) if nodes[n]["op"] == anchor.op)
+            todo = self.found[since, anchor.op] = sorted(n for n in self._touched_since(kg, since)
+                                                         if nodes[n]["op"] == anchor.op)
         first = rule.match[0]
         for n in todo:
             if self._changed_for(rule, n, since) and m.attributes_hold(first, n):
@@ -391,7 +393,14 @@ class _Run:
         nodes = kg.g._node
         patterns = [p for p in anchor.patterns if p.head() in ops]
         return any(nodes[n]["op"] in ops and any(m.attributes_hold(p, n) for p in patterns)
-                   for n in kg.touched_since(since))
+                   for n in self._touched_since(kg, since))
+
+    def _touched_since(self, kg: KernelGraph, since: int) -> list[int]:
+        """``kg.touched_since(since)``, read once a batch (the rules that last looked at one step share it)."""
+        got = self.found.get(since)
+        if got is None:
+            got = self.found[since] = kg.touched_since(since)
+        return got
 
     def _changed_for(self, rule: GraphRule, n: int, since: int) -> bool:
         """Whether anchored ``rule``'s matches at node ``n`` may differ from those known at step ``since``."""
