@@ -50,7 +50,7 @@ def _check_kept(kg: KernelGraph) -> int:
                 want_writers.setdefault(res, set()).add(c)
         assert {k: v for k, v in users.items() if v} == want_users, kg.describe(scope)
         assert {k: v for k, v in writers.items() if v} == want_writers, kg.describe(scope)
-        seen = kg._resources[scope][2]  # what the index last read of each child: what a change is compared with
+        seen = kg._resources[scope].seen  # what the index last read of each child: what a change is compared with
         assert {c: (frozenset(r), frozenset(w)) for c, (r, w) in seen.items()} == \
             {c: _true_effects(kg, c) for c in kg.children(scope)}, kg.describe(scope)
         compared += 1

@@ -8,7 +8,6 @@ cloned, so that debug queries can trace any node back to the kernel the user bui
 """
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
@@ -18,7 +17,8 @@ from .names import BUILTINS  # noqa: F401  (the CUDA builtins a term may name; p
 from .ops import OPS, SCOPES, DependenceTracker, effects
 from .order import CONTAINS, DEPENDS, KeptOrder
 from .terms import const
-
+from .resources import ScopeResources
+from .touch_log import TouchLog
 
 
 @dataclass(frozen=True)
@@ -47,9 +47,7 @@ class KernelGraph:
     _scope_effects: Optional[dict] = None  # a graph made by __new__ (trace files) keeps none
     _orders: Optional[dict] = None
     _resources: Optional[dict] = None
-    _touched: Optional[dict] = None  # node -> the last step that changed it or a node inside it (see log_touches)
-    _trail: Optional[list] = None  # (step, node) for each new mark, in step order
-    _touch_step = 0
+    _log: Optional[TouchLog] = None  # while lowering: what changed at which step (see log_touches)
     _ops_kept = False  # while True, by_op() reads a kept index (see keep_derived)
     _ops: Optional[dict] = None  # that index once built: op -> its node ids in id order
     _ops_gone: Any = frozenset()  # the ops whose lists may still hold removed nodes
@@ -62,10 +60,8 @@ class KernelGraph:
         self._effects: dict = {}  # node -> (its attribute items, reads, writes): see effects()
         self._scope_effects: Optional[dict] = None  # node -> (reads, writes) while kept: see keep_derived()
         self._orders: Optional[dict] = None  # scope -> its children's order.KeptOrder, while kept
-        self._resources: Optional[dict] = None  # scope -> (resource -> children, child -> effects, stale children)
-        self._touched: Optional[dict] = None
-        self._trail: Optional[list] = None
-        self._touch_step = 0
+        self._resources: Optional[dict] = None  # scope -> its resources.ScopeResources, while kept
+        self._log: Optional[TouchLog] = None
         self._ops_kept = False
         self._ops: Optional[dict] = None
         self._ops_gone = set()
@@ -107,8 +103,8 @@ class KernelGraph:
         nx._clear_cache(g)
         if self._ops is not None:  # the largest id: the list stays in id order
             self._ops.setdefault(d["op"], []).append(nid)
-        if self._touched is not None:
-            self._mark(nid)
+        if self._log is not None:
+            self._log.mark(nid)
         return nid
 
     def _edge(self, a: int, b: int, kind: str) -> None:
@@ -133,12 +129,12 @@ class KernelGraph:
     def add_depends(self, a: int, b: int, scope: Optional[int] = None) -> None:
         """Order ``a`` before ``b`` (siblings; ``scope``: their scope, when the caller knows it)."""
         self._edge(a, b, DEPENDS)
-        if self._orders or self._touched is not None:
+        if self._orders or self._log is not None:
             self._reordered(self.parent(a) if scope is None else scope)
 
     def remove_depends(self, a: int, b: int) -> None:
         self.g.remove_edge(a, b)
-        if self._orders or self._touched is not None:
+        if self._orders or self._log is not None:
             self._reordered(self.parent(a))
 
     def _reordered(self, scope: Optional[int]) -> None:
@@ -146,16 +142,11 @@ class KernelGraph:
         touch log marks it and its scopes (up to one this step marked already: those above it are)."""
         if self._orders:
             self._orders.pop(scope, None)
-        log, step = self._touched, self._touch_step
+        log = self._log
         if log is not None:
-            while scope is not None and log.get(scope) != step:
-                self._mark(scope)
+            while scope is not None and not log.marked_now(scope):
+                log.mark(scope)
                 scope = self.parent(scope)
-
-    def _mark(self, n: int) -> None:
-        if self._touched.get(n) != self._touch_step:
-            self._touched[n] = self._touch_step
-            self._trail.append((self._touch_step, n))
 
     def order_by_effects(self, seq: list[int]) -> None:
         """Add the depends edges that keep siblings ``seq`` (in program order) in that order
@@ -262,20 +253,14 @@ class KernelGraph:
     def inside_by_op(self, n: int) -> dict[str, list[int]]:
         """The nodes inside ``n`` by op, and under ``"_"`` all of them, each list in id order: one
         walk (a matcher asks for several ops inside the scope it is anchored at)."""
-        succ, nodes, stack = self.g._succ, self.g._node, [n]
-        every: list[int] = []
+        nodes, every = self.g._node, self._inside(n)
         out: dict[str, list[int]] = {"_": every}
-        while stack:
-            for c, d in succ[stack.pop()].items():
-                if d["kind"] == CONTAINS:
-                    every.append(c)
-                    op = nodes[c]["op"]
-                    if op in out:
-                        out[op].append(c)
-                    else:
-                        out[op] = [c]
-                    if op in SCOPES:
-                        stack.append(c)
+        for c in every:
+            op = nodes[c]["op"]
+            if op in out:
+                out[op].append(c)
+            else:
+                out[op] = [c]
         for ids in out.values():
             ids.sort()
         return out
@@ -335,17 +320,17 @@ class KernelGraph:
         and the touch log marks ``n`` and its scopes."""
         if self._orders:
             self._orders.pop(n, None)
-        kept, index, log = self._scope_effects, self._resources, self._touched
+        kept, index, log = self._scope_effects, self._resources, self._log
         if not kept and not index and log is None:
             return
         while n is not None:
             if log is not None:
-                self._mark(n)
+                log.mark(n)
             if kept:
                 kept.pop(n, None)
             p = self.parent(n)
             if index and p in index:
-                index[p][3].add(n)
+                index[p].stale.add(n)
             n = p
 
     def joined(self, n: int) -> None:
@@ -356,7 +341,7 @@ class KernelGraph:
         of what it holds: adding a node adds exactly its own)."""
         if self._orders:
             self._orders.pop(n, None)
-        kept, index, log = self._scope_effects, self._resources, self._touched
+        kept, index, log = self._scope_effects, self._resources, self._log
         if not kept and not index and log is None:
             return
         reads, writes = self.effects(n)
@@ -365,59 +350,39 @@ class KernelGraph:
         x = n
         while x is not None:
             if log is not None:
-                self._mark(x)
+                log.mark(x)
             p = self.parent(x)
             if x != n and kept:
                 had = kept.get(x)
                 if had is not None:
                     kept[x] = (had[0] | reads, had[1] | writes)
             if index and p in index:
-                users, writers, seen, stale = index[p]
-                old = seen.get(x)
-                if x == n and old is None and n not in stale:  # new to the index: listed now, not read again
-                    old = seen[n] = (frozenset(), frozenset())
-                if x not in stale and old is not None:  # listed already: list it for n's resources too
-                    for r in (reads | writes) - old[0] - old[1]:
-                        users.setdefault(r, set()).add(x)
-                    for r in writes - old[1]:
-                        writers.setdefault(r, set()).add(x)
-                    seen[x] = (old[0] | reads, old[1] | writes)
-                else:
-                    stale.add(x)
+                index[p].grow(x, reads, writes, new=x == n)
             x = p
 
     def log_touches(self, step: Optional[int]) -> None:
         """From now on mark each node that changes, or that holds a node that changes (as
-        :meth:`touch` and :meth:`add` say), with ``step``; None stops (and forgets). The rewrite
-        engine sets the step before each application and asks :meth:`touched_since`."""
+        :meth:`touch` and :meth:`add` say), with ``step`` (:class:`cbrules.ir.touch_log.TouchLog`);
+        None stops (and forgets). The rewrite engine sets the step before each application and asks
+        :meth:`touched_since`."""
         if step is None:
-            self._touched = self._trail = None
+            self._log = None
+        elif self._log is None:
+            self._log = TouchLog(step)
         else:
-            if self._touched is None:
-                self._touched, self._trail = {}, []
-            self._touch_step = step
+            self._log.step = step
 
     def move_touch_log(self, other: "KernelGraph") -> None:
         """Hand the touch log to ``other`` (a copy that replaces this graph) and stop logging here."""
-        other._touched, other._trail, other._touch_step = self._touched, self._trail, self._touch_step
-        self._touched = self._trail = None
+        other._log, self._log = self._log, None
 
     def touched_since(self, step: int) -> list[int]:
         """The nodes of the graph marked after ``step`` by the touch log, in no particular order."""
-        if self._trail is None:
-            return []
-        nodes, since = self.g._node, bisect.bisect_right(self._trail, step, key=lambda mark: mark[0])
-        return list({n for _, n in self._trail[since:] if n in nodes})
+        return [] if self._log is None else self._log.since(step, self.g._node)
 
     def touched_at(self, step: int) -> list[int]:
         """The nodes the touch log marked with ``step`` (removed ones too), in no particular order."""
-        if self._trail is None:
-            return []
-        trail = self._trail
-        i = len(trail)
-        while i and trail[i - 1][0] >= step:  # the last step's marks end the trail
-            i -= 1
-        return [n for st, n in trail[i:] if st == step]
+        return [] if self._log is None else self._log.at(step)
 
     def sibling_resources(self, scope: int) -> tuple[dict[str, set[int]], dict[str, set[int]]]:
         """Each resource the children of ``scope`` read or write -> those children, and each one
@@ -426,30 +391,11 @@ class KernelGraph:
         index = self._resources
         entry = None if index is None else index.get(scope)
         if entry is None:
-            entry = ({}, {}, {}, set(self.children(scope)))
+            entry = ScopeResources(self.children(scope))
             if index is not None:
                 index[scope] = entry
-        users, writers, seen, stale = entry
         nodes = self.g._node
-        for c in stale:
-            old = seen.pop(c, None)
-            now = self.effects(c) if c in nodes and self.parent(c) == scope else None
-            if now is not None and now == old:  # most changes inside a child leave its effects as they were
-                seen[c] = now
-                continue
-            if old is not None:
-                for r in old[0] | old[1]:
-                    users[r].discard(c)
-                for r in old[1]:
-                    writers[r].discard(c)
-            if now is not None:
-                seen[c] = reads, writes = now
-                for r in reads | writes:
-                    users.setdefault(r, set()).add(c)
-                for r in writes:
-                    writers.setdefault(r, set()).add(c)
-        stale.clear()
-        return users, writers
+        return entry.refresh(lambda c: self.effects(c) if c in nodes and self.parent(c) == scope else None)
 
     def remembered_order(self, scope: int) -> Optional[KeptOrder]:
         """The sibling order of ``scope``'s children while kept and unchanged (see :mod:`cbrules.ir.order`)."""
@@ -524,7 +470,7 @@ class KernelGraph:
         new._orders = None if self._orders is None else {s: o.copy() for s, o in self._orders.items()}
         new._resources = None if self._resources is None else {}  # rebuilt on use
         new._ops_kept, new._ops, new._ops_gone = self._ops_kept, None, set()  # rebuilt on use
-        new._touched = new._trail = None  # a copy starts without a touch log (see move_touch_log)
+        new._log = None  # a copy starts without a touch log (see move_touch_log)
         return new
 
     def verify(self, ready: bool = False, structure_only: bool = False) -> None:
