@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 from ..ir.names import IdentifierError, check_term_name
 from ..ir.ops import DTYPE_BYTES, term_values
@@ -260,10 +260,18 @@ def evaluate(e: Expr, env: Env) -> Any:
         raise RuleError(e.pos, f"unknown function {head!r}")  # every known one is handled above
     except RuleError:
         raise
-    except (IdentifierError, DeviceFunctionError) as x:  # a name or call that may not reach CUDA
-        raise RuleError(e.pos, str(x) if isinstance(x, IdentifierError) else f"({head} ...): {x}") from None
-    except Exception as x:  # a wrong value reaching a function: say where and with what
-        raise RuleError(e.pos, f"({head} ...) failed: {x}") from None
+    except Exception as x:
+        raise _failed(e.pos, head, x) from None
+
+
+def _failed(pos, head: Optional[str], x: Exception) -> RuleError:
+    """The error for function ``head`` raising ``x`` at ``pos``: a name or call that may not reach CUDA
+    says why; any other (a wrong value reaching a function) says where and with what."""
+    if isinstance(x, IdentifierError):
+        return RuleError(pos, str(x))
+    if isinstance(x, DeviceFunctionError):
+        return RuleError(pos, f"({head} ...): {x}")
+    return RuleError(pos, f"({head} ...) failed: {x}")
 
 
 # id of an expression -> (the expression, its compiled form): rule files are parsed once, and an action's
@@ -312,8 +320,6 @@ def _compile(e: Expr) -> Callable[[Env], Any]:
             return plain(*[a(env) for a in args])
         except RuleError:
             raise
-        except (IdentifierError, DeviceFunctionError) as x:
-            raise RuleError(pos, str(x) if isinstance(x, IdentifierError) else f"({head} ...): {x}") from None
         except Exception as x:
-            raise RuleError(pos, f"({head} ...) failed: {x}") from None
+            raise _failed(pos, head, x) from None
     return apply
