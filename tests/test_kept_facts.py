@@ -102,6 +102,8 @@ _EXPRESSIONS = [
     "(get (dict \"a\" 1) \"a\")", "(max (- ?N ?P) 0)", "(min 3 ?P)", "(not (known ?N))", "(int ?S)",
     # errors: the same message at the same place either way
     "?unbound", "(+ ?P \"x\")", "(nth (tuple) 3)", "(var \"no way\")", "(/ ?P 0)", "(call \"system\" 1)",
+    # as deep as the reader takes (MAX_DEPTH 128): compiled without a recursion error, the same value
+    "(+ 1 " * 120 + "?P" + ")" * 120, "(% (var ?v) " * 60 + "?S" + ")" * 60,
 ]
 
 
