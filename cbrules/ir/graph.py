@@ -8,13 +8,14 @@ cloned, so that debug queries can trace any node back to the kernel the user bui
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
 import networkx as nx
 
 from .names import BUILTINS  # noqa: F401  (the CUDA builtins a term may name; public here too)
-from .ops import OPS, SCOPES, DependenceTracker, effects
+from .ops import EFFECT_KEYS, OPS, SCOPES, DependenceTracker, effects
 from .order import CONTAINS, DEPENDS, KeptOrder
 from .terms import const
 from .resources import ScopeResources
@@ -39,6 +40,9 @@ class Param:
     swizzle: str = "none"  # tmap: the shared-memory layout TMA writes (none, 32B, 64B, 128B)
     finite: bool = True  # a float symbol (k.scalar): the launcher refuses infinities and NaN
     split: tuple = ()  # tmap: (dimension, inner extent) pairs its view splits (cbrules.ir.tma_view)
+
+
+_ABSENT_KEYS = itertools.repeat(object())  # the value map(d.get, keys, ...) gives for a key d lacks
 
 
 class KernelGraph:
@@ -151,8 +155,10 @@ class KernelGraph:
     def order_by_effects(self, seq: list[int]) -> None:
         """Add the depends edges that keep siblings ``seq`` (in program order) in that order
         wherever their effects conflict (RAW/WAR/WAW on registers, buffers, the sync token)."""
+        if len(seq) < 2:
+            return  # nothing to order
         tracker = DependenceTracker()
-        scope = self.parent(seq[0]) if seq else None  # siblings: one scope
+        scope = self.parent(seq[0])  # siblings: one scope
         for n in seq:
             for p in tracker.add(n, self.effects(n)):
                 self.add_depends(p, n, scope)
@@ -413,7 +419,7 @@ class KernelGraph:
         d = self.g._node[n]
         cache = vars(self).setdefault("_effects", {})  # a graph made by __new__ (trace files) starts one
         seen = cache.get(n)
-        items = tuple(d.items())
+        items = tuple(map(d.get, EFFECT_KEYS[d["op"]], _ABSENT_KEYS))  # what effects() reads, absent keys told apart
         if seen is not None and seen[0] == items:  # compared in C, the same objects at once
             return seen[1], seen[2]
         r, w = effects(d["op"], d)
@@ -432,8 +438,8 @@ class KernelGraph:
         if not changed:
             cache = vars(self).setdefault("_effects", {})
             seen = cache.get(src)
-            if seen is not None and seen[0] == tuple(attrs.items()):
-                cache[nid] = (tuple(d.items()), seen[1], seen[2])
+            if seen is not None:  # the same values under every key effects() reads: the same effects
+                cache[nid] = seen
         return nid
 
     def kernel(self) -> dict:

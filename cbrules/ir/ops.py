@@ -200,7 +200,7 @@ def term_values(op: str, attrs: Mapping[str, Any]) -> list[Term]:
     return out
 
 
-def effects(op: str, attrs: Mapping[str, Any]) -> tuple[set[str], set[str]]:
+def effects(op: str, attrs: Mapping[str, Any]) -> tuple[frozenset[str], frozenset[str]]:
     """(reads, writes) of one node, as resource names: ``reg:v``, ``mem:buf``, ``sync``.
 
     Memory operations read the sync token and synchronisation writes it, so memory traffic never
@@ -242,7 +242,15 @@ def effects(op: str, attrs: Mapping[str, Any]) -> tuple[set[str], set[str]]:
         reads.add(SYNC_TOKEN)
         if "barrier" in attrs:
             writes.add(f"mem:{attrs['barrier']}")
-    return reads, writes
+    # frozen: the graph keeps these very objects as the node's effects (frozenset() of one is itself)
+    return frozenset(reads), frozenset(writes)
+
+
+# every attribute effects() reads, per op: nodes whose values under these keys are the same objects
+# have the same effects (the graph remembers each node's effects by them)
+EFFECT_KEYS: dict[str, tuple[str, ...]] = {
+    op: ("op", *spec.terms, "dst", "src", "tmap", "barrier", "kind", "a", "b", "acc", "dst_m2")
+    for op, spec in OPS.items()}
 
 
 def conflicts(a: tuple[set[str], set[str]], b: tuple[set[str], set[str]]) -> bool:

@@ -54,6 +54,10 @@ def _bounded(key: str, value: Any, expr, nodes: int) -> None:
         return  # one part, one level: within every bound
     if isinstance(value, str) and len(value) < MAX_VALUE_SIZE:
         return  # one level, fewer parts than any bound (most values a rule sets are names)
+    if isinstance(value, Term):  # the figures it keeps: within the smallest bound, no walk
+        parts, height = extent(value)
+        if parts <= MAX_VALUE_SIZE and height <= MAX_VALUE_DEPTH:
+            return
     # terms share subterms: count each tree node, visit each object once (a term keeps its figures)
     n, bound = _size(value, 0, {}, _TooDeep(expr, key)), MAX_VALUE_SIZE + VALUE_PARTS_PER_NODE * nodes
     if n > bound:

@@ -60,7 +60,8 @@ def _node_pattern(e: SList) -> _NodePattern:
     return got[1]
 
 
-_RELATION_METHODS: dict[int, tuple] = {}  # id of a :match element -> (the element, its relation's method or None)
+# id of a :match element -> (the element, its relation's method, or None and its _NodePattern)
+_STEPS: dict[int, tuple] = {}
 
 
 _ABSENCES: dict[int, tuple] = {}  # id of a rule's elements -> (the elements, its (no ...) relations)
@@ -225,15 +226,19 @@ class Matcher(Relations):
             self._fail(i, "no node matches" if els[i].head() not in RELATIONS else "relation does not hold", els[i], b)
 
     def element(self, e: SList, b: dict) -> Iterator[dict]:
-        relation = _RELATION_METHODS.get(id(e))
-        if relation is None or relation[0] is not e:
-            if len(_RELATION_METHODS) > 8192:  # rule sets come and go
-                _RELATION_METHODS.clear()
+        step = _STEPS.get(id(e))
+        if step is None or step[0] is not e:
+            if len(_STEPS) > 8192:  # rule sets come and go
+                _STEPS.clear()
             head = e.head()
-            relation = _RELATION_METHODS[id(e)] = (e, "_rel_" + head.replace("-", "_") if head in RELATIONS else None)
-        if relation[1] is not None:  # every relation is a generator: nothing runs before the caller iterates
-            return getattr(self, relation[1])(e, b)
-        return self.node_matches(e, b, pairs=False)
+            step = _STEPS[id(e)] = (e, "_rel_" + head.replace("-", "_"), None) if head in RELATIONS else \
+                (e, None, _node_pattern(e))
+        if step[1] is not None:  # every relation is a generator: nothing runs before the caller iterates
+            return getattr(self, step[1])(e, b)
+        np = step[2]  # node_matches(e, b, pairs=False), its pattern read once
+        if np.var is not None and np.var in b:
+            return self._bound_matches(np, b, False)
+        return self._pool_matches(np, b, None, None, False)
 
     def explain(self) -> str:
         """The deepest failure in words: for a node pattern the first attribute that no candidate
@@ -337,8 +342,37 @@ class Matcher(Relations):
         the given nodes in their order); the bindings alone when ``pairs`` is false."""
         np = _node_pattern(e)
         var, late, checks = np.var, np.late, np.checks
+        if var is not None and var in b and within is None and among is None:
+            return self._bound_matches(np, b, pairs)
         # the node's variable joins the bindings after the checks (most candidates fail one) unless a
         # check names it; a scope named by a variable bound before the pattern is read once
+        return self._pool_matches(np, b, within, among, pairs)
+
+    def _bound_matches(self, np: _NodePattern, b: dict, pairs: bool) -> Iterator[Any]:
+        """:meth:`node_matches` for a pattern whose node is bound already: its one candidate checked
+        without a pool (an anchored search starts so, and rules name a bound node again to read more
+        of its attributes)."""
+        ref, nodes = b[np.var], self.kg.g._node
+        if not (isinstance(ref, NodeRef) and ref.id in nodes and (np.op == "_" or nodes[ref.id]["op"] == np.op)):
+            return
+        self.ticks += 1  # _tick, inline: once per candidate
+        if not self.ticks & 1023 and self.deadline is not None and time.monotonic() >= self.deadline:
+            raise MatchTimeout()
+        n, attrs, kg, b2 = ref.id, nodes[ref.id], self.kg, b
+        for k, p, check in np.checks:
+            if check is not None:
+                b2 = check(attrs.get(k, MISSING), b2)
+            else:
+                scope = self._scope_of(p, b2)
+                if not (scope in kg.ancestors(n) if k == "in" else kg.parent(n) == scope):
+                    b2 = None
+            if b2 is None:
+                return
+        yield (n, b2) if pairs else b2
+
+    def _pool_matches(self, np: _NodePattern, b: dict, within: Optional[int], among: Optional[list[int]],
+                      pairs: bool) -> Iterator[Any]:
+        var, late, checks = np.var, np.late, np.checks
         scopes: dict[str, int] = {}
         kg, nodes = self.kg, self.kg.g._node
         pool, held = self._candidates(np, b, within, among)
@@ -377,7 +411,8 @@ class Matcher(Relations):
         attrs = self.kg.g._node[n]
         if np.op != "_" and attrs["op"] != np.op:
             return False
-        b: Optional[dict] = {} if np.var is None else {np.var: NodeRef(n)}
+        # no check names the node's variable (``late``): the checks start from no bindings
+        b: Optional[dict] = {} if np.var is None or np.late else {np.var: NodeRef(n)}
         for k, p, check in np.checks:
             if check is not None:
                 b = check(attrs.get(k, MISSING), b)
