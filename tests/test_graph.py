@@ -57,6 +57,23 @@ def expect(kg, invariant, node_op=None):
     return e.value
 
 
+def test_edges_of_one_kind_share_their_data_which_cannot_change():
+    """Each edge of a kind holds the same data dict (not one per edge); changing it would change every
+    edge of the kind, so it is refused, while a copy's edges are its own."""
+    kg = exp1d_tma().graph
+    data = {id(d) for _, nbrs in kg.g._succ.items() for d in nbrs.values()}
+    assert len(data) == 2 and len(kg.depends_edges()) > 5
+    a, b = kg.depends_edges()[0]
+    with pytest.raises(TypeError, match="shared by every edge of its kind"):
+        kg.g.edges[a, b]["kind"] = "contains"
+    with pytest.raises(TypeError):
+        kg.g.add_edge(a, b, kind="contains")  # networkx changes an edge's data in place
+    assert kg.g.edges[a, b]["kind"] == "depends"
+    copy = kg.copy()
+    copy.g.edges[a, b]["kind"] = "contains"  # the copy's own dict
+    assert kg.g.edges[a, b]["kind"] == "depends"
+
+
 def test_second_root():
     kg = small().graph
     kg.add("kernel", kg.root, name="k2", params=(), block=(1, 1, 1), grid=(1, 1, 1))

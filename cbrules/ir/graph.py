@@ -16,7 +16,7 @@ import networkx as nx
 
 from .names import BUILTINS  # noqa: F401  (the CUDA builtins a term may name; public here too)
 from .ops import EFFECT_KEYS, OPS, SCOPES, DependenceTracker, effects
-from .order import CONTAINS, DEPENDS, KeptOrder
+from .order import CONTAINS, DEPENDS, EDGE_DATA, KeptOrder
 from .terms import const
 from .resources import ScopeResources
 from .touch_log import TouchLog
@@ -118,11 +118,7 @@ class KernelGraph:
         if a not in g._node or b not in g._node:
             g.add_edge(a, b, kind=kind)  # as networkx does it: the missing node is made
             return
-        data = g._succ[a].get(b)
-        if data is None:
-            g._succ[a][b] = g._pred[b][a] = {"kind": kind}
-        else:
-            data["kind"] = kind
+        g._succ[a][b] = g._pred[b][a] = EDGE_DATA[kind]
         nx._clear_cache(g)
 
     def contain(self, scope: int, n: int) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import networkx as nx
 
@@ -19,6 +19,19 @@ if TYPE_CHECKING:
     from .graph import KernelGraph
 
 CONTAINS, DEPENDS = "contains", "depends"
+
+
+class _EdgeData(dict):
+    """The data of every edge of one kind: one shared dict, not one per edge (a lowered kernel has
+    hundreds of thousands). Read only: an edge changes kind by getting the other kind's."""
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("an edge's data is shared by every edge of its kind: give the edge another, do not change it")
+
+    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = _read_only  # type: ignore[assignment]
+
+
+EDGE_DATA = {CONTAINS: _EdgeData(kind=CONTAINS), DEPENDS: _EdgeData(kind=DEPENDS)}
 
 
 class ScheduleError(CbrulesError):

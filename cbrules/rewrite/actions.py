@@ -393,10 +393,14 @@ class Rewriter(Cloning):
     def _rewrite_terms(self, a, scope, old, new) -> None:
         frm, to = as_term(self.value(old)), as_term(self.value(new))
         _printable("assign", "value", to, new)
+        needs = next(frm.names(), None)  # a term that does not mention it cannot hold FROM
         for n in self.kg.descendants(self.scope(scope, "rewrite-terms")):
             attrs = self.kg[n]
             for key in OPS[attrs["op"]].terms:
                 v = attrs.get(key)
+                names = v.__dict__.get("_names") if isinstance(v, Term) else None  # only where read already
+                if needs is not None and names is not None and needs not in names:
+                    continue
                 nv = tuple(_replace(x, frm, to) for x in v) if isinstance(v, tuple) else \
                     _replace(v, frm, to) if isinstance(v, Term) else v
                 if nv is not v and nv != v:
