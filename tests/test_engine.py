@@ -312,10 +312,10 @@ def test_a_rule_raising_an_unexpected_python_error_is_a_lowering_error(tmp_path,
     # a bug inside the matcher (here a planted ZeroDivisionError) names the rule, never a raw traceback
     real = Matcher.matches
 
-    def broken(self, elements, guards, b=None):
+    def broken(self, elements, guards, *rest):
         if any("load" in str(e) for e in elements):
             raise ZeroDivisionError("planted")
-        return real(self, elements, guards, b)
+        return real(self, elements, guards, *rest)
     monkeypatch.setattr(Matcher, "matches", broken)
     body = rule("total", "(kernel ?k) (sum ?t bytes (load ?x) :in ?k)", '(set ?k :tag "t")')
     with within(20), pytest.raises(engine.LoweringError, match=r"rule total \(\S*test\.rules:\d+\) failed while "

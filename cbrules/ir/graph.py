@@ -76,11 +76,13 @@ class KernelGraph:
     # ---------------------------------------------------------------------------- building
     def add(self, op: str, parent: Optional[int], origin: Optional[Mapping[str, Any]] = None,
             **attrs: Any) -> int:
-        """Create a node under ``parent`` and return its id (ids increase in creation order)."""
+        """Create a node under ``parent`` and return its id (ids increase in creation order). An
+        ``origin`` dict becomes the node's: never changed, only replaced (the nodes of one rule
+        application share one, as copies of the graph do)."""
         if op not in OPS:
             raise ValueError(f"unknown op {op!r}")
         spec = OPS[op]
-        d = {"op": op, "origin": dict(origin or {}), **spec.defaults, **attrs}
+        d = {"op": op, "origin": origin if type(origin) is dict else dict(origin or {}), **spec.defaults, **attrs}
         for k in spec.terms:  # plain numbers in term attributes become constant terms
             if isinstance(d.get(k), (int, float)):
                 d[k] = const(d[k])
@@ -367,10 +369,8 @@ class KernelGraph:
         :meth:`touch` and :meth:`add` say), with ``step`` (:class:`cbrules.ir.touch_log.TouchLog`);
         None stops (and forgets). The rewrite engine sets the step before each application and asks
         :meth:`touched_since`."""
-        if step is None:
-            self._log = None
-        elif self._log is None:
-            self._log = TouchLog(step)
+        if step is None or self._log is None:
+            self._log = None if step is None else TouchLog(step)
         else:
             self._log.step = step
 
@@ -422,12 +422,12 @@ class KernelGraph:
         cache[n] = (items, r, w)
         return r, w
 
-    def copy_node(self, src: int, origin: Mapping[str, Any], changed: Optional[Mapping[str, Any]] = None) -> int:
+    def copy_node(self, src: int, origin: dict, changed: Optional[Mapping[str, Any]] = None) -> int:
         """A new node, in no scope yet, with ``src``'s op and attributes (``changed`` replacing some) and
-        ``origin``; return its id. With nothing changed it has ``src``'s own effects, remembered
+        the dict ``origin``; return its id. With nothing changed it has ``src``'s own effects, remembered
         instead of read from its terms again (a clone copies every node of a loop)."""
         attrs = self.g._node[src]
-        d = {**attrs, "origin": dict(origin)}  # "origin" keeps its place: the attributes read in the same order
+        d = {**attrs, "origin": origin}  # "origin" keeps its place: the attributes read in the same order
         if changed:
             d.update(changed)
         nid = self._new_node(d)

@@ -378,9 +378,10 @@ class _Run:
                                                          if nodes[n]["op"] == anchor.op)
         first = rule.match[0]
         for n in todo:
-            if self._changed_for(rule, n, since) and m.attributes_hold(first, n):
+            held = m.attributes_hold(first, n) if self._changed_for(rule, n, since) else None
+            if held is not None:  # the anchor's own pattern holds: the search goes on from there
                 m.ticks = 0  # _matches adds them up for each anchor
-                yield from self._matches(m, rule, {anchor.var: NodeRef(n)})
+                yield from self._matches(m, rule, held, held=1)
 
     def _outside_news(self, kg: KernelGraph, m: Matcher, anchor: Anchor, since: int) -> bool:
         """Whether a node that an application touched since step ``since`` now passes an outside
@@ -392,7 +393,7 @@ class _Run:
             return False
         nodes = kg.g._node
         patterns = [p for p in anchor.patterns if p.head() in ops]
-        return any(nodes[n]["op"] in ops and any(m.attributes_hold(p, n) for p in patterns)
+        return any(nodes[n]["op"] in ops and any(m.attributes_hold(p, n) is not None for p in patterns)
                    for n in self._touched_since(kg, since))
 
     def _touched_since(self, kg: KernelGraph, since: int) -> list[int]:
@@ -436,10 +437,11 @@ class _Run:
         keyed = ((_match_key(rule, b2), b2) for b2 in self._matches(m, rule, nodes))
         return next(((k2, b2) for k2, b2 in keyed if k2 not in self.fired), None)
 
-    def _matches(self, m: Matcher, rule: GraphRule, nodes: Optional[dict] = None) -> Iterator[dict]:
-        """``rule``'s matches by ``m`` (starting from ``nodes``), its failures named, its work counted."""
+    def _matches(self, m: Matcher, rule: GraphRule, nodes: Optional[dict] = None, held: int = 0) -> Iterator[dict]:
+        """``rule``'s matches by ``m`` (starting from ``nodes``; ``held``: see Matcher.matches), its
+        failures named, its work counted."""
         try:
-            yield from m.matches(rule.match, rule.where, nodes)
+            yield from m.matches(rule.match, rule.where, nodes, held)
         except MatchTimeout:
             raise self._time_error(rule) from None
         except _RULE_ERRORS as e:

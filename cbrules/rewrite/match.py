@@ -179,12 +179,15 @@ class Matcher(Relations):
             self.deepest_bindings = b or {}
 
     # ------------------------------------------------------------------ rules
-    def matches(self, elements: tuple, guards: tuple, b: Optional[dict] = None) -> Iterator[dict]:
-        """Every binding of the pattern elements that also satisfies every guard."""
+    def matches(self, elements: tuple, guards: tuple, b: Optional[dict] = None, held: int = 0) -> Iterator[dict]:
+        """Every binding of the pattern elements that also satisfies every guard. ``held``: the first
+        that many elements hold with ``b`` already (an anchored search checked its anchor's pattern,
+        see :meth:`attributes_hold`): the search as written starts after them (a planned one checks
+        them again)."""
         if b and self.plan and not self._absences_hold(elements, b):
             return
         order = join_order(elements, frozenset(b or ())) if self.plan else None
-        found = self._elements(elements, 0, dict(b or {})) if order is None else \
+        found = self._elements(elements, held, dict(b or {})) if order is None else \
             joined(self, elements, order, dict(b or {}))
         for bound in found:
             ok = True
@@ -402,23 +405,24 @@ class Matcher(Relations):
                     b2 = {**b, var: NodeRef(n)} if b2 is b else {**b, var: NodeRef(n), **b2}
                 yield (n, b2) if pairs else b2
 
-    def attributes_hold(self, e: SList, n: int) -> bool:
-        """Whether node ``n`` has node pattern ``e``'s op and passes its attribute checks (its scope
-        keys aside): what a search anchored at ``n`` asks first, without a search's set-up. Half of
-        the anchors an application leaves behind are new nodes of the op that match no rule's anchor
-        (a barrier loop is a ``for`` too)."""
+    def attributes_hold(self, e: SList, n: int) -> Optional[dict]:
+        """The bindings node ``n`` gives node pattern ``e`` (its variable first, as the search binds
+        it) when ``n`` has the pattern's op and passes its attribute checks (its scope keys aside),
+        else None: what a search anchored at ``n`` asks first, without a search's set-up (half of the
+        anchors an application leaves behind are new nodes of the op that match no rule's anchor: a
+        barrier loop is a ``for`` too), and the bindings it then starts from."""
         np = _node_pattern(e)
         attrs = self.kg.g._node[n]
         if np.op != "_" and attrs["op"] != np.op:
-            return False
+            return None
         # no check names the node's variable (``late``): the checks start from no bindings
         b: Optional[dict] = {} if np.var is None or np.late else {np.var: NodeRef(n)}
         for k, p, check in np.checks:
             if check is not None:
                 b = check(attrs.get(k, MISSING), b)
                 if b is None:
-                    return False
-        return True
+                    return None
+        return {np.var: NodeRef(n), **b} if np.late else b
 
     def select(self, pattern: SList, b: dict, scope: int) -> set[int]:
         """Nodes inside ``scope`` matching a filter: a node pattern, ``(not F)`` or ``(any-of F ...)``."""

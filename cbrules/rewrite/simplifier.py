@@ -138,6 +138,7 @@ def _questioner(loop_ranges: dict, kept: set, asked_ranges: dict):
     told apart, hashed and answered once each, not once a term of the graph."""
     questions: dict[tuple, Term] = {}  # a question's key -> the question
     names: dict[str, Term] = {}  # the name terms, one object each
+    qnames: dict[tuple, str] = {}  # (place of first mention[, the range's bounds]) -> question name
 
     def name_of(text: str) -> Term:
         got = names.get(text)
@@ -153,9 +154,12 @@ def _questioner(loop_ranges: dict, kept: set, asked_ranges: dict):
                 continue
             scoped = mapping.get(var)
             r = None if scoped is None else loop_ranges.get(scoped.value)
-            qname = f"v{len(canon)}@" + ("" if r is None else f"{_bound(r.lo)}:{_bound(r.hi)}")
-            if r is not None:
-                asked_ranges[qname] = r
+            at = (len(canon),) if r is None else (len(canon), r.lo, r.hi)
+            qname = qnames.get(at)
+            if qname is None:
+                qname = qnames[at] = f"v{at[0]}@" + ("" if r is None else f"{_bound(r.lo)}:{_bound(r.hi)}")
+                if r is not None:
+                    asked_ranges[qname] = r
             canon[var] = qname
             back[qname] = name_of(var)
         key = _key(t, canon)
