@@ -28,7 +28,8 @@ class Term:
     """One node of an expression tree; ``op`` is 'const', 'name', 'call', or an operator symbol.
 
     A term never changes, so what is read of it is kept in its instance dict, outside the fields that
-    equality and hashing compare: its names (:meth:`names`), its size and height (:func:`extent`) and
+    equality and hashing compare: its names (:meth:`names`), its size and height (:func:`extent`; set
+    when the term is made over operands that have theirs, as builders and rules make terms) and
     whether it is printable (``cbrules.ir.attributes.term_problem``)."""
 
     op: str
@@ -40,6 +41,13 @@ class Term:
         # object.__setattr__ for each, twice the cost, and lowering a large kernel makes ~10**5 terms
         d = self.__dict__
         d["op"], d["args"], d["value"] = op, args, value
+        if not args:
+            d["_extent"] = _LEAF
+        elif len(args) <= 2:  # an operator over measured operands (the usual case): measured now
+            a = args[0].__dict__.get("_extent") if args[0].__class__ is Term else _LEAF
+            b = args[-1].__dict__.get("_extent") if args[-1].__class__ is Term else _LEAF
+            if a is not None and b is not None:
+                d["_extent"] = (1 + a[0] + (b[0] if len(args) == 2 else 0), 1 + (a[1] if a[1] > b[1] else b[1]))
 
     # -- construction helpers so that builder code reads like the kernel ----------------------
     def _bin(self, op: str, other: "TermLike", swap: bool = False) -> "Term":
@@ -96,6 +104,7 @@ class Term:
 
 
 TermLike = Union[Term, int, float, bool, str]
+_LEAF = (1, 0)  # a leaf's extent (see extent())
 
 # how large a term may be in a graph (verify refuses larger ones, and a rule may not set one): codegen,
 # egglog and the interpreter read terms recursively and print every part, and the shipped kernels'
