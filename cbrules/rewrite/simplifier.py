@@ -182,6 +182,12 @@ def _bound(b) -> str:
     return "" if b is None else str(b)
 
 
+def _asked(t: Term, kept: set, loops: dict) -> bool:
+    """Whether egglog is asked for ``t``'s simplest form: not for a constant, nor for a lone name it knows
+    nothing of (a register: neither kept with a range nor a loop's variable); about half of a kernel's terms."""
+    return t.op != "const" and not (t.op == "name" and t.value not in kept and t.value not in loops)
+
+
 def simplify_terms(kg: KernelGraph, forms: tuple) -> tuple[set[int], dict]:
     """Replace every term of ``kg`` (in place) by egglog's simplest form of it under the graph's
     range facts, each term asked in its own names with its loop variables' ranges; return the nodes
@@ -189,19 +195,20 @@ def simplify_terms(kg: KernelGraph, forms: tuple) -> tuple[set[int], dict]:
     scoped, loop_ranges, renamed = _loop_names(kg)  # loop variables: their ranges are per loop
     ranges = {k: r for k, r in term_ranges(kg).items() if k not in renamed}
     asked_ranges: dict = {}
-    question = _questioner(loop_ranges, set(ranges) | set(BUILTINS), asked_ranges)
+    kept = set(ranges) | set(BUILTINS)  # names with one range for the whole kernel, asked as they are
+    question = _questioner(loop_ranges, kept, asked_ranges)
     sites = []
     nodes = kg.g._node
-    for n in kg.nodes():  # a constant is its own simplest form: no question (a third of a kernel's terms)
-        d = nodes[n]
+    for n in kg.nodes():
+        d, loops = nodes[n], scoped[n]
         for k in OPS[d["op"]].terms:
             v = d.get(k)
             if isinstance(v, Term):
-                if v.op != "const":
-                    sites.append((n, k, None, v, *question(v, scoped[n])))
+                if _asked(v, kept, loops):
+                    sites.append((n, k, None, v, *question(v, loops)))
             elif isinstance(v, tuple):
-                sites.extend((n, k, i, x, *question(x, scoped[n])) for i, x in enumerate(v)
-                             if isinstance(x, Term) and x.op != "const")
+                sites.extend((n, k, i, x, *question(x, loops)) for i, x in enumerate(v)
+                             if isinstance(x, Term) and _asked(x, kept, loops))
     asked = list(question.asked.values())  # each question once, in the order first asked
     result = _simplify_cached(asked, {**ranges, **asked_ranges}, forms)
     # each question's answer, None when it is the question itself: a site's term is its question
