@@ -344,11 +344,8 @@ class Matcher(Relations):
         """(node, bindings) for every node matching pattern ``e`` (inside ``within``, or among
         the given nodes in their order); the bindings alone when ``pairs`` is false."""
         np = _node_pattern(e)
-        var, late, checks = np.var, np.late, np.checks
-        if var is not None and var in b and within is None and among is None:
+        if np.var is not None and np.var in b and within is None and among is None:
             return self._bound_matches(np, b, pairs)
-        # the node's variable joins the bindings after the checks (most candidates fail one) unless a
-        # check names it; a scope named by a variable bound before the pattern is read once
         return self._pool_matches(np, b, within, among, pairs)
 
     def _bound_matches(self, np: _NodePattern, b: dict, pairs: bool) -> Iterator[Any]:
@@ -375,6 +372,9 @@ class Matcher(Relations):
 
     def _pool_matches(self, np: _NodePattern, b: dict, within: Optional[int], among: Optional[list[int]],
                       pairs: bool) -> Iterator[Any]:
+        """:meth:`node_matches` over a pool of candidates. The node's variable joins the bindings after
+        the checks (most candidates fail one) unless a check names it; a scope named by a variable
+        bound before the pattern is read once."""
         var, late, checks = np.var, np.late, np.checks
         scopes: dict[str, int] = {}
         kg, nodes = self.kg, self.kg.g._node
