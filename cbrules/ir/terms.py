@@ -138,20 +138,11 @@ def extent(t: Term) -> tuple[int, int]:
     each distinct subterm object counted once: a term may be far too deep to walk recursively, and
     one that shares its subterms (``x + x`` doubled 40 times) is 2**40 parts as printed but 41
     objects. Anything but a term counts as a leaf. Each subterm keeps its figures (terms never
-    change): a value a rule sets is mostly terms of the graph with a new part or two on top."""
+    change; most got theirs when made, see :class:`Term`)."""
     if not isinstance(t, Term):
         return 1, 0
     got = t.__dict__.get("_extent")
     if got is not None:
-        return got
-    parts, height = 1, 0
-    for a in t.args:  # most new terms put one part on top of terms already measured
-        got = a.__dict__.get("_extent") if isinstance(a, Term) else (1, 0)
-        if got is None:
-            break
-        parts, height = parts + got[0], max(height, got[1] + 1)
-    else:
-        got = t.__dict__["_extent"] = (parts, height)
         return got
     stack = [(t, False)]
     while stack:

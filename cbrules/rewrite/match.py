@@ -238,10 +238,7 @@ class Matcher(Relations):
                 (e, None, _node_pattern(e))
         if step[1] is not None:  # every relation is a generator: nothing runs before the caller iterates
             return getattr(self, step[1])(e, b)
-        np = step[2]  # node_matches(e, b, pairs=False), its pattern read once
-        if np.var is not None and np.var in b:
-            return self._bound_matches(np, b, False)
-        return self._pool_matches(np, b, None, None, False)
+        return self._pattern_matches(step[2], b, None, None, False)  # node_matches, its pattern read once
 
     def explain(self) -> str:
         """The deepest failure in words: for a node pattern the first attribute that no candidate
@@ -343,7 +340,10 @@ class Matcher(Relations):
                      among: Optional[list[int]] = None, pairs: bool = True) -> Iterator[Any]:
         """(node, bindings) for every node matching pattern ``e`` (inside ``within``, or among
         the given nodes in their order); the bindings alone when ``pairs`` is false."""
-        np = _node_pattern(e)
+        return self._pattern_matches(_node_pattern(e), b, within, among, pairs)
+
+    def _pattern_matches(self, np: _NodePattern, b: dict, within: Optional[int], among: Optional[list[int]],
+                         pairs: bool) -> Iterator[Any]:
         if np.var is not None and np.var in b and within is None and among is None:
             return self._bound_matches(np, b, pairs)
         return self._pool_matches(np, b, within, among, pairs)
