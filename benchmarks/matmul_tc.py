@@ -4,11 +4,12 @@
     python3 benchmarks/matmul_tc.py --out benchmarks/results/matmul_tc [--sweep]
 
 Every implementation computes ``c = a @ b^T`` with a [M, K] and b [N, K] (K-major B; cuBLAS gets the
-transposed view ``b.T``, which it reads as "TN" without a copy). Each figure is the median over rounds in which
-every implementation runs 5 launches in turn (CUDA events; clock and power drift fall on all alike), after
-3 warm-up launches each; every result is checked against a float32 product first.
+transposed view ``b.T``, which it reads as "TN" without a copy); every result is checked against a float32
+product first. The figure is the steady-clock one (benchmarks/steady.py: each implementation alone, after
+an idle gap and 2 s of sustained launches, the median of 100); the interleaved figure (5 launches of each
+implementation in turn, a burst inheriting the clocks of the one before) stands beside it, labelled.
 ``--sweep`` also measures the matmul_tc tile / stage variants listed in VARIANTS (what helped and what
-did not); without it, the default, the persistent variants and the levers (LEVERS). Writes results.json, results.md and, where cuobjdump is on the PATH, the default variant's
+did not); without it, the default and the persistent variant (``--levers`` adds the levers of LEVERS). Writes results.json, results.md and, where cuobjdump is on the PATH, the default variant's
 SASS summary (HGMMA count, local-memory traffic, setmaxnreg) to --out.
 """
 from __future__ import annotations
@@ -26,7 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024))
+from benchmarks import steady as steady_mod  # noqa: E402
+
+SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (6144, 6144, 6144))
 WS = {"warp_specialize": True, "registers": (40, 232)}
 DEFAULT = {"stages": 4}  # the kernel's defaults: 128x256x64 tiles, two consumer warp groups, group_m 8, C staged swizzled
 VARIANTS = {
@@ -50,37 +53,17 @@ VARIANTS = {
 LEVERS = ("dense store", "swizzled store", "group_m=16")
 
 
-def _time_interleaved(launches: dict, torch, rounds: int = 9, per_round: int = 5, warmup: int = 3,
-                      every: dict | None = None) -> dict:
-    """Median seconds per launch of each implementation: ``rounds`` rounds, each timing ``per_round``
-    back-to-back launches of every implementation in turn (CUDA events), so clock and power drift
-    over the run falls on all of them alike. ``every``, if given, receives each round's seconds."""
-    for fn in launches.values():
-        for _ in range(warmup):
-            fn()
-    torch.cuda.synchronize()
-    times: dict = {k: [] for k in launches}
-    for _ in range(rounds):
-        for label, fn in launches.items():
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(per_round):
-                fn()
-            e.record()
-            e.synchronize()
-            times[label].append(s.elapsed_time(e) / 1e3 / per_round)
-    if every is not None:
-        every.update(times)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def time_shape(torch, gen, shape: tuple, compiled: dict, rounds: int, peers=("cublas", "triton"),
-               report: bool = False, every: dict | None = None) -> tuple[dict, dict, float, dict]:
+               report: bool = False, every: dict | None = None, steady: dict | None = None
+               ) -> tuple[dict, dict, float, dict]:
     """One (m, n, k): random bfloat16 operands, their float32 product as the reference, then cuBLAS and
     the Triton peer (labelled ``peers``) and every compiled matmul_tc in ``compiled`` (label -> kernel)
     each launched once into a NaN-poisoned output and checked, then timed in interleaved rounds.
     Returns (seconds a launch, max abs error, tolerance, seconds of the first launch) by label;
-    ``every``, if given, receives each round's seconds a launch by label."""
+    ``every``, if given, receives each round's seconds a launch by label. ``steady``, if given (the
+    keyword arguments of :func:`benchmarks.steady.time_each_alone`), times each implementation alone at
+    steady clocks and the returned seconds are those; the interleaved figures then go to ``every``
+    under the key ``"interleaved"``."""
     from benchmarks import triton_matmul
     m, n, k = shape
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -103,7 +86,14 @@ def time_shape(torch, gen, shape: tuple, compiled: dict, rounds: int, peers=("cu
         errs[label] = (c.float() - ref).abs().max().item()
         if report:
             print(f"{m}x{n}x{k} {label}: first launch done, max abs err {errs[label]:.3g}", flush=True)
-    return _time_interleaved(launches, torch, rounds, every=every), errs, tol, first
+    mixed = steady_mod.interleaved(launches, torch, rounds)
+    if steady is None:
+        return mixed, errs, tol, first
+    alone = steady_mod.time_each_alone(launches, torch, report=print if report else None, **steady)
+    if every is not None:
+        every["interleaved"] = mixed
+        every["alone"] = alone
+    return {k: v["seconds"] for k, v in alone.items()}, errs, tol, first
 
 
 def write_rows(path: Path, rows: list, rounds: int, device: str, **meta) -> dict:
@@ -163,7 +153,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--sweep", action="store_true", help="also the matmul_tc variants of VARIANTS")
-    p.add_argument("--rounds", type=int, default=9, help="rounds of 5 launches of every implementation")
+    p.add_argument("--rounds", type=int, default=9, help="interleaved: rounds of 5 launches of every implementation")
+    p.add_argument("--sustain", type=float, default=2.0, help="steady clocks: seconds of sustained launches first")
+    p.add_argument("--samples", type=int, default=100, help="steady clocks: launches whose median is the figure")
+    p.add_argument("--idle", type=float, default=5.0, help="steady clocks: idle seconds before each implementation")
+    p.add_argument("--levers", action="store_true", help="also the store and raster levers (LEVERS)")
+    p.add_argument("--shapes", default=None, help="MxNxK,... (default: the four of SHAPES)")
     a = p.parse_args(argv)
     import torch
     import triton
@@ -175,21 +170,28 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     variants = VARIANTS if a.sweep else {k: v for k, v in VARIANTS.items()
-                                         if v is DEFAULT or "persistent" in k or any(w in k for w in LEVERS)}
+                                         if v is DEFAULT or k == "128x256x64 S=4 persistent"
+                                         or (a.levers and ("persistent" in k or any(w in k for w in LEVERS)))}
+    shapes = SHAPES if not a.shapes else tuple(tuple(int(d) for d in s.split("x")) for s in a.shapes.split(","))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     variants = {label: {k: sms if v == "sms" else v for k, v in kw.items()} for label, kw in variants.items()}
     compiled = {label: api.compile(matmul_tc(**{**WS, **kw})) for label, kw in variants.items()}
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for m, n, k in SHAPES:
+    steady = {"sustain": a.sustain, "samples": a.samples, "idle": a.idle}
+    for m, n, k in shapes:
         flop = 2.0 * m * n * k
+        both: dict = {}
         secs, errs, tol, first = time_shape(torch, gen, (m, n, k), {f"matmul_tc {label}": ck for label, ck in
                                                                      compiled.items()}, a.rounds,
-                                            peers=("torch.matmul (cuBLAS)", "triton (persistent, TMA, autotuned)"))
+                                            peers=("torch.matmul (cuBLAS)", "triton (persistent, TMA, autotuned)"),
+                                            report=True, every=both, steady=steady)
         for label in secs:
             err, ok = errs[label], errs[label] <= tol
+            alone = both["alone"][label]
             row = {"shape": [m, n, k], "impl": label, "tflops": flop / secs[label] / 1e12, "ms": secs[label] * 1e3,
-                   "max_abs_err": err, "ok": ok, "first_call_s": first[label]}
+                   "tflops_interleaved": flop / both["interleaved"][label] / 1e12, "iqr": alone["spread"],
+                   "clocks": alone["clocks"], "max_abs_err": err, "ok": ok, "first_call_s": first[label]}
             if label.startswith("triton"):
                 row["config"] = triton_matmul.best_config()
             if label.startswith("matmul_tc"):
@@ -202,23 +204,29 @@ def main(argv=None) -> int:
             "swizzled-store group_m=16": _sass_summary(compiled["128x256x64 S=4 swizzled store, group_m=16"], out,
                                                        "matmul_tc_swizzled_store")}
     meta = write_rows(out / "results.json", rows, a.rounds, torch.cuda.get_device_name(), torch=torch.__version__,
-                      triton=triton.__version__, sass=sass)
+                      triton=triton.__version__, sass=sass, steady=steady)
     (out / "results.md").write_text(_table(rows, meta))
     print(_table(rows, meta))
     return 0
 
 
 def _table(rows: list, meta: dict) -> str:
-    lines = [f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}; median over {meta['rounds']} rounds "
-             f"of 5 launches of each implementation in turn (CUDA events); {meta['date']}", "",
-             "| shape | implementation | TFLOP/s | x cuBLAS | x Triton |", "|---|---|---|---|---|"]
+    st = meta["steady"]
+    lines = [f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}; {meta['date']}. Steady clocks: each "
+             f"implementation alone, {st['idle']:g} s idle, {st['sustain']:g} s of sustained launches, then the median "
+             f"of {st['samples']} launches (CUDA events). Interleaved (labelled): the median over {meta['rounds']} "
+             "rounds of 5 launches of each implementation in turn.", "",
+             "| shape | implementation | TFLOP/s (steady) | x cuBLAS | x Triton | MHz, W | TFLOP/s interleaved |",
+             "|---|---|---|---|---|---|---|"]
     for shape in sorted({tuple(r["shape"]) for r in rows}, key=lambda s: SHAPES.index(s) if s in SHAPES else 9):
         here = [r for r in rows if tuple(r["shape"]) == shape]
         base = {r["impl"].split(" ")[0]: r["tflops"] for r in here}
         for r in here:
             name = r["impl"] + (f" [{r['config']}]" if "config" in r else "") + ("" if r["ok"] else " (WRONG)")
+            clk = r.get("clocks") or {}
             lines.append(f"| {'x'.join(map(str, shape))} | {name} | {r['tflops']:.1f} | "
-                         f"{r['tflops'] / base['torch.matmul']:.2f} | {r['tflops'] / base['triton']:.2f} |")
+                         f"{r['tflops'] / base['torch.matmul']:.2f} | {r['tflops'] / base['triton']:.2f} | "
+                         f"{clk.get('sm_mhz', '?')}, {clk.get('watts', '?')} | {r.get('tflops_interleaved', 0):.1f} |")
     for which, s in meta["sass"].items():
         lines += ["", f"SASS of the {which} matmul_tc: {s.get('HGMMA', '?')} HGMMA, {s.get('LDL', '?')} LDL / "
                   f"{s.get('STL', '?')} STL, {s.get('USETMAXREG', '?')} USETMAXREG; {s['registers']} registers, "
