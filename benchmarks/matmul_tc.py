@@ -199,10 +199,11 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"{m}x{n}x{k} {label}: {row['tflops']:.1f} TFLOP/s ({row['ms']:.3f} ms) err {err:.3g}"
                   f"{'' if ok else ' WRONG'}" + (f" [{row['config']}]" if 'config' in row else ''), flush=True)
-    sass = {"default": _sass_summary(compiled["128x256x64 S=4 (default)"], out, "matmul_tc_default"),
-            "persistent": _sass_summary(compiled["128x256x64 S=4 persistent"], out, "matmul_tc_persistent"),
-            "swizzled-store group_m=16": _sass_summary(compiled["128x256x64 S=4 swizzled store, group_m=16"], out,
-                                                       "matmul_tc_swizzled_store")}
+    summarized = {"default": ("128x256x64 S=4 (default)", "matmul_tc_default"),
+                  "persistent": ("128x256x64 S=4 persistent", "matmul_tc_persistent"),
+                  "swizzled-store group_m=16": ("128x256x64 S=4 swizzled store, group_m=16", "matmul_tc_swizzled_store")}
+    sass = {which: _sass_summary(compiled[label], out, stem) for which, (label, stem) in summarized.items()
+            if label in compiled}
     meta = write_rows(out / "results.json", rows, a.rounds, torch.cuda.get_device_name(), torch=torch.__version__,
                       triton=triton.__version__, sass=sass, steady=steady)
     (out / "results.md").write_text(_table(rows, meta))
