@@ -39,7 +39,8 @@ VECTOR_PRELUDE = (Path(__file__).with_name("prelude_vector.cu")).read_text()  # 
 TMA5_PRELUDE = (Path(__file__).with_name("prelude_tma5.cu")).read_text()  # ... and maps of rank 4 and 5
 VECTOR_BYTES = (4, 8, 16)
 REDUCE_SCRATCH_BYTES = 32 * 8
-_UNARY_C = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "fabs"}
+_UNARY_C = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "fabs",
+            "tanh": "tanh", "erf": "erf", "exp2": "exp2", "log2": "log2"}
 _BINARY_C = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _COMBINE = {"sum": ("CbSum", "0"), "max": ("CbMax", "-__int_as_float(0x7f800000)"),
             "min": ("CbMin", "__int_as_float(0x7f800000)")}
@@ -138,6 +139,10 @@ def _dtype(dtype: Any) -> str:
 
 def _fn(name: str, dtype: str) -> str:
     return name + ("f" if dtype == "float32" else "")
+
+
+def _float_literal(v: int, dtype: str) -> str:
+    return f"{v}.0" + ("f" if dtype == "float32" else "")
 
 
 class _Emitter:
@@ -441,6 +446,9 @@ _STATEMENTS = {
     "fma": lambda o, a, e: f"{a['dst']} = {_fn('fma', a['dtype'])}({', '.join(_args(a))});",
     "select": lambda o, a, e: "{} = ({}) ? ({}) : ({});".format(a["dst"], *_args(a)),
     "shfl": lambda o, a, e: _shfl(a),
+    # 1 / (1 + e^-x): IEEE add and division around expf (its 2 ulp dominate; ops.MATH_ERRORS)
+    "sigmoid": lambda o, a, e: (f"{a['dst']} = {_float_literal(1, a['dtype'])} / ({_float_literal(1, a['dtype'])} + "
+                                f"{_fn('exp', a['dtype'])}(-({_args(a)[0]})));"),
     "reduce": _reduce,
     "tma_load": lambda o, a, e: (f"cb_tma_load(cb_smem_addr({a['dst']} + {_c_term(a['offset'])}), &{a['tmap']}, "
                               f"{_bar(a)}, {_coords(a)});"),
