@@ -14,9 +14,10 @@ from cbrules.ir.verify import GraphError
 from cbrules.reference.interp import run
 
 INF, NAN = math.inf, math.nan
-_tanh, _erf, _exp = np.vectorize(math.tanh), np.vectorize(math.erf), np.vectorize(math.exp)
+_tanh, _erf = np.vectorize(math.tanh), np.vectorize(math.erf)
 # float64 references, computed otherwise than the interpreter where Python offers another way
 REFERENCE = {
+    "exp": lambda x: np.vectorize(lambda v: v if v != v else math.exp(v) if v < 709 else INF)(x),
     "tanh": _tanh,
     "erf": lambda x: np.where(np.abs(x) < 0.5, _erf(x), np.sign(x) * (1 - np.vectorize(math.erfc)(np.abs(x)))),
     "exp2": lambda x: np.vectorize(lambda v: v if v != v else 2.0 ** v if v < 1100 else INF)(x),
@@ -27,6 +28,7 @@ REFERENCE = {
                                     else 1 / math.sqrt(v))(x),
 }
 EDGES = {
+    "exp": [0.0, -0.0, 1.0, -1.0, 88.7, 88.8, -87.0, -103.0, -104.0, INF, -INF, NAN],
     "tanh": [0.0, -0.0, 1e-30, -1e-8, 0.5, -0.5, 9.0, -10.0, 20.0, -88.0, 1e30, INF, -INF, NAN],
     "erf": [0.0, -0.0, 1e-30, -1e-6, 0.5, -0.5, 3.9, -4.0, 10.0, INF, -INF, NAN],
     "exp2": [0.0, -0.0, 1.0, -1.0, 0.5, 127.99, 128.0, 200.0, -126.0, -149.0, -149.5, -150.0, -200.0, INF, -INF, NAN],
