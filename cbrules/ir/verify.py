@@ -280,9 +280,6 @@ def _values(kg: KernelGraph, walked: list[int]) -> None:
             if bad:
                 most = f" and <= {INT_HIGH[op, key]}" if (op, key) in INT_HIGH else ""
                 raise GraphError("int-valued", f"{kg.describe(n)}: {key} must be int(s) >= {low}{most}: {bad}", n)
-        if op == "shfl" and isinstance(d["width"], int) and d["width"] & (d["width"] - 1):
-            raise GraphError("int-valued", f"{kg.describe(n)}: shuffle width {d['width']} is not a power of two "
-                             f"(1, 2, 4, ... {WARP_SIZE}): segments of lanes tile the warp", n)
         if op == "alloc" and d.get("align") and d["align"] & (d["align"] - 1):
             raise GraphError("int-valued", f"{kg.describe(n)}: align {d['align']} is not a power of two", n)
         if "dtype" in d and d["dtype"] not in DTYPES:
