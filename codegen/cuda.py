@@ -17,7 +17,7 @@ from typing import Any, Optional
 from ..ir.graph import Param
 from ..ir.names import BUILTINS, RULES, problem
 from ..ir.limits import MAX_SHARED_BYTES
-from ..ir.ops import DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS, SHFL_MODES, WARP_SIZE
+from ..ir.ops import DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS, SHFL_MODES, UNARY, WARP_SIZE
 from ..schedule import Step
 from ..ir.terms import BINARY_OPS, DEVICE_FUNCTIONS, UNARY_OPS, Term, call_problem, to_c
 
@@ -139,10 +139,6 @@ def _dtype(dtype: Any) -> str:
 
 def _fn(name: str, dtype: str) -> str:
     return name + ("f" if dtype == "float32" else "")
-
-
-def _float_literal(v: int, dtype: str) -> str:
-    return f"{v}.0" + ("f" if dtype == "float32" else "")
 
 
 class _Emitter:
@@ -373,6 +369,12 @@ def _shfl(a) -> str:
     return f"{a['dst']} = {fn}(0xffffffffu, ({_dtype(a['dtype'])})({value}), ({lane_type})({lane}), {width});"
 
 
+def _sigmoid(a) -> str:
+    """1 / (1 + e^-x): the IEEE add and division around expf (whose 2 ulp dominate; ops.MATH_ERRORS)."""
+    one = "1.0f" if a["dtype"] == "float32" else "1.0"
+    return f"{a['dst']} = {one} / ({one} + {_fn('exp', a['dtype'])}(-({_args(a)[0]})));"
+
+
 def _register_array(a) -> Optional[str]:
     if a["space"] != "register":
         return None  # shared buffers are carved out of dynamic shared memory at the top
@@ -446,9 +448,7 @@ _STATEMENTS = {
     "fma": lambda o, a, e: f"{a['dst']} = {_fn('fma', a['dtype'])}({', '.join(_args(a))});",
     "select": lambda o, a, e: "{} = ({}) ? ({}) : ({});".format(a["dst"], *_args(a)),
     "shfl": lambda o, a, e: _shfl(a),
-    # 1 / (1 + e^-x): IEEE add and division around expf (its 2 ulp dominate; ops.MATH_ERRORS)
-    "sigmoid": lambda o, a, e: (f"{a['dst']} = {_float_literal(1, a['dtype'])} / ({_float_literal(1, a['dtype'])} + "
-                                f"{_fn('exp', a['dtype'])}(-({_args(a)[0]})));"),
+    "sigmoid": lambda o, a, e: _sigmoid(a),
     "reduce": _reduce,
     "tma_load": lambda o, a, e: (f"cb_tma_load(cb_smem_addr({a['dst']} + {_c_term(a['offset'])}), &{a['tmap']}, "
                               f"{_bar(a)}, {_coords(a)});"),
@@ -475,6 +475,8 @@ _STATEMENTS = {
     "wgmma_wait": lambda o, a, e: f"cb_wgmma_wait<{_int(a['pending'], 'pending', 0)}>();"
                                   + (_mma.acc_fences(e.mmas, _ident) if a["pending"] == 0 else ""),
 }
+
+assert set(UNARY) <= set(_UNARY_C) | set(_STATEMENTS), "every unary op needs its C form"
 
 
 def _setmaxnreg(a) -> str:

@@ -39,8 +39,8 @@ UNARY = ("exp", "log", "sqrt", "rsqrt", "neg", "abs") + MATH
 # What each math op computes in CUDA and how far from the exact result it may land (float32; float64
 # registers call the double function). The bounds are the CUDA C Programming Guide's (appendix
 # "Mathematical Functions", without --use_fast_math, which cbrules never passes; NVIDIA found them by
-# extensive, not exhaustive, tests); the interpreter computes the exact result rounded to the register's
-# type, so a GPU result lies within these of it.
+# extensive, not exhaustive, tests). For the MATH ops the interpreter computes the exact result rounded to
+# the register's type (sigmoid: each step of its formula), so a GPU result lies within these of it.
 MATH_ERRORS = {
     "exp": "expf(x): at most 2 ulp (double exp: 1 ulp)",
     "log": "logf(x): at most 1 ulp (double log: 1 ulp); log(0) = -inf, log(x < 0) = NaN",

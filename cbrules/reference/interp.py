@@ -42,6 +42,8 @@ KernelLike = Union[Kernel, KernelGraph]
 _COMBINE = {"sum": C_BINARY["+"],
             "max": lambda a, b: np.where(C_BINARY[">"](a, b), a, b),
             "min": lambda a, b: np.where(C_BINARY["<"](a, b), a, b)}
+
+
 def _rounded(fn):
     """``fn`` in float64, rounded to the operand's type (float32: the correctly rounded result but for
     rare double roundings; the GPU's function lies within ops.MATH_ERRORS of it)."""
