@@ -16,6 +16,7 @@ mechanism yet, so every read after it sees its data.
 """
 from __future__ import annotations
 
+import math
 import random
 from typing import Any, Mapping, Optional, Union
 
@@ -24,8 +25,9 @@ import numpy as np
 from ..ir.bind import NP_DTYPES, BlocksLike, bind, select_blocks
 from ..ir.builder import Kernel
 from ..ir.graph import BUILTINS, KernelGraph
-from .hwsim import block_reduce, block_stats
-from ..ir.ops import UNARY
+from .hazards import DivergentShuffle
+from .hwsim import block_reduce, block_stats, shfl_source
+from ..ir.ops import UNARY, WARP_SIZE
 from .interp_memory import MemoryOps, NonUniform, OutOfBounds
 from .interp_mma import MmaOps
 from .interp_roles import SCHEDULES, SWITCH, Blocked, Role, check_schedule, drive
@@ -34,14 +36,35 @@ from ..schedule import Step, schedule
 from ..ir.terms import Term
 from .vterms import C_BINARY, CACHE, Lanes, TermError, c_div, compile_term
 
-__all__ = ["run", "prepare", "Program", "InterpError", "OutOfBounds", "NonUniform", "SCHEDULES"]
+__all__ = ["run", "prepare", "Program", "InterpError", "OutOfBounds", "NonUniform", "DivergentShuffle", "SCHEDULES"]
 
 KernelLike = Union[Kernel, KernelGraph]
 _COMBINE = {"sum": C_BINARY["+"],
             "max": lambda a, b: np.where(C_BINARY[">"](a, b), a, b),
             "min": lambda a, b: np.where(C_BINARY["<"](a, b), a, b)}
+
+
+def _rounded(fn):
+    """``fn`` in float64, rounded to the operand's type (float32: the correctly rounded result but for
+    rare double roundings; the GPU's function lies within ops.MATH_ERRORS of it)."""
+    def go(x: np.ndarray) -> np.ndarray:
+        return np.asarray(fn(x.astype(np.float64)), np.float64).astype(x.dtype)
+    return go
+
+
+_ERF = np.frompyfunc(math.erf, 1, 1)  # numpy has no erf; math.erf is accurate to a few float64 ulp
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    """As codegen writes it, 1 / (1 + exp(-x)), each step rounded to x's type."""
+    one = x.dtype.type(1)
+    return one / (one + _rounded(np.exp)(-x))
+
+
 _UNARY_NP = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: x.dtype.type(1) / np.sqrt(x),
-             "abs": np.abs, "neg": np.negative}
+             "abs": np.abs, "neg": np.negative, "tanh": _rounded(np.tanh), "erf": _rounded(_ERF),
+             "exp2": _rounded(np.exp2), "log2": _rounded(np.log2), "sigmoid": _sigmoid}
+assert set(_UNARY_NP) == set(UNARY), "every unary op needs its meaning"
 _ARITH = {"add": "+", "sub": "-", "mul": "*"}
 # after these a role yields: another role may run next (and may now be able to)
 _SWITCH_OPS = frozenset(("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
@@ -176,6 +199,7 @@ class _BlockRunner(MemoryOps, MmaOps):
         for op in ("add", "sub", "mul", "div", "max", "min"):
             self.handlers[op] = self._binary
         self.handlers["select"] = self._select
+        self.handlers["shfl"] = self._shfl
 
     # ---------------------------------------------------------------- driver
     def run_block(self, block: tuple) -> None:
@@ -346,7 +370,8 @@ class _BlockRunner(MemoryOps, MmaOps):
         dt = np.dtype(NP_DTYPES[s.attrs["dtype"]])
         v = np.asarray(x(self.env, self.lanes(mask)))
         v = v.astype(dt) if s.op != "neg" else v  # expf(x) takes a float; -(x) keeps x's type
-        self.set_reg(s.attrs["dst"], _UNARY_NP[s.op](v), mask)
+        with np.errstate(all="ignore"):  # C math does not trap: log(-1) is NaN, rsqrt(0) inf
+            self.set_reg(s.attrs["dst"], _UNARY_NP[s.op](v), mask)
 
     def _binary(self, s: Step, mask: np.ndarray) -> None:
         x, y = (f(self.env, self.lanes(mask)) for f in self.p.fns[s.node]["args"])
@@ -363,6 +388,27 @@ class _BlockRunner(MemoryOps, MmaOps):
         p, x, y = (f(self.env, self.lanes(mask)) for f in self.p.fns[s.node]["args"])
         dt = np.dtype(NP_DTYPES[s.attrs["dtype"]])
         self.set_reg(s.attrs["dst"], np.where(np.asarray(p, bool), np.asarray(x, dt), np.asarray(y, dt)), mask)
+
+    def _shfl(self, s: Step, mask: np.ndarray) -> None:
+        """Each lane reads the value its source lane computed (:func:`hwsim.shfl_source`); every lane of
+        each warp that reaches it must be active (the full mask)."""
+        if self.T % WARP_SIZE:
+            raise DivergentShuffle(f"a warp shuffle needs whole warps; the block has {self.T} threads", self.site())
+        warps = mask.reshape(-1, WARP_SIZE)
+        split = warps.any(axis=1) & ~warps.all(axis=1)
+        if split.any():
+            w = int(np.argmax(split))
+            missing = w * WARP_SIZE + int(np.argmin(warps[w]))
+            raise DivergentShuffle(f"a warp shuffle (full mask 0xffffffff) is reached by {int(warps[w].sum())} of the "
+                                   f"{WARP_SIZE} lanes of warp {w} (thread {missing} does not reach it, e.g. inside an "
+                                   "if that splits the warp); every lane must execute it together: move it out of "
+                                   "the if and select the values after it", self.site())
+        value, lane = (f(self.env, self.lanes(mask)) for f in self.p.fns[s.node]["args"])
+        dt = np.dtype(NP_DTYPES[s.attrs["dtype"]])
+        v = np.broadcast_to(np.asarray(value).astype(dt), (self.T,))
+        tid = np.arange(self.T)
+        src = shfl_source(tid % WARP_SIZE, self.per_lane(lane, tid), s.attrs["mode"], int(s.attrs["width"]))
+        self.set_reg(s.attrs["dst"], v[tid - tid % WARP_SIZE + src], mask)
 
     def _fma(self, s: Step, mask: np.ndarray) -> None:
         x, y, z = (f(self.env, self.lanes(mask)) for f in self.p.fns[s.node]["args"])
