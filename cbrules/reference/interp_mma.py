@@ -164,6 +164,12 @@ class MmaOps:
                 # the elements it reads (2-byte elements: byte address / 2), for the protocol checks
                 reads = [(tile, np.concatenate([operand_addresses(d[w], rows_of, trans).ravel() for d in steps]) // 2)
                          for tile, w, rows_of, trans in ((tile_a, 2, MMA_M, 0), (tile_b, 3, bn, TRANSPOSE[b_major]))]
+                for tile, idx in reads:  # a descriptor that reaches past the tile: named here, before any read
+                    out = idx[(idx < 0) | (idx >= tile.data.size)]
+                    if out.size:
+                        raise MmaIssueError(f"an mma reads {tile.name}[{int(out[0])}], outside its {tile.data.size} "
+                                            "elements: check the descriptors' start address, LBO and SBO",
+                                            self.site())
                 self.proto.mma.issue(s.node, g, lanes, a["acc"], reads, span if b_span == span else (span, b_span),
                                      self.site)
                 frags = acc[lanes]
