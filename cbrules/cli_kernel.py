@@ -9,12 +9,23 @@ import sys
 from typing import TYPE_CHECKING, Optional
 
 from .errors import CliError
-from .kernelfile import refuse_untaken
+from .kernelfile import load_kernel, refuse_untaken
 
 if TYPE_CHECKING:
     from .kernels.specs import KernelSpec
 
 MAX_ELEMENTS = 2 ** 31  # the launcher refuses tensors past 2**31 elements: refuse such shapes up front
+
+
+def load_spec(a) -> KernelSpec:
+    """The kernel the command line names (:func:`cbrules.kernelfile.load_kernel`), with its B operand in
+    the layout ``--b-layout`` asks for (built-in matmul_tc only: its inputs and reference change too)."""
+    spec = load_kernel(a.kernel)
+    layout = getattr(a, "b_layout", None)
+    if layout is None:
+        return spec
+    from .kernels.specs import with_b_layout
+    return with_b_layout(spec, layout)
 
 
 def _lower_options(a) -> dict:

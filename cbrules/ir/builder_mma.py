@@ -10,7 +10,14 @@ A kernel author writes a tile step ``C[BM, BN] += A[BM, BK] @ B[BK, BN]`` as
     k.mma_store(acc, c_map, (row0, col0))            # c_map's box: [BM, W], BN / W chunks TMA-stored
 
 Both operands are K-major (K contiguous, as the tensor cores read bfloat16/float16 without a
-transpose): B is given as ``[N, K]``, i.e. ``B^T`` row-major. Each tile row is exactly one swizzle span
+transpose): B is given as ``[N, K]``, i.e. ``B^T`` row-major. Or B is given as a row-major ``[K, N]``
+(``k.mma(..., b_layout="kn")``, MN-major, read through the instruction's transpose bit): the b tile is
+[BK, BN] as BN / W panels [BK, W] (W = 64 columns at BN a multiple of 64), each one TMA box:
+
+    b_map = k.tensor_map(b, box=(64, 64), swizzle="128B")             # b [K, N]
+    for p in range(BN // 64):
+        k.tma_load(b_map, (t * 64, col0 + 64 * p), b_tile, offset=p * 64 * 64)
+    k.mma(acc, a_tile, b_tile, b_layout="kn") Each tile row is exactly one swizzle span
 (BK * 2 bytes = 32, 64 or 128) and the tiles are filled by TMA loads with that swizzle. The rules
 (rules/mma.rules) add the ordering around each mma (wgmma fence, commit, wait) and release a stage
 slot only once the mma reading it has completed; codegen unrolls the node into the instruction sequence.
@@ -20,6 +27,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from .builder_values import BuildError, _call_site, _int
+from .mma_layout import B_LAYOUTS, MmaLayoutError, mn_major_span
 from .ops import DTYPE_BYTES
 from .terms import Term, TermLike, as_term, name
 
@@ -82,11 +90,21 @@ class MmaBuilder:
         with self.loop(f"{acc.name}_zero", (bm // groups // MMA_M) * (bn // 2), kind="unroll") as i:
             self.store(acc, i, 0.0)
 
-    def mma(self, acc, a, b, a_offset: TermLike = 0, b_offset: TermLike = 0, scale_d: TermLike = 1) -> None:
+    def mma(self, acc, a, b, a_offset: TermLike = 0, b_offset: TermLike = 0, scale_d: TermLike = 1,
+            b_layout: str = "nk") -> None:
         """Issue ``acc += a @ b^T`` on the tensor cores: ``a`` a shared [BM, BK] tile, ``b`` a shared
         [BN, BK] tile (B given K-major), both bfloat16 or both float16, their rows BK * 2 = 32, 64 or 128
-        bytes and filled by TMA loads with that swizzle. ``scale_d=0`` overwrites acc instead."""
+        bytes and filled by TMA loads with that swizzle. ``scale_d=0`` overwrites acc instead.
+
+        ``b_layout="kn"``: ``acc += a @ b`` with ``b`` a shared [BK, BN] tile (B given MN-major, as a
+        row-major [K, N] tensor: no transpose needed), read through the instruction's transpose bit. The
+        tile is BN / W panels [BK, W] one after the other, W = 64, 32 or 16 columns (the widest dividing
+        BN, :func:`cbrules.ir.mma_layout.mn_major_span`), each one TMA box of a map with box (BK, W) and
+        the W * 2-byte swizzle, loaded at element offset ``p * BK * W`` for panel p."""
         where = f"mma at {_call_site()}"
+        if b_layout not in B_LAYOUTS:
+            raise BuildError(f"{where}: b_layout={b_layout!r}: give 'nk' (b a [BN, BK] tile of B given as [N, K]) "
+                             "or 'kn' (b a [BK, BN] tile of B given as [K, N])")
         bm, bn, groups = self._mma_fragment(acc, "mma")
         a_name, b_name = self._known(a, ("buffer",), "mma"), self._known(b, ("buffer",), "mma")
         for t, nm in ((a, "a"), (b, "b")):
@@ -96,16 +114,27 @@ class MmaBuilder:
         if a.dtype != b.dtype:
             raise BuildError(f"{where}: operands of different types ({a.dtype}, {b.dtype}); give both one type")
         bk = a.shape[1]
-        if a.shape != (bm, bk) or b.shape != (bn, bk):
+        want_b = (bn, bk) if b_layout == "nk" else (bk, bn)
+        if a.shape != (bm, bk) or b.shape != want_b:
+            other = "kn" if b_layout == "nk" else "nk"
+            hint = (f"; b is the {other} layout's tile: pass b_layout={other!r}"
+                    if a.shape == (bm, bk) and b.shape == want_b[::-1] else "")
             raise BuildError(f"{where}: tiles a {a.shape} and b {b.shape} do not fit the accumulator's tile "
-                             f"[{bm}, {bn}]: a must be [{bm}, BK] and b [{bn}, BK] (B given as [N, K])")
+                             f"[{bm}, {bn}]: a must be [{bm}, BK] and b {list(want_b)} (b_layout={b_layout!r}: B "
+                             f"given as {'[N, K]' if b_layout == 'nk' else '[K, N]'}){hint}")
         row_bytes = bk * DTYPE_BYTES[a.dtype]
         if row_bytes not in (32, 64, 128):
             raise BuildError(f"{where}: BK={bk} makes tile rows of {row_bytes} bytes; a row must be one swizzle "
                              f"span (32, 64 or 128 bytes): use BK = 16, 32 or 64 for {a.dtype}")
+        extra = {}  # K-major B keeps the node as it was (unchanged graphs); MN-major names its layout and span
+        if b_layout == "kn":
+            try:
+                extra = {"b_major": B_LAYOUTS[b_layout], "b_swizzle": mn_major_span(bn)}
+            except MmaLayoutError as e:
+                raise BuildError(f"{where}: {e}") from None
         self._node("mma", acc=acc.name, a=a_name, b=b_name, shape=(bm, bn, bk), groups=groups, dtype=a.dtype,
                    swizzle=row_bytes, a_offset=as_term(a_offset), b_offset=as_term(b_offset),
-                   scale_d=as_term(scale_d))
+                   scale_d=as_term(scale_d), **extra)
 
     def mma_store(self, acc, tmap, coords: Sequence[TermLike]) -> None:
         """The epilogue: every accumulator element to the output tile at ``coords`` (row, column of its first

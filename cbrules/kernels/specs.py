@@ -5,7 +5,8 @@ tolerances and the trip count of its circular-buffered loop (their one-line docs
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import numpy as np
@@ -153,6 +154,15 @@ def _mm_tc_reference(a):
     return {"c": a["a"].astype(np.float64) @ a["b"].astype(np.float64).T}
 
 
+def _mm_tc_kn_inputs(shape, rng):
+    m, n, kk = shape
+    return {"a": _normal(rng, m, kk), "b": _normal(rng, kk, n), "c": _nan(m, n)}
+
+
+def _mm_tc_kn_reference(a):
+    return {"c": a["a"].astype(np.float64) @ a["b"].astype(np.float64)}
+
+
 def _normalize(x):
     x64 = x.astype(np.float64)
     mean = x64.mean(axis=1, keepdims=True)
@@ -218,6 +228,24 @@ _SPECS = [
 KERNELS: dict[str, KernelSpec] = {s.name: s for s in _SPECS}
 assert list(KERNELS) == list(CATALOG), "every built-in kernel has one line in the catalog"
 SEED_MATRIX = tuple(n for n in KERNELS if KERNELS[n].pipelined and KERNELS[n].seed)
+
+
+B_LAYOUTS = ("nk", "kn")
+
+
+def with_b_layout(spec: KernelSpec, b_layout: str) -> KernelSpec:
+    """``spec`` with its B operand in ``b_layout``: "nk" (b is [N, K], the built-in default) or "kn"
+    (b is [K, N] row-major and c = a @ b: inputs, reference and kernel change together). Only the
+    built-in matmul_tc takes it; "nk" returns it unchanged."""
+    if b_layout not in B_LAYOUTS:
+        raise UnsupportedVariantError(f"B layout {b_layout!r}: one of {', '.join(B_LAYOUTS)}")
+    if spec is not KERNELS.get("matmul_tc"):
+        raise UnsupportedVariantError(f"kernel {spec.name}: a B layout (--b-layout) applies to the built-in "
+                                      "matmul_tc only; drop it")
+    if b_layout == "nk":
+        return spec
+    return replace(spec, factory=functools.partial(_mtc.matmul_tc, b_layout=b_layout), inputs=_mm_tc_kn_inputs,
+                   reference=_mm_tc_kn_reference)
 
 
 class UnsupportedVariantError(CbrulesError, ValueError):

@@ -20,8 +20,9 @@ from typing import Union
 import ml_dtypes
 import numpy as np
 
-from ..ir.mma_layout import (MMA_DTYPES, MMA_K, MMA_M, WARPGROUP, MatrixDescriptor, MmaLayoutError, check_n,
-                             fragment_slot, operand_address, tma_tile_descriptor)
+from ..ir.mma_layout import (MMA_DTYPES, MMA_K, MMA_M, MN_SPANS, TRANSPOSE, WARPGROUP, MatrixDescriptor,
+                             MmaLayoutError, b_tile_descriptor, b_tile_elements, check_n, fragment_slot,
+                             operand_address, tma_tile_descriptor)
 from ..schedule import Step
 from .hazards import DivergentSync, InterpError
 
@@ -114,7 +115,8 @@ class MmaOps:
     [g * BM/groups, (g+1) * BM/groups) of the tile, as 64-row blocks j; block j, k-step s is one
     m64n{BN}k16 wgmma whose A descriptor starts at ``a_offset`` + row g * BM/groups + 64j of the A tile
     plus 32 s bytes, B's at ``b_offset`` plus 32 s bytes (both K-major, rows of ``swizzle`` bytes as
-    TMA wrote them: :func:`cbrules.ir.mma_layout.tma_tile_descriptor`), and whose fragment is
+    TMA wrote them: :func:`cbrules.ir.mma_layout.tma_tile_descriptor`; an MN-major B, ``b_major`` "mn",
+    through :func:`cbrules.ir.mma_layout.b_tile_descriptor` and the transpose bit), and whose fragment is
     registers [j * BN/2, (j+1) * BN/2) of ``acc``. In a lowered kernel (one with mbarriers or wgmma
     ordering ops) it is asynchronous and checked by :class:`cbrules.reference.mma_groups.MmaGroups`;
     before lowering it completes at once, like a TMA load without a barrier."""
@@ -133,6 +135,13 @@ class MmaOps:
         a = s.attrs
         bm, bn, bk = (int(x) for x in a["shape"])
         groups, span, dtype = int(a["groups"]), int(a["swizzle"]), a["dtype"]
+        b_major = a.get("b_major", "k")  # an MN-major B: panels of b_swizzle-byte rows, the transpose bit
+        b_span = int(a.get("b_swizzle", span))
+        if b_major not in TRANSPOSE or (b_major == "mn") != ("b_swizzle" in a) or \
+                b_major == "mn" and b_span not in MN_SPANS:
+            raise MmaIssueError(f"an mma with b_major {b_major!r} and b_swizzle {a.get('b_swizzle')!r}: B is 'k' "
+                                f"(a [BN, BK] tile, no b_swizzle) or 'mn' (a [BK, BN] tile of panels whose rows are "
+                                f"b_swizzle = {' / '.join(map(str, MN_SPANS))} bytes)", self.site())
         rows = bm // groups
         acc = self.regarrays.get(a["acc"])
         tiles = [self.proto.shared.get(a[k]) for k in ("a", "b")]
@@ -151,36 +160,47 @@ class MmaOps:
             a_off, b_off, scale_d = (self.uniform(self.ev(s, k, m), m, f"mma {k} in warp group {g}")
                                      for k in ("a_offset", "b_offset", "scale_d"))
             if not self.p.mma_async:
-                self._mma_logical(acc, lanes, (tile_a, a_off + g * rows * bk), (tile_b, b_off), (rows, bn, bk), scale_d)
+                self._mma_logical(acc, lanes, (tile_a, a_off + g * rows * bk), (tile_b, b_off), (rows, bn, bk), scale_d,
+                                  b_tile_elements(bn, bk, b_span, b_major))
                 continue
             try:
                 steps = [(j, ks, tma_tile_descriptor(2 * a_off + (g * rows + MMA_M * j) * span, bm, span, "k", ks),
-                          tma_tile_descriptor(2 * b_off, bn, span, "k", ks))
+                          b_tile_descriptor(2 * b_off, bn, bk, b_span, b_major, ks))
                          for j in range(rows // MMA_M) for ks in range(bk // MMA_K)]
                 # the elements it reads (2-byte elements: byte address / 2), for the protocol checks
-                reads = [(tile, np.concatenate([operand_addresses(d[w], rows_of, 0).ravel() for d in steps]) // 2)
-                         for tile, w, rows_of in ((tile_a, 2, MMA_M), (tile_b, 3, bn))]
-                self.proto.mma.issue(s.node, g, lanes, a["acc"], reads, span, self.site)
+                reads = [(tile, np.concatenate([operand_addresses(d[w], rows_of, trans).ravel() for d in steps]) // 2)
+                         for tile, w, rows_of, trans in ((tile_a, 2, MMA_M, 0), (tile_b, 3, bn, TRANSPOSE[b_major]))]
+                for tile, idx in reads:  # a descriptor that reaches past the tile: named here, before any read
+                    out = idx[(idx < 0) | (idx >= tile.data.size)]
+                    if out.size:
+                        raise MmaIssueError(f"an mma reads {tile.name}[{int(out[0])}], outside its {tile.data.size} "
+                                            "elements: check the descriptors' start address, LBO and SBO",
+                                            self.site())
+                self.proto.mma.issue(s.node, g, lanes, a["acc"], reads, span if b_span == span else (span, b_span),
+                                     self.site)
                 frags = acc[lanes]
                 for j, ks, da, db in steps:  # scale-d applies to k-step 0; later ones accumulate
                     cols = slice(j * bn // 2, (j + 1) * bn // 2)
-                    frags[:, cols] = wgmma(frags[:, cols], tile_a.data, da, tile_b.data, db, n=bn, dtype=dtype,
-                                           scale_d=int(bool(scale_d) or ks > 0))
+                    # the 64-bit descriptors codegen prints, decoded again by the instruction
+                    frags[:, cols] = wgmma(frags[:, cols], tile_a.data, da.encode(), tile_b.data, db.encode(), n=bn,
+                                           dtype=dtype, scale_d=int(bool(scale_d) or ks > 0),
+                                           trans_b=TRANSPOSE[b_major])
             except MmaLayoutError as e:
                 raise MmaIssueError(str(e), self.site()) from None
             acc[lanes] = frags
 
-    def _mma_logical(self, acc: np.ndarray, lanes: np.ndarray, a, b, shape, scale_d) -> None:
-        """Before lowering: the tiles lie dense row-major (a TMA load without a barrier copies the logical
-        tile), so the warp group's product of its ``rows`` of A (from element ``a_off``) and B is taken on
-        them directly, rounded like the tensor cores' k-steps."""
+    def _mma_logical(self, acc: np.ndarray, lanes: np.ndarray, a, b, shape, scale_d, b_elements: np.ndarray) -> None:
+        """Before lowering: the tiles lie dense as their TMA boxes (a TMA load without a barrier copies the
+        logical box), so the warp group's product of its ``rows`` of A (from element ``a_off``) and B
+        (element (n, k) at ``b_off + b_elements[n, k]``: row-major [BN, BK], or MN-major panels) is taken
+        on them directly, rounded like the tensor cores' k-steps."""
         (tile_a, a_off), (tile_b, b_off) = a, b
         rows, bn, bk = shape
         for tile, lo, n in ((tile_a, a_off, rows * bk), (tile_b, b_off, bn * bk)):
             if lo < 0 or lo + n > tile.data.size:
                 raise MmaIssueError(f"an mma reads {tile.name}[{lo}:{lo + n}], outside its {tile.data.size} elements",
                                     self.site())
-        bt = tile_b.data[b_off:b_off + bn * bk].reshape(bn, bk).astype(np.float64)
+        bt = tile_b.data[b_off + b_elements].astype(np.float64)
         frags = acc[lanes]
         for j in range(rows // MMA_M):
             r0 = a_off + MMA_M * j * bk
