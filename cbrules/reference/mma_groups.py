@@ -105,9 +105,9 @@ class MmaGroups:
         for buf, idx in reads:
             self._raw(buf, idx, lanes, site)
             self._same_swizzle(buf, idx, span, site)
+            self.proto.async_read(buf, idx, lanes, f"the mma #{node} of warp group {wg}", site)
         for buf, idx in reads:  # an element listed twice counts once, here and at completion alike
-            if buf.tracked:
-                self._reading(buf)[idx] += 1
+            self._reading(buf)[idx] += 1
         self.open.setdefault(wg, []).append(Issue(node, wg, acc, reads))
 
     def commit(self, wg: int) -> None:
@@ -124,8 +124,8 @@ class MmaGroups:
         while len(q) > pending:
             for issue in q.popleft():
                 for buf, idx in issue.reads:
+                    self._reading(buf)[idx] -= 1
                     if buf.tracked:
-                        self._reading(buf)[idx] -= 1
                         buf.readers[idx, span] = now + buf.epoch
 
     # ---------------------------------------------------------------- checks other ops call
