@@ -129,12 +129,13 @@ def test_the_first_unfenced_element_names_its_writer_and_thread(folders):
 
 
 # ------------------------------------------------------------------------------ wgmma reading thread-written tiles
-def _thread_written_mma(order: str = "sync", fence: bool = True, groups: int = 1) -> Kernel:
+def _thread_written_mma(order: str = "sync", fence: bool = True, groups: int = 1, rewrite: str = "") -> Kernel:
     """c[64 * groups, 8] = a @ b^T with a [64 * groups, 16] and b [8, 16] copied into shared tiles by the
     threads (at their 32-byte swizzled places, as the mma reads them), then fenced (``fence``) and
     ordered by ``order``: "sync" a block sync, "none" nothing, "split" one named barrier per warp group
     (ids 1, 2: no warp group sees the other's writes), "mbarrier" every thread arrives on an mbarrier and
-    every thread waits for its phase."""
+    every thread waits for its phase. ``rewrite``: warp group 0 writes b_t again, "in-flight" before the
+    wgmma.wait_group, "after-wait" right after it, "after-sync" after the wait and a block sync."""
     block = 128 * groups
     k = Kernel("tw_mma", block=block)
     a, b = k.tensor("a", (64 * groups, 16), "bfloat16"), k.tensor("b", (8, 16), "bfloat16")
@@ -168,7 +169,15 @@ def _thread_written_mma(order: str = "sync", fence: bool = True, groups: int = 1
     k.wgmma_fence()
     k.mma(acc, at, bt)
     k.wgmma_commit()
+    if rewrite == "in-flight":
+        with k.if_(tid.lt(128)):
+            k.store(bt, tid, 0.0)
     k.wgmma_wait(0)
+    if rewrite in ("after-wait", "after-sync"):
+        if rewrite == "after-sync":
+            k.syncthreads()
+        with k.if_(tid.lt(128)):
+            k.store(bt, tid, 0.0)
     if order == "mbarrier":
         k.syncthreads()
         with k.elect_one():
@@ -221,3 +230,18 @@ def test_a_fence_by_the_issuer_alone_does_not_publish_the_other_threads_stores()
         k.tma_store(m, (0,), s)
     with pytest.raises(protocol.UnfencedProxyWrite, match=r"which thread 31 wrote with a generic store"):
         run(k, {"out": np.zeros(32, np.float32)})
+
+
+@pytest.mark.parametrize("rewrite,groups,failure", [
+    ("in-flight", 1, protocol.WarHazard),  # the tensor cores may still read it
+    ("after-wait", 2, protocol.WarHazard),  # warp group 1's wait for its mma reading b_t is not ordered before
+    ("after-wait", 1, None),  # ... one warp group is ordered after its own wait
+    ("after-sync", 2, None),
+])
+def test_a_thread_written_tile_is_rewritten_only_after_the_mma_reading_it(rewrite, groups, failure):
+    kernel, args = _thread_written_mma(groups=groups, rewrite=rewrite), _mma_args(groups, np.random.default_rng(3))
+    if failure is None:
+        run(kernel, args)
+        return
+    with pytest.raises(failure, match=r"mma #\d+ (of warp group \d may still read it|of warp group 1 read)"):
+        run(kernel, args)

@@ -15,7 +15,9 @@ registers some time before the ``wgmma.wait_group`` that covers its group return
   completes. A TMA refill or a store to such an element is a :class:`WarHazard`. At completion the
   reads are recorded for the warp group's threads at that moment, so the ordinary WAR check of
   the next refill (every read ordered before the refill's issue by barriers) covers them too: an
-  empty-barrier arrive before the ``wait_group`` does not order them;
+  empty-barrier arrive before the ``wait_group`` does not order them; and a store by a thread of
+  another warp group to an element the mma read (a tile the threads write) must be ordered after
+  that ``wait_group`` by a barrier;
 * **accumulators in flight**: an ordinary read or write of an accumulator register array while an
   mma of that thread writing it has not completed is an :class:`AccumulatorInFlight`;
 * an mma still open or in flight when the block ends is an :class:`MmaInFlight`.
@@ -127,6 +129,8 @@ class MmaGroups:
                     self._reading(buf)[idx] -= 1
                     if buf.tracked:
                         buf.readers[idx, span] = now + buf.epoch
+                    if buf.proxied:
+                        buf.a_group[idx], buf.a_node[idx], buf.a_done[idx] = wg, issue.node, now[0]
 
     # ---------------------------------------------------------------- checks other ops call
     def tma_written(self, buf: "SharedBuffer", lo: int, n: int, span: int) -> None:
@@ -169,6 +173,8 @@ class MmaGroups:
         """A plain store by ``lanes`` to ``buf[idx]``: not while an mma reads them, and afterwards they no
         longer hold a TMA-written layout."""
         self.check_overwrite(buf, idx, f"thread {lanes[0]} writes", site)
+        if buf.proxied:
+            self._after_wait(buf, idx, lanes, site)
         layout = self.layout.get(buf.name)
         if layout is not None:
             layout[idx] = -1
@@ -183,6 +189,22 @@ class MmaGroups:
                                   "accumulators are used or the kernel exits", site())
 
     # ---------------------------------------------------------------- helpers
+    def _after_wait(self, buf: "SharedBuffer", idx: np.ndarray, lanes: np.ndarray, site: SiteFn) -> None:
+        """Writers ``lanes`` of ``buf[idx]`` outside the warp group whose wait completed an mma's read of an
+        element are ordered after that wait (its first thread's clock then)."""
+        group = buf.a_group[idx]
+        if not (group >= 0).any():
+            return
+        writers = lanes if lanes.size == idx.size else np.full(idx.size, lanes[0])
+        lead = np.maximum(group, 0) * WARPGROUP
+        late = (group >= 0) & (writers // WARPGROUP != group) & (self.proto.clocks.known[writers, lead] < buf.a_done[idx])
+        if late.any():
+            k = int(np.argmax(late))
+            e, g = int(idx[k]), int(group[k])
+            raise WarHazard(f"thread {writers[k]} writes {buf.name}[{e}], which the mma #{buf.a_node[e]} of warp group {g} "
+                            f"read, but warp group {g}'s wgmma.wait_group that completed it is not ordered before the "
+                            "write: a barrier over both warp groups after the wait", site())
+
     def _in_flight(self, wg: int) -> list[Issue]:
         return [i for g in self.groups.get(wg, ()) for i in g] + self.open.get(wg, [])
 

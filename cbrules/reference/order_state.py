@@ -128,6 +128,9 @@ class SharedBuffer:
             self.g_thread = np.empty(size, np.int64)  # the thread of the last generic store (-1: none since an async write)
             self.g_node = np.empty(size, np.int64)  # ... its node
             self.g_fence = np.empty(size, np.int64)  # ... the writer's clock at its first proxy fence since (-1: none)
+            self.a_group = np.empty(size, np.int64)  # the warp group whose wgmma.wait_group completed an mma read (-1: none)
+            self.a_node = np.empty(size, np.int64)  # ... that mma's node
+            self.a_done = np.empty(size, np.int64)  # ... the clock of the group's first thread at that wait
         if tracked:
             self.w_slot = np.empty(size, np.int64)  # barrier slot the last TMA write completes on
             self.w_phase = np.empty(size, np.int64)  # ... and the phase (INFLIGHT until delivered)
@@ -153,6 +156,7 @@ class SharedBuffer:
             self.g_thread.fill(-1)
             self.g_node.fill(-1)
             self.g_fence.fill(-1)
+            self.a_group.fill(-1)
         if self.tracked:
             self.w_slot.fill(-1)
             self.w_phase.fill(0)
