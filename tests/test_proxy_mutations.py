@@ -248,3 +248,11 @@ def test_a_thread_written_tile_is_rewritten_only_after_the_mma_reading_it(rewrit
         return
     with pytest.raises(failure, match=r"mma #\d+ (of warp group \d may still read it|of warp group 1 read)"):
         run(kernel, args)
+
+
+def test_cli_check_names_the_unfenced_write(tmp_path, capsys):
+    from cbrules.cli import main
+    folder = write_mutations(tmp_path, {"no-fence": MUTATIONS["no-fence"]}) / "no-fence"
+    assert main(["check", "single_dim", "--stages", "2", "--tma-store", "--rules", str(folder)]) == 1
+    out = capsys.readouterr().out
+    assert "UnfencedProxyWrite: " in out and "no fence.proxy.async followed in that thread" in out
