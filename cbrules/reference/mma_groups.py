@@ -25,7 +25,9 @@ registers some time before the ``wgmma.wait_group`` that covers its group return
 At issue, the RAW side: every thread of the warp group must have observed the barrier phase that
 completes the TMA load of each element the mma reads; and the layout: the TMA load must have
 written the element with the swizzle the mma reads it with (:class:`SwizzleMismatch`; the bytes
-would be misread, which the numbers would show too, less clearly).
+would be misread, which the numbers would show too, less clearly); and the proxies: an element a thread
+wrote with a generic store needs that thread's ``fence.proxy.async`` and a barrier to every thread of the
+warp group (:meth:`cbrules.reference.protocol.BlockProtocol.async_read`).
 """
 from __future__ import annotations
 
