@@ -2,7 +2,7 @@
 
 Owns the reference interpreter of the scheduled program (:mod:`.interp`, with its memory
 (:mod:`.interp_memory`), warp roles (:mod:`.interp_roles`) and vector terms (:mod:`.vterms`)) and the
-protocol checker of mbarriers and TMA (:mod:`.protocol`, its clocks and barrier slots in
+protocol checker of mbarriers, TMA and the generic/async proxies (:mod:`.protocol`, its clocks and barrier slots in
 :mod:`.order_state`, the TMA hardware model in :mod:`.hwsim`) with the failures it reports (:mod:`.hazards`),
 and the tensor cores' model (:mod:`.interp_mma`, :mod:`.mma_groups`).
 Imports only :mod:`cbrules.ir`, :mod:`cbrules.schedule` and :mod:`cbrules.errors`.

@@ -117,3 +117,22 @@ class UnfencedInit(ProtocolError):
 
 class PartialTileStore(ProtocolError):
     """A TMA store sends in-bounds elements of its box that no thread wrote since the last store."""
+
+
+class ProxyHazard(ProtocolError):
+    """An async-proxy read (a TMA store, a wgmma descriptor read) of shared memory that threads wrote with
+    generic stores, not made visible to it. ``writer`` is the node of the store, ``thread`` the writing
+    thread, ``buffer`` and ``element`` the shared element, ``reader`` the node of the async read."""
+
+    def __init__(self, message: str, site: Site, *, writer: int, thread: int, buffer: str, element: int):
+        super().__init__(message, site)
+        self.writer, self.thread, self.buffer, self.element, self.reader = writer, thread, buffer, element, site.node
+
+
+class UnfencedProxyWrite(ProxyHazard):
+    """The writing thread ran no ``fence.proxy.async`` between its generic store and the async read."""
+
+
+class UnorderedProxyRead(ProxyHazard):
+    """The writer fenced, but no barrier (block sync, named barrier over both, mbarrier arrive/wait chain)
+    orders its fence before the thread that issues the async read."""

@@ -111,6 +111,9 @@ class Program:
                 raise UnmodelledTerm(f"{e}; the interpreter cannot run this kernel", self.site(s, (0, 0, 0), ())) \
                     from None
         self.tma_dsts = tma_dsts
+        # the buffers the async proxy reads: their generic stores need the writers' proxy fences
+        self.async_srcs = frozenset(s.attrs["src"] for s in steps if s.op == "tma_store") | frozenset(
+            s.attrs[k] for s in steps if s.op == "mma" for k in ("a", "b"))
         # a lowered kernel (mbarriers or wgmma ordering ops) runs its mma asynchronously, checked; before
         # lowering an mma completes at once. `accumulators`: the register arrays whose accesses are checked
         self.mma_async = any(s.op.startswith("wgmma_") for s in steps) or any(
@@ -184,7 +187,7 @@ class _BlockRunner(MemoryOps, MmaOps):
             if a["space"] == "shared" and a["dtype"] == "mbarrier":
                 bars[name] = size
             elif a["space"] == "shared":
-                shared[name] = (np.dtype(NP_DTYPES[a["dtype"]]), size, name in prog.tma_dsts)
+                shared[name] = (np.dtype(NP_DTYPES[a["dtype"]]), size, name in prog.tma_dsts, name in prog.async_srcs)
         self.proto = BlockProtocol(T, bars, shared)
         self.handlers = {op: getattr(self, "_" + op) for op in
                          ("for", "if", "load", "store", "copy", "assign", "fma", "reduce", "block_stats", "tma_load", "tma_store", "tma_store_wait",

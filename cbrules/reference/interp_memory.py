@@ -96,7 +96,7 @@ class MemoryOps:
                 self.proto.mma.register_access(name, lanes, True, self.site)
             arr[lanes, idx] = vals
         elif kind == "shared":
-            self.proto.write(arr, idx, lanes, self.site)
+            self.proto.write(arr, idx, lanes, self.site, s.node)
             arr.data[idx] = vals
         else:
             if name not in self.written:
@@ -133,7 +133,7 @@ class MemoryOps:
             if dkind == "register":
                 dst[lanes, di] = vals
             elif dkind == "shared":
-                self.proto.write(dst, di, lanes, self.site)
+                self.proto.write(dst, di, lanes, self.site, s.node)
                 dst.data[di] = vals
             else:
                 dst[di] = vals
@@ -201,13 +201,15 @@ class MemoryOps:
         # the shared element holding each logical element of the box (a swizzled map reads it swizzled)
         place = swizzle_index(np.arange(n), DTYPE_BYTES[tmap.dtype], span) if span else np.arange(n)
         tensor = self._global(tmap)
+        inside = np.zeros(tuple(tmap.box), bool)
+        inside_box(inside, coords, tensor.shape)
+        sent = lo + place[inside.ravel()]  # the shared elements that reach the tensor
+        self.proto.async_read(src, sent, lanes[:1], f"the TMA store #{s.node} issued by thread {lanes[0]}", self.site)
         if a.get("wait", "read") != "read":  # a bulk group left in flight: the protocol tracks its reads
             if lanes.size > 1:
                 raise TmaIssueError(f"{lanes.size} threads issue this TMA store; issue it from one elected thread",
                                     self.site())
-            inside = np.zeros(tuple(tmap.box), bool)
-            inside_box(inside, coords, tensor.shape)
-            self.proto.bulk_store(s.node, src, lo, lo + n, lo + place[inside.ravel()], int(lanes[0]), self.site)
+            self.proto.bulk_store(s.node, src, lo, lo + n, sent, int(lanes[0]), self.site)
         self.proto.read(src, np.arange(lo, lo + n), np.full(n, lanes[0]), self.site, plain=False)  # the TMA unit reads
         data = src.data[lo:lo + n]
         if span:

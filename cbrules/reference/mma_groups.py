@@ -15,7 +15,9 @@ registers some time before the ``wgmma.wait_group`` that covers its group return
   completes. A TMA refill or a store to such an element is a :class:`WarHazard`. At completion the
   reads are recorded for the warp group's threads at that moment, so the ordinary WAR check of
   the next refill (every read ordered before the refill's issue by barriers) covers them too: an
-  empty-barrier arrive before the ``wait_group`` does not order them;
+  empty-barrier arrive before the ``wait_group`` does not order them; and a store by a thread of
+  another warp group to an element the mma read (a tile the threads write) must be ordered after
+  that ``wait_group`` by a barrier;
 * **accumulators in flight**: an ordinary read or write of an accumulator register array while an
   mma of that thread writing it has not completed is an :class:`AccumulatorInFlight`;
 * an mma still open or in flight when the block ends is an :class:`MmaInFlight`.
@@ -23,7 +25,9 @@ registers some time before the ``wgmma.wait_group`` that covers its group return
 At issue, the RAW side: every thread of the warp group must have observed the barrier phase that
 completes the TMA load of each element the mma reads; and the layout: the TMA load must have
 written the element with the swizzle the mma reads it with (:class:`SwizzleMismatch`; the bytes
-would be misread, which the numbers would show too, less clearly).
+would be misread, which the numbers would show too, less clearly); and the proxies: an element a thread
+wrote with a generic store needs that thread's ``fence.proxy.async`` and a barrier to every thread of the
+warp group (:meth:`cbrules.reference.protocol.BlockProtocol.async_read`).
 """
 from __future__ import annotations
 
@@ -107,9 +111,9 @@ class MmaGroups:
         for (buf, idx), sp in zip(reads, spans, strict=True):
             self._raw(buf, idx, lanes, site)
             self._same_swizzle(buf, idx, sp, site)
+            self.proto.async_read(buf, idx, lanes, f"the mma #{node} of warp group {wg}", site)
         for buf, idx in reads:  # an element listed twice counts once, here and at completion alike
-            if buf.tracked:
-                self._reading(buf)[idx] += 1
+            self._reading(buf)[idx] += 1
         self.open.setdefault(wg, []).append(Issue(node, wg, acc, reads))
 
     def commit(self, wg: int) -> None:
@@ -126,9 +130,11 @@ class MmaGroups:
         while len(q) > pending:
             for issue in q.popleft():
                 for buf, idx in issue.reads:
+                    self._reading(buf)[idx] -= 1
                     if buf.tracked:
-                        self._reading(buf)[idx] -= 1
                         buf.readers[idx, span] = now + buf.epoch
+                    if buf.proxied:
+                        buf.a_group[idx], buf.a_node[idx], buf.a_done[idx] = wg, issue.node, now[0]
 
     # ---------------------------------------------------------------- checks other ops call
     def tma_written(self, buf: "SharedBuffer", lo: int, n: int, span: int) -> None:
@@ -171,6 +177,8 @@ class MmaGroups:
         """A plain store by ``lanes`` to ``buf[idx]``: not while an mma reads them, and afterwards they no
         longer hold a TMA-written layout."""
         self.check_overwrite(buf, idx, f"thread {lanes[0]} writes", site)
+        if buf.proxied:
+            self._after_wait(buf, idx, lanes, site)
         layout = self.layout.get(buf.name)
         if layout is not None:
             layout[idx] = -1
@@ -185,6 +193,22 @@ class MmaGroups:
                                   "accumulators are used or the kernel exits", site())
 
     # ---------------------------------------------------------------- helpers
+    def _after_wait(self, buf: "SharedBuffer", idx: np.ndarray, lanes: np.ndarray, site: SiteFn) -> None:
+        """Writers ``lanes`` of ``buf[idx]`` outside the warp group whose wait completed an mma's read of an
+        element are ordered after that wait (its first thread's clock then)."""
+        group = buf.a_group[idx]
+        if not (group >= 0).any():
+            return
+        writers = lanes if lanes.size == idx.size else np.full(idx.size, lanes[0])
+        lead = np.maximum(group, 0) * WARPGROUP
+        late = (group >= 0) & (writers // WARPGROUP != group) & (self.proto.clocks.known[writers, lead] < buf.a_done[idx])
+        if late.any():
+            k = int(np.argmax(late))
+            e, g = int(idx[k]), int(group[k])
+            raise WarHazard(f"thread {writers[k]} writes {buf.name}[{e}], which the mma #{buf.a_node[e]} of warp group {g} "
+                            f"read, but warp group {g}'s wgmma.wait_group that completed it is not ordered before the "
+                            "write: a barrier over both warp groups after the wait", site())
+
     def _in_flight(self, wg: int) -> list[Issue]:
         return [i for g in self.groups.get(wg, ()) for i in g] + self.open.get(wg, [])
 

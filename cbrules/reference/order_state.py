@@ -115,13 +115,22 @@ class Barriers:
 
 
 class SharedBuffer:
-    """A shared allocation: its data and, for buffers TMA loads fill, who wrote and read what."""
+    """A shared allocation: its data and, for buffers TMA loads fill, who wrote and read what; for
+    buffers the async proxy reads (``proxied``: TMA store sources, mma operands), each element's last
+    generic store and the writer's first ``fence.proxy.async`` after it."""
 
-    def __init__(self, name: str, dtype, size: int, threads: int, tracked: bool):
+    def __init__(self, name: str, dtype, size: int, threads: int, tracked: bool, proxied: bool = False):
         self.name = name
         self.data = np.empty(size, dtype)
-        self.tracked = tracked
+        self.tracked, self.proxied = tracked, proxied
         self.fresh = np.empty(size, bool)  # written since a TMA store last sent it
+        if proxied:
+            self.g_thread = np.empty(size, np.int64)  # the thread of the last generic store (-1: none since an async write)
+            self.g_node = np.empty(size, np.int64)  # ... its node
+            self.g_fence = np.empty(size, np.int64)  # ... the writer's clock at its first proxy fence since (-1: none)
+            self.a_group = np.empty(size, np.int64)  # the warp group whose wgmma.wait_group completed an mma read (-1: none)
+            self.a_node = np.empty(size, np.int64)  # ... that mma's node
+            self.a_done = np.empty(size, np.int64)  # ... the clock of the group's first thread at that wait
         if tracked:
             self.w_slot = np.empty(size, np.int64)  # barrier slot the last TMA write completes on
             self.w_phase = np.empty(size, np.int64)  # ... and the phase (INFLIGHT until delivered)
@@ -143,6 +152,11 @@ class SharedBuffer:
         # floats (bfloat16 too, which numpy does not class as floating) start as NaN: a read before a write shows
         self.data.fill(np.nan if self.data.dtype.kind in "fV" else 0)
         self.fresh.fill(False)
+        if self.proxied:
+            self.g_thread.fill(-1)
+            self.g_node.fill(-1)
+            self.g_fence.fill(-1)
+            self.a_group.fill(-1)
         if self.tracked:
             self.w_slot.fill(-1)
             self.w_phase.fill(0)

@@ -17,6 +17,12 @@ Three pieces of state, all per block:
   read it; a refill by thread ``u`` is safe only if every such read is ordered before ``u``'s issue,
   and, since the refill writes through the async proxy, a ``fence.proxy.async`` after the read is
   ordered before the issue too (:class:`ProxyFences`).
+* **the two proxies, generic writes then an async read**: a shared element written by a plain store
+  (the generic proxy) and then read by the async proxy (a TMA store's source, a wgmma operand) remembers
+  its writer and the writer's first ``fence.proxy.async`` after the store. At the async read the fence
+  must exist (else :class:`UnfencedProxyWrite`) and be ordered before every issuing thread by a block
+  sync, a named barrier over both or an arrive/wait chain (else :class:`UnorderedProxyRead`): the writer
+  fences, a fence by the issuer after a barrier does not publish other threads' stores.
 
 Every failure is a :class:`ProtocolError` subclass naming the node, the barrier and slot, the
 block, and the iteration (the values of the enclosing loop variables).
@@ -33,8 +39,9 @@ from .order_state import Barriers, Clocks, ProxyFences, SharedBuffer  # noqa: F4
 from .mma_groups import MmaGroups
 from .hazards import (DivergentSync, Deadlock, DoubleInit, ElectError, InterpError,  # noqa: F401
                       MissingInval, OutstandingTma, PartialTileStore, ProtocolError, RawHazard, Site, SiteFn,
-                      StoreInFlight, StoreOverwrite, TmaIssueError, TooManyArrivals, TxMismatch, UnfencedInit,
-                      UnfencedRefill, UseAfterInval, UseBeforeInit, WarHazard)
+                      ProxyHazard, StoreInFlight, StoreOverwrite, TmaIssueError, TooManyArrivals, TxMismatch,
+                      UnfencedInit, UnfencedProxyWrite, UnfencedRefill, UnorderedProxyRead, UseAfterInval,
+                      UseBeforeInit, WarHazard)
 
 INFLIGHT = np.iinfo(np.int64).max  # phase of an element whose load has not been delivered yet
 
@@ -67,7 +74,8 @@ class BlockProtocol:
     """Protocol state of one block and the checks on every barrier, TMA and shared access."""
 
     def __init__(self, threads: int, barriers: dict[str, int], shared: dict[str, tuple]):
-        """``barriers``: mbarrier buffer -> slots; ``shared``: buffer -> (numpy dtype, size, tracked)."""
+        """``barriers``: mbarrier buffer -> slots; ``shared``: buffer -> (numpy dtype, size, tracked[,
+        proxied]): ``tracked`` for buffers TMA loads fill, ``proxied`` for those the async proxy reads."""
         self.threads = threads
         self.bars = Barriers(threads, barriers)
         self.shared_spec = shared
@@ -90,7 +98,8 @@ class BlockProtocol:
             for buf in self.shared.values():
                 buf.clear(top)
         else:
-            self.shared = {n: SharedBuffer(n, dt, size, self.threads, tr) for n, (dt, size, tr) in self.shared_spec.items()}
+            self.shared = {n: SharedBuffer(n, *spec[:2], self.threads, *spec[2:]) for n, spec in self.shared_spec.items()}
+        self.proxied = [b for b in self.shared.values() if b.proxied]
 
     # ------------------------------------------------------------------ barrier slots
     def slot_id(self, buf: str, slot: int, site: SiteFn) -> int:
@@ -137,6 +146,12 @@ class BlockProtocol:
         b = self.bars
         b.fenced |= np.isin(b.initialiser, lanes)
         if data:
+            if self.proxied:  # the fencing threads' stores not fenced yet are, at their present clocks
+                fencing = np.zeros(self.threads + 1, bool)  # index -1 (no writer): False
+                fencing[lanes] = True
+                for buf in self.proxied:
+                    m = fencing[buf.g_thread] & (buf.g_fence < 0)
+                    buf.g_fence[m] = self.clocks.now[buf.g_thread[m]]
             self.fences.fence(lanes, self.clocks)
 
     def inval(self, sid: int, lanes: np.ndarray, site: SiteFn) -> None:
@@ -276,6 +291,8 @@ class BlockProtocol:
         """A TMA load into ``buf[lo:lo+size]``: queued on barrier slot ``sid``, or done at once
         (``sid`` None: a load before lowering, which has no completion mechanism yet)."""
         hi = lo + data.size
+        if buf.proxied:  # an async write: no generic store is left to publish there
+            buf.g_thread[lo:hi] = -1
         if sid is None:
             buf.data[lo:hi] = data
             if buf.tracked:
@@ -344,16 +361,53 @@ class BlockProtocol:
             buf.plain[idx, lanes] = self.clocks.now[lanes] + buf.epoch
 
     def write(self, buf: SharedBuffer, idx: np.ndarray, lanes: Optional[np.ndarray] = None,
-              site: Optional[SiteFn] = None) -> None:
-        """A plain store by ``lanes``: no TMA store may still read the elements; they are no longer the
-        product of a TMA load."""
+              site: Optional[SiteFn] = None, node: int = -1) -> None:
+        """A plain store (node ``node``) by ``lanes``: no TMA store may still read the elements; they are
+        no longer the product of a TMA load; an async read of them needs the writers' proxy fences."""
         if lanes is not None and site is not None:
             self._not_being_stored(buf, idx, lanes, site)
             self.mma.stored(buf, idx, lanes, site)
+        if buf.proxied and lanes is not None:
+            buf.g_thread[idx] = lanes if lanes.size == idx.size else lanes[0]
+            buf.g_node[idx], buf.g_fence[idx] = node, -1
         buf.fresh[idx] = True
         if buf.tracked:
             buf.w_slot[idx] = -1
             buf.readers[idx] = buf.plain[idx] = -1
+
+    def async_read(self, buf: SharedBuffer, idx: np.ndarray, issuers: np.ndarray, what: str, site: SiteFn) -> None:
+        """The async proxy reads ``buf[idx]`` for ``what`` issued by ``issuers`` (the elected thread of a TMA
+        store, the warp group of an mma): each element's last generic store must have been fenced by its
+        writer, and that fence ordered before every issuer."""
+        if not buf.proxied:
+            return
+        writer = buf.g_thread[idx]
+        if not (writer >= 0).any():  # the common case: the TMA loaded it, or nobody wrote it
+            return
+        fence = buf.g_fence[idx]
+        bad = np.nonzero((writer >= 0) & (fence < 0))[0]
+        if bad.size:
+            e, t = int(idx[bad[0]]), int(writer[bad[0]])
+            raise UnfencedProxyWrite(
+                f"{what} reads {buf.name}[{e}], which thread {t} wrote with a generic store (#{buf.g_node[e]}) and "
+                "no fence.proxy.async followed in that thread: the async proxy may read the old bytes; every "
+                "writing thread runs fence_proxy_async after its stores, then a barrier over the writers and "
+                "the issuing thread (syncthreads, or bar_sync) comes before the read",
+                site(), writer=int(buf.g_node[e]), thread=t, buffer=buf.name, element=e)
+        known = self.clocks.known[issuers].copy()  # the latest clock of each thread ordered before each issuer
+        known[np.arange(issuers.size), issuers] = self.clocks.now[issuers]
+        least = known.min(axis=0)
+        w = np.maximum(writer, 0)
+        bad = np.nonzero((writer >= 0) & (fence > least[w]))[0]
+        if bad.size:
+            k = bad[0]
+            e, t = int(idx[k]), int(writer[k])
+            u = int(issuers[np.argmin(known[:, t])])
+            raise UnorderedProxyRead(
+                f"{what} reads {buf.name}[{e}], which thread {t} wrote (#{buf.g_node[e]}) and fenced, but no barrier "
+                f"orders thread {t}'s fence.proxy.async before thread {u}'s issue: put a syncthreads, or a bar_sync "
+                f"whose threads include both {t} and {u}, (or an mbarrier arrive/wait chain) between the fence "
+                "and the async read", site(), writer=int(buf.g_node[e]), thread=t, buffer=buf.name, element=e)
 
     # ------------------------------------------------------------------ TMA stores (bulk async-groups)
     def bulk_store(self, node: int, buf: SharedBuffer, lo: int, hi: int, inside: np.ndarray, issuer: int,
