@@ -21,14 +21,14 @@ class NotRegularFile(OSError):
     """A file refused for its kind (FIFO, device, socket, folder); ``strerror`` names the kind."""
 
 
-_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def printable(text: object) -> str:
     """``text`` (made a ``str``) with every character that is not printable -- newlines, carriage
     returns, ESC and the other C0/C1 controls, line and paragraph separators -- written as a Python
     escape (``\\n``, ``\\x1b``, ``\\u2028``), so that it prints as one line that drives no terminal.
-    Text that needs no escaping is returned as it is (backslashes included)."""
+    Text that needs no escaping is returned as it is."""
     s = str(text)
     if s.isprintable():
         return s
