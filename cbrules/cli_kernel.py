@@ -31,12 +31,15 @@ def _rule_folders(a) -> list:
 
 
 def _shape(a, spec: KernelSpec) -> tuple:
-    if not getattr(a, "shape", None):
+    if getattr(a, "shape", None) is None:  # given empty (--shape ''), it is refused below, not the default
         return spec.default_shape
     try:
+        if len(a.shape) > 200:  # int() of thousands of digits is refused by Python itself
+            raise ValueError
         shape = tuple(int(x) for x in a.shape.split(","))
     except ValueError:
-        raise CliError(f"--shape {a.shape!r}: give the sizes as integers separated by commas, e.g. 500,1024")
+        raise CliError(f"--shape {a.shape[:40]!r}: give the sizes as integers separated by commas, e.g. "
+                       "500,1024") from None
     if len(shape) != len(spec.default_shape):
         raise CliError(f"--shape {a.shape!r}: {spec.name} takes {len(spec.default_shape)} size(s), e.g. "
                        + ",".join(map(str, spec.default_shape)))
