@@ -14,7 +14,6 @@ import json
 import os
 import sys
 import warnings
-from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
 from . import __version__, cli_output
@@ -23,7 +22,7 @@ from .ir.limits import MAX_CHECK_STAGES
 from .ir.ops import HALF_DTYPES
 from .kernelfile import load_kernel
 from .rewrite import rulefile
-from .userio import printable
+from .userio import printable, write_text
 from .cli_check import cmd_check
 from .cli_kernel import _compile, _dtype, _kernel, _lower_options, _rule_folders, _run, _shape
 
@@ -166,10 +165,10 @@ def _trace_query(a, t, kg):
 
 
 def _write(path: str, text: str) -> None:
-    try:
-        Path(path).write_text(text)
+    try:  # never blocks: a FIFO (which nobody may read) is refused
+        write_text(path, text, "an output")
     except OSError as e:
-        raise CliError(f"cannot write {path}: {e.strerror or e}") from None
+        raise CliError(f"cannot write {printable(path)}: {e.strerror or e}") from None
     except ValueError as e:  # e.g. a NUL byte in the path
         raise CliError(f"cannot write {path!r}: {e}") from None
 
