@@ -277,9 +277,9 @@ def _trace(doc: dict, where: str) -> tuple[Trace, str, str]:
     if not isinstance(texts, dict) or not all(isinstance(t, str) and len(t.encode()) <= MAX_FILE_BYTES
                                               and "\0" not in t for t in texts.values()):
         raise ValueError("rule texts must be strings of at most 4 MiB without NUL")
+    records = [_record(i, _unvalue(r)) for i, r in enumerate(doc["records"])]  # the cheap checks first
     rules = from_texts(texts)
     graphs = {int(s): _read_graph(g) for s, g in doc["graphs"].items()}
-    records = [_record(i, _unvalue(r)) for i, r in enumerate(doc["records"])]
     t = Trace(graphs.pop(0), records, graphs, {r.name: r for r in rules.rules}, list(doc["phases"]),
               doc["complete"], list(texts))
     return t, doc["kernel"], doc["options"]
