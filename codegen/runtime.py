@@ -262,7 +262,8 @@ def _check_span(what: str, ptr: int, shape: tuple, strides: tuple | None, itemsi
     if elements * itemsize >= 1 << 63:
         raise ValueError(f"{what} shape {shape} holds {elements} elements of {itemsize} bytes, more than a signed "
                          "64-bit byte count (2**63) can hold")
-    if elements and strides is not None:
+    if elements:
+        strides = _c_strides(shape, itemsize) if strides is None else strides
         last = ptr + sum((n - 1) * abs(st) for n, st in zip(shape, strides))
         if last + itemsize > 1 << 64:
             raise ValueError(f"{what} at {ptr:#x} with shape {shape} and strides {strides} reaches past the end of "
