@@ -106,8 +106,10 @@ def _compile(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
                 f"{r.stack_bytes} B stack{' (cached)' if ck.cubin.cached else ''}")
 
 
-def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=sys.stdout, dtype: str = "float32") -> bool:
+def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=None, dtype: str = "float32") -> bool:
     import numpy as np
+
+    out = sys.stdout if out is None else out  # looked up now: the command line guards sys.stdout while it runs
 
     from .codegen import runtime
     if spec.inputs is None or spec.reference is None:

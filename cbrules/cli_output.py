@@ -1,11 +1,13 @@
 """What the command line prints, made safe to print: stdout that is closed (``>&-``), full
 (``/dev/full``) or cannot encode a character (``PYTHONIOENCODING=ascii``) ends the command with a
-named error instead of a traceback, and an error's text is escaped so that a file name or a rule's
-``(fail "...")`` message cannot forge a line or drive the terminal.
+named error instead of a traceback; an error's text is escaped so that a file name or a rule's
+``(fail "...")`` message cannot forge a line or drive the terminal, and no control character but
+newline and tab reaches stdout.
 """
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from typing import Iterator, TextIO
 
@@ -24,10 +26,16 @@ class OutputError(CbrulesError):
         self.code = code
 
 
+# what no output of the command line holds but a terminal obeys: C0/C1 controls but newline and tab
+# (ESC, CR, backspace ...) and the line and paragraph separators
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+
+
 class _Guarded:
     """A text stream whose failures are :class:`OutputError` (a closed pipe stays a
-    BrokenPipeError: a reader that left is not an error) and which writes what the stream's encoding
-    cannot hold as backslash escapes."""
+    BrokenPipeError: a reader that left is not an error), which writes control characters (but
+    newline and tab) escaped, so that no text from a rule file or a name drives the terminal, and
+    what the stream's encoding cannot hold as backslash escapes."""
 
     def __init__(self, stream: TextIO | None):
         self._stream = stream
@@ -37,6 +45,7 @@ class _Guarded:
         if stream is None:
             raise OutputError("stdout is closed (>&-), so the output has nowhere to go; redirect it to a file "
                               "or to /dev/null instead", CLOSED_CODE)
+        text = _CONTROLS.sub(lambda m: printable(m.group()), text)
         try:
             try:
                 return stream.write(text)

@@ -47,6 +47,8 @@ def files(tmp_path_factory):
     if hasattr(os, "mkfifo"):  # nobody writes or reads these: opening either would block
         os.mkfifo(d / "fifo.py")
         os.mkfifo(d / "out.fifo")
+    (d / "zero.py").symlink_to("/dev/zero")  # a device never ends
+    (d / "zero.cbtrace").symlink_to("/dev/zero")
     last = api.load_rules().phases[-1]
     grow = write_rules(d / "grow", f"(phase hostile :after {last})\n(graph-rule grow :phase hostile "
                        ":match ((for ?L) (_ ?s :child-of ?L)) :rewrite ((insert-after ?s (syncthreads))))\n").parent
@@ -81,6 +83,8 @@ CASES = [
     (["lower", "{buildexit}"], 2, "buildexit.py:2: the kernel file " + "{buildexit} called sys.exit('from build')"),
     (["lower", "{hugetol}"], 2, "TOLERANCE must be (rtol, atol), two non-negative numbers"),
     (["lower", "{dir}/fifo.py"], 2, "fifo.py: a FIFO (named pipe); cbrules reads only regular files"),
+    (["lower", "{dir}/zero.py"], 2, "zero.py: a device; cbrules reads only regular files"),
+    (["trace", "{dir}/zero.cbtrace", "counts"], 1, "zero.cbtrace: a device; cbrules reads only regular files"),
     (["lower", "single_dim", "--shape", ""], 2, "--shape '': give the sizes as integers"),
     (["lower", "single_dim", "--shape", "1" * 5000], 2, "give the sizes as integers"),
     (["compile", "exp1d_tma", "--quiet", "-o", "{dir}/out.fifo"], 2, "a FIFO (named pipe); cbrules writes an output"),
@@ -339,12 +343,21 @@ def test_stdout_closed_full_or_ascii_ends_in_a_named_error(monkeypatch, capsys, 
     assert "r\\xe8gle" in ascii_out.buffer.getvalue().decode("ascii")
 
 
-def test_process_stdout_closed_is_a_named_error():
+def test_process_stdout_closed_full_or_ascii_is_a_named_error(tmp_path):
     p = subprocess.run([sys.executable, "-m", "cbrules.cli", "kernels"], stderr=subprocess.PIPE, text=True,
                        preexec_fn=lambda: os.close(1), timeout=60)  # as `cbrules kernels >&-`
     assert p.returncode == 141 and "Traceback" not in p.stderr
     assert p.stderr == "cbrules: error: stdout is closed (>&-), so the output has nowhere to go; redirect it " \
                        "to a file or to /dev/null instead\n"
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "w") as full:
+            p = subprocess.run([sys.executable, "-m", "cbrules.cli", "kernels"], stdout=full, stderr=subprocess.PIPE,
+                               text=True, timeout=60)
+        assert (p.returncode, p.stderr) == (1, "cbrules: error: cannot write to stdout: No space left on device\n")
+    folder = write_rules(tmp_path / "r", '(graph-rule r\u00e8gle :phase nowhere :match ((for ?L)) :rewrite ())\n')
+    p = run("rules", "list", str(folder.parent), timeout=60, env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert p.returncode == 1 and p.stderr.startswith("cbrules: RuleError: ") and "rule r\\xe8gle: unknown phase" \
+        in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 FORGED = "cbrules: ok: all checks passed"
@@ -361,6 +374,9 @@ def test_file_names_and_fail_texts_print_escaped(tmp_path, capsys):
     last = api.load_rules().phases[-1]
     fail = write_rules(tmp_path / "f", f'(phase hostile :after {last})\n(graph-rule f :phase hostile :doc "d\\n'
                        f'{FORGED}\x1b[31m" :match ((for ?L)) :rewrite ((fail "no\\n{FORGED}\\n\x1b[2J")))\n').parent
+    escape = write_rules(tmp_path / "e", "(phases p\x1b[31mred)\n").parent
+    assert cli.main(["rules", "check", str(escape)]) == 0
+    assert "p\\x1b[31mred" in capsys.readouterr().out  # whatever prints a rule file's words: no escapes
     assert cli.main(["rules", "list", str(fail)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and f"d\\n{FORGED}\\x1b[31m" in out and not any(
