@@ -1,8 +1,11 @@
 """Kernel files for the command line: a built-in kernel by name, or a Python file that defines
 ``build()`` (and optionally ``inputs(shape, rng)``, ``reference(inputs)``, ``OUTPUTS``, ``SHAPE``,
 ``TOLERANCE`` and ``shape_for_trips(trips)``). The file is the user's own code: whatever it raises,
-at import or in ``build()``, ``inputs()`` or ``reference()``, becomes a :class:`CliError` naming the
-file, the line and the exception.
+at import or in ``build()``, ``inputs()`` or ``reference()`` -- ``sys.exit()`` and other
+other ``BaseException`` subclasses included, Ctrl-C aside -- becomes a :class:`CliError` naming the file, the line
+and the exception. Importing it and calling ``build()`` each have a time bound
+(:data:`TIMEOUT_VAR`, default :data:`DEFAULT_TIMEOUT_S` seconds): past it, a
+:class:`KernelFileTimeout`. A path that is not a regular file (a FIFO, a device) is refused unopened.
 
 The command line's options (``--stages``, ``--prefetch``, ``--war``, ``--warp-specialize``,
 ``--registers``, ``--shape``, ``--dtype``, ``--tma-store``, ``--swizzle``) reach ``build()`` as the
