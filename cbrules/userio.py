@@ -5,7 +5,8 @@ anything: a FIFO nobody writes blocks a reader for ever, one nobody reads blocks
 device may never end. So a file is read only when it is a regular file (checked before it is opened,
 and again on the open descriptor), and written only when it is a regular file or a device such as
 ``/dev/null`` -- never a FIFO or a socket, opened without blocking. A refusal is an :class:`OSError`
-(:class:`NotRegularFile`) whose ``strerror`` says why, so each caller's own ``cannot read/write FILE: ...`` message names it.
+(:class:`NotRegularFile`) whose ``strerror`` says why, so that each caller's own ``cannot read FILE:
+...`` message names it.
 
 Text that comes from such files (file names, rule names, ``(fail "...")`` messages, a saved
 trace's fields) is printed through :func:`printable`: a newline, carriage return or terminal escape
