@@ -83,11 +83,14 @@ def guarded_stdout() -> Iterator[None]:
 
 
 def error_text(e: BaseException) -> str:
-    """The text of an error as printed: one line, escaped, or one line per error of a
-    :class:`~cbrules.rewrite.rulefile.RuleErrors` (``errors``), each escaped."""
+    """The text of an error as printed: one line, escaped; or one line per error of a
+    :class:`~cbrules.rewrite.rulefile.RuleErrors` (``errors``), or per line of an error whose class
+    says its text has lines (``multiline``: NVRTC's log), each escaped."""
     parts = getattr(e, "errors", None)
     if isinstance(parts, list) and parts and all(isinstance(x, BaseException) for x in parts):
         return "\n".join(printable(x) for x in parts)
+    if getattr(type(e), "multiline", False) is True:
+        return "\n".join(printable(line) for line in str(e).splitlines())
     return printable(e)
 
 

@@ -425,3 +425,16 @@ def test_a_rule_folder_1100_folders_deep_is_a_named_error(tmp_path, capsys):
             folder.rmdir()
     err = capsys.readouterr().err
     assert "more than 32 folders below the rule folder" in err and err.count("\n") == 1, err
+
+
+def test_error_text_keeps_only_the_lines_an_error_has():
+    from cbrules import cli_output
+    from cbrules.codegen.errors import CompileError
+    from cbrules.rewrite.rulefile import RuleErrors
+    from cbrules.rewrite.sexpr import Pos, RuleError
+    assert cli_output.error_text(ValueError(f"a\n{FORGED}\x1b[2J")) == f"a\\n{FORGED}\\x1b[2J"
+    both = RuleErrors([RuleError(Pos("a\nb.rules", 1, 2), "x\x1by"), RuleError(Pos("c.rules", 3, 4), "z")])
+    assert cli_output.error_text(both) == "a\\nb.rules:1:2: x\\x1by\nc.rules:3:4: z"
+    log = "k.cu(3): error: identifier \"q\x1b\" is undefined\n1 error detected"
+    assert cli_output.error_text(CompileError(log)) == "k.cu(3): error: identifier \"q\\x1b\" is undefined\n" \
+                                                       "1 error detected"
