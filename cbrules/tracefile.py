@@ -278,8 +278,8 @@ def _trace(doc: dict, where: str) -> tuple[Trace, str, str]:
                                               and "\0" not in t for t in texts.values()):
         raise ValueError("rule texts must be strings of at most 4 MiB without NUL")
     records = [_record(i, _unvalue(r)) for i, r in enumerate(doc["records"])]  # the cheap checks first
-    rules = from_texts(texts)
     graphs = {int(s): _read_graph(g) for s, g in doc["graphs"].items()}
+    rules = from_texts(texts)  # reading the rule text back is most of the time a load takes
     t = Trace(graphs.pop(0), records, graphs, {r.name: r for r in rules.rules}, list(doc["phases"]),
               doc["complete"], list(texts))
     return t, doc["kernel"], doc["options"]
