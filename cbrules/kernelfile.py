@@ -176,13 +176,14 @@ def _bounded(path: Path, doing: str, fn: Callable) -> Callable:
     build() returns are Python objects the caller uses, which a child could only hand back pickled
     (a kernel file's functions do not pickle). The alarm interrupts Python code anywhere (a loop,
     ``time.sleep``); a single C call that never returns to the interpreter (one huge integer power)
-    is not interrupted, and outside the main thread (where Python cannot take signals) no bound
-    applies. An alarm already set by the caller keeps its own time: it rings as it would have, and
-    is set again, less the time spent, afterwards."""
+    is not interrupted, and outside the main thread (where Python cannot take signals), or where
+    SIGALRM has a handler that is not Python's, no bound applies. An alarm already set by the caller
+    keeps its own time: it rings as it would have, and is set again, less the time spent, afterwards."""
     @functools.wraps(fn)
     def call(*args, **kwargs):
         limit = timeout_s()
-        if not limit or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        if not limit or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread() \
+                or signal.getsignal(signal.SIGALRM) is None:  # None: a handler not Python's, left alone
             return fn(*args, **kwargs)
         start = time.monotonic()
         outer_handler = signal.getsignal(signal.SIGALRM)
