@@ -223,9 +223,12 @@ def _int_list(v: Any) -> bool:
     return isinstance(v, list) and all(_is(x, int) for x in v)
 
 
+MAX_TEXT = 1 << 20  # a name, a file:line, a binding (a term of MAX_TERM_PARTS parts prints in far less)
+
+
 def _text(v: Any) -> bool:
-    """One line of printable text (the queries print it as it is)."""
-    return isinstance(v, str) and v.isprintable()
+    """One line of printable text (the queries print it as it is) of at most :data:`MAX_TEXT` characters."""
+    return isinstance(v, str) and len(v) <= MAX_TEXT and v.isprintable()
 
 
 def _text_dict(v: Any) -> bool:

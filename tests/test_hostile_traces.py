@@ -57,6 +57,7 @@ BAD_FIELDS = {
     "rule a list": (lambda d: _record(d, "rule", ["a"]), "field 'rule' is ['a'] (list)"),
     "rule with a newline": (lambda d: _record(d, "rule", "x\ncbrules: ok"), "field 'rule' is 'x\\ncbrules: ok'"),
     "rule with ESC": (lambda d: _record(d, "rule", "x\x1b[2J"), "field 'rule' is 'x\\x1b[2J'"),
+    "rule 2,000,000 long": (lambda d: _record(d, "rule", "r" * 2_000_000), "field 'rule' is 'rrrr"),
     "step a string": (lambda d: _record(d, "step", "1"), "field 'step' is '1' (str)"),
     "step zero": (lambda d: _record(d, "step", 0), "field 'step' is 0 (int)"),
     "bindings a tuple": (lambda d: _record(d, "bindings", {"tuple": [1, 2]}), "field 'bindings' is (1, 2) (tuple)"),
