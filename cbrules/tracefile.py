@@ -203,15 +203,19 @@ def _origin(n: int, o: dict) -> None:
         if want is None:
             raise _Invalid(f"node #{n}: origin by={by} has no field {printable(repr(k))[:80]}")
         if not _is(v, want):
-            raise _Invalid(f"node #{n}: origin field {k!r} is {_shown(v)}, not {want.__name__}")
+            raise _Invalid(f"node #{n}: origin field {k!r} is {_shown(v)}, not "
+                           f"{'one line of text' if want is str else want.__name__}")
 
 
 def _is(v: Any, want: type) -> bool:
-    """``v`` is of type ``want`` (a bool is no int here, and an int is no float... but counts as one)."""
+    """Whether ``v`` is a ``want`` as a trace holds one: an int is an int >= 0 and no bool, a float a
+    finite number >= 0 (an int too), a str one line of text (:func:`_text`)."""
     if want is int:
         return isinstance(v, int) and not isinstance(v, bool) and v >= 0
     if want is float:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    if want is str:
+        return _text(v)
     return isinstance(v, want)
 
 
@@ -242,9 +246,9 @@ def _count_dict(v: Any) -> bool:
 # a record's fields: what each must be, and how that is said
 RECORD_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "step": (lambda v: _is(v, int) and v >= 1, "a step number (an int >= 1)"),
-    "rule": (lambda v: _text(v), "a rule name (one line of text)"),
-    "at": (lambda v: _text(v), "a file:line (one line of text)"),
-    "phase": (lambda v: _text(v), "a phase name (one line of text)"),
+    "rule": (_text, "a rule name (one line of text)"),
+    "at": (_text, "a file:line (one line of text)"),
+    "phase": (_text, "a phase name (one line of text)"),
     "bindings": (_text_dict, "a dictionary of ?variable -> text"),
     "created": (_int_list, "a list of node ids (ints >= 0)"),
     "erased": (_int_list, "a list of node ids (ints >= 0)"),

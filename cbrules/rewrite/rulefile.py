@@ -167,15 +167,15 @@ def rule_files(folder: str | os.PathLike) -> list[Path]:
     :data:`MAX_FOLDER_DEPTH` folders deep without following symlinked folders, or one rule file),
     sorted; refuses paths that are not rules (see :class:`RulePathError`). A symlinked rule file
     must lead inside its folder (a file named directly: inside the folder that holds the link),
-    judged from the paths alone, before the file is opened. Regularity of
-    each file is checked again when it is opened."""
+    judged from the paths alone, before the file is opened. Regularity of each file is checked
+    again when it is opened."""
     root = _checked_path(folder, "the rule folders")
     if not root.exists():
         raise RulePathError(str(root), "rule folder does not exist")
     if root.is_file():
         if root.suffix != ".rules":  # nor echo the first words of any other file in an error
             raise RulePathError(str(root), "not a rule file: a rule file's name ends in .rules")
-        _check_link(root, root.parent, root.parent)
+        _check_link(root, root.parent)
         return [root]
     if not root.is_dir():
         raise RulePathError(str(root), "not a folder or a regular file (a FIFO, device or socket?)")
@@ -192,22 +192,23 @@ def rule_files(folder: str | os.PathLike) -> list[Path]:
             if entry.is_dir(follow_symlinks=False):
                 if depth + 1 > MAX_FOLDER_DEPTH:
                     raise RulePathError(str(path), f"more than {MAX_FOLDER_DEPTH} folders below the rule folder "
-                                        f"{root}; keep rule files at most {MAX_FOLDER_DEPTH} folders deep")
+                                        f"{printable(root)}; keep rule files at most {MAX_FOLDER_DEPTH} folders "
+                                        "deep")
                 stack.append((path, depth + 1))
             elif entry.name.endswith(".rules"):
-                _check_link(path, root, root)
+                _check_link(path, root)
                 files.append(path)
     return sorted(files)
 
 
-def _check_link(f: Path, inside: Path, named: Path) -> None:
+def _check_link(f: Path, inside: Path) -> None:
     """Refuse the rule file ``f`` when it is a symlink that leads out of the folder ``inside`` (it
     is not opened: its text could end up in the error)."""
     if not f.is_symlink():
         return
     real, real_root = os.path.realpath(f), os.path.realpath(inside)
     if os.path.commonpath([real_root, real]) != real_root:
-        raise RulePathError(str(f), f"symlink to {printable(real)}, outside the rule folder {printable(named)}; "
+        raise RulePathError(str(f), f"symlink to {printable(real)}, outside the rule folder {printable(inside)}; "
                             "copy the file into the folder instead")
 
 
