@@ -98,9 +98,10 @@ def check_scalar(name: str, param, value: Any) -> Any:
     want = NP_DTYPES[param.dtype]
     try:
         v = float(value)
+        too_large = bool(np.isfinite(v) and abs(v) > float(np.finfo(want).max))
     except OverflowError:  # an int beyond any double (10**400)
-        raise LaunchError(f"{where} is too large for {param.dtype} (at most {np.finfo(want).max:.6g})") from None
-    if np.isfinite(v) and abs(v) > float(np.finfo(want).max):
+        v, too_large = 0.0, True
+    if too_large:
         raise LaunchError(f"{where} is too large for {param.dtype} (at most {np.finfo(want).max:.6g})")
     if param.finite and not np.isfinite(v):
         raise LaunchError(f"{where} is not finite; pass a finite number (or declare k.scalar(..., finite=False))")
