@@ -438,3 +438,12 @@ def test_error_text_keeps_only_the_lines_an_error_has():
     log = "k.cu(3): error: identifier \"q\x1b\" is undefined\n1 error detected"
     assert cli_output.error_text(CompileError(log)) == "k.cu(3): error: identifier \"q\\x1b\" is undefined\n" \
                                                        "1 error detected"
+
+
+def test_a_kernel_file_named_like_a_placeholder_stays_text_in_the_viewer(tmp_path, capsys):
+    kernel = tmp_path / "{{DATA}}.py"
+    kernel.write_text("from cbrules.kernels import get\n\ndef build():\n    return get('single_dim').build(stages=2)\n")
+    page = tmp_path / "t.html"
+    assert cli.main(["trace", str(kernel), "--stop-after", "2", "--html", str(page)]) == 0, capsys.readouterr().err
+    html = page.read_text()
+    assert html.count('"steps":') == 1 and "<title>cbrules trace {{DATA}}: 2 steps</title>" in html
