@@ -1,4 +1,5 @@
-"""What hostile-input tests accept: the documented named errors, and a scan of generated CUDA."""
+"""What hostile-input tests accept (the documented named errors), a scan of generated CUDA, and the
+Hypothesis strategies of hostile term text and saved-trace values that the fuzz tests draw from."""
 from __future__ import annotations
 
 import re
