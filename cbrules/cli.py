@@ -14,14 +14,14 @@ import json
 import os
 import sys
 import warnings
-from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-from . import __version__
+from . import __version__, cli_output
 from .errors import CbrulesError, CliError
 from .ir.limits import MAX_CHECK_STAGES
 from .ir.ops import HALF_DTYPES
 from .rewrite import rulefile
+from .userio import printable, write_text
 from .cli_check import cmd_check
 from .cli_kernel import _compile, _dtype, _kernel, _lower_options, _rule_folders, _run, _shape, load_spec
 
@@ -78,7 +78,7 @@ def cmd_rules(a) -> int:
         return 0
     for r in rs.rules:
         off = " (disabled)" if r.name in rs.disabled else ""
-        print(f"{r.name:32s} {r.phase:12s} {r.at}{off}  {r.doc}")
+        print(printable(f"{r.name:32s} {r.phase:12s} {r.at}{off}  {r.doc}"))  # text from the rule files
     return 0
 
 
@@ -164,10 +164,10 @@ def _trace_query(a, t, kg):
 
 
 def _write(path: str, text: str) -> None:
-    try:
-        Path(path).write_text(text)
+    try:  # never blocks: a FIFO (which nobody may read) is refused
+        write_text(path, text, "an output")
     except OSError as e:
-        raise CliError(f"cannot write {path}: {e.strerror or e}") from None
+        raise CliError(f"cannot write {printable(path)}: {e.strerror or e}") from None
     except ValueError as e:  # e.g. a NUL byte in the path
         raise CliError(f"cannot write {path!r}: {e}") from None
 
@@ -359,7 +359,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the console script; returns the exit code (see ``EXIT_CODES``)."""
-    with warnings.catch_warnings(), _lost_interrupts() as interrupted:
+    with warnings.catch_warnings(), _lost_interrupts() as interrupted, cli_output.guarded_stdout():
         warnings.showwarning = _show_warning
         try:
             args = parser().parse_args(argv)
@@ -373,28 +373,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except BrokenPipeError:
             _silence_stdout()  # the reader (e.g. `head`) left: stop quietly
             return 141
+        except cli_output.OutputError as e:
+            _silence_stdout()  # what is still buffered must not fail again at exit
+            _error(f"error: {cli_output.error_text(e)}")
+            return e.code
         except CliError as e:
-            _error(f"error: {e}")
+            _error(f"error: {cli_output.error_text(e)}")
             return 2
         except MemoryError:
             _error("error: out of memory (a smaller --shape or --size may fit)")
             return 1
         except Exception as e:
             if isinstance(e, CbrulesError):
-                _error(f"{type(e).__name__}: {e}")
+                _error(f"{type(e).__name__}: {cli_output.error_text(e)}")
                 return 1
             if os.environ.get(TRACEBACK_VAR, "") not in ("", "0"):
                 raise
-            _error(f"internal error: {type(e).__name__}: {e} -- this is a bug in cbrules; rerun with "
-                   f"{TRACEBACK_VAR}=1 to see the traceback, and report it")
+            _error(f"internal error: {type(e).__name__}: {cli_output.error_text(e)} -- this is a bug in cbrules; "
+                   f"rerun with {TRACEBACK_VAR}=1 to see the traceback, and report it")
             return 3
 
 
 def _error(text: str) -> None:
-    try:
-        print(f"cbrules: {text}", file=sys.stderr)
-    except (OSError, ValueError):
-        pass  # stderr is gone too: nothing left to tell
+    cli_output.to_stderr(f"cbrules: {text}")
 
 
 @contextlib.contextmanager
@@ -422,7 +423,7 @@ def _lost_interrupts() -> Iterator[list]:
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Warnings (e.g. an egglog budget hit) as one line, without the source line that raised them."""
-    _error(f"warning: {category.__name__}: {message}")
+    _error(f"warning: {category.__name__}: {cli_output.error_text(message)}")
 
 
 def _silence_stdout() -> None:

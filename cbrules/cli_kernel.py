@@ -42,12 +42,15 @@ def _rule_folders(a) -> list:
 
 
 def _shape(a, spec: KernelSpec) -> tuple:
-    if not getattr(a, "shape", None):
+    if getattr(a, "shape", None) is None:  # given empty (--shape ''), it is refused below, not the default
         return spec.default_shape
     try:
+        if len(a.shape) > 200:  # int() of thousands of digits is refused by Python itself
+            raise ValueError
         shape = tuple(int(x) for x in a.shape.split(","))
     except ValueError:
-        raise CliError(f"--shape {a.shape!r}: give the sizes as integers separated by commas, e.g. 500,1024")
+        raise CliError(f"--shape {a.shape[:40]!r}: give the sizes as integers separated by commas, e.g. "
+                       "500,1024") from None
     if len(shape) != len(spec.default_shape):
         raise CliError(f"--shape {a.shape!r}: {spec.name} takes {len(spec.default_shape)} size(s), e.g. "
                        + ",".join(map(str, spec.default_shape)))
@@ -114,8 +117,10 @@ def _compile(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
                 f"{r.stack_bytes} B stack{' (cached)' if ck.cubin.cached else ''}")
 
 
-def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=sys.stdout, dtype: str = "float32") -> bool:
+def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=None, dtype: str = "float32") -> bool:
     import numpy as np
+
+    out = sys.stdout if out is None else out  # looked up now: the command line guards sys.stdout while it runs
 
     from .codegen import runtime
     if spec.inputs is None or spec.reference is None:

@@ -1,8 +1,11 @@
 """Kernel files for the command line: a built-in kernel by name, or a Python file that defines
 ``build()`` (and optionally ``inputs(shape, rng)``, ``reference(inputs)``, ``OUTPUTS``, ``SHAPE``,
 ``TOLERANCE`` and ``shape_for_trips(trips)``). The file is the user's own code: whatever it raises,
-at import or in ``build()``, ``inputs()`` or ``reference()``, becomes a :class:`CliError` naming the
-file, the line and the exception.
+at import or in ``build()``, ``inputs()`` or ``reference()`` -- ``sys.exit()`` and other
+other ``BaseException`` subclasses included, Ctrl-C aside -- becomes a :class:`CliError` naming the file, the line
+and the exception. Importing it and calling ``build()`` each have a time bound
+(:data:`TIMEOUT_VAR`, default :data:`DEFAULT_TIMEOUT_S` seconds): past it, a
+:class:`KernelFileTimeout`. A path that is not a regular file (a FIFO, a device) is refused unopened.
 
 The command line's options (``--stages``, ``--prefetch``, ``--war``, ``--warp-specialize``,
 ``--registers``, ``--shape``, ``--dtype``, ``--tma-store``, ``--swizzle``) reach ``build()`` as the
@@ -12,14 +15,19 @@ that ``build()`` does not take is a :class:`CliError` naming it and the paramete
 from __future__ import annotations
 
 import functools
+import math
 import os
 import runpy
+import signal
+import threading
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from .errors import CliError
+from .userio import check_readable, printable
 
 if TYPE_CHECKING:
     from .kernels.specs import KernelSpec
@@ -67,16 +75,20 @@ def load_kernel(ref: str) -> KernelSpec:
     from .kernels import get
     if ref.endswith(".py") or Path(ref).is_file():
         path = Path(ref)
-        if not path.is_file():
-            raise CliError(f"no such kernel file: {ref}")
-        ns = _guarded(path, "running", runpy.run_path)(str(path))
+        try:  # judged before runpy opens it: a FIFO or device would block the import for ever
+            check_readable(path, "a kernel file is a Python file")
+        except FileNotFoundError:
+            raise CliError(f"no such kernel file: {printable(ref)}") from None
+        except OSError as e:
+            raise CliError(f"cannot read kernel file {printable(ref)}: {e.strerror or e}") from None
+        ns = _bounded(path, "running", _guarded(path, "running", runpy.run_path))(str(path))
         build = ns.get("build")
         if not callable(build):
             raise CliError(f"{ref}: a kernel file must define build() returning a cbrules Kernel")
         try:
             shape = tuple(int(x) for x in ns.get("SHAPE", (1 << 20,)))
             outputs = tuple(str(x) for x in ns.get("OUTPUTS", ()))
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError) as e:
             raise CliError(f"{ref}: SHAPE must be a tuple of integers and OUTPUTS a tuple of tensor names ({e})")
         tolerance = _tolerance(ref, ns.get("TOLERANCE", (1e-5, 1e-6)))
         inputs, reference, trips_shape = ns.get("inputs"), ns.get("reference"), ns.get("shape_for_trips")
@@ -98,16 +110,104 @@ def load_kernel(ref: str) -> KernelSpec:
 
 
 def _guarded(path: Path, doing: str, fn: Callable) -> Callable:
-    """``fn`` with any exception it raises turned into a CliError naming the kernel file and line."""
+    """``fn`` with anything it raises turned into a CliError naming the kernel file and line: any
+    exception, ``sys.exit()``, a ``BaseException`` subclass, ``GeneratorExit`` -- all but Ctrl-C
+    (KeyboardInterrupt, exit 130) and the time bound's own alarm."""
     @functools.wraps(fn)
     def call(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except (KeyboardInterrupt, _Expired):
+            raise
         except SyntaxError as e:
             where = f"{e.filename or path}:{e.lineno or '?'}"
             raise CliError(f"{where}: syntax error in kernel file: {e.msg}") from None
-        except Exception as e:  # the user's code: whatever it raises is the user's error
-            raise CliError(f"{_where(e, path)}: {type(e).__name__} while {doing} kernel file {path}: {e}") from None
+        except SystemExit as e:  # the file is not the command: it may not end it
+            raise CliError(f"{_where(e, path)}: the kernel file {path} called sys.exit({_text(repr(e.code))}) while "
+                           f"{doing} it; a kernel file defines build() and returns, it does not exit") from None
+        except BaseException as e:  # the user's code: whatever it raises is the user's error
+            raise CliError(f"{_where(e, path)}: {type(e).__name__} while {doing} kernel file {path}: "
+                           f"{_text(e)}") from None
+    return call
+
+
+def _text(e: object) -> str:
+    """An exception's text as an error shows it (an object whose str() fails is shown by its type)."""
+    try:
+        return str(e)[:2000]
+    except Exception:  # noqa: BLE001 - the user's __str__
+        return f"<{type(e).__name__} that cannot be shown>"
+
+
+# how long importing a kernel file or calling its build() may take: a file that loops for ever must
+# end in a named error, not look like a slow compile
+TIMEOUT_VAR = "CBRULES_KERNEL_FILE_TIMEOUT"
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class KernelFileTimeout(CliError):
+    """A kernel file's import or ``build()`` ran past the time bound (:data:`TIMEOUT_VAR`)."""
+
+
+class _Expired(BaseException):
+    """The time bound's alarm: a BaseException, so that the file's own ``except Exception`` does not
+    swallow it."""
+
+
+def timeout_s() -> float:
+    """The time bound in seconds from :data:`TIMEOUT_VAR` (default :data:`DEFAULT_TIMEOUT_S`; 0: none)."""
+    text = os.environ.get(TIMEOUT_VAR, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+        if not (value >= 0 and math.isfinite(value)):
+            raise ValueError
+    except ValueError:
+        raise CliError(f"{TIMEOUT_VAR}={printable(text)[:40]} is not a number of seconds >= 0 (0: no bound)") \
+            from None
+    return value
+
+
+def _bounded(path: Path, doing: str, fn: Callable) -> Callable:
+    """``fn`` under the time bound: past :func:`timeout_s` seconds a :class:`KernelFileTimeout`.
+
+    A POSIX interval timer (SIGALRM), not a child process: the file's namespace and the Kernel that
+    build() returns are Python objects the caller uses, which a child could only hand back pickled
+    (a kernel file's functions do not pickle). The alarm interrupts Python code anywhere (a loop,
+    ``time.sleep``); a single C call that never returns to the interpreter (one huge integer power)
+    is not interrupted, and outside the main thread (where Python cannot take signals), or where
+    SIGALRM has a handler that is not Python's, no bound applies. An alarm already set by the caller
+    keeps its own time: it rings as it would have, and is set again, less the time spent, afterwards."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        limit = timeout_s()
+        if not limit or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread() \
+                or signal.getsignal(signal.SIGALRM) is None:  # None: a handler not Python's, left alone
+            return fn(*args, **kwargs)
+        start = time.monotonic()
+        outer_handler = signal.getsignal(signal.SIGALRM)
+        outer_left, outer_interval = signal.getitimer(signal.ITIMER_REAL)
+
+        def ring(signum, frame):
+            if time.monotonic() - start >= limit * 0.999 or not callable(outer_handler):
+                raise _Expired()
+            outer_handler(signum, frame)  # the caller's alarm came first: it is the caller's
+
+        signal.signal(signal.SIGALRM, ring)
+        signal.setitimer(signal.ITIMER_REAL, min(limit, outer_left) if outer_left else limit)
+        try:
+            return fn(*args, **kwargs)
+        except _Expired:
+            raise KernelFileTimeout(f"{path}: {doing} the kernel file took more than {limit:g} s (a loop that never "
+                                    f"ends?); stopped. Make it quicker, or set {TIMEOUT_VAR} (seconds; 0: no bound; "
+                                    f"default {DEFAULT_TIMEOUT_S:g})") from None
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, outer_handler)
+            if outer_left:
+                signal.setitimer(signal.ITIMER_REAL, max(outer_left - (time.monotonic() - start), 1e-3),
+                                 outer_interval)
     return call
 
 
@@ -130,7 +230,7 @@ def _tolerance(ref: str, value) -> tuple[float, float]:
         rtol, atol = (float(x) for x in value)
         if not (rtol >= 0 and atol >= 0):
             raise ValueError("negative or NaN")
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise CliError(f"{ref}: TOLERANCE must be (rtol, atol), two non-negative numbers, got {value!r} ({e})") \
             from None
     return rtol, atol
@@ -140,7 +240,7 @@ def _built(path: Path, build: Callable) -> Callable:
     from .ir.builder import Kernel
 
     def factory(**options):
-        k = _guarded(path, "calling build() of", build)(**options)
+        k = _bounded(path, "calling build() of", _guarded(path, "calling build() of", build))(**options)
         if not isinstance(k, Kernel):
             raise CliError(f"{path}: build() returned {type(k).__name__}, not a cbrules Kernel")
         return k

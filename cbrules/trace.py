@@ -11,6 +11,7 @@ from typing import Optional
 
 from .rewrite.engine import Application, Trace
 from .errors import CbrulesError
+from .userio import printable
 from .ir.graph import KernelGraph
 from .rewrite.match import RELATIONS, Matcher, split_keys
 from .rewrite.rulecheck import did_you_mean
@@ -64,7 +65,7 @@ def select(trace: Trace, rule: Optional[str] = None, phase: Optional[str] = None
 
 def describe(r: Application) -> str:
     """One line per application."""
-    b = " ".join(f"{k}={v}" for k, v in r.bindings.items())
+    b = " ".join(f"{k}={printable(v)}" for k, v in r.bindings.items())  # a rule's strings: one line
     parts = [f"step {r.step:3d} [{r.phase}] {r.rule} @ {r.at}"]
     if b:
         parts.append(b)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .rewrite.engine import Application, Trace
 from .errors import CbrulesError
@@ -21,7 +22,8 @@ from .ir.ops import OPS
 from .rewrite.rulefile import from_texts
 from .rewrite.sexpr import MAX_FILE_BYTES, RuleError
 from .ir.terms import BINARY_OPS, UNARY_OPS, Term, call_problem
-from .ir.verify import GraphError
+from .ir.verify import GraphError, verify_values
+from .userio import printable, read_regular, write_text
 
 SUFFIX = ".cbtrace"
 FORMAT = "cbrules-trace-1"
@@ -30,6 +32,10 @@ MAX_TRACE_BYTES = 512 * 2 ** 20  # the largest built-in kernel's trace is a few 
 
 class TraceFileError(CbrulesError):
     """A trace file that cannot be written, or read back as a trace."""
+
+
+class _Invalid(ValueError):
+    """A field of a trace file that is not what :func:`save` writes (said in the message)."""
 
 
 def save(trace: Trace, path: str | os.PathLike, kernel: str, options: str) -> None:
@@ -46,18 +52,17 @@ def save(trace: Trace, path: str | os.PathLike, kernel: str, options: str) -> No
     doc = {"format": FORMAT, "kernel": kernel, "options": options, "phases": trace.phases,
            "complete": trace.complete, "rules": texts, "graphs": graphs,
            "records": [_value(dataclasses.asdict(r)) for r in trace.records]}
-    try:
-        Path(path).write_text(json.dumps(doc, separators=(",", ":"), allow_nan=False))
+    try:  # never into a FIFO: nobody may read it
+        write_text(path, json.dumps(doc, separators=(",", ":"), allow_nan=False), "a saved trace")
     except (OSError, ValueError) as e:
-        raise TraceFileError(f"cannot write {path}: {getattr(e, 'strerror', None) or e}") from None
+        raise TraceFileError(f"cannot write {printable(path)}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def load(path: str | os.PathLike) -> tuple[Trace, str, str]:
     """(trace, kernel name, effective options line) read back from a file :func:`save` wrote."""
-    where = str(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_TRACE_BYTES + 1)
+    where = printable(path)
+    try:  # a FIFO or device is refused before it is opened: it may never end
+        data = read_regular(path, MAX_TRACE_BYTES, "a saved trace")
     except OSError as e:
         raise TraceFileError(f"cannot read {where}: {e.strerror or e}") from None
     if len(data) > MAX_TRACE_BYTES:
@@ -67,6 +72,8 @@ def load(path: str | os.PathLike) -> tuple[Trace, str, str]:
         return _trace(doc, where)
     except TraceFileError:
         raise
+    except _Invalid as e:
+        raise TraceFileError(f"{where}: {e}; not a trace this version of cbrules wrote") from None
     except RuleError as e:
         raise TraceFileError(f"{where}: its rule text does not read: {e}") from None
     except GraphError as e:
@@ -172,27 +179,114 @@ def _read_graph(doc: dict) -> KernelGraph:
     kg.root, kg._next_id = doc["root"], doc["next"]
     if kg.root not in kg.g or not isinstance(kg._next_id, int) or kg._next_id <= max(kg.g, default=-1):
         raise ValueError("the graph's root or id counter is wrong")
-    kg.verify(structure_only=True)
+    for n, attrs in kg.g.nodes(data=True):
+        _origin(n, attrs["origin"])
+    verify_values(kg)  # names, integers and terms as the rules left them: the queries print them all
     return kg
+
+
+# an origin's keys and their types (a node's origin: the build's call site, or the rule that made it)
+_ORIGIN = {"build": {"by": str, "where": str}, "rule": {"by": str, "rule": str, "at": str, "step": int,
+                                                        "from": int, "source": str}}
+_ORIGIN_NEEDS = {"build": {"by"}, "rule": {"by", "rule", "at", "step"}}
+
+
+def _origin(n: int, o: dict) -> None:
+    by = o.get("by")
+    if by not in _ORIGIN:
+        raise _Invalid(f"node #{n}: origin 'by' is {printable(repr(by))[:80]}, not build or rule")
+    missing = _ORIGIN_NEEDS[by] - set(o)
+    if missing:
+        raise _Invalid(f"node #{n}: an origin by={by} needs {', '.join(sorted(missing))}")
+    for k, v in o.items():
+        want = _ORIGIN[by].get(k)
+        if want is None:
+            raise _Invalid(f"node #{n}: origin by={by} has no field {printable(repr(k))[:80]}")
+        if not _is(v, want):
+            raise _Invalid(f"node #{n}: origin field {k!r} is {_shown(v)}, not "
+                           f"{'one line of text' if want is str else want.__name__}")
+
+
+def _is(v: Any, want: type) -> bool:
+    """Whether ``v`` is a ``want`` as a trace holds one: an int is an int >= 0 and no bool, a float a
+    finite number >= 0 (an int too), a str one line of text (:func:`_text`)."""
+    if want is int:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    if want is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    if want is str:
+        return _text(v)
+    return isinstance(v, want)
+
+
+def _shown(v: Any) -> str:
+    return f"{printable(repr(v))[:60]} ({type(v).__name__})"
+
+
+def _int_list(v: Any) -> bool:
+    return isinstance(v, list) and all(_is(x, int) for x in v)
+
+
+MAX_TEXT = 1 << 20  # a name, a file:line, a binding (a term of MAX_TERM_PARTS parts prints in far less)
+
+
+def _text(v: Any) -> bool:
+    """One line of printable text (the queries print it as it is) of at most :data:`MAX_TEXT` characters."""
+    return isinstance(v, str) and len(v) <= MAX_TEXT and v.isprintable()
+
+
+def _text_dict(v: Any) -> bool:
+    return isinstance(v, dict) and all(_text(k) and _text(x) for k, x in v.items())
+
+
+def _count_dict(v: Any) -> bool:
+    return v is None or isinstance(v, dict) and all(isinstance(k, str) and _is(x, int) for k, x in v.items())
+
+
+# a record's fields: what each must be, and how that is said
+RECORD_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "step": (lambda v: _is(v, int) and v >= 1, "a step number (an int >= 1)"),
+    "rule": (_text, "a rule name (one line of text)"),
+    "at": (_text, "a file:line (one line of text)"),
+    "phase": (_text, "a phase name (one line of text)"),
+    "bindings": (_text_dict, "a dictionary of ?variable -> text"),
+    "created": (_int_list, "a list of node ids (ints >= 0)"),
+    "erased": (_int_list, "a list of node ids (ints >= 0)"),
+    "changed": (_int_list, "a list of node ids (ints >= 0)"),
+    "seconds": (lambda v: _is(v, float), "a duration (a finite number >= 0)"),
+    "egg": (_count_dict, "null or a dictionary of egglog rule -> matches (ints >= 0)"),
+}
+
+
+def _record(i: int, fields: Any) -> Application:
+    if not isinstance(fields, dict) or set(fields) != {f.name for f in dataclasses.fields(Application)}:
+        raise _Invalid(f"record {i}: not a rule application (the fields are {', '.join(RECORD_FIELDS)})")
+    for key, (ok, what) in RECORD_FIELDS.items():
+        if not ok(fields[key]):
+            raise _Invalid(f"record {i}: field {key!r} is {_shown(fields[key])}, not {what}")
+    return Application(**fields)
 
 
 def _trace(doc: dict, where: str) -> tuple[Trace, str, str]:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise TraceFileError(f"{where}: not a cbrules trace (format {FORMAT}); write one with "
                              f"`cbrules trace KERNEL --save FILE{SUFFIX}`")
+    for key, want in (("kernel", str), ("options", str), ("phases", list), ("complete", bool), ("rules", dict),
+                      ("graphs", dict), ("records", list)):
+        if not isinstance(doc.get(key), want):
+            raise TraceFileError(f"{where}: field {key!r} is {_shown(doc.get(key))}, not {want.__name__}; not a "
+                                 "trace this version of cbrules wrote")
+    if not all(_text(p) for p in doc["phases"]) or not all(k.isdigit() for k in doc["graphs"]) \
+            or "0" not in doc["graphs"] or not _text(doc["kernel"]) or not _text(doc["options"]):
+        raise TraceFileError(f"{where}: its kernel, options and phases must be one line of text each and its "
+                             "graphs keyed by step numbers from 0; not a trace this version of cbrules wrote")
     texts = doc["rules"]
     if not isinstance(texts, dict) or not all(isinstance(t, str) and len(t.encode()) <= MAX_FILE_BYTES
                                               and "\0" not in t for t in texts.values()):
         raise ValueError("rule texts must be strings of at most 4 MiB without NUL")
-    rules = from_texts(texts)
+    records = [_record(i, _unvalue(r)) for i, r in enumerate(doc["records"])]  # the cheap checks first
     graphs = {int(s): _read_graph(g) for s, g in doc["graphs"].items()}
-    records = []
-    for r in doc["records"]:
-        fields = _unvalue(r)
-        if not isinstance(fields, dict) or set(fields) != {f.name for f in dataclasses.fields(Application)}:
-            raise ValueError("a record with unknown fields")
-        records.append(Application(**fields))
-    phases = [str(p) for p in _list(doc["phases"])]
-    t = Trace(graphs.pop(0), records, graphs, {r.name: r for r in rules.rules}, phases, bool(doc["complete"]),
-              list(texts))
-    return t, str(doc["kernel"]), str(doc["options"])
+    rules = from_texts(texts)  # reading the rule text back is most of the time a load takes
+    t = Trace(graphs.pop(0), records, graphs, {r.name: r for r in rules.rules}, list(doc["phases"]),
+              doc["complete"], list(texts))
+    return t, doc["kernel"], doc["options"]

@@ -60,7 +60,12 @@ def page(trace: Trace, cuda: str, title: str) -> str:
     data = {"title": title, "steps": steps, "graphs": graphs, "cuda": lines}
     # JSON inside <script>: no "<" may end the element or open a comment
     blob = json.dumps(data, separators=(",", ":")).replace("<", "\\u003c")
-    return _TEMPLATE.replace("{{TITLE}}", escape(title)).replace("{{DATA}}", blob)
+    # one pass over the template: a title (a kernel or file name) holding "{{DATA}}" stays text
+    fill = {"{{TITLE}}": escape(title), "{{DATA}}": blob}
+    return _PLACEHOLDER.sub(lambda m: fill[m.group(0)], _TEMPLATE)
+
+
+_PLACEHOLDER = re.compile(r"\{\{(?:TITLE|DATA)\}\}")
 
 
 _TEMPLATE = """<!DOCTYPE html>

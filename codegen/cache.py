@@ -9,6 +9,15 @@ The cache is a convenience: a damaged entry, a folder that cannot be created, re
 path that is not a plain file is a :class:`cbrules.codegen.errors.CacheWarning` and the caller compiles
 afresh; nothing here raises. Only ``<folder>/<64 hex digits>.cubin`` and temporary files beside it
 are ever touched: keys are checked, links are not followed and only regular files are read.
+
+What the SHA-256 protects against, and what not: it is a checksum, not a signature. It detects an
+entry that is damaged (truncated, altered by a disk or a crash, written by another version, not a
+cache entry at all); it cannot detect a forged entry, since whoever can write the folder can compute
+it too. Keying it with a secret (an HMAC) would not help either: the secret would have to sit where
+the same user's processes read it, and an attacker with that user's rights can as well edit the
+installed cbrules. So the folder must be as trusted as the code itself, and that is checked: a cache
+folder that another user owns, or that every user may write (a shared ``/tmp`` folder, ``chmod
+o+w``), is not used at all -- a :class:`CacheWarning`, and every kernel is compiled afresh.
 """
 from __future__ import annotations
 
@@ -95,6 +104,27 @@ class CubinCache:
     def __init__(self, folder: str | os.PathLike):
         self.folder = Path(folder)
 
+    def untrusted(self) -> Optional[str]:
+        """Why the folder cannot be trusted with cubins (owned by another user, or writable by others),
+        or None (also when it does not exist yet: :meth:`store` creates it, mode 0700 below umask)."""
+        try:
+            info = os.stat(self.folder)
+        except OSError:
+            return None
+        if hasattr(os, "getuid") and info.st_uid != os.getuid():
+            return f"owned by user id {info.st_uid}, not by this user ({os.getuid()})"
+        if stat.S_IMODE(info.st_mode) & 0o002:  # group-writable is left alone: umask 002 with a private group
+            return f"writable by every user (mode {stat.S_IMODE(info.st_mode):o})"
+        return None
+
+    def _refused(self) -> bool:
+        why = self.untrusted()
+        if why:
+            _warn(f"NVRTC cache folder {self.folder} is {why}: anyone who can write it could plant a cubin that "
+                  "passes the checksum, so it is not used; compiling afresh. Point CBRULES_CACHE_DIR at a folder "
+                  "only you can write (chmod o-w)")
+        return why is not None
+
     def path(self, key: str) -> Path:
         """Where the entry for ``key`` (a lowercase hex SHA-256) lives."""
         if not _KEY.match(key):  # a key is never a path: nothing outside the folder is named
@@ -104,6 +134,8 @@ class CubinCache:
     def load(self, key: str) -> Optional[tuple[bytes, str]]:
         """(cubin, log) stored for ``key``, or None (missing, unreadable or damaged: warned)."""
         path = self.path(key)
+        if self._refused():
+            return None
         try:
             return decode_entry(_read_regular_file(path), key)
         except (FileNotFoundError, NotADirectoryError):  # no entry, or no folder: store() says why
@@ -127,8 +159,10 @@ class CubinCache:
         """Store an entry atomically; a folder that cannot be written is a warning."""
         path = self.path(key)
         data = encode_entry(key, cubin, log, **meta)
+        if self._refused():
+            return
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{key}.", suffix=".tmp")
         except OSError as e:
             why = ("a file is in the way of the folder" if isinstance(e, (FileExistsError, NotADirectoryError))

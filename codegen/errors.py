@@ -41,6 +41,9 @@ class CompileError(CodegenError):
     points into ``filename``, by the offending source lines with context.
     """
 
+    # printed as the lines it has (the log and the source excerpts), each escaped (see cbrules.cli_output)
+    multiline = True
+
     def __init__(self, log: str, source: str | None = None, filename: str | None = None):
         self.log = log
         self.source = source

@@ -244,7 +244,30 @@ def _parse_dlpack(capsule: Any) -> tuple[int, tuple, tuple, np.dtype, tuple[int,
     if strides is None:
         strides = _c_strides(shape, dtype.itemsize)
     ptr = (t.data or 0) + t.byte_offset
+    _check_span("DLPack tensor", ptr, shape, strides, dtype.itemsize)
     return ptr, shape, strides, dtype, (t.device_type, t.device_id)
+
+
+def _check_span(what: str, ptr: int, shape: tuple, strides: tuple | None, itemsize: int) -> None:
+    """Refuse a borrowed array whose address or size a 64-bit machine cannot hold: a pointer outside
+    0..2**64-1, or (extents all >= 0: a negative one is refused by name later) a byte count or a
+    last byte at or past 2**63 / 2**64, which the kernel's 64-bit index arithmetic would wrap (2**64
+    elements would count as 0, (2**31-1)**2 * 4 bytes as negative)."""
+    if not 0 <= ptr < 1 << 64:
+        raise ValueError(f"{what} data pointer {ptr} is negative" if ptr < 0 else
+                         f"{what} data pointer {ptr:#x} is not a 64-bit address")
+    if any(n < 0 for n in shape):
+        return
+    elements = math.prod(shape)
+    if elements * itemsize >= 1 << 63:
+        raise ValueError(f"{what} shape {shape} holds {elements} elements of {itemsize} bytes, more than a signed "
+                         "64-bit byte count (2**63) can hold")
+    if elements:
+        strides = _c_strides(shape, itemsize) if strides is None else strides
+        last = ptr + sum((n - 1) * abs(st) for n, st in zip(shape, strides))
+        if last + itemsize > 1 << 64:
+            raise ValueError(f"{what} at {ptr:#x} with shape {shape} and strides {strides} reaches past the end of "
+                             "the 64-bit address space")
 
 
 def _from_cai(obj: Any, cai: Any) -> DeviceArray:
@@ -266,8 +289,9 @@ def _from_cai(obj: Any, cai: Any) -> DeviceArray:
                         "has shape (ints), typestr, data (pointer, read-only flag) and strides") from None
     if strides is not None and len(strides) != len(shape):
         raise ValueError(f"__cuda_array_interface__ has {len(strides)} strides for shape {shape}")
-    if ptr < 0:
-        raise ValueError(f"__cuda_array_interface__ data pointer {ptr} is negative")
+    if any(isinstance(n, bool) for n in cai["shape"]):  # operator.index(True) is 1: no extent
+        raise ValueError(f"__cuda_array_interface__ shape {tuple(cai['shape'])} holds a bool, not an extent")
+    _check_span("__cuda_array_interface__", ptr, shape, strides, dtype.itemsize)
     # A "stream" entry is ignored: work here goes to the legacy default stream,
     # which already orders itself after other blocking streams.
     return DeviceArray(ptr, shape, dtype, strides, owner=obj, readonly=bool(readonly))

@@ -1,10 +1,13 @@
-"""What hostile-input tests accept: the documented named errors, and a scan of generated CUDA."""
+"""What hostile-input tests accept (the documented named errors), a scan of generated CUDA, and the
+Hypothesis strategies of hostile term text and saved-trace values that the fuzz tests draw from."""
 from __future__ import annotations
 
 import re
 import signal
 from contextlib import contextmanager
 from typing import Iterator
+
+from hypothesis import strategies as st
 
 from cbrules.errors import CbrulesError
 
@@ -39,3 +42,43 @@ def within(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+# ------------------------------------------------------------------------------ strategies (issue 28)
+_TERM_PIECES = ["x", "i", "7", "2.5f", "true", "min(", "max(", "ceil_div(", "elect_one()", "swizzle(", "(", ")", ",",
+                "-", "!", "+", "*", "/", "%", "<", "<=", "==", "&&", "||", "threadIdx.x", "99999999999999999999999",
+                "$", "\u00e9", "\n", "printf("]
+
+
+@st.composite
+def hostile_term_text(draw) -> str:
+    """Term text made of term pieces, sometimes one piece repeated thousands of times (a literal of
+    thousands of digits, nesting thousands deep, a chain thousands long)."""
+    pieces = draw(st.lists(st.sampled_from(_TERM_PIECES), max_size=30))
+    if draw(st.booleans()):
+        at = draw(st.integers(0, len(pieces)))
+        pieces[at:at] = [draw(st.sampled_from(["(", "-", "!", "min(", "x + ", "1"]))] * draw(
+            st.sampled_from([150, 250, 5000, 60_000]))
+    return " ".join(pieces)
+
+
+# JSON values as a saved trace holds them, tagged values and text that must not be printed included
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(), st.text(max_size=8),
+              st.sampled_from(["\n", "\x1b[2J", "#2", "cb-main", "build", "rule"])),
+    lambda kids: st.one_of(st.lists(kids, max_size=3),
+                           st.dictionaries(st.sampled_from(["tuple", "dict", "term", "param", "by", "x"]), kids,
+                                           max_size=2)),
+    max_leaves=8)
+
+
+def json_places(doc) -> list:
+    """Every (container, key) of a JSON document that holds a value, in a fixed order."""
+    out, stack = [], [doc]
+    while stack:
+        x = stack.pop()
+        items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
+        for k, v in items:
+            out.append((x, k))
+            stack.append(v)
+    return out

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # layer -> the layers it may import (besides itself); a module's layer is its longest matching prefix
 ALLOWED = {
-    "base": set(),                                   # errors, shipped-file locations
+    "base": set(),                                   # errors, shipped-file locations, user files (userio)
     "ir": {"base"},                                  # graph, ops, terms, builder, verifier, order
     "kernels": {"base", "ir"},                       # the built-in kernels, written with the builder
     "rewrite": {"base", "ir"},                       # the rule engine
@@ -24,7 +24,8 @@ ALLOWED = {
     "reference": {"base", "ir", "schedule"},         # interpreter and protocol checker
     "tools": {"base", "ir", "kernels", "rewrite", "schedule", "codegen", "reference"},  # api, cli, trace, ...
 }
-LAYER_OF = {"cbrules.errors": "base", "cbrules.shipped": "base", "cbrules.ir": "ir", "cbrules.kernels": "kernels",
+LAYER_OF = {"cbrules.errors": "base", "cbrules.shipped": "base", "cbrules.userio": "base", "cbrules.ir": "ir",
+            "cbrules.kernels": "kernels",
             "cbrules.rewrite": "rewrite", "cbrules.schedule": "schedule", "cbrules.codegen": "codegen",
             "cbrules.reference": "reference", "cbrules": "tools"}
 

@@ -7,6 +7,7 @@ are kept in the saved example database (tests/hypothesis-db, see conftest.py) an
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import tempfile
@@ -16,10 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from cbrules import api, cli
+from cbrules import api, cli, trace, tracefile
 from cbrules.rewrite import rulefile
+from cbrules.ir.terms import MAX_TERM_DEPTH, MAX_TERM_PARTS, DeviceFunctionError, Term, TermSyntaxError, extent, parse
 from cbrules.kernels import KERNELS
-from hostile import NAMED_ERRORS, identifiers_in_body, within
+from hostile import NAMED_ERRORS, hostile_term_text, identifiers_in_body, json_places, json_values, within
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGALRM"), reason="needs POSIX alarms for the time bound")
 TIME_BOUND_S = 20  # generous: one example is a load (and maybe a lowering) of a small kernel
@@ -180,3 +182,68 @@ def test_hostile_command_lines_end_without_a_traceback(argv, capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
     assert isinstance(code, int)
+
+
+# ------------------------------------------------------------------------------ term text (issue 28)
+@seed(20261201)
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(hostile_term_text())
+def test_any_term_text_parses_within_the_bounds_or_is_a_named_error(text):
+    try:
+        with within(10):
+            t = parse(text)
+    except (TermSyntaxError, DeviceFunctionError) as e:
+        assert "\n" not in str(e)
+        return
+    parts, height = extent(t)
+    assert isinstance(t, Term) and height <= MAX_TERM_DEPTH and parts <= MAX_TERM_PARTS
+    assert parse(str(t)) == t  # what parses prints back as the same term
+
+
+@seed(20261201)
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(hostile_term_text())
+def test_any_term_text_given_to_the_builder_is_built_or_a_named_error(text):
+    from cbrules.ir.builder import Kernel
+    k = Kernel("fuzz", block=32)
+    n = k.symbol("N")
+    x = k.tensor("x", (n,))
+    try:
+        with within(10):
+            k.assign(k.load(x, text), dtype="int32")
+    except Exception as e:  # noqa: BLE001
+        assert _expected(e), f"{type(e).__name__} is not a documented named error: {e}"
+
+
+# ------------------------------------------------------------------------------ saved traces (issue 28)
+@pytest.fixture(scope="module")
+def short_trace(tmp_path_factory):
+    """A saved trace of a lowering's first steps, as JSON (quick to read back)."""
+    kg = api.lower(KERNELS["single_dim"].build(stages=2), debug=True, stop_after=2)
+    path = tmp_path_factory.mktemp("t") / "short.cbtrace"
+    tracefile.save(kg.trace, path, "single_dim", "effective options: loop i: stages=2")
+    doc = json.loads(path.read_text())
+    doc["rules"] = {}  # reading its rule text back is most of the time a load takes
+    return doc
+
+
+@seed(20261201)
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_a_trace_file_with_any_value_replaced_loads_or_is_a_named_error(short_trace, tmp_path_factory, data):
+    doc = json.loads(json.dumps(short_trace))
+    places = json_places(doc)
+    for _ in range(data.draw(st.integers(1, 3))):
+        box, key = places[data.draw(st.integers(0, len(places) - 1))]
+        box[key] = data.draw(json_values)
+    path = tmp_path_factory.mktemp("fz") / "t.cbtrace"
+    path.write_text(json.dumps(doc))
+    try:
+        with within(TIME_BOUND_S):
+            t, _, _ = tracefile.load(path)
+            trace.counts(t)
+            [trace.describe(r) for r in t.records]
+            trace.program_at(t, max(t.graphs, default=0))
+    except Exception as e:  # noqa: BLE001
+        assert _expected(e), f"{type(e).__name__} is not a documented named error: {e}"
+        assert "\n" not in str(e)

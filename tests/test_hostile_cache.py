@@ -263,3 +263,35 @@ def test_api_compile_survives_a_damaged_cache(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", CacheWarning)
         assert api.compile(kernel, cache_dir=str(tmp_path)).cubin.cached
+
+
+def test_a_forged_entry_is_what_the_checksum_does_not_catch_so_the_folder_must_be_trusted(warm):
+    """Issue 28: a forged entry with a matching SHA-256 passes the checksum (it protects against
+    damage, not forgery: see cbrules.codegen.cache); so a cache folder every user may write, or
+    another user's, is not used at all -- neither read nor written."""
+    folder, entry, good = warm
+    forged = encode_entry(entry.name[:-len(".cubin")], b"\x7fELF forged", "forged log")
+    entry.write_bytes(forged)
+    assert compile_cuda(TINY, "tiny", cache_dir=folder).cubin == b"\x7fELF forged"  # what the hash cannot tell
+    os.chmod(folder, 0o777)
+    try:
+        with pytest.warns(CacheWarning, match="writable by every user .* not used"):
+            c = compile_cuda(TINY, "tiny", cache_dir=folder)
+        assert not c.cached and c.cubin == good.cubin
+        assert entry.read_bytes() == forged  # nor written: the folder is left as it was
+        assert CubinCache(folder).untrusted() == "writable by every user (mode 777)"
+    finally:
+        os.chmod(folder, 0o755)
+    assert CubinCache(folder).untrusted() is None and CubinCache(folder / "not-yet").untrusted() is None
+
+
+def test_a_cache_folder_of_another_user_is_not_used(warm, monkeypatch):
+    folder, _, good = warm
+    monkeypatch.setattr(os, "getuid", lambda: os.stat(folder).st_uid + 1)
+    with pytest.warns(CacheWarning, match="owned by user id"):
+        assert compile_cuda(TINY, "tiny", cache_dir=folder).cubin == good.cubin
+
+
+def test_a_new_cache_folder_is_its_owners_alone(tmp_path):
+    compile_cuda(TINY, "tiny", cache_dir=tmp_path / "fresh")
+    assert stat.S_IMODE(os.stat(tmp_path / "fresh").st_mode) & 0o077 == 0

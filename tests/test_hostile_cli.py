@@ -27,6 +27,14 @@ def files(tmp_path_factory):
         "nobuild.py": "SHAPE = (4,)\n",
         "buildfails.py": "def build():\n    return {}['missing']\n",
         "notkernel.py": "def build():\n    return 42\n",
+        "sysexit.py": "import sys\nsys.exit(3)\n",
+        "baseexc.py": "class Stop(BaseException):\n    pass\nraise Stop('not an Exception')\n",
+        "genexit.py": "raise GeneratorExit\n",
+        "buildexit.py": "def build():\n    raise SystemExit('from build')\n",
+        "forever.py": "while True:\n    pass\n",
+        "buildforever.py": "import time\ndef build():\n    while True:\n        try:\n            time.sleep(10)\n"
+                           "        except Exception:\n            pass\n",
+        "hugetol.py": "def build():\n    pass\nTOLERANCE = (10 ** 400, 0)\n",
         "badshape.py": textwrap.dedent('''
             from cbrules.ir.builder import Kernel
             SHAPE = "not a shape"
@@ -36,6 +44,11 @@ def files(tmp_path_factory):
     }
     for name, text in kernels.items():
         (d / name).write_text(text)
+    if hasattr(os, "mkfifo"):  # nobody writes or reads these: opening either would block
+        os.mkfifo(d / "fifo.py")
+        os.mkfifo(d / "out.fifo")
+    (d / "zero.py").symlink_to("/dev/zero")  # a device never ends
+    (d / "zero.cbtrace").symlink_to("/dev/zero")
     last = api.load_rules().phases[-1]
     grow = write_rules(d / "grow", f"(phase hostile :after {last})\n(graph-rule grow :phase hostile "
                        ":match ((for ?L) (_ ?s :child-of ?L)) :rewrite ((insert-after ?s (syncthreads))))\n").parent
@@ -64,6 +77,17 @@ CASES = [
     (["lower", "{buildfails}"], 2, "buildfails.py:2: KeyError while calling build()"),
     (["lower", "{notkernel}"], 2, "build() returned int, not a cbrules Kernel"),
     (["lower", "{badshape}"], 2, "SHAPE must be a tuple of integers"),
+    (["lower", "{sysexit}"], 2, "sysexit.py:2: the kernel file " + "{sysexit} called sys.exit(3) while running it"),
+    (["lower", "{baseexc}"], 2, "baseexc.py:3: Stop while running kernel file"),
+    (["lower", "{genexit}"], 2, "genexit.py:1: GeneratorExit while running kernel file"),
+    (["lower", "{buildexit}"], 2, "buildexit.py:2: the kernel file " + "{buildexit} called sys.exit('from build')"),
+    (["lower", "{hugetol}"], 2, "TOLERANCE must be (rtol, atol), two non-negative numbers"),
+    (["lower", "{dir}/fifo.py"], 2, "fifo.py: a FIFO (named pipe); cbrules reads only regular files"),
+    (["lower", "{dir}/zero.py"], 2, "zero.py: a device; cbrules reads only regular files"),
+    (["trace", "{dir}/zero.cbtrace", "counts"], 1, "zero.cbtrace: a device; cbrules reads only regular files"),
+    (["lower", "single_dim", "--shape", ""], 2, "--shape '': give the sizes as integers"),
+    (["lower", "single_dim", "--shape", "1" * 5000], 2, "give the sizes as integers"),
+    (["compile", "exp1d_tma", "--quiet", "-o", "{dir}/out.fifo"], 2, "a FIFO (named pipe); cbrules writes an output"),
     (["lower", "single_dim", "--shape", "a,b"], 2, "give the sizes as integers"),
     (["lower", "single_dim", "--shape", "-5"], 2, "sizes must be >= 1"),
     (["lower", "multi_dim", "--shape", "4096"], 2, "multi_dim takes 2 size(s)"),
@@ -117,6 +141,7 @@ CASES = [
 @pytest.mark.parametrize("argv, code, fragment", CASES, ids=[" ".join(c[0]) or "(none)" for c in CASES])
 def test_bad_input_ends_in_one_named_line(files, capsys, argv, code, fragment):
     argv = [a.format(**files) for a in argv]
+    fragment = fragment.format(**files)
     with within(60):
         got = cli.main(argv)
     out = capsys.readouterr()
@@ -263,3 +288,162 @@ def test_process_interrupt_is_quiet():
     with open("/proc/self/status") as f:  # what this worker passes on to the processes it starts
         mine = " ".join(line.strip() for line in f if line.startswith(("SigBlk", "SigIgn")))
     pytest.fail(f"check single_dim --stages 16 finished before SIGINT reached it in three tries ({mine})")
+
+
+# ------------------------------------------------------------------ issue 28: kernel files, output, rule text
+def test_a_kernel_file_that_never_ends_is_stopped_by_the_time_bound(files, capsys, monkeypatch):
+    from cbrules import kernelfile
+    monkeypatch.setenv(kernelfile.TIMEOUT_VAR, "0.5")
+    for name, doing in (("forever", "running the kernel"), ("buildforever", "calling build() of the kernel")):
+        with within(10):
+            assert cli.main(["lower", files[name]]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{doing} file took more than 0.5 s" in err, err
+        assert f"set {kernelfile.TIMEOUT_VAR} (seconds; 0: no bound; default 30)" in err
+
+
+def test_the_time_bound_keeps_an_alarm_the_caller_set(files, monkeypatch):
+    from cbrules import kernelfile
+    monkeypatch.setenv(kernelfile.TIMEOUT_VAR, "0.3")
+    with within(10):  # the test's own alarm: still set, less the time spent, after the bound rang
+        with pytest.raises(kernelfile.KernelFileTimeout, match="took more than 0.3 s"):
+            kernelfile.load_kernel(files["forever"])
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 8 < left < 10
+    monkeypatch.setenv(kernelfile.TIMEOUT_VAR, "soon")
+    with pytest.raises(kernelfile.CliError, match="CBRULES_KERNEL_FILE_TIMEOUT=soon is not a number of seconds"):
+        kernelfile.load_kernel(files["forever"])
+
+
+class _Full:
+    """A stream on a full disk (as stdout on /dev/full)."""
+    encoding = "utf-8"
+
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+    def flush(self):
+        pass
+
+
+def test_stdout_closed_full_or_ascii_ends_in_a_named_error(monkeypatch, capsys, tmp_path):
+    import io
+    monkeypatch.setattr(sys, "stdout", None)  # `cbrules kernels >&-`
+    assert cli.main(["kernels"]) == 141
+    assert "stdout is closed (>&-)" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "stdout", _Full())
+    assert cli.main(["kernels"]) == 1
+    assert capsys.readouterr().err == "cbrules: error: cannot write to stdout: No space left on device\n"
+    folder = write_rules(tmp_path / "r", '(graph-rule r\u00e8gle :phase cb-normalize :doc "\u00e9t\u00e9" '
+                         ':match ((for ?L)) :rewrite ())\n').parent
+    ascii_out = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr(sys, "stdout", ascii_out)
+    assert cli.main(["rules", "list", str(folder)]) == 0  # PYTHONIOENCODING=ascii and a non-ASCII rule name
+    ascii_out.flush()
+    assert "r\\xe8gle" in ascii_out.buffer.getvalue().decode("ascii")
+
+
+def test_process_stdout_closed_full_or_ascii_is_a_named_error(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "cbrules.cli", "kernels"], stderr=subprocess.PIPE, text=True,
+                       preexec_fn=lambda: os.close(1), timeout=60)  # as `cbrules kernels >&-`
+    assert p.returncode == 141 and "Traceback" not in p.stderr
+    assert p.stderr == "cbrules: error: stdout is closed (>&-), so the output has nowhere to go; redirect it " \
+                       "to a file or to /dev/null instead\n"
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "w") as full:
+            p = subprocess.run([sys.executable, "-m", "cbrules.cli", "kernels"], stdout=full, stderr=subprocess.PIPE,
+                               text=True, timeout=60)
+        assert (p.returncode, p.stderr) == (1, "cbrules: error: cannot write to stdout: No space left on device\n")
+    folder = write_rules(tmp_path / "r", '(graph-rule r\u00e8gle :phase nowhere :match ((for ?L)) :rewrite ())\n')
+    p = run("rules", "list", str(folder.parent), timeout=60, env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert p.returncode == 1 and p.stderr.startswith("cbrules: RuleError: ") and "rule r\\xe8gle: unknown phase" \
+        in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+FORGED = "cbrules: ok: all checks passed"
+
+
+def test_file_names_and_fail_texts_print_escaped(tmp_path, capsys):
+    """A newline, CR or ESC in a rule file's name or a rule's text never forges a line of output
+    nor reaches the terminal."""
+    folder = tmp_path / "r"
+    write_rules(folder, "(graph-rule x :phase\n", f"a\n{FORGED}\r\x1b[2J.rules")
+    assert cli.main(["rules", "check", str(folder)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\x1b" not in err and "\r" not in err and f"a\\n{FORGED}\\r\\x1b[2J" in err
+    last = api.load_rules().phases[-1]
+    fail = write_rules(tmp_path / "f", f'(phase hostile :after {last})\n(graph-rule f :phase hostile :doc "d\\n'
+                       f'{FORGED}\x1b[31m" :match ((for ?L)) :rewrite ((fail "no\\n{FORGED}\\n\x1b[2J")))\n').parent
+    escape = write_rules(tmp_path / "e", "(phases p\x1b[31mred)\n").parent
+    assert cli.main(["rules", "check", str(escape)]) == 0
+    assert "p\\x1b[31mred" in capsys.readouterr().out  # whatever prints a rule file's words: no escapes
+    assert cli.main(["rules", "list", str(fail)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and f"d\\n{FORGED}\\x1b[31m" in out and not any(
+        line.startswith("cbrules") for line in out.splitlines())
+    assert cli.main(["lower", "single_dim", "--rules", str(fail)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\x1b" not in err and f"no\\n{FORGED}\\n\\x1b[2J" in err, err
+
+
+def test_a_symlinked_rule_file_outside_any_folder_is_refused_unread(tmp_path, capsys, monkeypatch):
+    from cbrules.rewrite import sexpr
+    secret = tmp_path / "secret" / "key.txt"
+    secret.parent.mkdir()
+    secret.write_text("SECRET-TOKEN-8472\n")
+    (tmp_path / "r").mkdir()
+    link = tmp_path / "r" / "x.rules"
+    link.symlink_to(secret)
+
+    read = sexpr.read_regular
+
+    def never_the_secret(path, *a, **k):
+        assert os.path.realpath(path) != str(secret), "the linked file was opened"
+        return read(path, *a, **k)
+    monkeypatch.setattr(sexpr, "read_regular", never_the_secret)
+    for argv in (["rules", "check", str(link)], ["lower", "single_dim", "--rules", str(link)],
+                 ["rules", "list", "--rules", str(link)]):
+        assert cli.main(argv) == 1
+        err = capsys.readouterr().err
+        assert "x.rules: symlink to" in err and "outside the rule folder" in err and "SECRET" not in err, err
+
+
+def test_a_rule_folder_1100_folders_deep_is_a_named_error(tmp_path, capsys):
+    deep = tmp_path / "r"
+    chain = [deep]
+    for _ in range(1100):  # os.makedirs and shutil.rmtree recurse once per folder: made and removed here
+        chain.append(chain[-1] / "d")
+    for folder in chain:
+        folder.mkdir()
+    (chain[-1] / "x.rules").write_text("(phases p)\n")
+    try:
+        with within(10):
+            assert cli.main(["rules", "check", str(deep)]) == 1
+    finally:
+        (chain[-1] / "x.rules").unlink()
+        for folder in reversed(chain):
+            folder.rmdir()
+    err = capsys.readouterr().err
+    assert "more than 32 folders below the rule folder" in err and err.count("\n") == 1, err
+
+
+def test_error_text_keeps_only_the_lines_an_error_has():
+    from cbrules import cli_output
+    from cbrules.codegen.errors import CompileError
+    from cbrules.rewrite.rulefile import RuleErrors
+    from cbrules.rewrite.sexpr import Pos, RuleError
+    assert cli_output.error_text(ValueError(f"a\n{FORGED}\x1b[2J")) == f"a\\n{FORGED}\\x1b[2J"
+    both = RuleErrors([RuleError(Pos("a\nb.rules", 1, 2), "x\x1by"), RuleError(Pos("c.rules", 3, 4), "z")])
+    assert cli_output.error_text(both) == "a\\nb.rules:1:2: x\\x1by\nc.rules:3:4: z"
+    log = "k.cu(3): error: identifier \"q\x1b\" is undefined\n1 error detected"
+    assert cli_output.error_text(CompileError(log)) == "k.cu(3): error: identifier \"q\\x1b\" is undefined\n" \
+                                                       "1 error detected"
+
+
+def test_a_kernel_file_named_like_a_placeholder_stays_text_in_the_viewer(tmp_path, capsys):
+    kernel = tmp_path / "{{DATA}}.py"
+    kernel.write_text("from cbrules.kernels import get\n\ndef build():\n    return get('single_dim').build(stages=2)\n")
+    page = tmp_path / "t.html"
+    assert cli.main(["trace", str(kernel), "--stop-after", "2", "--html", str(page)]) == 0, capsys.readouterr().err
+    html = page.read_text()
+    assert html.count('"steps":') == 1 and "<title>cbrules trace {{DATA}}: 2 steps</title>" in html

@@ -18,6 +18,7 @@ from cbrules.ir.graph import Param
 from cbrules.kernels import KERNELS
 from cbrules.ir.limits import TmaLimitError
 from cbrules.ir.terms import parse
+from cbrules.ir.builder import Kernel, threadIdx
 from cbrules.codegen import runtime
 
 
@@ -300,3 +301,31 @@ def test_hostile_launch_arguments_end_in_a_named_error_before_the_driver(multi_d
         assert arr.shape == (bound["M"], bound["N"]) and arr.is_contiguous and arr.ptr % 16 == 0, (name, arr)
         assert arr.dtype == np.float32 and not (name == "out" and arr.readonly)
     assert grid == (-(-bound["M"] // 4), 1, 1) and bound["N"] > 256
+
+
+# ------------------------------------------------------------------------------ issue 28: sizes a machine cannot hold
+@pytest.mark.parametrize("value, match", [
+    (FakeCai((2 ** 32, 2 ** 32)), r"holds 18446744073709551616 elements of 4 bytes, more than a signed 64-bit"),
+    (FakeCai((2 ** 31 - 1, 2 ** 31 - 1)), r"more than a signed 64-bit byte count"),
+    (FakeCai((M, N), ptr=2 ** 64 + 16), r"data pointer 0x10000000000000010 is not a 64-bit address"),
+    (FakeCai((True, N)), r"shape \(True, 512\) holds a bool, not an extent"),
+    (FakeCai((M, N), ptr=2 ** 64 - 256), r"reaches past the end of the 64-bit address space"),
+])
+def test_borrowed_arrays_a_64_bit_machine_cannot_hold_are_refused(multi_dim, no_driver, value, match):
+    _, ck = multi_dim
+    refused(ck, match, x=value)
+
+
+def test_a_scalar_beyond_any_double_is_a_launch_error():
+    k = Kernel("scaled", block=32)
+    n = k.symbol("N")
+    eps = k.scalar("eps")
+    x, out = k.tensor("x", (n,)), k.tensor("out", (n,))
+    k.grid(1)
+    k.store(out, threadIdx.x, k.add(k.load(x, threadIdx.x), eps))
+    args = {"x": np.zeros(32, np.float32), "out": np.zeros(32, np.float32)}
+    for value in (10 ** 400, -10 ** 5000):
+        with pytest.raises(LaunchError, match=r"scalar eps \(float32\) = an integer of \d+ bits is too large"):
+            bind(k.graph, {**args, "eps": value})
+    with pytest.raises(LaunchError, match="symbol N = an integer of 1329 bits does not fit"):
+        bind(k.graph, {**args, "N": 10 ** 400})

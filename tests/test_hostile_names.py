@@ -309,3 +309,43 @@ def test_any_text_is_refused_or_a_valid_identifier(name, kind):
     assert not re.match(r"_[A-Z]|cb_|CB_|Cb[A-Z]", name)
     text = emit(schedule(k.graph)).text  # the unlowered kernel is valid: codegen prints the name as a token
     assert re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", text[text.index('extern "C"'):])
+
+
+# ------------------------------------------------------------------------------ NVRTC's own macros (issue 28)
+NVRTC_MACRO_NAMES = ["NULL", "CUDART_VERSION", "assert", "va_start", "NV_IS_DEVICE", "NV_PROVIDES_SM_90",
+                     "cudaStreamLegacy", "CUDA_IPC_HANDLE_SIZE", "CU_UUID_HAS_BEEN_DEFINED", "CUDARTAPI"]
+
+
+@pytest.mark.parametrize("macro", NVRTC_MACRO_NAMES + ["__CUDACC__", "__CUDA_ARCH__", "__NVCC__", "_NV_X"])
+def test_names_nvrtc_predefines_are_refused_at_the_builder(macro):
+    with pytest.raises(IdentifierError, match="macro NVRTC defines|reserved by C"):
+        tiny(sym=macro)
+    assert names.problem(macro, names.RULES) is not None  # nor may a rule make one
+
+
+def _macros_defined(candidates):
+    """The names among ``candidates`` that NVRTC defines as macros when it compiles a kernel."""
+    from cbrules.codegen import nvrtc
+    found = set()
+    for i in range(0, len(candidates), 40):  # a batch stays under NVRTC's error limit
+        chunk = candidates[i:i + 40]
+        src = "".join(f'#ifdef {n}\nstatic_assert(false, "MACRO:{n}");\n#endif\n' for n in chunk)
+        _, log, _ = nvrtc._run_nvrtc(src + "__global__ void k() {}\n", "probe.cu",
+                                     ["--gpu-architecture=sm_90a", "-std=c++17"])
+        found |= set(re.findall(r"MACRO:(\w+)", log))
+    return found
+
+
+def test_every_macro_nvrtc_defines_is_a_reserved_name():
+    """Probe the NVRTC installed here: every name its built-in headers #define that is defined in a
+    kernel's compile must be refused as a name (the named ones above are macros indeed)."""
+    import glob
+    import nvidia
+    assert _macros_defined(NVRTC_MACRO_NAMES) == set(NVRTC_MACRO_NAMES)
+    libs = [p for d in nvidia.__path__ for p in glob.glob(f"{d}/**/libnvrtc-builtins*.so*", recursive=True)]
+    if not libs:
+        pytest.skip("no libnvrtc-builtins library found to read the macro names from")
+    text = open(libs[0], "rb").read().decode("latin-1")
+    candidates = sorted({n for n in re.findall(r"#\s*define\s+([A-Za-z_]\w*)", text)
+                         if names.problem(n, names.RULES) is None})  # what the name check would let through
+    assert not _macros_defined(candidates), "NVRTC defines names the name check accepts"

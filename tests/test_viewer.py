@@ -161,3 +161,12 @@ def test_a_failed_lowering_still_writes_its_steps(tmp_path, capsys):
     assert "steps before lowering failed" in out and "no thanks: #2" in err
     text = page.read_text()
     assert "// lowering failed: no thanks: #2" in text and '"rule":"cb-war-sync"' in text
+
+
+def test_a_placeholder_in_the_title_is_not_filled(tmp_path, capsys):
+    """Issue 28: a kernel file named {{DATA}}.py (its name is the page's title) stays text: the
+    data is written once, into its script element, and the title is the name itself."""
+    kg = api.lower(get("single_dim").build(stages=2), debug=True, stop_after=2)
+    page = viewer.page(kg.trace, "// {{TITLE}} {{DATA}}", "cbrules trace {{DATA}} {{TITLE}}: 2 steps")
+    assert page.count('"steps":') == 1 and "<title>cbrules trace {{DATA}} {{TITLE}}: 2 steps</title>" in page
+    assert re.search(r'<script id="data" type="application/json">\{"title":', page)

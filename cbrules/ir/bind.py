@@ -61,8 +61,17 @@ def check_symbol(name: str, symbol: str, value: Any) -> int:
         raise LaunchError(f"{name}: symbol {symbol} = {value!r} ({type(value).__name__}) is not an "
                           f"integer; {fix}") from None
     if not -INT32_LIMIT <= v < INT32_LIMIT:
-        raise LaunchError(f"{name}: symbol {symbol} = {v} does not fit the kernel's 32-bit int parameter; {fix}")
+        raise LaunchError(f"{name}: symbol {symbol} = {_shown(v)} does not fit the kernel's 32-bit int parameter; "
+                          f"{fix}")
     return v
+
+
+def _shown(value: Any) -> str:
+    """A launch value as a message shows it: a huge integer by its size (Python refuses to print one
+    of more than 4300 digits)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)
 
 
 _INT_RANGES = {"int32": (-2**31, 2**31), "int64": (-2**63, 2**63), "uint32": (0, 2**32), "uint64": (0, 2**64)}
@@ -74,7 +83,7 @@ def check_scalar(name: str, param, value: Any) -> Any:
     the parameter allows otherwise), as the numpy type the kernel computes with."""
     if param.dtype == "int32":
         return check_symbol(name, param.name, value)
-    where = f"{name}: scalar {param.name} ({param.dtype}) = {value!r}"
+    where = f"{name}: scalar {param.name} ({param.dtype}) = {_shown(value)}"
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
             or (isinstance(value, np.ndarray)):
         raise LaunchError(f"{where} ({type(value).__name__}) is not a number; pass a Python or numpy "
@@ -87,8 +96,12 @@ def check_scalar(name: str, param, value: Any) -> Any:
             raise LaunchError(f"{where} is outside {param.dtype}'s range {lo}..{hi - 1}")
         return NP_DTYPES[param.dtype](int(value))
     want = NP_DTYPES[param.dtype]
-    v = float(value)
-    if np.isfinite(v) and abs(v) > float(np.finfo(want).max):
+    try:
+        v = float(value)
+        too_large = bool(np.isfinite(v) and abs(v) > float(np.finfo(want).max))
+    except OverflowError:  # an int beyond any double (10**400)
+        v, too_large = 0.0, True
+    if too_large:
         raise LaunchError(f"{where} is too large for {param.dtype} (at most {np.finfo(want).max:.6g})")
     if param.finite and not np.isfinite(v):
         raise LaunchError(f"{where} is not finite; pass a finite number (or declare k.scalar(..., finite=False))")

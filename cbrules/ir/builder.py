@@ -386,6 +386,8 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
             return
         for v in values:
             t = as_term(v) if isinstance(v, (Term, int, float)) else None
+            if t is not None and not fits(t, BUILT_TERM_DEPTH, BUILT_TERM_PARTS):
+                continue  # too large to walk (shared parts print many times): _node refuses it by its size
             consts = [] if t is None else [x for x in _subterms(t) if x.op == "const" and isinstance(x.value, float)
                                            and not math.isfinite(x.value)]
             if consts:

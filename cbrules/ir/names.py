@@ -2,7 +2,8 @@
 
 A name is printed into C++ as it is, so it must be an ASCII C identifier of at most
 :data:`MAX_LENGTH` characters that is not a C/C++/CUDA keyword, not reserved by the C++ standard
-(``__`` anywhere, ``_`` + capital first) and not a name the generated code itself uses
+(``__`` anywhere, ``_`` + capital first), not a macro NVRTC defines (:data:`NVRTC_MACROS`,
+:data:`NVRTC_PREFIXES`) and not a name the generated code itself uses
 (:data:`GENERATED`: CUDA builtins, the math functions codegen emits, the prelude's helpers).
 
 Two namespaces share a kernel. Users (the builder) may not start a name with ``cb_``, ``CB_`` or
@@ -59,6 +60,13 @@ GENERATED = CUDA_BUILTINS | PRELUDE_NAMES | MATH_FUNCTIONS
 # Names a term may mention besides identifiers: the CUDA builtins' components
 BUILTINS = tuple(f"{b}.{a}" for b in ("threadIdx", "blockIdx", "blockDim", "gridDim") for a in "xyz")
 
+# Macros NVRTC defines in every compile (its built-in headers, found by compiling ``#ifdef NAME`` for
+# every name its libnvrtc-builtins defines: tests/test_hostile_names.py probes them again). A name
+# that is a macro is replaced before C++ sees it (``NULL`` -> ``__null``), so it cannot name a
+# variable. Besides the ``__``/``_X`` names C++ reserves anyway, they are NULL, assert, the va_*
+# macros and whole families, reserved by prefix so that a newer NVRTC's additions are covered.
+NVRTC_MACROS = frozenset(("NULL", "assert", "va_arg", "va_copy", "va_end", "va_start"))
+NVRTC_PREFIXES = re.compile(r"NV_|CUDA_|CUDART|CU_|cuda[A-Z]")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _USER_RESERVED = re.compile(r"cb_|CB_|Cb[A-Z]")
 _CXX_RESERVED = re.compile(r"_[A-Z]")
@@ -96,6 +104,9 @@ def problem(name: object, namespace: str = USER) -> Optional[tuple[str, str]]:
     if "__" in name or _CXX_RESERVED.match(name):
         return ("is reserved by C++ (names with '__', or starting with '_' and a capital)",
                 f"rename it, e.g. {_suggest(name)!r}")
+    if name in NVRTC_MACROS or NVRTC_PREFIXES.match(name):
+        return ("is a macro NVRTC defines (or of a family of them: NV_*, CUDA_*, CUDART*, CU_*, cuda + capital), "
+                "which the compiler would replace before it sees the name"), f"rename it, e.g. {'my_' + name!r}"
     if name in GENERATED:
         return "is used by the generated CUDA itself (a builtin, math function or prelude helper)", \
             f"rename it, e.g. {'my_' + name!r}"

@@ -271,86 +271,149 @@ class TermSyntaxError(CbrulesError, ValueError):
     """Text that is not a term; the message points at the column."""
 
 
+# how much term text is read: a term within MAX_TERM_PARTS prints in far fewer characters, and a
+# 64-bit integer or a double's 17 significant digits (with its exponent) in far fewer digits; both are
+# judged before a token is converted (int() of thousands of digits is refused by Python itself)
+MAX_TERM_TEXT = 100_000
+MAX_LITERAL_DIGITS = 40
+
+
 def _tokens(text: str) -> list[tuple[str, str, int]]:
+    if len(text) > MAX_TERM_TEXT:
+        raise TermSyntaxError(f"term text of {len(text)} characters ({text[:40]!r}...); a term is at most "
+                              f"{MAX_TERM_TEXT} characters")
     out, pos = [], 0
     while pos < len(text):
-        if text[pos:].strip() == "":
+        if text[pos:pos + 1].isspace() and text[pos:].strip() == "":
             break
         m = _TOKEN.match(text, pos)
         if not m:
             col = len(text) - len(text[pos:].lstrip())
-            raise TermSyntaxError(f"unexpected character {text[col]!r} in term {text!r} at column {col + 1}")
+            raise TermSyntaxError(f"unexpected character {text[col]!r} in term {_short(text)} at column {col + 1}")
         kind = "num" if m.group(1) else "id" if m.group(2) else "op"
+        if kind == "num" and len(m.group(1)) > MAX_LITERAL_DIGITS:
+            raise TermSyntaxError(f"a number of {len(m.group(1))} digits in term {_short(text)} at column "
+                                  f"{m.start(1) + 1}; a literal has at most {MAX_LITERAL_DIGITS} (a 64-bit integer "
+                                  "has 19)")
         out.append((kind, m.group(m.lastindex), m.start(m.lastindex)))
         pos = m.end()
     return out
 
 
+def _short(text: str) -> str:
+    """The term text as quoted in a message: long text cut short."""
+    return repr(text) if len(text) <= 60 else repr(text[:60]) + "..."
+
+
 def parse(text: str) -> Term:
-    """Parse C-like text (``"(i + 2) % 3"``, ``"threadIdx.x < 32 && elect_one()"``) into a term."""
+    """Parse C-like text (``"(i + 2) % 3"``, ``"threadIdx.x < 32 && elect_one()"``) into a term.
+
+    Operator precedence is resolved with explicit stacks (no recursion), so that no text can exhaust
+    Python's stack; text longer than :data:`MAX_TERM_TEXT`, a literal of more than
+    :data:`MAX_LITERAL_DIGITS` digits, and a term nested deeper than :data:`MAX_TERM_DEPTH` (or of more
+    than :data:`MAX_TERM_PARTS` parts) are a :class:`TermSyntaxError` before any of it is built."""
     toks = _tokens(text)
-    pos = 0
+    quoted = _short(text)
+    operands: list[Term] = []
+    # pending: ["(", col] | ["call", name, col, args so far] | ["u", op, col] | ["b", op, col]
+    pending: list[list] = []
+    depth = 0  # open parentheses, calls and unary operators not yet applied
+    want_operand = True
 
-    def peek() -> str | None:
-        return toks[pos][1] if pos < len(toks) else None
+    def apply(entry: list) -> None:
+        if entry[0] == "u":
+            inner = operands.pop()
+            if entry[1] == "-" and inner.op == "const" and not isinstance(inner.value, bool):
+                operands.append(const(-inner.value))
+            else:
+                operands.append(Term(entry[1], (inner,)))
+        else:
+            rhs = operands.pop()
+            operands.append(Term(entry[1], (operands.pop(), rhs)))
 
-    def expect(tok: str) -> None:
-        nonlocal pos
-        if peek() != tok:
-            where = toks[pos][2] + 1 if pos < len(toks) else len(text) + 1
-            raise TermSyntaxError(f"expected {tok!r} in term {text!r} at column {where}")
-        pos += 1
+    def operand_done(t: Term) -> None:
+        nonlocal want_operand, depth
+        operands.append(t)
+        want_operand = False
+        while pending and pending[-1][0] == "u":  # unary operators bind to the operand they precede
+            apply(pending.pop())
+            depth -= 1
 
-    def primary() -> Term:
-        nonlocal pos
-        if pos >= len(toks):
-            raise TermSyntaxError(f"term {text!r} ends too early")
-        kind, tok, col = toks[pos]
-        pos += 1
-        if kind == "num":
-            return const(float(tok.rstrip("f")) if ("." in tok) else int(tok))
-        if kind == "id":
-            if tok in ("true", "false"):
-                return const(tok == "true")
-            if peek() == "(":
-                pos += 1
-                args = []
-                if peek() != ")":
-                    args.append(binary(0))
-                    while peek() == ",":
-                        pos += 1
-                        args.append(binary(0))
-                expect(")")
-                why = call_problem(tok, len(args))
-                if why:
-                    raise DeviceFunctionError(f"in term {text!r} at column {col + 1}: {why}")
-                return Term("call", tuple(args), tok)
-            return name(tok)
-        if tok == "(":
-            t = binary(0)
-            expect(")")
-            return t
-        if tok in UNARY_OPS:
-            inner = primary()
-            if tok == "-" and inner.op == "const" and not isinstance(inner.value, bool):
-                return const(-inner.value)
-            return Term(tok, (inner,))
-        raise TermSyntaxError(f"unexpected {tok!r} in term {text!r} at column {col + 1}")
+    def reduce(prec: int) -> None:  # apply the pending binary operators of precedence >= prec
+        while pending and pending[-1][0] == "b" and _PREC[pending[-1][1]] >= prec:
+            apply(pending.pop())
 
-    def binary(level: int) -> Term:
-        nonlocal pos
-        if level == len(_LEVELS):
-            return primary()
-        lhs = binary(level + 1)
-        while peek() in _LEVELS[level] and pos < len(toks) and toks[pos][0] == "op":
-            op = toks[pos][1]
-            pos += 1
-            lhs = Term(op, (lhs, binary(level + 1)))
-        return lhs
+    def finish_call(entry: list) -> None:
+        nonlocal depth
+        _, fn, col, nargs = entry
+        why = call_problem(fn, nargs)
+        if why:
+            raise DeviceFunctionError(f"in term {quoted} at column {col + 1}: {why}")
+        args = tuple(operands[len(operands) - nargs:]) if nargs else ()
+        del operands[len(operands) - nargs:]
+        depth -= 1
+        operand_done(Term("call", args, fn))
 
-    t = binary(0)
-    if pos != len(toks):
-        raise TermSyntaxError(f"unexpected {toks[pos][1]!r} in term {text!r} at column {toks[pos][2] + 1}")
+    i = 0
+    while i < len(toks):
+        kind, tok, col = toks[i]
+        i += 1
+        if want_operand:
+            if kind == "num":
+                operand_done(const(float(tok.rstrip("f")) if "." in tok else int(tok)))
+            elif kind == "id" and tok in ("true", "false"):
+                operand_done(const(tok == "true"))
+            elif kind == "id" and i < len(toks) and toks[i][1] == "(":
+                i += 1
+                depth += 1
+                if i < len(toks) and toks[i][1] == ")":
+                    i += 1
+                    finish_call(["call", tok, col, 0])
+                else:
+                    pending.append(["call", tok, col, 0])
+            elif kind == "id":
+                operand_done(name(tok))
+            elif tok == "(" or tok in UNARY_OPS:
+                pending.append(["(", col] if tok == "(" else ["u", tok, col])
+                depth += 1
+            else:
+                raise TermSyntaxError(f"unexpected {tok!r} in term {quoted} at column {col + 1}")
+            if depth > MAX_TERM_DEPTH:
+                raise TermSyntaxError(f"term {quoted} nests parentheses, calls and unary operators more than "
+                                      f"{MAX_TERM_DEPTH} deep (at column {col + 1})")
+        elif kind == "op" and tok in _PREC:  # left-associative: equal precedence applies first
+            reduce(_PREC[tok])
+            pending.append(["b", tok, col])
+            want_operand = True
+        elif tok in (")", ","):
+            reduce(0)
+            top = pending[-1] if pending else None
+            if top is None or top[0] not in ("(", "call") or (tok == "," and top[0] != "call"):
+                raise TermSyntaxError(f"unexpected {tok!r} in term {quoted} at column {col + 1}")
+            top_call = top[0] == "call"
+            if top_call:
+                top[3] += 1
+            if tok == ",":
+                want_operand = True
+            elif top_call:
+                finish_call(pending.pop())
+            else:
+                pending.pop()
+                depth -= 1
+                t = operands.pop()
+                operand_done(t)
+        else:
+            raise TermSyntaxError(f"unexpected {tok!r} in term {quoted} at column {col + 1}")
+    if want_operand:
+        raise TermSyntaxError(f"term {quoted} ends too early")
+    reduce(0)
+    if pending:
+        raise TermSyntaxError(f"expected ')' in term {quoted} at column {len(text) + 1}")
+    t = operands.pop()
+    parts, height = extent(t)  # measured as built: a long chain (a + a + ... + a) is deep without nesting
+    if height > MAX_TERM_DEPTH or parts > MAX_TERM_PARTS:
+        raise TermSyntaxError(f"term {quoted} is {height} operators deep and {parts} parts; a term is at most "
+                              f"{MAX_TERM_DEPTH} deep and {MAX_TERM_PARTS} parts")
     return t
 
 

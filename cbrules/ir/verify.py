@@ -61,6 +61,21 @@ def verify(kg: KernelGraph, ready: bool = False, structure_only: bool = False) -
                                  "(or let the shipped rules lower it), or pass barrier= and slot=", n)
 
 
+def verify_values(kg: KernelGraph) -> None:
+    """The structure (``structure_only``) and every node's values: names are identifiers, integer
+    attributes ints in range, terms printable. What holds after every rule application, so what a
+    graph read back from a file (a saved trace) is held to; uniqueness of names and the barrier
+    protocol hold only between phases."""
+    verify(kg, structure_only=True)
+    walked = list(kg.g._node)
+    for n in walked:
+        for key, name in _ident_attrs(kg, n):
+            why = problem(name, RULES)
+            if why:
+                raise GraphError("identifier", f"{kg.describe(n)}: {key} {name!r} {why[0]}; {why[1]}", n)
+    _values(kg, walked)
+
+
 def _tree(kg: KernelGraph, by_op: dict[str, list[int]] | None = None
           ) -> tuple[list[int], dict[int, int], dict[int, list[int]]]:
     """Check the scope tree; return every node, parents before children (``kg.walk()``), each

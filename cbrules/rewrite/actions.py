@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
+from ..userio import printable
 from ..ir.graph import KernelGraph
 from ..ir.ops import OPS, conflicts, nearest_conflicts_among
 from ..ir.order import kept_order, sibling_order, sibling_pairs
@@ -416,4 +417,4 @@ class Rewriter(Cloning):
         text = re.sub(r"\{(\?[\w-]+)\}", lambda m: _show(self.b.get(m.group(1), m.group(1)), self.kg),
                       str(self.value(pos[0])))
         code = str(self.value(keys["code"])) if "code" in keys else None
-        raise RuleFailure(text, code)
+        raise RuleFailure(printable(text), code)  # the rule's own text: one line, no terminal escapes

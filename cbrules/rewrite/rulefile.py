@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..shipped import RULES
+from ..userio import printable
 from .rulecheck import key_pos, check_rule, did_you_mean
 from .schema import EGGLOG_FORMS, EGGLOG_REFUSED, EggForm, split_keys
 from .sexpr import Atom, Expr, Pos, RuleError, RulePathError, SList, read, read_file, source_text
@@ -157,30 +158,58 @@ def rule_dirs(extra: Sequence[str | os.PathLike] = ()) -> list[Path]:
     return dirs
 
 
+# folders below a rule folder: the shipped rules use none; a walk this deep is a mistake or a trap
+MAX_FOLDER_DEPTH = 32
+
+
 def rule_files(folder: str | os.PathLike) -> list[Path]:
-    """The ``*.rules`` files to read for ``folder`` (a folder, searched recursively without following
-    symlinked folders, or one rule file), sorted; refuses paths that are not rules (see
-    :class:`RulePathError`). Regularity of each file is checked again when it is opened."""
+    """The ``*.rules`` files to read for ``folder`` (a folder, searched at most
+    :data:`MAX_FOLDER_DEPTH` folders deep without following symlinked folders, or one rule file),
+    sorted; refuses paths that are not rules (see :class:`RulePathError`). A symlinked rule file
+    must lead inside its folder (a file named directly: inside the folder that holds the link),
+    judged from the paths alone, before the file is opened. Regularity of each file is checked
+    again when it is opened."""
     root = _checked_path(folder, "the rule folders")
     if not root.exists():
         raise RulePathError(str(root), "rule folder does not exist")
     if root.is_file():
         if root.suffix != ".rules":  # nor echo the first words of any other file in an error
             raise RulePathError(str(root), "not a rule file: a rule file's name ends in .rules")
+        _check_link(root, root.parent)
         return [root]
     if not root.is_dir():
         raise RulePathError(str(root), "not a folder or a regular file (a FIFO, device or socket?)")
-    real_root = os.path.realpath(root)
     files = []
-    for dirpath, _dirs, names in os.walk(root):
-        for n in names:
-            if n.endswith(".rules"):
-                f = Path(dirpath) / n
-                if f.is_symlink() and os.path.commonpath([real_root, os.path.realpath(f)]) != real_root:
-                    raise RulePathError(str(f), f"symlink to {os.path.realpath(f)}, outside the rule folder "
-                                        f"{root}; copy the file into the folder instead")
-                files.append(f)
+    stack = [(root, 0)]  # an explicit stack: a folder thousands deep must not exhaust Python's
+    while stack:
+        here, depth = stack.pop()
+        try:
+            entries = list(os.scandir(here))
+        except OSError as e:
+            raise RulePathError(str(here), f"cannot list the rule folder: {e.strerror or e}") from None
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.is_dir(follow_symlinks=False):
+                if depth + 1 > MAX_FOLDER_DEPTH:
+                    raise RulePathError(str(path), f"more than {MAX_FOLDER_DEPTH} folders below the rule folder "
+                                        f"{printable(root)}; keep rule files at most {MAX_FOLDER_DEPTH} folders "
+                                        "deep")
+                stack.append((path, depth + 1))
+            elif entry.name.endswith(".rules"):
+                _check_link(path, root)
+                files.append(path)
     return sorted(files)
+
+
+def _check_link(f: Path, inside: Path) -> None:
+    """Refuse the rule file ``f`` when it is a symlink that leads out of the folder ``inside`` (it
+    is not opened: its text could end up in the error)."""
+    if not f.is_symlink():
+        return
+    real, real_root = os.path.realpath(f), os.path.realpath(inside)
+    if os.path.commonpath([real_root, real]) != real_root:
+        raise RulePathError(str(f), f"symlink to {printable(real)}, outside the rule folder {printable(inside)}; "
+                            "copy the file into the folder instead")
 
 
 def load(dirs: Optional[Sequence[str | os.PathLike]] = None, *, check_egglog: bool = False) -> RuleSet:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import gc
 import os
 import re
-import stat
 from dataclasses import dataclass
 from typing import Union
 
 from ..errors import CbrulesError
+from ..userio import NotRegularFile, printable, read_regular
 
 # Bounds applied before anything else (egglog included) sees the text: the shipped rules nest 8
 # deep and are 20 KiB; egglog's parser overflows its stack near 10,000 levels.
@@ -35,7 +35,7 @@ class Pos:
     col: int
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}"
+        return f"{printable(self.file)}:{self.line}:{self.col}"  # a file name prints as one line
 
 
 class RuleError(CbrulesError):
@@ -52,7 +52,7 @@ class RulePathError(RuleError):
     regular file, a symlink leading out of its folder, too large; the message starts with the path."""
 
     def __init__(self, path: str, message: str):
-        Exception.__init__(self, f"{path if path and path.isprintable() else repr(path)}: {message}")
+        Exception.__init__(self, f"{printable(path) if path else repr(path)}: {message}")
         self.pos = Pos(path, 0, 0)
         self.detail = message
 
@@ -145,18 +145,12 @@ def read_file(path: Union[str, os.PathLike]) -> str:
     """The text of the rule file at ``path``: a regular file of at most :data:`MAX_FILE_BYTES`,
     strict UTF-8 without NUL bytes; anything else is a :class:`RuleError` naming the file."""
     file = str(path)
-    # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-    try:
-        fd = os.open(path, flags)
+    try:  # refused before it is opened: a FIFO or device may never end
+        data = read_regular(path, MAX_FILE_BYTES, "rule files")
+    except NotRegularFile as e:
+        raise RulePathError(file, f"not a regular file: {e.strerror}") from None
     except OSError as e:
-        raise RulePathError(file, f"cannot open the rule file: {e.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise RulePathError(file, "not a regular file (a FIFO, device or socket?); rule files "
-                                "must be plain files")
-        data = f.read(MAX_FILE_BYTES + 1)
+        raise RulePathError(file, f"cannot read the rule file: {e.strerror or e}") from None
     if len(data) > MAX_FILE_BYTES:
         raise RulePathError(file, f"rule file larger than {MAX_FILE_BYTES // 2 ** 20} MiB; split it")
     return decode(data, file)
