@@ -59,8 +59,7 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
     (e.g. the SM count) that each walk tiles blockIdx.x, blockIdx.x + P, ...; warp-specialized, the
     producer loads the next tile while the consumers store the last (otherwise each tile's K loop is
     pipelined on its own). ``store_swizzle=True`` stages C in the swizzle of its output box's rows (the
-    TMA store's map swizzles), so the epilogue's shared writes go without bank conflicts (measured on
-    the H200: +2 to +6 % against dense staging); ``None`` (the default) does so wherever a box row spans
+    TMA store's map swizzles), so the epilogue's shared writes go without bank conflicts; ``None`` (the default) does so wherever a box row spans
     32, 64 or 128 bytes, ``False`` stages dense."""
     out_dtype = dtype if out_dtype is None else out_dtype
     if dtype not in MMA_DTYPES or out_dtype not in OUT_DTYPES:
