@@ -250,7 +250,8 @@ def _stages(text: str):
 
 def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
     if check:  # the CPU checker needs a built-in kernel's small shapes per trip count, and picks them itself
-        p.add_argument("kernel", help="a built-in circular-buffered kernel name (see `cbrules kernels`)")
+        p.add_argument("kernel", help="a built-in circular-buffered kernel name (see `cbrules kernels`) or a Python "
+                       "file defining build(), inputs(shape, rng), reference(inputs) and OUTPUTS")
     else:
         p.add_argument("kernel", help="a built-in kernel name (see `cbrules kernels`) or a Python file defining "
                        "build() (trace: also a saved FILE.cbtrace)")
@@ -263,7 +264,10 @@ def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
                    "after the block's threads, issues the loads; the block's threads compute")
     p.add_argument("--registers", metavar="P,C", help="with --warp-specialize: registers of each producer and "
                    "each consumer thread (setmaxnreg), e.g. 40,232")
-    if not check:
+    if check:
+        p.add_argument("--shape", help="one case at this problem shape, e.g. 3,1000, instead of the small shapes "
+                       "of trip counts 0..4S")
+    else:
         p.add_argument("--shape", help="problem shape, e.g. 1048576 or 500,1024 (also picks build-time sizes)")
     p.add_argument("--dtype", choices=["float32", *HALF_DTYPES], help="type of the kernel's tensors (default "
                    "float32, or the kernel's first: bfloat16 for matmul_tc; float16/bfloat16 are stored as such and "

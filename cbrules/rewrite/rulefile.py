@@ -19,7 +19,7 @@ import heapq
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from ..shipped import RULES
 from .rulecheck import key_pos, check_rule, did_you_mean
@@ -181,6 +181,14 @@ def rule_files(folder: str | os.PathLike) -> list[Path]:
                                         f"{root}; copy the file into the folder instead")
                 files.append(f)
     return sorted(files)
+
+
+def rule_set(rules: Union[None, "RuleSet", Sequence[str | os.PathLike]] = None) -> "RuleSet":
+    """A rule set: given as is, or loaded from the shipped folder, ``$CBRULES_RULES`` and the extra
+    folders in ``rules``."""
+    if isinstance(rules, RuleSet):
+        return rules
+    return load(rule_dirs(rules or ()))
 
 
 def load(dirs: Optional[Sequence[str | os.PathLike]] = None, *, check_egglog: bool = False) -> RuleSet:
