@@ -35,8 +35,9 @@ EXIT_CODES = ("exit codes: 0 success; 1 a named error (the kernel, the rules or 
 
 def cmd_kernels(a) -> int:
     from .kernels import CATALOG
+    width = max(map(len, CATALOG))
     for name, doc in sorted(CATALOG.items()):
-        print(f"{name:16s} {doc}")
+        print(f"{name:{width}s}  {doc}")
     return 0
 
 
@@ -59,7 +60,7 @@ def cmd_lower(a) -> int:
     built = _kernel(a, spec)
     kg = api.lower(built, **_lower_options(a))
     print(options.describe(kg, built.graph))
-    print(print_program(schedule(kg)))
+    print(print_program(schedule(kg), ids=True))  # #id: the node ids --debug and `cbrules trace` name
     if kg.trace is not None:
         print("\n".join(trace.describe(r) for r in kg.trace.records))
     return 0
@@ -123,6 +124,14 @@ def cmd_trace(a) -> int:
         raise CliError("trace needs a query (counts, log, history, why-not, graph, dot, cuda), --html FILE or "
                        "--save FILE")
     answer = _trace_query(a, t, kg)
+    if a.query == "log" and not answer:  # as grep does: exit 1, and say so rather than print an empty line
+        asked = ", ".join(f"{k} {v}" for k, v in (("rule", a.rule), ("phase", a.phase), ("node", a.node))
+                          if v is not None)
+        if a.json:
+            print(json.dumps({"query": a.query, "options": dict(options.effective(kg)), "answer": []}))
+        _error(f"nothing matched: no rule application with {asked or 'any rule'} among the trace's "
+               f"{len(t.records)} records (`cbrules trace {name} counts` lists the rules that fired)")
+        return 1
     if a.json:
         print(json.dumps({"query": a.query, "options": dict(options.effective(kg)), "answer": answer}, indent=1,
                          default=str))
@@ -192,18 +201,22 @@ def cmd_compile(a) -> int:
         _write(a.output, text)
     elif not a.quiet:
         print(text)
-    print(summary)
+    print(summary, file=sys.stderr)  # stdout holds only the source: `cbrules compile K > k.cu` is clean
     return 0
 
 
 def cmd_run(a) -> int:
     from .codegen import runtime
     spec = load_kernel(a.kernel)
-    ck, summary = _compile(spec, _kernel(a, spec), **_lower_options(a))
-    print(summary)
-    if not runtime.gpu_available():
-        raise CliError("no compute-capability 9.x GPU here: `cbrules run` needs a Hopper GPU "
-                       "(`cbrules compile` works without one)")
+    kernel = _kernel(a, spec)
+    if spec.inputs is None or spec.reference is None:
+        raise CliError(f"{spec.name}: the kernel file defines no inputs()/reference(), so it cannot be run")
+    ck, summary = _compile(spec, kernel, **_lower_options(a))
+    print(summary, file=sys.stderr)
+    if not runtime.gpu_available():  # not a wrong command line (exit 2): the machine lacks the GPU (exit 1)
+        from .codegen.errors import NoGpuError
+        raise NoGpuError("no compute-capability 9.x GPU here: `cbrules run` needs a Hopper GPU "
+                         "(`cbrules compile` and `cbrules check` work without one)")
     return 0 if _run(spec, ck, _shape(a, spec), a.reps, dtype=_dtype(a, spec)) else 1
 
 

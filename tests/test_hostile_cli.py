@@ -107,7 +107,7 @@ CASES = [
     # check
     (["check", "single_dim", "--stages", "1000"], 2, "1 <= S <= 16"),
     (["check", "single_dim", "--stages", "0"], 2, "1 <= S <= 16"),
-    (["check", "single_dim", "--shape", "1024"], 2, "unrecognized arguments: --shape"),  # check has no --shape (its help neither)
+    (["check", "single_dim", "--shape", "1024,3"], 2, "single_dim takes 1 size(s)"),  # one case at --shape
     (["check", "exp1d_tma"], 2, "needs a built-in circular-buffered kernel"),
     (["check", "{syntax}"], 2, "syntax error in kernel file"),
     (["check", "single_dim", "--rules", ""], 2, "--rules ''"),

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-from ..shipped import RULES
+from ..shipped import RULES, shown
 from .rulecheck import key_pos, check_rule, did_you_mean
 from .schema import EGGLOG_FORMS, EGGLOG_REFUSED, EggForm, split_keys
 from .sexpr import Atom, Expr, Pos, RuleError, RulePathError, SList, read, read_file, source_text
@@ -66,9 +66,8 @@ class GraphRule:
 
     @property
     def at(self) -> str:
-        """``file:line`` of the rule, relative to the working directory when it lies below it."""
-        rel = os.path.relpath(self.pos.file)
-        return f"{self.pos.file if rel.startswith('..') else rel}:{self.pos.line}"
+        """``file:line`` of the rule, its file as :func:`cbrules.shipped.shown` shows it."""
+        return f"{shown(self.pos.file)}:{self.pos.line}"
 
 
 @dataclass
@@ -158,9 +157,10 @@ def rule_dirs(extra: Sequence[str | os.PathLike] = ()) -> list[Path]:
 
 
 def rule_files(folder: str | os.PathLike) -> list[Path]:
-    """The ``*.rules`` files to read for ``folder`` (a folder, searched recursively without following
-    symlinked folders, or one rule file), sorted; refuses paths that are not rules (see
-    :class:`RulePathError`). Regularity of each file is checked again when it is opened."""
+    """The ``*.rules`` files to read for ``folder`` (the files directly in a folder, or one rule file),
+    sorted; refuses paths that are not rules (see :class:`RulePathError`). Sub-folders are not read:
+    a folder is one rule set, so ``--rules .`` does not also pick up a copy or a backup below it (pass
+    ``--rules`` once per folder). Regularity of each file is checked again when it is opened."""
     root = _checked_path(folder, "the rule folders")
     if not root.exists():
         raise RulePathError(str(root), "rule folder does not exist")
@@ -172,14 +172,13 @@ def rule_files(folder: str | os.PathLike) -> list[Path]:
         raise RulePathError(str(root), "not a folder or a regular file (a FIFO, device or socket?)")
     real_root = os.path.realpath(root)
     files = []
-    for dirpath, _dirs, names in os.walk(root):
-        for n in names:
-            if n.endswith(".rules"):
-                f = Path(dirpath) / n
-                if f.is_symlink() and os.path.commonpath([real_root, os.path.realpath(f)]) != real_root:
-                    raise RulePathError(str(f), f"symlink to {os.path.realpath(f)}, outside the rule folder "
-                                        f"{root}; copy the file into the folder instead")
-                files.append(f)
+    for n in os.listdir(root):
+        f = root / n
+        if n.endswith(".rules") and not (f.is_dir() and not f.is_symlink()):
+            if f.is_symlink() and os.path.commonpath([real_root, os.path.realpath(f)]) != real_root:
+                raise RulePathError(str(f), f"symlink to {os.path.realpath(f)}, outside the rule folder "
+                                    f"{root}; copy the file into the folder instead")
+            files.append(f)
     return sorted(files)
 
 
