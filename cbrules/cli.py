@@ -302,7 +302,7 @@ DEBUG_HELP = "record every rule application and print them after the program (al
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command line: one sub-parser per command (README's command table lists the same)."""
+    """The command line: one sub-parser per command (docs/cli.md's command table lists the same)."""
     p = argparse.ArgumentParser(prog="cbrules", description="Declarative rules that turn GPU kernels into "
                                 "TMA circular-buffered Hopper kernels.", epilog=EXIT_CODES)
     p.add_argument("--version", action="version", version=f"cbrules {__version__}")

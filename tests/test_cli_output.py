@@ -75,6 +75,12 @@ def test_paths_are_short_from_any_working_directory(tmp_path, monkeypatch, capsy
     assert main(["trace", "multi_dim", "history", "--node", "13"]) == 0
     out = capsys.readouterr().out
     assert str(ROOT) not in out and "rules/circular_buffer.rules:" in out
+    assert main(["trace", "multi_dim", "cuda"]) == 0  # the annotated CUDA
+    out = capsys.readouterr().out
+    assert str(ROOT) not in out and "from build @ cbrules/kernels/tiled2d.py:" in out
+    assert main(["trace", "multi_dim", "--html", "steps.html"]) == 0  # the viewer
+    page = (tmp_path / "steps.html").read_text()
+    assert str(ROOT) not in page and "rules/circular_buffer.rules:" in page
 
 
 def test_kernels_line_up():

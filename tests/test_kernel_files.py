@@ -1,6 +1,6 @@
 """Kernel files are first-class: the command line's options reach build() when it takes them and are
 refused by name when it does not; `cbrules check FILE` runs a file that defines inputs, reference and
-OUTPUTS (TOLERANCE optional); the README's example file (examples/rms_norm.py) runs on the CPU here and
+OUTPUTS (TOLERANCE optional); the example file of docs/kernel-files.md (examples/rms_norm.py) runs on the CPU here and
 on the H200 in test_traps_gpu.py."""
 import runpy
 import textwrap
