@@ -115,6 +115,15 @@ def test_the_readmes_python_tour_runs_without_a_gpu(monkeypatch, capsys):
     assert "9 trip counts: 9 ok, 0 failed" in out and "compiled, not run" in out
 
 
+@pytest.mark.gpu
+def test_the_readmes_python_tour_launches_on_a_gpu(monkeypatch, capsys):
+    code = _marked_blocks((ROOT / "README.md").read_text(), "python")["tour"]
+    monkeypatch.chdir(ROOT)
+    exec(compile(code, "README.md (tour)", "exec"), {})
+    err = float(re.search(r"max error (\S+)", capsys.readouterr().out).group(1))
+    assert err < 1e-4  # float32 exp and log on the device against numpy
+
+
 # ---- the commands, as written
 
 GPU_COMMANDS = ("run", "demo")
@@ -242,3 +251,34 @@ def test_a_mentioned_command_runs(workdir, monkeypatch, where, command):
         return  # a command's name in prose (`cbrules check`), not a command line
     code, got = _run(" ".join(shlex.quote(w) for w in words))
     assert code == 0, f"{where}: `{command}` exited {code}:\n{got[-3000:]}"
+
+
+# ---- links between the documents
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+PENDING = {"docs/fragments.md"}  # written by another change; linked ahead of it
+
+
+def test_every_relative_link_leads_somewhere():
+    broken = []
+    for f in DOCS + [ROOT / "benchmarks" / "FINDINGS.md"]:
+        text = re.sub(r"```.*?```", "", f.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (f.parent / path).resolve() if path else f
+            if dest.relative_to(ROOT).as_posix() in PENDING:
+                continue
+            if not dest.exists():
+                broken.append(f"{f.relative_to(ROOT)}: {target}")
+            elif anchor and dest.suffix == ".md":
+                heads = {_slug(h) for h in re.findall(r"^#+ (.*)$", dest.read_text(), re.M)}
+                if anchor not in heads:
+                    broken.append(f"{f.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
