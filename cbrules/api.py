@@ -1,4 +1,4 @@
-"""The pipeline in one place: build -> lower (rules) -> schedule -> codegen -> compile -> launch."""
+"""The pipeline in one place: build -> lower (rules) -> schedule -> codegen -> compile -> launch, and the CPU check."""
 from __future__ import annotations
 
 import os
