@@ -43,7 +43,7 @@ VARIANTS = {
     "256x128x64 S=3": {"stages": 3, "bm": 256, "bn": 128},
     "128x256x32 S=6": {"stages": 6, "bk": 32},
     "128x256x64 S=4 no register sharing": {"stages": 4, "registers": None},
-    # the levers of the 8192^3 profile (benchmarks/profile_tc.py): measured on every run
+    # the levers of the epilogue and the tile order: measured on every run
     "128x256x64 S=4 dense store staging": {"stages": 4, "store_swizzle": False},
     "128x256x64 S=4 group_m=16": {"stages": 4, "group_m": 16},
     "128x256x64 S=4 swizzled store, group_m=16": {"stages": 4, "store_swizzle": True, "group_m": 16},
@@ -102,30 +102,6 @@ def write_rows(path: Path, rows: list, rounds: int, device: str, **meta) -> dict
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **meta}
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return meta
-
-
-def probe_parser(description: str):
-    """The options every hand-edit probe of matmul_tc takes (pingpong_probe.py, persist_probe.py)."""
-    import argparse
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--out", required=True)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--blocks", type=int, default=132, help="persistent blocks (the H200's SM count)")
-    p.add_argument("--cpu", action="store_true", help="only generate and compile the variants (no GPU)")
-    return p
-
-
-def probe_rows(shape: tuple, secs: dict, errs: dict, tol: float, checked) -> list[dict]:
-    """The probes' rows (TFLOP/s, ms, ok: None where ``checked(label)`` says the variant computes no c), printed."""
-    m, n, k = shape
-    rows = []
-    for name in secs:
-        ok = errs[name] <= tol if checked(name) else None
-        tf = 2.0 * m * n * k / secs[name] / 1e12
-        rows.append({"shape": [m, n, k], "variant": name, "tflops": tf, "ms": secs[name] * 1e3, "ok": ok})
-        print(f"{m}x{n}x{k} {name}: {tf:.1f} TFLOP/s ({secs[name] * 1e3:.3f} ms)"
-              f"{'' if ok is not False else ' WRONG err %.3g' % errs[name]}", flush=True)
-    return rows
 
 
 def _sass_summary(ck, out: Path, stem: str) -> dict:

@@ -84,11 +84,11 @@ def dry_run(ops: list[str], shapes_arg, out: Path, meta: dict, dtype: str = "flo
                 fake("generated", label, peak * rng.uniform(0.3, 0.97), stages=s, resources=res, compile_s=secs,
                      kernel=describe(name, shape, dtype, ts), tma_store=ts)
             try:
-                s = chosen_stages(name, shape)
-                ck, secs = compile_generated(name, shape, "auto", cache)
+                s = chosen_stages(name, shape, dtype)
+                ck, secs = compile_generated(name, shape, "auto", cache, dtype)
                 print(f"  {name} {sl} S=auto ({s}): compiled in {secs:.2f} s", flush=True)
                 fake("generated-auto", f"S=auto ({s})", peak * rng.uniform(0.3, 0.97), stages=s,
-                     resources=resources(ck), compile_s=secs, kernel=describe(name, shape))
+                     resources=resources(ck), compile_s=secs, kernel=describe(name, shape, dtype))
             except Exception as e:
                 failed += 1
                 print(f"  {name} {sl} S=auto: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)

@@ -181,15 +181,15 @@ def main(argv=None) -> int:
                 del bound
         if "generated-auto" in impls:  # stages="auto": the S the rules choose, beside the swept ones
             try:
-                s = chosen_stages(a.op, shape)
-                ck, secs = compile_generated(a.op, shape, "auto", ck_cache)
+                s = chosen_stages(a.op, shape, a.dtype)
+                ck, secs = compile_generated(a.op, shape, "auto", ck_cache, a.dtype)
                 bound = ck.bind(**t)
             except Exception as e:
                 emit(dict(base, impl="generated-auto", variant="S=auto", error=f"{type(e).__name__}: {str(e)[:300]}",
                           traceback=traceback.format_exc()[-2000:]))
             else:
                 measure("generated-auto", f"S=auto ({s})", bound.launch, stages=s, resources=resources(ck),
-                        compile_s=secs, grid=list(bound.grid), kernel=describe(a.op, shape))
+                        compile_s=secs, grid=list(bound.grid), kernel=describe(a.op, shape, a.dtype))
                 del bound
         if "generated-ws" in impls and a.dtype == "float32":
             for s, regs in WS_VARIANTS:

@@ -1,4 +1,4 @@
-"""The pipeline in one place: build -> lower (rules) -> schedule -> codegen -> compile -> launch."""
+"""The pipeline in one place: build -> lower (rules) -> schedule -> codegen -> compile -> launch, and the CPU check."""
 from __future__ import annotations
 
 import os
@@ -20,9 +20,7 @@ def _graph(kernel: KernelLike) -> KernelGraph:
 def load_rules(rules: RulesLike = None) -> rulefile.RuleSet:
     """A rule set: given as is, or loaded from the shipped folder, ``$CBRULES_RULES`` and the
     extra folders in ``rules``."""
-    if isinstance(rules, rulefile.RuleSet):
-        return rules
-    return rulefile.load(rulefile.rule_dirs(rules or ()))
+    return rulefile.rule_set(rules)
 
 
 def debug_default() -> bool:
@@ -77,3 +75,101 @@ def ptx(kernel: KernelLike, *, annotate: bool = False, options: Sequence[str] = 
     from .codegen.nvrtc import compile_ptx
     src = generate(kernel, annotate=annotate, **lower_options)
     return compile_ptx(src.text, src.name, options=options)
+
+
+def check(kernel, inputs=None, reference=None, *, trips=None, outputs: Optional[Sequence[str]] = None,
+          tolerance: tuple = (1e-5, 1e-6), stages=None, prefetch: Optional[int] = None, war: Optional[str] = None,
+          warp_specialize: bool = False, registers: Optional[tuple] = None, dtype: str = "float32",
+          tma_store: bool = False, swizzle: str = "none", sample: bool = False, seed: int = 0,
+          rules: RulesLike = None, on_case=None):
+    """Check a kernel's lowering on the CPU, as ``cbrules check`` does: lower it, interpret the lowered
+    kernel with the barrier-protocol checks on, interpret the kernel before lowering on the same inputs,
+    and compare the two with each other and with ``reference``. No GPU is used. Returns a
+    :class:`cbrules.check.CheckReport` (``.ok``, ``.cases``, ``.failures``; ``str()`` is the table);
+    a failing kernel is reported there, not raised.
+
+    ``kernel`` is a :class:`Kernel` you built, a built-in kernel's name (``"single_dim"``) or the path
+    of a kernel file.
+
+    For a :class:`Kernel`, ``inputs`` is the launch arguments (``{name: numpy array or scalar}``,
+    outputs included: fill them with NaN), or a function ``inputs(trips)`` returning the arguments of
+    a problem whose circular-buffered loop runs ``trips`` times; then every trip count in ``trips``
+    runs (default ``0 .. 4*S``, S the loop's stages; trip count 0 caps the loop at 0 iterations and is
+    compared with the kernel before lowering only). ``reference`` is ``reference(inputs) -> {output:
+    array}`` (or that dict), numpy's answer; without it the lowered kernel is compared with the kernel
+    before lowering only. ``outputs`` defaults to every tensor the kernel writes; ``tolerance`` is
+    ``(rtol, atol)``. The kernel's own ``circular_buffer(...)`` says how it is pipelined.
+
+    For a name or a kernel file, inputs, reference, outputs and tolerances are the kernel's own;
+    ``stages`` (default 3), ``prefetch``, ``war``, ``warp_specialize``, ``registers``, ``dtype``,
+    ``tma_store`` and ``swizzle`` build it as the command line's options do, and ``trips`` defaults
+    to ``0 .. 4*S``.
+
+    ``sample``: interpret a sample of the blocks only; ``rules``: extra rule folders (or a rule set);
+    ``on_case(result)`` is called as each case finishes."""
+    from .check import CheckReport, Checker, trip_counts
+    spec, default_trips, stages, built = _check_spec(kernel, inputs, reference, outputs, tolerance, stages,
+                                              {"prefetch": prefetch, "war": war, "registers": registers,
+                                               "warp_specialize": warp_specialize or None})
+    checker = Checker(blocks="sample" if sample else None, seed=seed, dtype=dtype, tma_store=tma_store,
+                      swizzle=swizzle, rules=load_rules(rules))
+    if trips is None:
+        trips = default_trips if default_trips is not None else trip_counts(stages)
+    cases = []
+    for t in ([None] if trips == [None] else [int(t) for t in trips]):
+        r = checker.check(spec, t, stages, prefetch, war, shape=spec.default_shape if t is None else None,
+                          warp_specialize=bool(warp_specialize), registers=registers)
+        if built and spec.outputs:  # a Kernel's "shape" is the case's trip count: show its first output's
+            r.shape = tuple(getattr(checker.inputs(spec, r.shape)[spec.outputs[0]], "shape", ()))
+        cases.append(r)
+        if on_case is not None:
+            on_case(r)
+    return CheckReport(spec.name, cases)
+
+
+def _check_spec(kernel, inputs, reference, outputs, tolerance, stages, options: dict):
+    """(KernelSpec, trips or None, stages, whether it wraps a Kernel) for :func:`check`."""
+    import dataclasses
+
+    from .kernels.specs import KernelSpec
+    if isinstance(kernel, (str, os.PathLike)):
+        from .kernelfile import load_kernel
+        kernel = load_kernel(os.fspath(kernel))
+    if isinstance(kernel, KernelSpec):
+        if inputs is not None or reference is not None or outputs is not None:
+            raise TypeError(f"check({kernel.name!r}): a built-in kernel or kernel file brings its own inputs, "
+                            "reference and outputs; build a Kernel to check it with yours")
+        if kernel.inputs is None or not kernel.outputs or (kernel.reference is None):
+            raise ValueError(f"{kernel.name}: checking needs inputs(shape, rng), reference(inputs) and OUTPUTS")
+        stages = 3 if stages is None else stages
+        if stages == "auto":
+            raise ValueError("check(stages='auto'): the checker runs trip counts around a given S; give a number")
+        one_case = [None] if kernel.shape_for_trips is None else None
+        return kernel, one_case, stages, False
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"check() takes a Kernel, a built-in kernel's name or a kernel file's path, "
+                        f"not {type(kernel).__name__}")
+    given = [k for k, v in dict(options, stages=stages).items() if v is not None]
+    if given:
+        raise TypeError(f"check(Kernel): {', '.join(given)} belong to the kernel itself; pass them to "
+                        "circular_buffer(...) when building it")
+    if inputs is None:
+        raise TypeError("check(Kernel) needs inputs: the launch arguments, or inputs(trips) returning them")
+    params = kernel.graph.params()
+    outputs = tuple(outputs) if outputs is not None else tuple(
+        n for n, p in params.items() if p.kind == "tensor" and p.written)
+    want = reference if reference is None or callable(reference) else (lambda _args, r=reference: dict(r))
+    fresh = lambda args: {k: v.copy() if hasattr(v, "copy") else v for k, v in args.items()}  # noqa: E731
+    cb = [n for n in kernel.graph.nodes("for") if "circular_buffer" in (kernel.graph[n].get("annotations") or {})]
+    most = max((s for n in cb if isinstance(s := kernel.graph[n]["annotations"]["circular_buffer"].get("stages"),
+                                              int)), default=4)
+    spec = KernelSpec(kernel.graph.kernel()["name"], "", lambda **_: kernel, None, want, outputs, (0,),
+                      tolerance=lambda s: tuple(tolerance), pipelined=False)
+    if callable(inputs):  # the trip count is the case's "shape"
+        spec = dataclasses.replace(spec, inputs=lambda shape, rng: fresh(inputs(shape[0])),
+                                   shape_for_trips=lambda t: (t,))
+        trips = None
+    else:
+        spec = dataclasses.replace(spec, inputs=lambda shape, rng: fresh(inputs))
+        trips = [None]
+    return spec, trips, most, True

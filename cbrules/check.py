@@ -18,9 +18,9 @@ from typing import Optional
 
 import numpy as np
 
-from . import api
 from .ir.bind import BlocksLike, LaunchError
 from .ir.terms import call, const
+from .rewrite import engine, rulefile
 from .rewrite.engine import LoweringError
 from .errors import CbrulesError
 from .reference.interp import SCHEDULES, Program, prepare, run
@@ -66,10 +66,31 @@ class CaseResult:
     seconds: float = 0.0
     warp_specialize: bool = False
     registers: Optional[tuple] = None
+    tolerance: Optional[tuple] = None  # (rtol, atol) the outputs were compared with
 
     @property
     def ok(self) -> bool:
         return self.status != "FAIL"
+
+
+@dataclass
+class CheckReport:
+    """What :func:`cbrules.api.check` found: one :class:`CaseResult` per trip count (or one case)."""
+
+    kernel: str
+    cases: list
+
+    @property
+    def ok(self) -> bool:
+        """True when no case failed (a lowering, a protocol check or a comparison)."""
+        return all(c.ok for c in self.cases)
+
+    @property
+    def failures(self) -> list:
+        return [c for c in self.cases if not c.ok]
+
+    def __str__(self) -> str:
+        return summary_table(self.cases) + "\n" + summary_line(self.cases)
 
 
 def _max_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -94,12 +115,13 @@ class Checker:
         """``dtype``: the kernels' tensor type (inputs are rounded to it, tolerances follow it);
         ``tma_store``: lowered kernels write their output tiles by TMA store (the unlowered kernel, the
         reference, stores per thread); ``swizzle``: lowered kernels read swizzled input tiles;
-        ``lower_options`` go to :func:`cbrules.api.lower`
-        (``rules=[folder]`` adds rule folders)."""
+        ``lower_options`` go to the rule engine's ``lower``
+        (``rules=[folder]`` adds rule folders, ``time_limit`` bounds a lowering)."""
         self.blocks, self.seed, self.dtype, self.lower_options = blocks, seed, dtype, dict(lower_options)
         self.tma_store, self.swizzle = tma_store, swizzle
         # read the rule files once, not at every lowering
-        self.lower_options["rules"] = api.load_rules(self.lower_options.get("rules"))
+        self.lower_options["rules"] = rulefile.rule_set(self.lower_options.get("rules"))
+        self.lower_options.pop("debug", None)  # no trace: the checker reads none
         self._lowered: dict = {}
         self._inputs: dict = {}
         self._unlowered: dict = {}
@@ -109,7 +131,7 @@ class Checker:
         """The lowered kernel of the case, ready to run (a :class:`LoweringError` is cached and raised
         again)."""
         built = trips if trips is None else max(trips, 1)  # trip count 0: the kernel of 1, capped at 0
-        params = {**spec.build_params(tuple(shape)), **spec.trips_params(built)}
+        params = {**spec.build_params(tuple(shape)), **(spec.trips_params(built) if built is not None else {})}
         key = (_spec_key(spec), stages, prefetch, war, warp_specialize, registers, self.dtype, self.tma_store, self.swizzle,
                tuple(sorted(params.items())), trips == 0)
         ws = {"warp_specialize": True, "registers": registers} if warp_specialize else {"registers": registers}
@@ -117,8 +139,8 @@ class Checker:
             try:
                 kernel = spec.build(shape, trips=built, stages=stages, prefetch=prefetch, war=war,
                                     dtype=self.dtype, tma_store=self.tma_store, swizzle=self.swizzle, **ws)
-                self._lowered[key] = prepare(api.lower(_zero_trips(kernel) if trips == 0 else kernel,
-                                                       **self.lower_options))
+                graph = _zero_trips(kernel) if trips == 0 else kernel.graph
+                self._lowered[key] = prepare(engine.lower(graph, **self.lower_options).graph)
             except (LoweringError, InterpError) as e:  # InterpError: a term the interpreter does not model
                 self._lowered[key] = e
         got = self._lowered[key]
@@ -201,9 +223,10 @@ class Checker:
         except (LaunchError, TmaLimitError, InterpError) as e:
             res.detail = f"the unlowered kernel fails: {type(e).__name__}: {e}"
             return
+        res.tolerance = spec.tolerances(tuple(res.shape), self.dtype)
         problems, res.err_numpy, res.err_unlowered = compare(spec, res.shape, args, got, before,
                                                              sampled=self.blocks is not None, dtype=self.dtype,
-                                                             numpy=res.trips != 0)
+                                                             numpy=res.trips != 0 and spec.reference is not None)
         res.status, res.detail = ("FAIL", "; ".join(problems)) if problems else ("ok", "")
 
 
@@ -242,16 +265,28 @@ def trip_counts(stages: int) -> range:
     return range(0, 4 * stages + 1)
 
 
-TABLE_HEADER = f"{'trips':>5}  {'shape':<12} {'result':<8} {'vs numpy':>9} {'vs before':>9} {'time':>7}  detail"
+# errors: the largest absolute difference over every element of the outputs, in the outputs' own units
+TABLE_HEADER = (f"{'trips':>5}  {'shape':<12} {'result':<8} {'|err| numpy':>11} {'|err| before':>12} "
+                f"{'rtol, atol':>15} {'time':>7}  detail")
+TABLE_NOTE = ("|err|: the largest absolute difference of any output element from numpy's answer and from the "
+              "kernel before lowering; a case passes where every element is within atol + rtol * |expected|")
 
 
 def table_row(r: CaseResult) -> str:
     """One trip count's line of the results table (under :data:`TABLE_HEADER`)."""
     fmt = lambda x: "-" if x is None else f"{x:.2g}"  # noqa: E731
-    return (f"{'-' if r.trips is None else r.trips:>5}  {'x'.join(map(str, r.shape)):<12} {r.status:<8} {fmt(r.err_numpy):>9} "
-            f"{fmt(r.err_unlowered):>9} {r.seconds:>6.2f}s  {r.detail}")
+    tol = "-" if r.tolerance is None else f"{r.tolerance[0]:.2g}, {r.tolerance[1]:.2g}"
+    return (f"{'-' if r.trips is None else r.trips:>5}  {'x'.join(map(str, r.shape)):<12} {r.status:<8} "
+            f"{fmt(r.err_numpy):>11} {fmt(r.err_unlowered):>12} {tol:>15} {r.seconds:>6.2f}s  {r.detail}")
 
 
 def summary_table(results: list[CaseResult]) -> str:
     """The results as a fixed-width table, one line per trip count."""
     return "\n".join([TABLE_HEADER, *(table_row(r) for r in results)])
+
+
+def summary_line(results: list[CaseResult]) -> str:
+    """``N trip counts: K ok, F failed`` (``case`` for one case without a trip count)."""
+    failed = sum(not r.ok for r in results)
+    what = "case" if len(results) == 1 and results[0].trips is None else "trip counts"
+    return f"{len(results)} {what}: {len(results) - failed} ok, {failed} failed"

@@ -34,8 +34,9 @@ EXIT_CODES = ("exit codes: 0 success; 1 a named error (the kernel, the rules or 
 
 def cmd_kernels(a) -> int:
     from .kernels import CATALOG
+    width = max(map(len, CATALOG))
     for name, doc in sorted(CATALOG.items()):
-        print(f"{name:16s} {doc}")
+        print(f"{name:{width}s}  {doc}")
     return 0
 
 
@@ -58,7 +59,7 @@ def cmd_lower(a) -> int:
     built = _kernel(a, spec)
     kg = api.lower(built, **_lower_options(a))
     print(options.describe(kg, built.graph))
-    print(print_program(schedule(kg)))
+    print(print_program(schedule(kg), ids=True))  # #id: the node ids --debug and `cbrules trace` name
     if kg.trace is not None:
         print("\n".join(trace.describe(r) for r in kg.trace.records))
     return 0
@@ -122,6 +123,14 @@ def cmd_trace(a) -> int:
         raise CliError("trace needs a query (counts, log, history, why-not, graph, dot, cuda), --html FILE or "
                        "--save FILE")
     answer = _trace_query(a, t, kg)
+    if a.query == "log" and not answer:  # as grep does: exit 1, and say so rather than print an empty line
+        asked = ", ".join(f"{k} {v}" for k, v in (("rule", a.rule), ("phase", a.phase), ("node", a.node))
+                          if v is not None)
+        if a.json:
+            print(json.dumps({"query": a.query, "options": dict(options.effective(kg)), "answer": []}))
+        _error(f"nothing matched: no rule application with {asked or 'any rule'} among the trace's "
+               f"{len(t.records)} records (`cbrules trace {name} counts` lists the rules that fired)")
+        return 1
     if a.json:
         print(json.dumps({"query": a.query, "options": dict(options.effective(kg)), "answer": answer}, indent=1,
                          default=str))
@@ -191,18 +200,22 @@ def cmd_compile(a) -> int:
         _write(a.output, text)
     elif not a.quiet:
         print(text)
-    print(summary)
+    print(summary, file=sys.stderr)  # stdout holds only the source: `cbrules compile K > k.cu` is clean
     return 0
 
 
 def cmd_run(a) -> int:
     from .codegen import runtime
     spec = load_spec(a)
-    ck, summary = _compile(spec, _kernel(a, spec), **_lower_options(a))
-    print(summary)
-    if not runtime.gpu_available():
-        raise CliError("no compute-capability 9.x GPU here: `cbrules run` needs a Hopper GPU "
-                       "(`cbrules compile` works without one)")
+    kernel = _kernel(a, spec)
+    if spec.inputs is None or spec.reference is None:
+        raise CliError(f"{spec.name}: the kernel file defines no inputs()/reference(), so it cannot be run")
+    ck, summary = _compile(spec, kernel, **_lower_options(a))
+    print(summary, file=sys.stderr)
+    if not runtime.gpu_available():  # not a wrong command line (exit 2): the machine lacks the GPU (exit 1)
+        from .codegen.errors import NoGpuError
+        raise NoGpuError("no compute-capability 9.x GPU here: `cbrules run` needs a Hopper GPU "
+                         "(`cbrules compile` and `cbrules check` work without one)")
     return 0 if _run(spec, ck, _shape(a, spec), a.reps, dtype=_dtype(a, spec)) else 1
 
 
@@ -249,7 +262,8 @@ def _stages(text: str):
 
 def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
     if check:  # the CPU checker needs a built-in kernel's small shapes per trip count, and picks them itself
-        p.add_argument("kernel", help="a built-in circular-buffered kernel name (see `cbrules kernels`)")
+        p.add_argument("kernel", help="a built-in circular-buffered kernel name (see `cbrules kernels`) or a Python "
+                       "file defining build(), inputs(shape, rng), reference(inputs) and OUTPUTS")
     else:
         p.add_argument("kernel", help="a built-in kernel name (see `cbrules kernels`) or a Python file defining "
                        "build() (trace: also a saved FILE.cbtrace)")
@@ -262,7 +276,10 @@ def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
                    "after the block's threads, issues the loads; the block's threads compute")
     p.add_argument("--registers", metavar="P,C", help="with --warp-specialize: registers of each producer and "
                    "each consumer thread (setmaxnreg), e.g. 40,232")
-    if not check:
+    if check:
+        p.add_argument("--shape", help="one case at this problem shape, e.g. 3,1000, instead of the small shapes "
+                       "of trip counts 0..4S")
+    else:
         p.add_argument("--shape", help="problem shape, e.g. 1048576 or 500,1024 (also picks build-time sizes)")
     p.add_argument("--dtype", choices=["float32", *HALF_DTYPES], help="type of the kernel's tensors (default "
                    "float32, or the kernel's first: bfloat16 for matmul_tc; float16/bfloat16 are stored as such and "
@@ -286,7 +303,7 @@ DEBUG_HELP = "record every rule application and print them after the program (al
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command line: one sub-parser per command (README's command table lists the same)."""
+    """The command line: one sub-parser per command (docs/cli.md's command table lists the same)."""
     p = argparse.ArgumentParser(prog="cbrules", description="Declarative rules that turn GPU kernels into "
                                 "TMA circular-buffered Hopper kernels.", epilog=EXIT_CODES)
     p.add_argument("--version", action="version", version=f"cbrules {__version__}")

@@ -2,6 +2,7 @@
 progress line on a terminal."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import TYPE_CHECKING, Optional
 
@@ -22,7 +23,8 @@ def cmd_check(a) -> int:
     if not 1 <= stages <= MAX_CHECK_STAGES:
         raise CliError(f"check --stages {stages}: the checker runs 4*S trip counts, so it takes 1 <= S <= "
                        f"{MAX_CHECK_STAGES} (the rules themselves refuse S < 2 with a named error)")
-    from .check import TABLE_HEADER, Checker, table_row, trip_counts
+    from . import api
+    from .check import TABLE_HEADER, TABLE_NOTE, summary_line, table_row, trip_counts
     from .kernels import KERNELS
     from .reference.interp import SCHEDULES
     spec = load_spec(a)
@@ -40,33 +42,52 @@ def cmd_check(a) -> int:
                            n for n, s in sorted(KERNELS.items()) if s.pipelined and s.shape_for_trips) + "), "
                        "or a kernel file defining inputs, reference and OUTPUTS")
     ws = _warp_options(a)
+    shape = _check_shape(a, spec)
     asked = " ".join(f"--{k} {v}" for k, v in (("stages", a.stages), ("prefetch", a.prefetch), ("war", a.war),
                                                 ("registers", a.registers), ("dtype", a.dtype),
-                                                ("swizzle", a.swizzle), ("b-layout", a.b_layout)) if v is not None)
+                                                ("swizzle", a.swizzle), ("b-layout", a.b_layout), ("shape", a.shape)) if v is not None)
     asked += (" --warp-specialize" if ws["warp_specialize"] else "") + (" --tma-store" if a.tma_store else "")
     roles = f"; roles under schedules {', '.join(SCHEDULES)}" if ws["warp_specialize"] else ""
-    # a kernel file without shape_for_trips(trips): one case, at its SHAPE
-    trips = trip_counts(stages) if spec.shape_for_trips is not None else [None]
-    cases = (f"trip counts 0..{4 * stages}" if trips != [None]
-             else f"shape {'x'.join(map(str, spec.default_shape))} (define shape_for_trips(trips) for every trip count)")
+    # one case at a shape: --shape, or a kernel file without shape_for_trips(trips) at its SHAPE
+    trips = [None] if shape is not None or spec.shape_for_trips is None else trip_counts(stages)
+    if trips == [None]:
+        shape = shape or spec.default_shape
+        spec = dataclasses.replace(spec, default_shape=shape)
+        cases = f"shape {'x'.join(map(str, shape))}" + ("" if a.shape else
+                                                         " (define shape_for_trips(trips) for every trip count)")
+    else:
+        cases = f"trip counts 0..{4 * stages}"
     print(f"{spec.name}: options given: {asked.strip() or 'none'}; {cases}, "
           f"{'a sample of' if a.sample else 'all'} blocks{roles}; lowered vs before lowering vs numpy, "
           "protocol checked")
-    checker = Checker(blocks="sample" if a.sample else None, dtype=_dtype(a, spec), tma_store=a.tma_store,
-                      swizzle=a.swizzle or "none", **_lower_options(a))
-    print(_check_options(spec, checker, stages, a.prefetch, a.war, ws))
+    options = dict(dtype=_dtype(a, spec), tma_store=a.tma_store, swizzle=a.swizzle or "none")
+    rules = api.load_rules(_lower_options(a)["rules"])
+    print(_check_options(spec, rules, stages, a.prefetch, a.war, ws, **options))
+    print(TABLE_NOTE)
     print(TABLE_HEADER, flush=True)
-    results = []
-    for i, t in enumerate(trips):
-        _progress(f"check {spec.name}: trip count {t} ({i + 1}/{len(trips)}) ...")
-        results.append(checker.check(spec, t, stages, a.prefetch, a.war, warp_specialize=bool(ws["warp_specialize"]),
-                                     registers=ws["registers"], shape=None if t is not None else spec.default_shape))
+    done = []
+
+    def row(r) -> None:
         _progress("")
-        print(table_row(results[-1]), flush=True)  # each row as it finishes: a long check shows it is alive
-    failed = [r for r in results if not r.ok]
-    print(f"{len(results)} {'trip counts' if trips != [None] else 'case'}: {len(results) - len(failed)} ok, "
-          f"{len(failed)} failed")
-    return 1 if failed else 0
+        print(table_row(r), flush=True)  # each row as it finishes: a long check shows it is alive
+        done.append(r)
+        if len(done) < len(trips):
+            _progress(f"check {spec.name}: trip count {trips[len(done)]} ({len(done) + 1}/{len(trips)}) ...")
+
+    _progress(f"check {spec.name}: trip count {trips[0]} (1/{len(trips)}) ...")
+    report = api.check(spec, trips=trips, stages=stages, prefetch=a.prefetch, war=a.war,
+                       warp_specialize=bool(ws["warp_specialize"]), registers=ws["registers"],
+                       sample=a.sample, rules=rules, on_case=row, **options)
+    print(summary_line(report.cases))
+    return 0 if report.ok else 1
+
+
+def _check_shape(a, spec: KernelSpec) -> Optional[tuple]:
+    """``--shape``: one case at that shape (its loop's trip count follows from it), else None."""
+    if not getattr(a, "shape", None):
+        return None
+    from .cli_kernel import _shape
+    return _shape(a, spec)
 
 
 def _progress(text: str) -> None:
@@ -79,16 +100,16 @@ def _progress(text: str) -> None:
         pass
 
 
-def _check_options(spec: KernelSpec, checker, stages: int, prefetch: Optional[int], war: Optional[str],
-                   ws: dict) -> str:
+def _check_options(spec: KernelSpec, rules, stages: int, prefetch: Optional[int], war: Optional[str],
+                   ws: dict, dtype: str, tma_store: bool, swizzle: str) -> str:
     """The effective options of the case with trip count S (the defaults filled in by the rules)."""
     from . import api, options
     trips = stages
     shape = spec.shape_for_trips(trips) if spec.shape_for_trips is not None else spec.default_shape
     built = spec.build(shape, trips=trips, stages=stages, prefetch=prefetch, war=war,
-                       dtype=checker.dtype, tma_store=checker.tma_store, swizzle=checker.swizzle, **ws)
+                       dtype=dtype, tma_store=tma_store, swizzle=swizzle, **ws)
     try:
-        kg = api.lower(built, rules=checker.lower_options["rules"])
+        kg = api.lower(built, rules=rules)
     except CbrulesError as e:
         return f"effective options: unknown, lowering with trip count {trips} fails ({type(e).__name__})"
     return options.describe(kg, built.graph)

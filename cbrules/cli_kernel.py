@@ -123,8 +123,6 @@ def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=None, dtype: str = "
     out = sys.stdout if out is None else out  # looked up now: the command line guards sys.stdout while it runs
 
     from .codegen import runtime
-    if spec.inputs is None or spec.reference is None:
-        raise CliError(f"{spec.name}: the kernel file defines no inputs()/reference(), so it cannot be run")
     rng = np.random.default_rng(0)
     args = spec.make_inputs(shape, rng, dtype)
     rtol, atol = spec.tolerances(shape, dtype)

@@ -6,6 +6,9 @@ line. Anything else reaching the command line is a bug in cbrules.
 """
 from __future__ import annotations
 
+import difflib
+from typing import Iterable
+
 
 class CbrulesError(Exception):
     """A named error caused by the kernel, the rules or the options the user gave."""
@@ -13,3 +16,9 @@ class CbrulesError(Exception):
 
 class CliError(CbrulesError):
     """A user error in the command line or the files it names: printed to stderr, exit code 2."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'X'?)`` for the choice closest to ``word``, or nothing when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -48,6 +48,9 @@ def print_program(step: Step, indent: int = 0, ids: bool = False) -> str:
 
 
 def _fmt(v: Any) -> str:
-    if isinstance(v, tuple):
+    """Terms as their text, containers through their items (never a Python repr such as ``Term('i')``)."""
+    if isinstance(v, (tuple, list)):
         return "(" + ", ".join(_fmt(x) for x in v) + ")"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_fmt(x)}" for k, x in v.items()) + "}"
     return str(v)

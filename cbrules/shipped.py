@@ -8,6 +8,7 @@ beside the package in the top-level ``rules/`` and ``codegen/`` folders, so an e
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
@@ -21,3 +22,18 @@ def shipped(folder: str) -> Path:
 
 RULES = shipped("rules")
 CODEGEN = shipped("codegen")
+
+
+def shown(path: str | os.PathLike) -> str:
+    """``path`` as a user reads it (rule positions, builder call sites, annotations, the viewer):
+    relative to the working directory when it lies below it; a file cbrules ships by its place in
+    cbrules (``rules/circular_buffer.rules``, ``cbrules/kernels/tiled2d.py``), not by the
+    site-packages path it was installed to; anything else as given."""
+    full = os.path.abspath(path)
+    rel = os.path.relpath(full)
+    if not rel.startswith(".."):
+        return rel
+    for root, name in ((RULES, "rules"), (CODEGEN, "codegen"), (PACKAGE, "cbrules")):
+        if full.startswith(str(root) + os.sep):
+            return name + "/" + os.path.relpath(full, root).replace(os.sep, "/")
+    return os.fspath(path)

@@ -96,7 +96,7 @@ def _check_tensor_map(param, array: HostOrDevice) -> None:
 
 @dataclass
 class BoundLaunch:
-    """A kernel with every parameter bound: ``launch()`` may be called repeatedly (benchmarks)."""
+    """A kernel with every parameter bound: ``launch()`` may be called repeatedly (timing loops)."""
 
     fn: Any
     grid: tuple[int, int, int]

@@ -13,7 +13,7 @@ settings.register_profile("cbrules", database=DirectoryBasedExampleDatabase(Path
 settings.load_profile("cbrules")
 
 
-# The rule author's quick subset (`pytest -m quick`, README "Tests"): reading and checking rule files,
+# The rule author's quick subset (`pytest -m quick`, docs/development.md): reading and checking rule files,
 # the rule language, firing rules, the guide's examples, the pipelined loops interpreted on the CPU.
 QUICK_FILES = {"test_rules_reader.py", "test_rule_language.py", "test_guide.py", "test_authoring.py",
                "test_engine.py", "test_cb_loops.py"}

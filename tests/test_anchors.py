@@ -2,7 +2,7 @@
 application touched, and that doing so changes nothing a lowering does."""
 import pytest
 
-from benchmarks.compile_times import synthetic
+from synthetic import synthetic
 from cbrules import api
 from cbrules.kernels import KERNELS
 from cbrules.rewrite import engine, rulefile

@@ -34,7 +34,7 @@ def test_lower_and_compile(capsys):
     assert main(["lower", "exp1d_tma"]) == 0
     assert "mbarrier_wait" in capsys.readouterr().out
     assert main(["compile", "exp1d_tma", "--quiet"]) == 0
-    assert "registers" in capsys.readouterr().out
+    assert "registers" in capsys.readouterr().err  # the summary: stdout is the source alone
 
 
 def test_kernel_from_a_python_file(tmp_path, capsys):
@@ -50,8 +50,8 @@ def test_kernel_from_a_python_file(tmp_path, capsys):
             return k
     '''))
     assert main(["compile", str(f), "--quiet"]) == 0
-    assert "mine:" in capsys.readouterr().out
-    assert main(["run", str(f)]) == 2  # no inputs()/reference() (or no GPU): a clear error
+    assert "mine:" in capsys.readouterr().err
+    assert main(["run", str(f)]) == 2  # no inputs()/reference(): a clear error, before any GPU is looked for
 
 
 def test_demo_without_gpu_exits_zero():

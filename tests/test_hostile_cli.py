@@ -131,7 +131,7 @@ CASES = [
     # check
     (["check", "single_dim", "--stages", "1000"], 2, "1 <= S <= 16"),
     (["check", "single_dim", "--stages", "0"], 2, "1 <= S <= 16"),
-    (["check", "single_dim", "--shape", "1024"], 2, "unrecognized arguments: --shape"),  # check has no --shape (its help neither)
+    (["check", "single_dim", "--shape", "1024,3"], 2, "single_dim takes 1 size(s)"),  # one case at --shape
     (["check", "exp1d_tma"], 2, "needs a built-in circular-buffered kernel"),
     (["check", "{syntax}"], 2, "syntax error in kernel file"),
     (["check", "single_dim", "--rules", ""], 2, "--rules ''"),
@@ -408,23 +408,25 @@ def test_a_symlinked_rule_file_outside_any_folder_is_refused_unread(tmp_path, ca
         assert "x.rules: symlink to" in err and "outside the rule folder" in err and "SECRET" not in err, err
 
 
-def test_a_rule_folder_1100_folders_deep_is_a_named_error(tmp_path, capsys):
+def test_a_rule_folder_1100_folders_deep_is_not_walked(tmp_path, capsys):
+    """Sub-folders of a rule folder are not read (docs/cli.md), so a deep chain costs nothing: its
+    rule file, 1,100 folders down, is neither read nor an error."""
     deep = tmp_path / "r"
     chain = [deep]
     for _ in range(1100):  # os.makedirs and shutil.rmtree recurse once per folder: made and removed here
         chain.append(chain[-1] / "d")
     for folder in chain:
         folder.mkdir()
-    (chain[-1] / "x.rules").write_text("(phases p)\n")
+    (chain[-1] / "x.rules").write_text("(phases p) (bad\n")  # unreadable as rules, were it read
     try:
         with within(10):
-            assert cli.main(["rules", "check", str(deep)]) == 1
+            assert cli.main(["rules", "check", str(deep)]) == 0
     finally:
         (chain[-1] / "x.rules").unlink()
         for folder in reversed(chain):
             folder.rmdir()
-    err = capsys.readouterr().err
-    assert "more than 32 folders below the rule folder" in err and err.count("\n") == 1, err
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out.startswith("ok: "), captured
 
 
 def test_error_text_keeps_only_the_lines_an_error_has():

@@ -7,7 +7,7 @@ from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 from rulekit import write_rules
 
-from benchmarks.ops import OPS, build_variant
+from cbrules.kernels import tuned
 from cbrules import api
 from cbrules.ir import names
 from cbrules.rewrite import rulefile
@@ -254,13 +254,14 @@ def _unchecked_tokens(kg, text: str) -> set[str]:
 def _variants():
     for name, spec in KERNELS.items():
         yield name, spec.build
-    for op in OPS.values():
+    for op in tuned.TILES:
         # sorted: a set's order differs per process, and parallel workers must collect the same tests
-        for kname, params in sorted({(op.generated(s)[0], tuple(op.generated(s)[1].items())) for s in op.shapes},
-                                    key=repr):
+        chosen = {(tuned.tiles(op, s)[0], tuple(tuned.tiles(op, s)[1].items())) for s in tuned.shapes(op)}
+        for kname, params in sorted(chosen, key=repr):
             for stages in (1, 3):
-                yield f"bench-{op.name}-{kname}-{dict(params)}-S{stages}", \
-                    lambda kname=kname, params=params, stages=stages: build_variant(kname, stages, **dict(params))
+                yield f"bench-{op}-{kname}-{dict(params)}-S{stages}", \
+                    lambda kname=kname, params=params, stages=stages: tuned.build_variant(kname, stages,
+                                                                                          **dict(params))
 
 
 @pytest.mark.parametrize("label, build", list(_variants()), ids=lambda v: v if isinstance(v, str) else "")

@@ -3,7 +3,7 @@ order, but must find the same bindings, in the same order, with their variables 
 as the search in written order; and the engine skips a rule only when no node it watches changed."""
 import pytest
 
-from benchmarks.compile_times import synthetic
+from synthetic import synthetic
 from cbrules import api
 from cbrules.kernels import KERNELS
 from cbrules.rewrite.match import Matcher

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from benchmarks.compile_times import synthetic
+from synthetic import synthetic
 from cbrules import api
 from cbrules.ir.attributes import term_problem
 from cbrules.ir.graph import KernelGraph

@@ -1,6 +1,6 @@
 """Kernel files are first-class: the command line's options reach build() when it takes them and are
 refused by name when it does not; `cbrules check FILE` runs a file that defines inputs, reference and
-OUTPUTS (TOLERANCE optional); the README's example file (examples/rms_norm.py) runs on the CPU here and
+OUTPUTS (TOLERANCE optional); the example file of docs/kernel-files.md (examples/rms_norm.py) runs on the CPU here and
 on the H200 in test_traps_gpu.py."""
 import runpy
 import textwrap
@@ -95,8 +95,8 @@ def test_the_example_matches_numpy_on_the_cpu():
     np.testing.assert_allclose(got, ns["reference"](args)["out"], rtol=1e-4, atol=1e-5)
 
 
-def test_the_readme_states_the_contract_the_code_keeps():
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_state_the_contract_the_code_keeps():
+    readme = (ROOT / "docs" / "kernel-files.md").read_text()
     assert "inputs(size" not in readme
     for needle in ("inputs(shape, rng)", "reference(inputs)", "OUTPUTS", "TOLERANCE", "shape_for_trips(trips)",
                    "examples/rms_norm.py"):

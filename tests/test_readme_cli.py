@@ -1,5 +1,5 @@
-"""The README's command table and the parser agree: every command is listed, and every option a row
-names exists on the commands it names."""
+"""The command table of docs/cli.md and the parser agree: every command is listed, and every option a
+row names exists on the commands it names."""
 from __future__ import annotations
 
 import re
@@ -9,12 +9,12 @@ import pytest
 
 from cbrules import cli
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+CLI_DOC = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
 
 
 def _rows() -> list[tuple[str, str]]:
-    """(command cell, description cell) of each row of the table under '## Command line'."""
-    text = README.read_text().split("## Command line", 1)[1].split("\n## ", 1)[0]
+    """(command cell, description cell) of each row of docs/cli.md's command table."""
+    text = CLI_DOC.read_text()
     rows = []
     for line in text.splitlines():
         m = re.match(r"^\| `([^`]+)` \| (.*) \|$", line)
@@ -43,7 +43,7 @@ def test_the_table_is_found():
 
 def test_every_command_is_in_the_table():
     listed = {c for cell, about in _rows() for c in _commands(cell, about)}
-    assert set(_subparsers()) - {""} <= listed, "commands missing from the README's table"
+    assert set(_subparsers()) - {""} <= listed, "commands missing from docs/cli.md's table"
 
 
 @pytest.mark.parametrize("cell, about", _rows(), ids=lambda v: v.split(" |")[0][:40])
@@ -51,10 +51,10 @@ def test_every_option_in_a_row_exists(cell, about):
     parsers = _subparsers()
     options = re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)", cell)
     for command in _commands(cell, about):
-        assert command in parsers, f"README names `cbrules {command}`, which the parser does not have"
+        assert command in parsers, f"docs/cli.md names `cbrules {command}`, which the parser does not have"
         known = parsers[command]._option_string_actions
         missing = [o for o in options if o not in known]
-        assert not missing, f"README: `cbrules {command}` with {missing}, which its parser does not take"
+        assert not missing, f"docs/cli.md: `cbrules {command}` with {missing}, which its parser does not take"
 
 
 def test_a_wrong_option_would_be_caught():

@@ -156,7 +156,7 @@ def test_matmul_tiles(stages, prefetch, war, tile, patch, bk, spread):
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
 
-# the benchmark's own choices (benchmarks/ops.py), on shapes whose edges cut through the tiles
+# the tuned variants (cbrules/kernels/tuned.py, what the benchmarks measure), on shapes whose edges cut through the tiles
 BENCH_CASES = [("exp", (37, 5000)), ("add", (37, 5000)), ("inner_sum", (37, 5000)), ("outer_sum", (600, 260)),
                ("normalize", (20, 16384)), ("normalize", (9, 32768)), ("normalize", (5, 65536)),
                ("matmul", (300, 260))]
@@ -166,9 +166,9 @@ BENCH_CASES = [("exp", (37, 5000)), ("add", (37, 5000)), ("inner_sum", (37, 5000
 @pytest.mark.parametrize("op, shape", BENCH_CASES, ids=lambda c: str(c))
 @pytest.mark.parametrize("stages", [1, 2, 3, 4])
 def test_benchmark_kernels_on_gpu(op, shape, stages):
-    from benchmarks.ops import OPS, build_generated
     from cbrules.kernels import KERNELS
-    spec = KERNELS[OPS[op].generated(shape)[0]]
+    from cbrules.kernels.tuned import build_generated, tiles
+    spec = KERNELS[tiles(op, shape)[0]]
     args = spec.inputs(shape, np.random.default_rng(stages))
     want = spec.reference(args)
     bound = api.compile(build_generated(op, shape, stages)).bind(**args)
@@ -183,14 +183,15 @@ def test_benchmark_kernels_on_gpu(op, shape, stages):
 
 @pytest.mark.parametrize("n", [16384, 32768])
 def test_the_benchmarks_every_normalize_variant_builds(n):
-    """ops.py's float32 normalize of rows of 16384 and 32768 loads them directly with the stable
-    statistics; run.py's other columns still build from it: stages="auto" (no circular-buffered loop:
+    """The tuned float32 normalize of rows of 16384 and 32768 loads them directly with the stable
+    statistics; the benchmark's other columns still build from it: stages="auto" (no circular-buffered loop:
     S = 1), and the warp-specialized variant (the same tiles through the TMA, the merge over the
     consumers' named barrier)."""
-    from benchmarks.ops import build_generated, chosen_stages, variant_params
+    from cbrules.kernels.tuned import build_generated, variant_params
     name, params = variant_params("normalize", (4, n))
     assert params["direct"] and params["stats"] == "stable"
-    assert chosen_stages("normalize", (4, n)) == 1
+    auto = api.lower(build_generated("normalize", (4, n), "auto"))
+    assert not [m for m in auto.nodes("for") if auto[m].get("part") == "main"]  # no pipelined loop: S = 1
     body = api.generate(build_generated("normalize", (4, n), 2)).text.split('extern "C"')[1]
     assert "cb_block_stats<" in body and "cb_tma_load(" not in body
     ws = api.generate(build_generated("normalize", (4, n), 2, ws=True)).text.split('extern "C"')[1]

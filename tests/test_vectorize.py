@@ -231,7 +231,7 @@ def test_launcher_refuses_a_misaligned_vector_tensor(monkeypatch):
         ck.check(x=FakeCai((4, 2048), 0x7f00_0000_0000), out=FakeCai((4, 2048), 0x7f00_0010_0008))
 
 
-# the half-precision benchmark variants (benchmarks/ops.py: twice the float32 tile's elements), on
+# the half-precision tuned variants (cbrules/kernels/tuned.py: twice the float32 tile's elements), on
 # shapes whose edges cut through the tiles
 BENCH_CASES = [("exp", (37, 5000), False), ("exp", (37, 5000), True), ("add", (37, 5000), False),
                ("add", (37, 5000), True), ("inner_sum", (5, 12000), False), ("outer_sum", (600, 264), False),
@@ -240,10 +240,10 @@ BENCH_CASES = [("exp", (37, 5000), False), ("exp", (37, 5000), True), ("add", (3
 
 @pytest.mark.parametrize("op, shape, tma_store", BENCH_CASES, ids=str)
 def test_half_benchmark_variants(op, shape, tma_store):
-    from benchmarks.ops import OPS, build_generated
+    from cbrules.kernels.tuned import build_generated, tiles
     kernel = build_generated(op, shape, 3, "bfloat16", tma_store)
     assert "cb_vcopy<" in api.generate(kernel).text or op == "outer_sum"
-    sp = KERNELS[OPS[op].generated(shape)[0]]
+    sp = KERNELS[tiles(op, shape)[0]]
     args = sp.make_inputs(shape, np.random.default_rng(shape[1]), "bfloat16")
     for o in sp.outputs:
         args[o] = np.full_like(args[o], np.nan)

@@ -58,7 +58,7 @@ def test_outer_sum_tiles_taller_than_a_box(dtype, rows, cols):
     _check_sums(sp, ck, ((1500, 264), (4096, 1000)), dtype, seed=rows + cols, axis=0)
 
 
-# the bfloat16 benchmark's own choices (benchmarks/ops.py: rows a block, tall tiles, 256-element boxes,
+# the bfloat16 tuned variants (cbrules/kernels/tuned.py: rows a block, tall tiles, 256-element boxes,
 # whole rows in flight) on shapes that pick them, M cutting through the blocks
 HALF_BENCH = [("inner_sum", (1001, 4096)), ("outer_sum", (1500, 4096)), ("normalize", (101, 4096)),
               ("normalize", (37, 16384)), ("normalize", (9, 32768)), ("normalize", (5, 65536))]
@@ -67,8 +67,8 @@ HALF_BENCH = [("inner_sum", (1001, 4096)), ("outer_sum", (1500, 4096)), ("normal
 @pytest.mark.parametrize("op, shape", HALF_BENCH, ids=str)
 @pytest.mark.parametrize("stages", [2, 3, 4])
 def test_half_benchmark_kernels(op, shape, stages):
-    from benchmarks.ops import OPS, build_generated
-    sp = KERNELS[OPS[op].generated(shape, "bfloat16")[0]]
+    from cbrules.kernels.tuned import build_generated, tiles
+    sp = KERNELS[tiles(op, shape, "bfloat16")[0]]
     ck = api.compile(build_generated(op, shape, stages, "bfloat16"))
     args = sp.make_inputs(shape, np.random.default_rng(stages), "bfloat16")
     rtol, atol = sp.tolerances(shape, "bfloat16")

@@ -5,12 +5,12 @@ call site. Shared by :mod:`cbrules.ir.builder` and its mixed-in parts (``builder
 from __future__ import annotations
 
 import operator
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
 from ..errors import CbrulesError
+from ..shipped import shown
 from .ops import DTYPE_BYTES
 from .terms import BUILT_TERM_DEPTH, BUILT_TERM_PARTS, Term, TermLike, as_term, call, extent, fits, name
 
@@ -189,8 +189,7 @@ def _call_site() -> str:
         f = f.f_back
     if f is None:
         return "?"
-    rel = os.path.relpath(f.f_code.co_filename)
-    return f"{f.f_code.co_filename if rel.startswith('..') else rel}:{f.f_lineno}"
+    return f"{shown(f.f_code.co_filename)}:{f.f_lineno}"
 
 
 _MEMORY = ("tensor", "buffer")  # what load and store may address

@@ -69,8 +69,7 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
     (e.g. the SM count) that each walk tiles blockIdx.x, blockIdx.x + P, ...; warp-specialized, the
     producer loads the next tile while the consumers store the last (otherwise each tile's K loop is
     pipelined on its own). ``store_swizzle=True`` stages C in the swizzle of its output box's rows (the
-    TMA store's map swizzles), so the epilogue's shared writes go without bank conflicts (measured on
-    the H200: +2 to +6 % against dense staging); ``None`` (the default) does so wherever a box row spans
+    TMA store's map swizzles), so the epilogue's shared writes go without bank conflicts; ``None`` (the default) does so wherever a box row spans
     32, 64 or 128 bytes, ``False`` stages dense. ``b_layout="kn"`` takes b as ``[K, N]`` row-major and
     computes ``c = a @ b`` (no transpose): the B tile [bk, bn] arrives as bn / W panels [bk, W] (W = 64
     columns, 128-byte swizzle, where W divides bn), one TMA box each, read MN-major by the tensor cores."""

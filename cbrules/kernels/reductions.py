@@ -165,8 +165,7 @@ def persistent(stages: int = 3, prefetch=None, war: Optional[str] = None, row: i
     registers for the second pass. Wider tiles keep more bytes in flight; more threads hold fewer
     elements each (a row of 32768 floats is 128 registers a thread at 256 threads, 32 at 1024).
     ``one_box=True`` brings each stage as ONE box instead, (width / box, box) through a map over the
-    rows split into stretches of ``box`` (fewer TMA copies in flight per byte: 0.85x -> 0.95x Triton for
-    the bfloat16 32768x32768 normalize, benchmarks/results/bf16/sweeps.md); the same shared layout.
+    rows split into stretches of ``box`` (fewer TMA copies in flight per byte); the same shared layout.
     ``walk=P`` launches P blocks (fewer where M is smaller), each walking rows blockIdx.x, +P, ... as
     matmul_tc's persistent walk does (0: one block a row): with ``warp_specialize=True`` the producer warp group
     loads the next row's stages while the consumers still reduce and store this one; without, each row's
@@ -283,8 +282,8 @@ def two_pass(stages: int = 3, prefetch=None, war: Optional[str] = None, width: i
              registers=None) -> Kernel:
     """``out = (x - mean) / sqrt(var)`` per row of [M, N] for rows too long to keep on chip (N known
     only at launch): one block per row reads it twice, each pass a circular-buffered loop over
-    ``width``-wide tiles (the second read comes mostly from DRAM again: see
-    benchmarks/results/sweep.md). The first pass sums x - x[row, 0] and its
+    ``width``-wide tiles (a row this long outgrows L2's share of a block, so the second read comes
+    mostly from DRAM again). The first pass sums x - x[row, 0] and its
     square: shifting by an element of the row keeps the variance E[d^2] - E[d]^2 from cancelling."""
     _whole("two_pass", width=width, threads=threads)
     if width % threads:

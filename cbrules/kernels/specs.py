@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..ir.bind import NP_DTYPES
-from ..errors import CbrulesError
+from ..errors import CbrulesError, did_you_mean
 from . import CATALOG
 from ..ir.builder import Kernel
 from ..ir.ops import HALF_DTYPES
@@ -266,7 +266,8 @@ class UnknownKernelError(CbrulesError, KeyError):
 def get(name: str) -> KernelSpec:
     """The built-in kernel called ``name``."""
     if name not in KERNELS:
-        raise UnknownKernelError(f"unknown kernel {name!r}; known kernels: {', '.join(sorted(KERNELS))}")
+        raise UnknownKernelError(f"unknown kernel {name!r}{did_you_mean(name, KERNELS)}; known kernels: "
+                                 f"{', '.join(sorted(KERNELS))} (or give the path of a kernel file)")
     return KERNELS[name]
 
 

@@ -23,7 +23,7 @@ the matcher's search steps, the measure of matching cost the scaling tests compa
 
 Lowering is bounded: in a phase one rule may fire at most ``RULE_FIRINGS_PER_NODE`` times the
 number of nodes the graph had when the phase began, plus ``RULE_FIRINGS_EXTRA`` (the shipped rules
-fire at most 0.2 times a node in a phase on every built-in kernel and the scaling benchmarks), and
+fire at most 0.2 times a node in a phase on every built-in kernel and the synthetic scaling kernels), and
 the whole lowering has a wall-time limit (``time_limit``). Either bound ends in a
 :class:`LoweringError` naming the phase and the rules still firing.
 """
@@ -54,7 +54,7 @@ from ..ir.verify import GraphError
 
 RULE_FIRINGS_PER_NODE = 4
 RULE_FIRINGS_EXTRA = 64
-# the built-in kernels lower in well under a second, the 1,000-node scaling benchmarks in 2-45 s
+# the built-in kernels lower in well under a second, 1,000-node synthetic kernels in seconds
 DEFAULT_TIME_LIMIT = 60.0
 
 # what a rule's matching or actions may raise on a graph or bindings it does not expect: reported

@@ -5,10 +5,10 @@ with a "did you mean" where it helps; the reader (:mod:`cbrules.rewrite.rulefile
 """
 from __future__ import annotations
 
-import difflib
 import re
 from typing import TYPE_CHECKING, Iterable
 
+from ..errors import did_you_mean  # noqa: F401  (the rule reader's and the trace's too)
 from ..ir.ops import OPS, SCOPES
 from .schema import (ACTIONS, FUNCTIONS, NODE_FUNCTIONS, RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS,
                      split_keys)
@@ -22,9 +22,6 @@ VALUE_PATTERN_HEADS = ("one-of", "not", "absent")
 FILTER_HEADS = ("not", "any-of")
 
 
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class UnboundVariable(RuleError):

@@ -19,9 +19,9 @@ import heapq
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
-from ..shipped import RULES
+from ..shipped import RULES, shown
 from ..userio import printable
 from .rulecheck import key_pos, check_rule, did_you_mean
 from .schema import EGGLOG_FORMS, EGGLOG_REFUSED, EggForm, split_keys
@@ -67,9 +67,8 @@ class GraphRule:
 
     @property
     def at(self) -> str:
-        """``file:line`` of the rule, relative to the working directory when it lies below it."""
-        rel = os.path.relpath(self.pos.file)
-        return f"{self.pos.file if rel.startswith('..') else rel}:{self.pos.line}"
+        """``file:line`` of the rule, its file as :func:`cbrules.shipped.shown` shows it."""
+        return f"{shown(self.pos.file)}:{self.pos.line}"
 
 
 @dataclass
@@ -158,17 +157,13 @@ def rule_dirs(extra: Sequence[str | os.PathLike] = ()) -> list[Path]:
     return dirs
 
 
-# folders below a rule folder: the shipped rules use none; a walk this deep is a mistake or a trap
-MAX_FOLDER_DEPTH = 32
-
-
 def rule_files(folder: str | os.PathLike) -> list[Path]:
-    """The ``*.rules`` files to read for ``folder`` (a folder, searched at most
-    :data:`MAX_FOLDER_DEPTH` folders deep without following symlinked folders, or one rule file),
-    sorted; refuses paths that are not rules (see :class:`RulePathError`). A symlinked rule file
-    must lead inside its folder (a file named directly: inside the folder that holds the link),
-    judged from the paths alone, before the file is opened. Regularity of each file is checked
-    again when it is opened."""
+    """The ``*.rules`` files to read for ``folder`` (the files directly in a folder, or one rule file),
+    sorted; refuses paths that are not rules (see :class:`RulePathError`). Sub-folders are not read:
+    a folder is one rule set, so ``--rules .`` does not also pick up a copy or a backup below it (pass
+    ``--rules`` once per folder). A symlinked rule file must lead inside its folder (a file named
+    directly: inside the folder that holds the link), judged from the paths alone, before the file is
+    opened. Regularity of each file is checked again when it is opened."""
     root = _checked_path(folder, "the rule folders")
     if not root.exists():
         raise RulePathError(str(root), "rule folder does not exist")
@@ -180,24 +175,15 @@ def rule_files(folder: str | os.PathLike) -> list[Path]:
     if not root.is_dir():
         raise RulePathError(str(root), "not a folder or a regular file (a FIFO, device or socket?)")
     files = []
-    stack = [(root, 0)]  # an explicit stack: a folder thousands deep must not exhaust Python's
-    while stack:
-        here, depth = stack.pop()
-        try:
-            entries = list(os.scandir(here))
-        except OSError as e:
-            raise RulePathError(str(here), f"cannot list the rule folder: {e.strerror or e}") from None
-        for entry in entries:
-            path = Path(entry.path)
-            if entry.is_dir(follow_symlinks=False):
-                if depth + 1 > MAX_FOLDER_DEPTH:
-                    raise RulePathError(str(path), f"more than {MAX_FOLDER_DEPTH} folders below the rule folder "
-                                        f"{printable(root)}; keep rule files at most {MAX_FOLDER_DEPTH} folders "
-                                        "deep")
-                stack.append((path, depth + 1))
-            elif entry.name.endswith(".rules"):
-                _check_link(path, root)
-                files.append(path)
+    try:
+        names = os.listdir(root)
+    except OSError as e:
+        raise RulePathError(str(root), f"cannot list the rule folder: {e.strerror or e}") from None
+    for n in names:
+        f = root / n
+        if n.endswith(".rules") and not (f.is_dir() and not f.is_symlink()):
+            _check_link(f, root)
+            files.append(f)
     return sorted(files)
 
 
@@ -210,6 +196,14 @@ def _check_link(f: Path, inside: Path) -> None:
     if os.path.commonpath([real_root, real]) != real_root:
         raise RulePathError(str(f), f"symlink to {printable(real)}, outside the rule folder {printable(inside)}; "
                             "copy the file into the folder instead")
+
+
+def rule_set(rules: Union[None, "RuleSet", Sequence[str | os.PathLike]] = None) -> "RuleSet":
+    """A rule set: given as is, or loaded from the shipped folder, ``$CBRULES_RULES`` and the extra
+    folders in ``rules``."""
+    if isinstance(rules, RuleSet):
+        return rules
+    return load(rule_dirs(rules or ()))
 
 
 def load(dirs: Optional[Sequence[str | os.PathLike]] = None, *, check_egglog: bool = False) -> RuleSet:

@@ -5,7 +5,7 @@ Each loop's variable is told apart by its loop (``i`` in loop #12 is ``i@12``), 
 main loop and epilogue, which share a variable name, each get their own range; each term is then
 asked in its own names (:func:`_questioner`), so the same question from many loops is asked once. A
 term set simplified before under the same ranges and rules costs a lookup (lowering the same kernel
-again: the checker, the CLI, the benchmarks).
+again: the checker, the CLI, repeated lowerings).
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class _Key:
 
 def _simplify_cached(terms: list, ranges: dict, forms: tuple):
     """egglog's result for this term set under these ranges and forms; lowering the same kernel
-    again (the checker, the benchmarks, every CLI query) costs a lookup. Results that hit a budget
+    again (the checker, every CLI query) costs a lookup. Results that hit a budget
     or failed are not kept, so their warning shows every time."""
     from .egg import simplify
     key = _Key((tuple(dict.fromkeys(terms)), tuple(sorted(ranges.items())), tuple(forms)))
