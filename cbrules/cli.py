@@ -21,10 +21,9 @@ from . import __version__
 from .errors import CbrulesError, CliError
 from .ir.limits import MAX_CHECK_STAGES
 from .ir.ops import HALF_DTYPES
-from .kernelfile import load_kernel
 from .rewrite import rulefile
 from .cli_check import cmd_check
-from .cli_kernel import _compile, _dtype, _kernel, _lower_options, _rule_folders, _run, _shape
+from .cli_kernel import _compile, _dtype, _kernel, _lower_options, _rule_folders, _run, _shape, kernel_spec
 
 
 TRACEBACK_VAR = "CBRULES_TRACEBACK"
@@ -55,7 +54,7 @@ def cmd_ops(a) -> int:
 def cmd_lower(a) -> int:
     from . import api, options, trace
     from .schedule import print_program, schedule
-    spec = load_kernel(a.kernel)
+    spec = kernel_spec(a)
     built = _kernel(a, spec)
     kg = api.lower(built, **_lower_options(a))
     print(options.describe(kg, built.graph))
@@ -95,7 +94,7 @@ def cmd_trace(a) -> int:
         t, name, effective = tracefile.load(a.kernel)
         kg = trace.final_graph(t)
     else:
-        spec = load_kernel(a.kernel)
+        spec = kernel_spec(a)
         built = _kernel(a, spec)
         try:
             kg = api.lower(built, rules=_rule_folders(a) or None, debug=True, stop_after=a.stop_after,
@@ -180,7 +179,7 @@ def _need(a, *names: str) -> None:
 
 
 def cmd_compile(a) -> int:
-    spec = load_kernel(a.kernel)
+    spec = kernel_spec(a)
     kernel = _kernel(a, spec)
     ck, summary = _compile(spec, kernel, annotate=a.annotate, **_lower_options(a))
     if a.ptx:
@@ -198,7 +197,7 @@ def cmd_compile(a) -> int:
 
 def cmd_run(a) -> int:
     from .codegen import runtime
-    spec = load_kernel(a.kernel)
+    spec = kernel_spec(a)
     ck, summary = _compile(spec, _kernel(a, spec), **_lower_options(a))
     print(summary)
     if not runtime.gpu_available():
@@ -272,6 +271,9 @@ def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
                    "shared staging buffer (kernels whose output leaves in whole tiles)")
     p.add_argument("--swizzle", choices=["none", "32B", "64B", "128B"], help="shared-memory layout of the input "
                    "tiles (default none; swizzled boxes are one span wide, reads use the XOR address)")
+    p.add_argument("--epilogue", metavar="NAME", help="matmul_tc: what the epilogue computes on the accumulator "
+                   "before the store: none, bias, bias_relu, bias_gelu, bias_gelu_tanh, bias_silu, residual, "
+                   "alpha_beta (docs/fragments.md)")
 
 
 def _rule_options(p: argparse.ArgumentParser, debug: bool = False) -> None:

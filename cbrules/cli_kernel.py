@@ -9,12 +9,23 @@ import sys
 from typing import TYPE_CHECKING, Optional
 
 from .errors import CliError
-from .kernelfile import refuse_untaken
+from .kernelfile import load_kernel, refuse_untaken
 
 if TYPE_CHECKING:
     from .kernels.specs import KernelSpec
 
 MAX_ELEMENTS = 2 ** 31  # the launcher refuses tensors past 2**31 elements: refuse such shapes up front
+
+
+def kernel_spec(a) -> KernelSpec:
+    """The kernel the command line names (built-in or a file), with its ``--epilogue`` where given."""
+    spec = load_kernel(a.kernel)
+    epilogue = getattr(a, "epilogue", None)
+    if epilogue is None:
+        return spec
+    if spec.epilogue is None:
+        raise CliError(f"{spec.name}: --epilogue {epilogue}: this kernel takes no epilogue (matmul_tc does)")
+    return spec.epilogue(epilogue)
 
 
 def _lower_options(a) -> dict:

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence
 
 from . import coverage, names
-from .builder_mma import MmaBuilder
+from .builder_mma import FragmentElement, MmaBuilder, fragment_coords  # noqa: F401  (public via the builder)
 from .builder_sync import SyncBuilder
 from .builder_tma import TmaBuilder
 from .builder_values import (MAX_BLOCK_THREADS, Buffer, BuildError, StagingAlignmentError, TensorMap,  # noqa: F401

@@ -17,11 +17,13 @@ slot only once the mma reading it has completed; codegen unrolls the node into t
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Sequence
 
-from .builder_values import BuildError, _call_site, _int
+from .builder_values import Buffer, BuildError, _call_site, _int
 from .ops import DTYPE_BYTES
-from .terms import Term, TermLike, as_term, name
+from .terms import Term, TermLike, as_term, call, name
 
 MMA_DTYPES = ("bfloat16", "float16")  # operand types of wgmma with float32 accumulators (here)
 MMA_M = 64  # rows of one wgmma (m64nNk16)
@@ -39,6 +41,70 @@ def fragment_coords(bn: int, rows_per_group: int, j: TermLike, r: TermLike, tid:
     row = (tid / WARPGROUP) * rows_per_group + j * MMA_M + ((tid / 32) % 4) * 16 + lane / 4 + ((r / 2) % 2) * 8
     col = (r / 4) * 8 + (lane % 4) * 2 + r % 2
     return row, col
+
+
+@dataclass(frozen=True)
+class FragmentElement:
+    """One element of an accumulator fragment inside :meth:`MmaBuilder.fragment_elements`: the body
+    runs once per element a thread holds (unrolled), so every field is a term of that element.
+
+    ``value`` is the register holding the element (float32); ``row`` and ``col`` are its place in the
+    output (the tile's ``origin`` plus ``tile_row`` / ``tile_col``, its place inside the BM x BN tile);
+    ``index`` is its register index in the fragment. ``set(v)`` writes the element back."""
+
+    value: Term
+    row: Term
+    col: Term
+    tile_row: Term
+    tile_col: Term
+    index: Term
+    fragment: Buffer
+    kernel: Any  # the Kernel being built (writes go through it)
+
+    def set(self, value: TermLike) -> None:
+        """Write ``value`` (rounded to float32) as this element's new value."""
+        self.kernel.store(self.fragment, self.index, value)
+
+    def inside(self, rows: TermLike, cols: TermLike) -> Term:
+        """The predicate ``row < rows && col < cols``: the element lies inside an output of ``rows`` x
+        ``cols`` (the ragged edge of the last tiles; for ``select`` or ``if_``)."""
+        return self.row.lt(rows).and_(self.col.lt(cols))
+
+    def load_col(self, vector: Buffer) -> Term:
+        """``vector[col]`` of a one-dimensional per-column tensor (a bias over N), as float32. Past its
+        end (a ragged last tile) the last element is read instead: such elements are outside the output,
+        which the stores clip."""
+        return self.kernel.load(vector, _clamped(self.col, _vector_length(vector, "load_col")))
+
+    def load_row(self, vector: Buffer) -> Term:
+        """``vector[row]`` of a one-dimensional per-row tensor (a scale over M), as float32, clamped at
+        its end like :meth:`load_col`."""
+        return self.kernel.load(vector, _clamped(self.row, _vector_length(vector, "load_row")))
+
+    def load_tile(self, tile: Buffer) -> Term:
+        """The element at this element's place in a tile of the same layout, as float32: a global
+        ``[rows, cols]`` tensor at (``row``, ``col``), clamped at its edges like :meth:`load_col` (a
+        residual), or a shared ``[BM, BN]`` buffer at (``tile_row``, ``tile_col``) (a tile a TMA load
+        wrote)."""
+        if len(tile.shape) != 2:
+            raise BuildError(f"load_tile at {_call_site()}: {tile.name!r} has shape {tile.shape}; a tile in the "
+                             "fragment's layout is two-dimensional, [rows, columns]")
+        rows, cols = tile.shape
+        if tile.space == "global":
+            return self.kernel.load(tile, _clamped(self.row, rows) * cols + _clamped(self.col, cols))
+        return self.kernel.load(tile, self.tile_row * cols + self.tile_col)
+
+
+def _vector_length(vector: Buffer, call_name: str) -> Term:
+    if len(vector.shape) != 1 or vector.space != "global":
+        raise BuildError(f"{call_name} at {_call_site()}: {vector.name!r} ({vector.space}, shape {vector.shape}) "
+                         "must be a one-dimensional global tensor")
+    return vector.shape[0]
+
+
+def _clamped(i: Term, extent: TermLike) -> Term:
+    """``min(i, extent - 1)``: an index kept inside a tensor whose edge a ragged tile crosses."""
+    return call("min", i, as_term(extent) - 1)
 
 
 class MmaBuilder:
@@ -139,6 +205,54 @@ class MmaBuilder:
                     # clip: a bounds test the rules drop once the element goes to a staging slot
                     self.store(tensor, (row0 + row) * n + col0 + col, v,
                                tile=(tmap, (row0, col0 + q * width), row * width + col - q * width), clip=True)
+
+    # ---------------------------------------------------------------- fragments as values
+    @contextmanager
+    def fragment_elements(self, acc, origin: Sequence[TermLike] = (0, 0)) -> Iterator[FragmentElement]:
+        """Compute on an accumulator after its MMA: the body runs for every element this thread holds
+        (loops over its 64-row blocks and registers, unrolled) with a :class:`FragmentElement` giving
+        the element's value, its (row, col) in the output (``origin``, the tile's first element, plus
+        its place in the tile) and ``set`` to write it back::
+
+            with k.fragment_elements(acc, origin=(row0, col0)) as e:
+                e.set(k.max(k.add(e.value, e.load_col(bias)), 0.0))   # relu(acc + bias[col])
+
+        Read it after the MMA loop (the rules wait for the MMA groups there); write the result with
+        :meth:`mma_store` or :meth:`fragment_store`."""
+        bm, bn, groups = self._mma_fragment(acc, "fragment_elements")
+        if not isinstance(origin, (tuple, list)) or len(origin) != 2:
+            raise BuildError(f"fragment_elements at {_call_site()}: origin {origin!r} must be (row, column) of "
+                             "the tile's first element")
+        row0, col0 = (as_term(c) for c in origin)
+        half = bn // 2
+        with self.loop(f"{acc.name}_ej", bm // groups // MMA_M, kind="unroll") as j:
+            with self.loop(f"{acc.name}_er", half, kind="unroll") as r:
+                index = j * half + r
+                row, col = fragment_coords(bn, bm // groups, j, r, name("threadIdx.x"))
+                yield FragmentElement(self.load(acc, index), row0 + row, col0 + col, row, col, index, acc, self)
+
+    def fragment_map(self, acc, fn: Callable[[FragmentElement], TermLike],
+                     origin: Sequence[TermLike] = (0, 0)) -> None:
+        """Replace every element of ``acc`` by ``fn(element)`` (a :class:`FragmentElement`; ``fn`` builds
+        its value with the kernel's calls and returns it): :meth:`fragment_elements` in one call."""
+        if not callable(fn):
+            raise BuildError(f"fragment_map at {_call_site()}: fn {fn!r} must be a function of one element")
+        with self.fragment_elements(acc, origin) as e:
+            e.set(fn(e))
+
+    def fragment_store(self, acc, out: Buffer, origin: Sequence[TermLike]) -> None:
+        """Every element of ``acc`` to the two-dimensional global tensor ``out`` at ``origin`` + its place
+        in the tile, rounded to ``out``'s dtype, each thread storing its own elements (no staging; the
+        elements outside ``out`` are not written). :meth:`mma_store` writes the tile by TMA instead."""
+        where = f"fragment_store at {_call_site()}"
+        self._known(out, ("tensor",), "fragment_store")
+        if len(out.shape) != 2:
+            raise BuildError(f"{where}: {out.name!r} has shape {out.shape}; store a fragment into a "
+                             "two-dimensional tensor")
+        rows, cols = out.shape
+        with self.fragment_elements(acc, origin) as e:
+            with self.if_(e.inside(rows, cols)):
+                self.store(out, e.row * cols + e.col, e.value)
 
     def wgmma_fence(self) -> None:
         """``wgmma.fence``: earlier register and shared writes are seen by the next mma."""

@@ -5,6 +5,9 @@ tolerances and the trip count of its circular-buffered loop (their one-line docs
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -56,6 +59,9 @@ class KernelSpec:
     tile_output: bool = False  # its output leaves in whole tiles, one per iteration: it can be TMA-stored
     swizzles: bool = False  # it can read its inputs from swizzled tiles
     seed: bool = True  # one of the seed's test matrix (the CPU differential matrix runs every such kernel)
+    # the spec of the kernel with epilogue NAME (its inputs and reference include the epilogue's), for
+    # kernels that take one (`--epilogue`); None: the kernel takes none
+    epilogue: Optional[Callable[[str], "KernelSpec"]] = None
 
     def build(self, shape: Optional[tuple] = None, trips: Optional[int] = None, dtype: Optional[str] = None,
               tma_store: bool = False, swizzle: str = "none", **options) -> Kernel:
@@ -153,6 +159,52 @@ def _mm_tc_reference(a):
     return {"c": a["a"].astype(np.float64) @ a["b"].astype(np.float64).T}
 
 
+_ERF = np.frompyfunc(math.erf, 1, 1)
+_ACTIVATIONS = {None: lambda x: x, "relu": lambda x: np.maximum(x, 0.0),
+                "gelu": lambda x: 0.5 * x * (1.0 + _ERF(x / math.sqrt(2.0)).astype(np.float64)),
+                "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3))),
+                "silu": lambda x: x / (1.0 + np.exp(-x))}
+
+
+def _mm_tc_epilogue_inputs(epilogue: str, shape, rng):
+    args = _mm_tc_inputs(shape, rng)
+    m, n, _ = shape
+    for p in _mtc.epilogue_inputs(epilogue):
+        if p == "bias":
+            args["bias"] = _normal(rng, n)
+        elif p in ("residual", "c_in"):
+            args[p] = _normal(rng, m, n)
+        else:  # the scalars alpha and beta
+            args[p] = float(np.float32(rng.uniform(-2.0, 2.0)))
+    return args
+
+
+def _mm_tc_epilogue_reference(epilogue: str, a):
+    x = _mm_tc_reference(a)["c"]
+    adds, act = _mtc.EPILOGUES[epilogue]
+    if "bias" in adds:
+        x = x + a["bias"].astype(np.float64)[None, :]
+    if "residual" in adds:
+        x = x + a["residual"].astype(np.float64)
+    if "alpha_beta" in adds:
+        x = a["alpha"] * x + a["beta"] * a["c_in"].astype(np.float64)
+    return {"c": _ACTIVATIONS[act](x)}
+
+
+def _mm_tc_with_epilogue(epilogue: str) -> "KernelSpec":
+    """matmul_tc with ``epilogue`` (:data:`cbrules.kernels.matmul_tc.EPILOGUES`): its extra inputs, reference
+    and tolerance (alpha scales the product's rounding error)."""
+    if epilogue not in _mtc.EPILOGUES:
+        raise UnsupportedVariantError(f"kernel matmul_tc: epilogue {epilogue!r} is not one of "
+                                      f"{', '.join(_mtc.EPILOGUES)}")
+    base = KERNELS["matmul_tc"]
+    return dataclasses.replace(
+        base, factory=functools.partial(_mtc.matmul_tc, epilogue=epilogue),
+        inputs=functools.partial(_mm_tc_epilogue_inputs, epilogue),
+        reference=functools.partial(_mm_tc_epilogue_reference, epilogue),
+        tolerance=lambda s: (1e-4, 6e-6 * s[2] + 1e-5))
+
+
 def _normalize(x):
     x64 = x.astype(np.float64)
     mean = x64.mean(axis=1, keepdims=True)
@@ -213,7 +265,8 @@ _SPECS = [
     KernelSpec("matmul_tc", CATALOG["matmul_tc"], _mtc.matmul_tc, _mm_tc_inputs, _mm_tc_reference, ("c",),
                (1024, 2048, 4096), ((128, 128, 64), (500, 1000, 304), (1024, 2048, 4096), (129, 264, 72)),
                trips=lambda s: _cdiv(s[2], _mtc.BK), tolerance=lambda s: (1e-4, 3e-6 * s[2]),
-               shape_for_trips=lambda t: (130, 136, _mtc.BK * t - 8), dtypes=_mtc.MMA_DTYPES, seed=False),
+               shape_for_trips=lambda t: (130, 136, _mtc.BK * t - 8), dtypes=_mtc.MMA_DTYPES, seed=False,
+               epilogue=lambda name: _mm_tc_with_epilogue(name)),
 ]
 KERNELS: dict[str, KernelSpec] = {s.name: s for s in _SPECS}
 assert list(KERNELS) == list(CATALOG), "every built-in kernel has one line in the catalog"
