@@ -17,7 +17,7 @@ from typing import Any, Optional
 from ..ir.graph import Param
 from ..ir.names import BUILTINS, RULES, problem
 from ..ir.limits import MAX_SHARED_BYTES
-from ..ir.ops import DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS
+from ..ir.ops import DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS, SHFL_MODES, WARP_SIZE
 from ..schedule import Step
 from ..ir.terms import BINARY_OPS, DEVICE_FUNCTIONS, UNARY_OPS, Term, call_problem, to_c
 
@@ -350,6 +350,24 @@ def _binary(o, a, e) -> str:
     return f"{a['dst']} = ({x}) {_BINARY_C[o]} ({y});"
 
 
+# CUDA's intrinsics (NVRTC declares them without headers) and the C type of their lane argument
+_SHFL_C = {"xor": ("__shfl_xor_sync", "int"), "down": ("__shfl_down_sync", "unsigned"),
+           "up": ("__shfl_up_sync", "unsigned"), "idx": ("__shfl_sync", "int")}
+assert set(_SHFL_C) == set(SHFL_MODES)
+
+
+def _shfl(a) -> str:
+    """A full-mask warp shuffle; the value is cast to the register's type so that the intrinsic's
+    overload is the register's (a literal would pick double)."""
+    width = _int(a["width"], "a shuffle width", 1)
+    if a["mode"] not in _SHFL_C or width > WARP_SIZE or width & (width - 1) or a["dtype"] in HALF_DTYPES:
+        raise CodegenError(f"shfl into {a['dst']}: mode {a['mode']!r}, width {width}, dtype {a['dtype']!r}; expected "
+                           f"{', '.join(SHFL_MODES)}, a power of two up to {WARP_SIZE} and a register type")
+    fn, lane_type = _SHFL_C[a["mode"]]
+    value, lane = _args(a)
+    return f"{a['dst']} = {fn}(0xffffffffu, ({_dtype(a['dtype'])})({value}), ({lane_type})({lane}), {width});"
+
+
 def _register_array(a) -> Optional[str]:
     if a["space"] != "register":
         return None  # shared buffers are carved out of dynamic shared memory at the top
@@ -422,6 +440,7 @@ _STATEMENTS = {
     "min": lambda o, a, e: f"{a['dst']} = cb_min({', '.join(_args(a))});",
     "fma": lambda o, a, e: f"{a['dst']} = {_fn('fma', a['dtype'])}({', '.join(_args(a))});",
     "select": lambda o, a, e: "{} = ({}) ? ({}) : ({});".format(a["dst"], *_args(a)),
+    "shfl": lambda o, a, e: _shfl(a),
     "reduce": _reduce,
     "tma_load": lambda o, a, e: (f"cb_tma_load(cb_smem_addr({a['dst']} + {_c_term(a['offset'])}), &{a['tmap']}, "
                               f"{_bar(a)}, {_coords(a)});"),

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from .names import RULES, problem
-from .ops import BINARY, MAX_BACKOFF_NS, OPS, UNARY
+from .ops import BINARY, MAX_BACKOFF_NS, OPS, UNARY, WARP_SIZE
 from .terms import BINARY_OPS, MAX_TERM_DEPTH, MAX_TERM_PARTS, UNARY_OPS, Term, call_problem, extent
 
 
@@ -31,7 +31,7 @@ def ident_keys(op: str) -> tuple[str, ...]:
 
 
 # how many terms an op's args holds (codegen prints each by position: fmaf(a, b, c))
-ARG_COUNTS = {"fma": 3, "select": 3, "block_stats": 2, **{u: 1 for u in UNARY}, **{b: 2 for b in BINARY}}
+ARG_COUNTS = {"fma": 3, "select": 3, "block_stats": 2, "shfl": 2, **{u: 1 for u in UNARY}, **{b: 2 for b in BINARY}}
 
 
 def attribute_problem(op: str, key: str, value: Any) -> str | None:
@@ -74,9 +74,10 @@ INT_ATTRS = (("alloc", "shape", 1, True), ("alloc", "align", 1, False), ("mbarri
              ("bar_sync", "count", 1, False), ("kernel", "block", 1, True), ("mbarrier_wait", "backoff", 0, False),
              ("tma_store_wait", "pending", 0, False), ("copy", "count", 1, False), ("mma", "shape", 1, True),
              ("mma", "groups", 1, False), ("mma", "swizzle", 0, False), ("wgmma_wait", "pending", 0, False),
-             ("block_stats", "n", 1, False))
+             ("block_stats", "n", 1, False), ("shfl", "width", 1, False))
 # block_stats n: the merge weighs with n as a float32, exact up to 2**24 (a thread holds a few hundred)
-INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16, ("block_stats", "n"): 1 << 24}
+INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16, ("block_stats", "n"): 1 << 24,
+            ("shfl", "width"): WARP_SIZE}
 _INT_ATTR: dict[tuple[str, str], tuple[int, bool]] = {}  # (op, key) -> (lowest value, a tuple?)
 INT_KEYS: dict[str, list[tuple[str, int]]] = {}  # op -> its (key, lowest value), in INT_ATTRS order
 for _o, _k, _low, _many in INT_ATTRS:

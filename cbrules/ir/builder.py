@@ -36,7 +36,7 @@ from .graph import KernelGraph, Param
 from .limits import SWIZZLE_SPAN, SwizzleError, TmaBoxError, swizzle_repeat  # noqa: F401  (public via the builder)
 from .names import IdentifierError, NameClashError  # noqa: F401  (public via the builder)
 from .ops import (BINARY, BUILT_SCOPE_DEPTH, DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS, OPS, REDUCE_COMBINE,
-                  SPACES, UNARY,
+                  SHFL_MODES, SPACES, UNARY, WARP_SIZE,
                   DependenceTracker,
                   compute_dtype)
 from .terms import BUILT_TERM_DEPTH, BUILT_TERM_PARTS, ELECT_ONE, Term, TermLike, as_term, fits, name
@@ -351,6 +351,34 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
         """``dst = pred ? a : b`` per thread, e.g. ``k.select((col).lt(n), v, float("-inf"))`` for a
         ragged tail whose padding must not count in a max."""
         return self._elementwise("select", pred, a, b, dst=dst, dtype=dtype)
+
+    def shfl(self, value: TermLike, lane: TermLike, mode: str = "xor", width: int = 32, dst: Optional[str] = None,
+             dtype: str = "float32") -> Term:
+        """A warp shuffle (full mask): each lane gets ``value`` as computed by another lane of its warp.
+
+        ``mode`` picks the source lane from ``lane`` (a literal 0..width-1 or a term): ``"xor"`` lane ^ lane_arg
+        (a butterfly: ``k.shfl(v, 1)`` then ``k.shfl(v, 2)`` combine the four lanes of each group),
+        ``"down"`` lane + lane_arg, ``"up"`` lane - lane_arg, ``"idx"`` lane lane_arg (a broadcast).
+        The warp is split into segments of ``width`` lanes (a power of two up to 32); a lane whose source
+        lies past its segment (down, xor; before it, up) keeps its own value, and idx counts within the
+        segment. As ``__shfl_*_sync(0xffffffff, ...)``: every lane of the warp must execute it together
+        (not inside an ``if`` that splits a warp; the interpreter refuses that), so the block must be whole
+        warps. ``dtype`` is the register's type (float32, float64 or an int type)."""
+        where = f"shfl at {_call_site()}"
+        _choice(mode, where, "mode", SHFL_MODES)
+        width = _int(width, where, "width", 1)
+        if width > WARP_SIZE or width & (width - 1):
+            raise BuildError(f"{where}: width {width} is not a power of two in 1..{WARP_SIZE}; a shuffle's segments "
+                             "tile the warp (use 4 for the four lanes of an MMA fragment row)")
+        if not isinstance(lane, (Term, str)):
+            lane = _int(lane, where, "lane")
+            if not 0 <= lane < width:  # the hardware reads 5 bits and wraps or leaks across segments past width
+                raise BuildError(f"{where}: lane {lane} is outside 0..{width - 1} (width {width}); past the segment "
+                                 "a shuffle names another lane than written or none (each keeps its own value)")
+        self._check_literals("shfl", dtype, value)
+        dst = self._reg(dst, "shfl", dtype)
+        self._node("shfl", dst=dst, args=(as_term(value), as_term(lane)), mode=mode, width=width, dtype=dtype)
+        return name(dst)
 
     def _check_literals(self, call: str, dtype: str, *values: TermLike) -> None:
         """An infinity or NaN literal is a float's: an integer register cannot hold one."""

@@ -35,6 +35,9 @@ def compute_dtype(dtype: str) -> str:
 UNARY = ("exp", "log", "sqrt", "rsqrt", "neg", "abs")
 BINARY = ("add", "sub", "mul", "div", "max", "min")
 REDUCE_COMBINE = ("sum", "max", "min")
+# a warp shuffle's modes, as CUDA names them: __shfl_xor_sync, __shfl_down_sync, __shfl_up_sync, __shfl_sync
+SHFL_MODES = ("xor", "down", "up", "idx")
+WARP_SIZE = 32
 SYNC_TOKEN = "sync"
 # Attributes any node may carry: rules use them to tag nodes (e.g. a pipeline stage) for later rules.
 COMMON_ATTRIBUTES = ("stage", "tag", "part")
@@ -135,6 +138,9 @@ for _op in UNARY + BINARY:
     OPS[_op] = OpSpec(("dst", "args", "dtype"), (), ("args",))
 # dst = args[0] ? args[1] : args[2], per thread (a ragged tail's neutral element without an if per lane)
 OPS["select"] = OpSpec(("dst", "args", "dtype"), (), ("args",))
+# a warp shuffle with the full mask: dst = args[0] as the lane picked by mode from args[1] computed it, within
+# segments of `width` lanes (a power of two up to 32); every lane of the warp must execute it together
+OPS["shfl"] = OpSpec(("dst", "args", "mode", "width", "dtype"), (), ("args",), "compute", {"mode": "xor", "width": 32})
 
 # one sentence per op, for `cbrules ops` and the rule author's guide (rules/README.md)
 OP_DOCS: dict[str, str] = {
@@ -182,6 +188,9 @@ OP_DOCS: dict[str, str] = {
     "wgmma_fence": "order earlier register and shared writes before the warp group's next mma",
     "wgmma_commit": "close the group of mma this warp group issued since its last commit",
     "wgmma_wait": "wait until at most pending of this warp group's committed mma groups are incomplete",
+    "shfl": "dst = args[0] of another lane of this warp (all 32 lanes execute it together, full mask): lane "
+            "^ args[1] (mode xor), lane + args[1] (down), lane - args[1] (up) or lane args[1] (idx), within "
+            "segments of width lanes; a lane whose source falls outside its segment keeps its own value",
     **{u: f"dst = {u}(args[0])" for u in UNARY},
     **{b: f"dst = {b}(args[0], args[1])" for b in BINARY},
 }

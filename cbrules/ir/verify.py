@@ -13,7 +13,8 @@ from ..errors import CbrulesError
 from .attributes import (ARG_COUNTS, INT_HIGH, INT_KEYS, attribute_problem, ident_keys, register_count,
                          term_problem)
 from .names import BUILTINS, RULES, problem
-from .ops import DTYPES, LOOP_KINDS, MAX_SCOPE_DEPTH, OPS, REDUCE_COMBINE, SCOPES, SPACES, term_values
+from .ops import (DTYPES, HALF_DTYPES, LOOP_KINDS, MAX_SCOPE_DEPTH, OPS, REDUCE_COMBINE, SCOPES, SHFL_MODES, SPACES,
+                  WARP_SIZE, term_values)
 from .order import CONTAINS, DEPENDS, ScheduleError, order_among, sibling_order
 from .terms import Term
 from .tma_view import TmaSplitError, normalize_split
@@ -155,6 +156,9 @@ def _attributes(kg: KernelGraph) -> None:
         if op == "block_stats" and d["dst"] == d["dst_m2"]:  # one variable for both results: one is lost
             raise GraphError("attributes", f"{kg.describe(n)}: dst and dst_m2 are both {d['dst']!r}; the mean "
                              "and the M2 need a register each", n)
+        if op == "shfl" and (d["mode"] not in SHFL_MODES or d["dtype"] in HALF_DTYPES + ("mbarrier",)):
+            raise GraphError("attributes", f"{kg.describe(n)}: shuffle mode {d['mode']!r} / dtype {d['dtype']!r}; "
+                             f"expected one of {', '.join(SHFL_MODES)} and a register type (float32, int32, ...)", n)
         if op == "alloc" and (d["space"] not in SPACES or d["dtype"] not in DTYPES):
             raise GraphError("attributes", f"{kg.describe(n)}: space {d['space']!r} / dtype {d['dtype']!r} "
                              "not supported", n)
@@ -273,6 +277,9 @@ def _values(kg: KernelGraph, walked: list[int]) -> None:
             if bad:
                 most = f" and <= {INT_HIGH[op, key]}" if (op, key) in INT_HIGH else ""
                 raise GraphError("int-valued", f"{kg.describe(n)}: {key} must be int(s) >= {low}{most}: {bad}", n)
+        if op == "shfl" and isinstance(d["width"], int) and d["width"] & (d["width"] - 1):
+            raise GraphError("int-valued", f"{kg.describe(n)}: shuffle width {d['width']} is not a power of two "
+                             f"(1, 2, 4, ... {WARP_SIZE}): segments of lanes tile the warp", n)
         if op == "alloc" and d.get("align") and d["align"] & (d["align"] - 1):
             raise GraphError("int-valued", f"{kg.describe(n)}: align {d['align']} is not a power of two", n)
         if "dtype" in d and d["dtype"] not in DTYPES:
@@ -401,8 +408,12 @@ def _barriers(kg: KernelGraph, order: list[int], by_op: dict[str, list[int]]) ->
 
 def _block_shape(kg: KernelGraph, by_op: dict[str, list[int]]) -> None:
     bx, by, bz = kg.kernel()["block"]
-    for n in kg.nodes() if bx < 32 else by_op.get("reduce", []) + by_op.get("block_stats", []):  # only reductions to check
-        d = kg[n]
+    for n in kg.nodes() if bx < 32 else by_op.get("reduce", []) + by_op.get("block_stats", []) + by_op.get("shfl", []):
+        d = kg[n]  # (with a block of 32 threads or more only the warp collectives to check)
+        if d["op"] == "shfl" and (bx * by * bz) % WARP_SIZE:
+            raise GraphError("shfl-warps", f"{kg.describe(n)}: a warp shuffle with the full mask needs every lane of "
+                             f"its warp, and a block of {bx * by * bz} threads ends in a partial warp; use a multiple "
+                             f"of {WARP_SIZE} threads", n)
         if bx < 32 and any(t.op == "call" and t.value == "elect_one" for t in _subterms(term_values(d["op"], d))):
             raise GraphError("elect-one-warp", f"{kg.describe(n)} uses elect_one() but blockDim.x = {bx} "
                              "< 32; the elect-one predicate needs one full warp", n)

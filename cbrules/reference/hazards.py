@@ -90,6 +90,11 @@ class DivergentSync(ProtocolError):
     """A block-wide operation (block sync, block reduction) reached by only some threads."""
 
 
+class DivergentShuffle(DivergentSync):
+    """A warp shuffle with the full mask executed by only some lanes of a warp (the others would be
+    read without having computed the value; CUDA leaves the result undefined)."""
+
+
 class ElectError(ProtocolError):
     """``elect_one()`` (``elect.sync`` with a full mask) executed by part of warp 0 only."""
 

@@ -137,3 +137,23 @@ def block_stats(mean: np.ndarray, m2: np.ndarray, n: int) -> tuple[np.ndarray, n
         x, x2 = merge(x, x2, o, c)
         c, o = c * f32(2), o * 2
     return np.full(mean.size, x[0], f32), np.full(mean.size, x2[0], f32)
+
+
+def shfl_source(lane: np.ndarray, b, mode: str, width: int) -> np.ndarray:
+    """The lane each lane of a warp reads in ``shfl.sync.{bfly,down,up,idx}`` (PTX ISA, shfl.sync) as
+    CUDA's ``__shfl_*_sync(mask, v, b, width)`` issues it: the segment mask is ``32 - width`` and
+    the clamp 31 (0 for up); only ``b``'s low 5 bits count; a lane whose source is out of its segment
+    (past the segment's last lane; before its first for up) reads its own value. ``lane``: 0..31 per
+    thread; ``b``: a scalar or one per thread."""
+    b = np.asarray(b).astype(np.int64) & 31
+    lane = lane.astype(np.int64)
+    seg = 32 - width
+    low = lane & seg  # the segment's first lane
+    high = low | (31 & ~seg)  # ... and its last
+    if mode == "up":
+        j = lane - b
+        ok = j >= low
+    else:
+        j = {"down": lambda: lane + b, "xor": lambda: lane ^ b, "idx": lambda: low | (b & ~seg)}[mode]()
+        ok = j <= high
+    return np.where(ok, j, lane)

@@ -24,8 +24,9 @@ import numpy as np
 from ..ir.bind import NP_DTYPES, BlocksLike, bind, select_blocks
 from ..ir.builder import Kernel
 from ..ir.graph import BUILTINS, KernelGraph
-from .hwsim import block_reduce, block_stats
-from ..ir.ops import UNARY
+from .hazards import DivergentShuffle
+from .hwsim import block_reduce, block_stats, shfl_source
+from ..ir.ops import UNARY, WARP_SIZE
 from .interp_memory import MemoryOps, NonUniform, OutOfBounds
 from .interp_mma import MmaOps
 from .interp_roles import SCHEDULES, SWITCH, Blocked, Role, check_schedule, drive
@@ -34,7 +35,7 @@ from ..schedule import Step, schedule
 from ..ir.terms import Term
 from .vterms import C_BINARY, CACHE, Lanes, TermError, c_div, compile_term
 
-__all__ = ["run", "prepare", "Program", "InterpError", "OutOfBounds", "NonUniform", "SCHEDULES"]
+__all__ = ["run", "prepare", "Program", "InterpError", "OutOfBounds", "NonUniform", "DivergentShuffle", "SCHEDULES"]
 
 KernelLike = Union[Kernel, KernelGraph]
 _COMBINE = {"sum": C_BINARY["+"],
@@ -176,6 +177,7 @@ class _BlockRunner(MemoryOps, MmaOps):
         for op in ("add", "sub", "mul", "div", "max", "min"):
             self.handlers[op] = self._binary
         self.handlers["select"] = self._select
+        self.handlers["shfl"] = self._shfl
 
     # ---------------------------------------------------------------- driver
     def run_block(self, block: tuple) -> None:
@@ -363,6 +365,27 @@ class _BlockRunner(MemoryOps, MmaOps):
         p, x, y = (f(self.env, self.lanes(mask)) for f in self.p.fns[s.node]["args"])
         dt = np.dtype(NP_DTYPES[s.attrs["dtype"]])
         self.set_reg(s.attrs["dst"], np.where(np.asarray(p, bool), np.asarray(x, dt), np.asarray(y, dt)), mask)
+
+    def _shfl(self, s: Step, mask: np.ndarray) -> None:
+        """Each lane reads the value its source lane computed (:func:`hwsim.shfl_source`); every lane of
+        each warp that reaches it must be active (the full mask)."""
+        if self.T % WARP_SIZE:
+            raise DivergentShuffle(f"a warp shuffle needs whole warps; the block has {self.T} threads", self.site())
+        warps = mask.reshape(-1, WARP_SIZE)
+        split = warps.any(axis=1) & ~warps.all(axis=1)
+        if split.any():
+            w = int(np.argmax(split))
+            missing = w * WARP_SIZE + int(np.argmin(warps[w]))
+            raise DivergentShuffle(f"a warp shuffle (full mask 0xffffffff) is reached by {int(warps[w].sum())} of the "
+                                   f"{WARP_SIZE} lanes of warp {w} (thread {missing} does not reach it, e.g. inside an "
+                                   "if that splits the warp); every lane must execute it together: move it out of "
+                                   "the if and select the values after it", self.site())
+        value, lane = (f(self.env, self.lanes(mask)) for f in self.p.fns[s.node]["args"])
+        dt = np.dtype(NP_DTYPES[s.attrs["dtype"]])
+        v = np.broadcast_to(np.asarray(value).astype(dt), (self.T,))
+        tid = np.arange(self.T)
+        src = shfl_source(tid % WARP_SIZE, self.per_lane(lane, tid), s.attrs["mode"], int(s.attrs["width"]))
+        self.set_reg(s.attrs["dst"], v[tid - tid % WARP_SIZE + src], mask)
 
     def _fma(self, s: Step, mask: np.ndarray) -> None:
         x, y, z = (f(self.env, self.lanes(mask)) for f in self.p.fns[s.node]["args"])
