@@ -20,12 +20,14 @@ from cbrules.reference.interp import run
 BF16 = ml_dtypes.bfloat16
 
 
-def _gemm(m_tile=64, n_tile=64, epilogue=None, store="plain", dtype="bfloat16", out_dtype="float32"):
-    """C = epilogue(A @ B^T) on one warp group, 64 x n_tile tiles, K in steps of 16; ``epilogue(k, e, t)`` maps
-    an element (``t``: the kernel's tensors)."""
-    k = Kernel("frag", block=128)
+def _gemm(m_tile=64, n_tile=64, epilogue=None, store="plain", dtype="bfloat16", out_dtype="float32", body=None,
+          groups=1):
+    """C = epilogue(A @ B^T) on ``groups`` warp groups, m_tile x n_tile tiles, K in steps of 16; ``epilogue(k, e,
+    t)`` maps an element (``t``: the kernel's tensors and symbols), ``body(k, acc, t, origin)`` runs after the
+    K loop."""
+    k = Kernel("frag", block=128 * groups)
     m, n, kk = k.symbol("M"), k.symbol("N"), k.symbol("K")
-    t = {"a": k.tensor("a", (m, kk), dtype), "b": k.tensor("b", (n, kk), dtype),
+    t = {"M": m, "N": n, "a": k.tensor("a", (m, kk), dtype), "b": k.tensor("b", (n, kk), dtype),
          "c": k.tensor("c", (m, n), out_dtype), "bias": k.tensor("bias", (n,), "float32"),
          "scale": k.tensor("scale", (m,), "float32"), "res": k.tensor("res", (m, n), "bfloat16")}
     a_map = k.tensor_map(t["a"], box=(m_tile, 16), swizzle="32B")
@@ -43,6 +45,8 @@ def _gemm(m_tile=64, n_tile=64, epilogue=None, store="plain", dtype="bfloat16", 
         k.mma(acc, a_t, b_t)
     if epilogue is not None:
         k.fragment_map(acc, lambda e: epilogue(k, e, t), origin=(row0, col0))
+    if body is not None:
+        body(k, acc, t, (row0, col0))
     if store == "plain":
         k.fragment_store(acc, t["c"], (row0, col0))
     else:
@@ -169,6 +173,51 @@ def test_refusals():
         k.fragment_store(acc, Buffer("bias", "float32", t["bias"].shape, "global"), (0, 0))
     with pytest.raises(MatmulTileError, match="epilogue='gelu'"):
         matmul_tc(epilogue="gelu")
+
+
+def _reduction(axis, combine, ident, mutate=None):
+    def body(k, acc, t, origin):
+        k.fragment_map(acc, lambda e: k.select(e.inside(t["M"], t["N"]), e.value, ident), origin)
+        red = k.fragment_reduce(acc, axis, combine)
+        k.fragment_map(acc, lambda e: e.reduced(red), origin)  # each element: the reduction of its row / column
+    return body
+
+
+def _tile_reduced(x, m_tile, n_tile, axis, fn):
+    """Each element replaced by ``fn`` over its row (axis row) or column inside its m_tile x n_tile tile."""
+    out = np.empty_like(x)
+    for i, j in itertools.product(range(0, x.shape[0], m_tile), range(0, x.shape[1], n_tile)):
+        t = x[i:i + m_tile, j:j + n_tile]
+        out[i:i + m_tile, j:j + n_tile] = fn(t, axis=1 if axis == "row" else 0, keepdims=True)
+    return out
+
+
+REDUCTIONS = {"max": (float("-inf"), np.max), "sum": (0.0, np.sum), "min": (float("inf"), np.min)}
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("axis,combine", [("row", "max"), ("row", "sum"), ("col", "max"), ("col", "sum"),
+                                          ("col", "min")])
+def test_fragment_reductions(axis, combine, groups):
+    # ragged 150 x 72: the last tiles' rows and columns outside the output are masked to the identity; with
+    # two warp groups a column spans 8 warps (the shared step), a row stays inside one warp
+    ident, fn = REDUCTIONS[combine]
+    m_tile = 64 * groups
+    args = _args((150, 72, 40), seed=groups)
+    want = _tile_reduced(_product(args), m_tile, 64, axis, fn)
+    kernel = _gemm(m_tile=m_tile, groups=groups, body=_reduction(axis, combine, ident))
+    for got in _both(kernel, args):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("axis,shuffles", [("row", (1,)), ("col", (4, 8))])
+def test_a_reduction_that_skips_a_lane_is_caught(monkeypatch, axis, shuffles):
+    # the mutation: one shuffle fewer, so each result misses the partials of half its lanes
+    monkeypatch.setattr(builder_mma, "ROW_SHUFFLES" if axis == "row" else "COL_SHUFFLES", shuffles)
+    args = _args((64, 64, 32), 2)
+    want = _tile_reduced(_product(args), 64, 64, axis, np.max)
+    got = run(api.lower(_gemm(body=_reduction(axis, "max", float("-inf")))), args)["c"]
+    assert not np.allclose(got, want, rtol=1e-5, atol=1e-3)
 
 
 def _epilogue_spec(name):

@@ -60,6 +60,7 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
         self._tile_writes: dict[str, list[coverage.TileWrite]] = {}  # buffer -> its TMA loads so far
         self._stored: set[str] = set()  # buffers written by plain stores (their coverage is not judged)
         self._fragments: dict[str, tuple[int, int, int]] = {}  # accumulator -> (bm, bn, groups)
+        self._reductions: dict[str, tuple[str, str]] = {}  # fragment reduction -> (accumulator, axis)
 
     # ---------------------------------------------------------------- names
     def _claim(self, nm: Any, what: str, call: str, reuse: bool = False) -> str:

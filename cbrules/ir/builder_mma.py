@@ -60,6 +60,8 @@ class FragmentElement:
     index: Term
     fragment: Buffer
     kernel: Any  # the Kernel being built (writes go through it)
+    block: Term  # the element's 64-row block j and its register r in the block (index = j * BN/2 + r)
+    register: Term
 
     def set(self, value: TermLike) -> None:
         """Write ``value`` (rounded to float32) as this element's new value."""
@@ -94,6 +96,22 @@ class FragmentElement:
             return self.kernel.load(tile, _clamped(self.row, rows) * cols + _clamped(self.col, cols))
         return self.kernel.load(tile, self.tile_row * cols + self.tile_col)
 
+    def reduced(self, reduction: Buffer) -> Term:
+        """The value of :meth:`MmaBuilder.fragment_reduce`'s ``reduction`` for this element: the reduction
+        over its row (axis "row") or its column (axis "col") of the tile, as float32."""
+        got = self.kernel._reductions.get(getattr(reduction, "name", None))
+        if got is None or got[0] != self.fragment.name:
+            raise BuildError(f"reduced at {_call_site()}: {reduction!r} is not a reduction of fragment "
+                             f"{self.fragment.name!r}; pass what fragment_reduce(...) of it returned")
+        return self.kernel.load(reduction, _reduced_index(got[1], self.block, self.register))
+
+
+def _reduced_index(axis: str, j: TermLike, r: TermLike) -> Term:
+    """Where a thread keeps the reduction of the row (axis "row": 2 rows per 64-row block j, the half
+    (r/2)%2 of register r) or the column (axis "col": the column pair r/4 and r%2 of it) of register r."""
+    j, r = as_term(j), as_term(r)
+    return j * 2 + (r / 2) % 2 if axis == "row" else (r / 4) * 2 + r % 2
+
 
 def _vector_length(vector: Buffer, call_name: str) -> Term:
     if len(vector.shape) != 1 or vector.space != "global":
@@ -105,6 +123,25 @@ def _vector_length(vector: Buffer, call_name: str) -> Term:
 def _clamped(i: Term, extent: TermLike) -> Term:
     """``min(i, extent - 1)``: an index kept inside a tensor whose edge a ragged tile crosses."""
     return call("min", i, as_term(extent) - 1)
+
+
+# combine -> (identity, the kernel's binary op); the shuffles that combine the lanes sharing a row / a column
+FRAGMENT_COMBINE = {"max": (float("-inf"), "max"), "min": (float("inf"), "min"), "sum": (0.0, "add")}
+FRAGMENT_OPS = {op: c for c, (_, op) in FRAGMENT_COMBINE.items()}
+ROW_SHUFFLES = (1, 2)  # lanes 4q .. 4q+3 hold one row
+COL_SHUFFLES = (4, 8, 16)  # lanes l, l+4, ..., l+28 hold one column
+
+
+@contextmanager
+def _unrolled(k, prefix: str, loops) -> Iterator[dict]:
+    """Nested unrolled loops ``prefix + name`` over (name, trip count) pairs; yields name -> variable."""
+    if not loops:
+        yield {}
+        return
+    (nm, trips), rest = loops[0], loops[1:]
+    with k.loop(prefix + nm, trips, kind="unroll") as v:
+        with _unrolled(k, prefix, rest) as more:
+            yield {nm: v, **more}
 
 
 class MmaBuilder:
@@ -229,7 +266,7 @@ class MmaBuilder:
             with self.loop(f"{acc.name}_er", half, kind="unroll") as r:
                 index = j * half + r
                 row, col = fragment_coords(bn, bm // groups, j, r, name("threadIdx.x"))
-                yield FragmentElement(self.load(acc, index), row0 + row, col0 + col, row, col, index, acc, self)
+                yield FragmentElement(self.load(acc, index), row0 + row, col0 + col, row, col, index, acc, self, j, r)
 
     def fragment_map(self, acc, fn: Callable[[FragmentElement], TermLike],
                      origin: Sequence[TermLike] = (0, 0)) -> None:
@@ -239,6 +276,64 @@ class MmaBuilder:
             raise BuildError(f"fragment_map at {_call_site()}: fn {fn!r} must be a function of one element")
         with self.fragment_elements(acc, origin) as e:
             e.set(fn(e))
+
+    def fragment_reduce(self, acc, axis: str = "row", combine: str = "max", dst: Optional[str] = None) -> Buffer:
+        """Reduce ``acc`` along the rows (``axis="row"``: each row of the tile over its BN columns) or the
+        columns (``axis="col"``: each column over the BM rows) with ``combine`` (max, min, sum); returns a
+        register array that :meth:`FragmentElement.reduced` reads per element (every thread holding an
+        element of the row or column gets the result).
+
+        A row's BN elements are held by the four lanes of one warp (lane / 4 equal): each thread combines
+        its own (BN/4 a row), then two shuffles (xor 1, xor 2) combine the four lanes. A column's elements
+        are held by the 8 lanes of each warp with the same lane % 4, in every warp of every warp group:
+        each thread combines its own, three shuffles (xor 4, 8, 16) the warp's, and the warps' partials
+        meet in a shared [warps, BN] scratch between two block syncs (the consumers' named barrier once
+        warp-specialized: rules/warp_specialize.rules). Mask elements outside the output first (a
+        ``select`` to the combine's identity in :meth:`fragment_map`)."""
+        where = f"fragment_reduce at {_call_site()}"
+        bm, bn, groups = self._mma_fragment(acc, "fragment_reduce")
+        if axis not in ("row", "col") or combine not in FRAGMENT_COMBINE:
+            raise BuildError(f"{where}: axis {axis!r} / combine {combine!r}: give axis 'row' or 'col' and combine "
+                             f"one of {', '.join(FRAGMENT_COMBINE)}")
+        blocks, half = bm // groups // MMA_M, bn // 2
+        out = self.alloc(dst or f"{acc.name}_{axis}_{combine}", "register", "float32",
+                         (blocks * 2 if axis == "row" else bn // 4,))
+        self._reductions[out.name] = (acc.name, axis)
+        tmp = self._reg(None, "fragment_reduce")
+        identity, op = FRAGMENT_COMBINE[combine]
+        # register j * BN/2 + 4c + 2h + p holds row (j, h) and column pair (c, p): the outer loops walk the
+        # results, the inner ones the thread's own registers of one result
+        rows, cols = (("j", blocks), ("h", 2)), (("c", bn // 8), ("p", 2))
+        outer, inner = (rows, cols) if axis == "row" else (cols, rows)
+        with _unrolled(self, f"{out.name}_", outer) as o:
+            self.assign(identity, dst=tmp)
+            with _unrolled(self, f"{out.name}_", inner) as i:
+                v = {**o, **i}
+                self.reduce(self.load(acc, v["j"] * half + v["c"] * 4 + v["h"] * 2 + v["p"]), kind="serial",
+                            combine=combine, dst=tmp)
+            for lane in ROW_SHUFFLES if axis == "row" else COL_SHUFFLES:
+                getattr(self, op)(tmp, self.shfl(tmp, lane, "xor"), dst=tmp)
+            self.store(out, o["j"] * 2 + o["h"] if axis == "row" else o["c"] * 2 + o["p"], tmp)
+        if axis == "col":  # 4 warps a group, each with its own rows
+            self._columns_across_warps(out, bn, 4 * groups, identity, op, tmp)
+        return out
+
+    def _columns_across_warps(self, out: Buffer, bn: int, warps: int, identity: float, op: str, tmp: str) -> None:
+        """Each warp's column partials (lanes 0..3 hold all BN columns) through shared memory to every thread."""
+        scratch = self.alloc(f"{out.name}_warps", "shared", "float32", (warps, bn))
+        tid = name("threadIdx.x")
+        lane, warp = tid % 32, tid / 32
+        with self.if_(lane.lt(4)):
+            with _unrolled(self, f"{out.name}_", (("c", bn // 8), ("p", 2))) as v:
+                self.store(scratch, warp * bn + v["c"] * 8 + lane * 2 + v["p"], self.load(out, v["c"] * 2 + v["p"]))
+        self.syncthreads()
+        with _unrolled(self, f"{out.name}_", (("c", bn // 8), ("p", 2))) as v:
+            self.assign(identity, dst=tmp)
+            with self.loop(f"{out.name}_w", warps, kind="unroll") as w:
+                self.reduce(self.load(scratch, w * bn + v["c"] * 8 + (lane % 4) * 2 + v["p"]), kind="serial",
+                            combine=FRAGMENT_OPS[op], dst=tmp)
+            self.store(out, v["c"] * 2 + v["p"], tmp)
+        self.syncthreads()  # every warp has read the scratch before a later reduction writes it again
 
     def fragment_store(self, acc, out: Buffer, origin: Sequence[TermLike]) -> None:
         """Every element of ``acc`` to the two-dimensional global tensor ``out`` at ``origin`` + its place
