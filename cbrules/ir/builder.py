@@ -61,6 +61,7 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
         self._stored: set[str] = set()  # buffers written by plain stores (their coverage is not judged)
         self._fragments: dict[str, tuple[int, int, int]] = {}  # accumulator -> (bm, bn, groups)
         self._reductions: dict[str, tuple[str, str]] = {}  # fragment reduction -> (accumulator, axis)
+        self._operands: dict[str, tuple[int, int, int, str]] = {}  # register MMA operand -> (bm, bk, groups, dtype)
 
     # ---------------------------------------------------------------- names
     def _claim(self, nm: Any, what: str, call: str, reuse: bool = False) -> str:

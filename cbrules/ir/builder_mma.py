@@ -125,6 +125,7 @@ def _clamped(i: Term, extent: TermLike) -> Term:
     return call("min", i, as_term(extent) - 1)
 
 
+_PACKED = {"bfloat16": "bf16x2", "float16": "f16x2"}
 # combine -> (identity, the kernel's binary op); the shuffles that combine the lanes sharing a row / a column
 FRAGMENT_COMBINE = {"max": (float("-inf"), "max"), "min": (float("inf"), "min"), "sum": (0.0, "add")}
 FRAGMENT_OPS = {op: c for c, (_, op) in FRAGMENT_COMBINE.items()}
@@ -192,6 +193,9 @@ class MmaBuilder:
         where = f"mma at {_call_site()}"
         bm, bn, groups = self._mma_fragment(acc, "mma")
         a_name, b_name = self._known(a, ("buffer",), "mma"), self._known(b, ("buffer",), "mma")
+        if a_name in self._operands:
+            self._register_a_mma(where, acc, a, b, (bm, bn, groups), a_offset, b_offset, scale_d)
+            return
         for t, nm in ((a, "a"), (b, "b")):
             if t.space != "shared" or t.dtype not in MMA_DTYPES or len(t.shape) != 2:
                 raise BuildError(f"{where}: operand {nm} ({t.name!r}, {t.space} {t.dtype} {t.shape}) must be a "
@@ -209,6 +213,61 @@ class MmaBuilder:
         self._node("mma", acc=acc.name, a=a_name, b=b_name, shape=(bm, bn, bk), groups=groups, dtype=a.dtype,
                    swizzle=row_bytes, a_offset=as_term(a_offset), b_offset=as_term(b_offset),
                    scale_d=as_term(scale_d))
+
+    def _register_a_mma(self, where: str, acc, a, b, fragment, a_offset, b_offset, scale_d) -> None:
+        """``acc += a @ b^T`` with ``a`` a register operand (:meth:`fragment_convert`): wgmma's register-A form."""
+        bm, bn, groups = fragment
+        a_bm, bk, a_groups, dtype = self._operands[a.name]
+        if (a_bm, a_groups) != (bm, groups):
+            raise BuildError(f"{where}: register operand {a.name!r} holds a [{a_bm}, {bk}] tile on {a_groups} warp "
+                             f"group(s), the accumulator a [{bm}, {bn}] tile on {groups}: the A fragment's rows are "
+                             "the accumulator's (one thread holds the same rows of both); give them one tile height")
+        if b.space != "shared" or b.dtype != dtype or b.shape != (bn, bk):
+            raise BuildError(f"{where}: operand b ({b.name!r}, {b.space} {b.dtype} {b.shape}) must be a shared "
+                             f"{dtype} tile [{bn}, {bk}] (B given as [N, K], K = the register operand's columns)")
+        row_bytes = bk * DTYPE_BYTES[dtype]
+        if row_bytes not in (32, 64, 128):
+            raise BuildError(f"{where}: the register operand's {bk} columns make B tile rows of {row_bytes} bytes; a row "
+                             "must be one swizzle span (32, 64 or 128 bytes): convert a fragment of 16, 32 or 64 columns")
+        self._node("mma", acc=acc.name, a=a.name, b=b.name, shape=(bm, bn, bk), groups=groups, dtype=dtype,
+                   swizzle=row_bytes, a_offset=as_term(a_offset), b_offset=as_term(b_offset),
+                   scale_d=as_term(scale_d), a_space="register")
+
+    def mma_operand(self, acc, dtype: str = "bfloat16", dst: Optional[str] = None) -> Buffer:
+        """A register A operand for a following :meth:`mma` with ``K`` = the columns of ``acc``'s tile:
+        :meth:`fragment_convert` fills it from ``acc`` (allocate it where the accumulator is, before the
+        loops that convert into it). It is a uint32 register array, BN/4 a thread for each 64-row block."""
+        where = f"mma_operand at {_call_site()}"
+        bm, bn, groups = self._mma_fragment(acc, "mma_operand")
+        if dtype not in MMA_DTYPES:
+            raise BuildError(f"{where}: dtype {dtype!r}: a register MMA operand is {' or '.join(MMA_DTYPES)}")
+        if bn % MMA_K:
+            raise BuildError(f"{where}: {acc.name!r} has {bn} columns; an A operand is whole k16 chunks: convert a "
+                             f"fragment of a multiple of {MMA_K} columns")
+        out = self.alloc(dst or f"{acc.name}_{_PACKED[dtype]}", "register", "uint32",
+                         ((bm // groups // MMA_M) * (bn // 4),))
+        self._operands[out.name] = (bm, bn, groups, dtype)
+        return out
+
+    def fragment_convert(self, acc, into: Buffer) -> None:
+        """``acc`` (float32, [BM, BN]) rounded to the operand's dtype (nearest even) and packed in pairs into
+        ``into`` (from :meth:`mma_operand`): the A of a following :meth:`mma`, with no trip through shared
+        memory. The A fragment of a 64 x 16 wgmma chunk has the thread and row map of 16 accumulator
+        columns (REFERENCE §8), so accumulator registers (2i, 2i+1) become packed register i
+        (``cvt.rn.bf16x2.f32``, the lower column in the low half)."""
+        where = f"fragment_convert at {_call_site()}"
+        bm, bn, groups = self._mma_fragment(acc, "fragment_convert")
+        target = self._operands.get(self._known(into, ("buffer",), "fragment_convert"))
+        if target is None or target[:3] != (bm, bn, groups):
+            raise BuildError(f"{where}: {into!r} is not a register operand of {acc.name!r}'s [{bm}, {bn}] tile; "
+                             f"pass what mma_operand({acc.name}) returned")
+        blocks, quarter = bm // groups // MMA_M, bn // 4
+        with self.loop(f"{into.name}_j", blocks, kind="unroll") as j:
+            with self.loop(f"{into.name}_i", quarter, kind="unroll") as i:
+                lo, hi = self.load(acc, j * (bn // 2) + i * 2), self.load(acc, j * (bn // 2) + i * 2 + 1)
+                packed = self._reg(None, "fragment_convert")
+                self._node("cvt_pack", dst=packed, args=(lo, hi), dtype="uint32", to=target[3])
+                self.store(into, j * quarter + i, name(packed))
 
     def mma_store(self, acc, tmap, coords: Sequence[TermLike]) -> None:
         """The epilogue: every accumulator element to the output tile at ``coords`` (row, column of its first
