@@ -70,8 +70,8 @@ def _activation(k: Kernel, fn: Optional[str], x: Term) -> Term:
     if fn == "gelu_tanh":  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
         inner = k.mul(x, k.fma(k.mul(x, x), _GELU_TANH_C1, _GELU_TANH_C0))
         return k.mul(k.mul(x, 0.5), k.add(k.tanh(inner), 1.0))
-    assert fn == "silu", fn  # x * sigmoid(x) = x / (1 + exp(-x))
-    return k.div(x, k.add(k.exp(k.neg(x)), 1.0))
+    assert fn == "silu", fn  # x * sigmoid(x)
+    return k.mul(x, k.sigmoid(x))
 
 
 def epilogue_inputs(epilogue: str) -> tuple[str, ...]:
