@@ -17,15 +17,16 @@ if TYPE_CHECKING:
 MAX_ELEMENTS = 2 ** 31  # the launcher refuses tensors past 2**31 elements: refuse such shapes up front
 
 
-def kernel_spec(a) -> KernelSpec:
-    """The kernel the command line names (built-in or a file), with its ``--epilogue`` where given."""
+def load_spec(a) -> KernelSpec:
+    """The kernel the command line names (:func:`cbrules.kernelfile.load_kernel`), with its B operand in
+    the layout ``--b-layout`` asks for and its ``--epilogue`` (built-in matmul_tc only: its inputs and
+    reference change too)."""
     spec = load_kernel(a.kernel)
-    epilogue = getattr(a, "epilogue", None)
-    if epilogue is None:
+    layout, epilogue = getattr(a, "b_layout", None), getattr(a, "epilogue", None)
+    if layout is None and epilogue is None:
         return spec
-    if spec.epilogue is None:
-        raise CliError(f"{spec.name}: --epilogue {epilogue}: this kernel takes no epilogue (matmul_tc does)")
-    return spec.epilogue(epilogue)
+    from .kernels.specs import matmul_tc_variant
+    return matmul_tc_variant(spec, layout or "nk", epilogue or "none")
 
 
 def _lower_options(a) -> dict:

@@ -14,6 +14,7 @@ from cbrules.ir import builder_mma, mma_layout
 from cbrules.ir.builder import BuildError, FragmentElement, Kernel, ceil_div, circular_buffer, fragment_coords
 from cbrules.ir.terms import evaluate
 from cbrules.kernels import KERNELS
+from cbrules.kernels.specs import matmul_tc_variant
 from cbrules.kernels.matmul_tc import EPILOGUES, MatmulTileError, matmul_tc
 from cbrules.reference.interp import run
 
@@ -223,7 +224,7 @@ def test_a_reduction_that_skips_a_lane_is_caught(monkeypatch, axis, shuffles):
 def _epilogue_spec(name):
     import dataclasses
     import functools
-    spec = KERNELS["matmul_tc"].epilogue(name)
+    spec = matmul_tc_variant(KERNELS["matmul_tc"], epilogue=name)
     # one warp group of 64 x 64 tiles, 16 of K a stage: a ragged 100 x 72 output in four tiles, K = 40 in three
     small = functools.partial(matmul_tc, epilogue=name, bm=64, bn=64, bk=16, groups=1)
     return dataclasses.replace(spec, factory=small, shape_for_trips=lambda t: (100, 72, 16 * t - 8))
