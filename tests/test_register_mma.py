@@ -203,3 +203,73 @@ def test_the_unmutated_rules_pass_with_the_same_harness(tmp_path):
     got = run(api.lower(_two_products(), rules=[str(tmp_path / "none")]), args)["o"]
     want = _want(args, "bfloat16")
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+
+
+# ----------------------------------------------------------------------------- a loop-invariant operand
+
+def _invariant_q(ws=False, wait=True, write_in_loop=False, d=64):
+    """O = Q (sum over key tiles t of K_t)^T: Q TMA-loaded once before the loop under a barrier of its own,
+    each K tile by the circular-buffered loop."""
+    k = Kernel("qk", block=128)
+    m, tiles = k.symbol("M"), k.symbol("T")
+    q, kt = k.tensor("q", (m, d), "bfloat16"), k.tensor("k", (tiles * 64, d), "bfloat16")
+    o = k.tensor("o", (m, 64), "float32")
+    q_map = k.tensor_map(q, box=(64, d), swizzle="128B")
+    k_map = k.tensor_map(kt, box=(64, d), swizzle="128B")
+    q_t = k.alloc("q_t", "shared", "bfloat16", (64, d), align=1024)
+    k_t = k.alloc("k_t", "shared", "bfloat16", (64, d), align=1024)
+    bar = k.alloc("q_bar", "shared", "mbarrier", (1,))
+    k.grid(ceil_div(m, 64))
+    row0 = blockIdx.x * 64
+    with k.elect_one():
+        k.mbarrier_init(bar, 0, count=1)
+        k.fence_mbarrier_init()
+    k.syncthreads()
+    with k.elect_one():
+        k.mbarrier_arrive_expect_tx(bar, 0, q_map.box_bytes)
+        k.tma_load(q_map, (row0, 0), q_t, bar, slot=0)
+    if wait:
+        k.mbarrier_wait(bar, 0, parity=0)
+    s = k.mma_accumulator(64, 64, acc="s")
+    with k.loop("t", tiles, circular_buffer=circular_buffer(2, warp_specialize=ws)) as t:
+        k.tma_load(k_map, (t * 64, 0), k_t)
+        if write_in_loop:
+            k.store(q_t, 0, 0.0)
+        k.mma(s, q_t, k_t)
+    if not wait:
+        k.mbarrier_wait(bar, 0, parity=0)
+    with k.elect_one():
+        k.mbarrier_inval(bar, 0)
+    k.fragment_store(s, o, (row0, 0))
+    return k
+
+
+def _invariant_args(m=100, tiles=5, seed=0):
+    rng = np.random.default_rng(seed)
+    bf = ml_dtypes.bfloat16
+    args = {"q": rng.standard_normal((m, 64)).astype(bf), "k": rng.standard_normal((tiles * 64, 64)).astype(bf),
+            "o": np.full((m, 64), np.nan, np.float32), "T": tiles}
+    kv = args["k"].astype(np.float64).reshape(tiles, 64, 64).sum(axis=0)
+    return args, args["q"].astype(np.float64) @ kv.T
+
+
+@pytest.mark.parametrize("ws", [False, True])
+def test_a_loop_invariant_operand_loaded_once_before_the_loop(ws):
+    from cbrules.reference.interp import SCHEDULES
+    args, want = _invariant_args()
+    kg = api.lower(_invariant_q(ws=ws))
+    for schedule in SCHEDULES if ws else SCHEDULES[:1]:
+        np.testing.assert_allclose(run(kg, args, schedule=schedule)["o"], want, rtol=1e-5, atol=1e-3)
+
+
+def test_an_invariant_operand_read_before_its_load_completes_is_caught():
+    from cbrules.reference.protocol import RawHazard
+    args, _ = _invariant_args()
+    with pytest.raises(RawHazard, match="q_t"):
+        run(api.lower(_invariant_q(wait=False)), args)
+
+
+def test_an_operand_the_threads_write_in_the_loop_is_refused_by_name():
+    with pytest.raises(LoweringError) as e:
+        api.lower(_invariant_q(write_in_loop=True))
+    assert e.value.code == "mma-written-operand" and "q_t" in str(e.value)
