@@ -176,6 +176,18 @@ class MmaOps:
         self.set_reg(s.attrs["dst"], pack_pairs(np.broadcast_to(lo, (self.T,)), np.broadcast_to(hi, (self.T,)),
                                                 s.attrs["to"]), mask)
 
+    def _issuing_groups(self, s: Step, mask: np.ndarray, groups: int):
+        """(warp group, its threads, a_offset, b_offset, scale_d) of each warp group issuing mma ``s``, the
+        offsets and scale uniform over the group."""
+        for g, lanes in self._warp_groups(s, mask):
+            if g >= groups:
+                raise MmaIssueError(f"warp group {g} issues an mma of a tile on warp groups 0..{groups - 1}",
+                                    self.site())
+            m = np.zeros(self.T, bool)
+            m[lanes] = True
+            yield (g, lanes, *(self.uniform(self.ev(s, k, m), m, f"mma {k} in warp group {g}")
+                               for k in ("a_offset", "b_offset", "scale_d")))
+
     def _mma(self, s: Step, mask: np.ndarray) -> None:
         a = s.attrs
         if a.get("a_space") == "register":
@@ -194,14 +206,7 @@ class MmaOps:
                                 f"register array {a['acc']!r} of {(rows // MMA_M) * bn // 2} elements a thread and "
                                 f"shared 2-byte tiles {a['a']!r}, {a['b']!r}", self.site())
         tile_a, tile_b = tiles
-        for g, lanes in self._warp_groups(s, mask):
-            if g >= groups:
-                raise MmaIssueError(f"warp group {g} issues an mma of a tile on warp groups 0..{groups - 1}",
-                                    self.site())
-            m = np.zeros(self.T, bool)
-            m[lanes] = True
-            a_off, b_off, scale_d = (self.uniform(self.ev(s, k, m), m, f"mma {k} in warp group {g}")
-                                     for k in ("a_offset", "b_offset", "scale_d"))
+        for g, lanes, a_off, b_off, scale_d in self._issuing_groups(s, mask, groups):
             if not self.p.mma_async:
                 self._mma_logical(acc, lanes, (tile_a, a_off + g * rows * bk), (tile_b, b_off), (rows, bn, bk), scale_d,
                                   b_tile_elements(bn, bk, b_span, b_major))
@@ -248,14 +253,7 @@ class MmaOps:
             raise MmaIssueError(f"an mma of tile ({bm}, {bn}, {bk}) with A from registers needs float32 register "
                                 f"array {a['acc']!r}, uint32 register array {a['a']!r} and a shared 2-byte tile "
                                 f"{a['b']!r}", self.site())
-        for g, lanes in self._warp_groups(s, mask):
-            if g >= groups:
-                raise MmaIssueError(f"warp group {g} issues an mma of a tile on warp groups 0..{groups - 1}",
-                                    self.site())
-            m = np.zeros(self.T, bool)
-            m[lanes] = True
-            a_off, b_off, scale_d = (self.uniform(self.ev(s, k, m), m, f"mma {k} in warp group {g}")
-                                     for k in ("a_offset", "b_offset", "scale_d"))
+        for g, lanes, a_off, b_off, scale_d in self._issuing_groups(s, mask, groups):
             first, last = a_off, a_off + (rows // MMA_M) * bk // 4
             if first < 0 or last > regs.shape[1]:
                 raise MmaIssueError(f"an mma reads registers {a['a']}[{first}:{last}], outside its {regs.shape[1]}",
