@@ -22,7 +22,7 @@ BF16 = ml_dtypes.bfloat16
 
 
 def _gemm(m_tile=64, n_tile=64, epilogue=None, store="plain", dtype="bfloat16", out_dtype="float32", body=None,
-          groups=1):
+          groups=1, ws=False):
     """C = epilogue(A @ B^T) on ``groups`` warp groups, m_tile x n_tile tiles, K in steps of 16; ``epilogue(k, e,
     t)`` maps an element (``t``: the kernel's tensors and symbols), ``body(k, acc, t, origin)`` runs after the
     K loop."""
@@ -40,7 +40,7 @@ def _gemm(m_tile=64, n_tile=64, epilogue=None, store="plain", dtype="bfloat16", 
     from cbrules.ir.builder import blockIdx
     row0, col0 = (blockIdx.x / tiles_n) * m_tile, (blockIdx.x % tiles_n) * n_tile
     acc = k.mma_accumulator(m_tile, n_tile)
-    with k.loop("t", ceil_div(kk, 16), circular_buffer=circular_buffer(2)) as s:
+    with k.loop("t", ceil_div(kk, 16), circular_buffer=circular_buffer(2, warp_specialize=ws)) as s:
         k.tma_load(a_map, (row0, s * 16), a_t)
         k.tma_load(b_map, (col0, s * 16), b_t)
         k.mma(acc, a_t, b_t)
@@ -208,6 +208,20 @@ def test_fragment_reductions(axis, combine, groups):
     kernel = _gemm(m_tile=m_tile, groups=groups, body=_reduction(axis, combine, ident))
     for got in _both(kernel, args):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
+
+
+def test_a_column_reduction_warp_specialized_syncs_the_consumers_only():
+    # the block syncs of the shared step become the consumers' named barrier (the producer never reaches it)
+    from cbrules.reference.interp import SCHEDULES
+    args = _args((150, 72, 40), seed=4)
+    want = _tile_reduced(_product(args), 128, 64, "col", np.max)
+    kg = api.lower(_gemm(m_tile=128, groups=2, body=_reduction("col", "max", float("-inf")), ws=True))
+    from cbrules.codegen.cuda import emit
+    from cbrules.schedule import schedule
+    src = emit(schedule(kg)).text
+    assert "cb_bar_sync(2, 256);" in src and "__syncthreads();" not in src.split("acc_col_max_warps[")[1]
+    for schedule in SCHEDULES:
+        np.testing.assert_allclose(run(kg, args, schedule=schedule)["c"], want, rtol=1e-5, atol=1e-3)
 
 
 @pytest.mark.parametrize("axis,shuffles", [("row", (1,)), ("col", (4, 8))])

@@ -100,3 +100,21 @@ def test_register_operand_mma(dtype, v_layout):
         want = {"o": _want(args, dtype, v_layout=v_layout)}
         # expf is within 2 ulp, so now and then P rounds to the neighbouring bf16/f16 value (2**-8 of one term)
         assert not poisoned_run(ck, args, want, ("o",), 1e-3, 1e-2 * np.abs(want["o"]).max(), shape)
+
+
+@pytest.mark.parametrize("ws", [False, True])
+def test_loop_invariant_operand(ws):
+    from test_register_mma import _invariant_args, _invariant_q
+    ck = api.compile(_invariant_q(ws=ws))
+    for m, tiles in ((64, 1), (100, 5), (1000, 64)):
+        args, want = _invariant_args(m, tiles)
+        assert not poisoned_run(ck, args, {"o": want}, ("o",), 1e-5, 1e-3 * np.sqrt(tiles * 64), (m, tiles))
+
+
+def test_column_reduction_warp_specialized():
+    from test_fragments import _args, _gemm, _product as product, _reduction, _tile_reduced
+    ck = api.compile(_gemm(m_tile=128, groups=2, body=_reduction("col", "max", float("-inf")), ws=True))
+    for shape in ((150, 72, 40), (1000, 520, 136)):
+        args = _args(shape, seed=5)
+        want = {"c": _tile_reduced(product(args), 128, 64, "col", np.max)}
+        assert not poisoned_run(ck, args, want, ("c",), 1e-5, 1e-3 * np.sqrt(shape[2]), shape)
