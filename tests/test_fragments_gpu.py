@@ -23,9 +23,11 @@ SHAPES = ((128, 128, 64), (500, 1000, 304), (4096, 4096, 4096))  # K = 304: TMA 
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(epilogue, dtype, b_layout="nk", ws=True, stages=4):
+def _compiled(epilogue, dtype, b_layout="nk", ws=True, stages=4, persistent=0):
     spec = specs.matmul_tc_variant(SPEC, b_layout, epilogue)
-    return spec, api.compile(spec.build(stages=stages, dtype=dtype, **(WS if ws else {})))
+    kernel = spec.build(stages=stages, dtype=dtype, **(WS if ws else {})) if not persistent else \
+        spec.factory(stages=stages, dtype=dtype, persistent=persistent, **(WS if ws else {}))
+    return spec, api.compile(kernel)
 
 
 _PRODUCTS: dict = {}
@@ -41,8 +43,8 @@ def _product(args, key, b_layout):
     return _PRODUCTS[key]
 
 
-def _run(epilogue, dtype, shape, b_layout="nk", ws=True, seed=0):
-    spec, ck = _compiled(epilogue, dtype, b_layout, ws)
+def _run(epilogue, dtype, shape, b_layout="nk", ws=True, seed=0, persistent=0):
+    spec, ck = _compiled(epilogue, dtype, b_layout, ws, persistent=persistent)
     args = spec.make_inputs(shape, np.random.default_rng(seed), dtype)
     prod = _product(args, (shape, dtype, seed, b_layout), b_layout)
     widened = {k: v.astype(np.float32) if isinstance(v, np.ndarray) and v.dtype.name in _HALF else v
@@ -67,6 +69,12 @@ def test_epilogues_with_b_given_as_k_by_n(epilogue, shape):
 @pytest.mark.parametrize("epilogue", ["bias_gelu", "alpha_beta"])
 def test_epilogues_not_warp_specialized(epilogue):
     assert not _run(epilogue, "bfloat16", (500, 1000, 304), ws=False, seed=2)
+
+
+@pytest.mark.parametrize("epilogue", ["bias_gelu", "residual"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_epilogues_of_persistent_blocks(epilogue, shape):
+    assert not _run(epilogue, "bfloat16", shape, seed=4, persistent=132)
 
 
 def test_the_example_kernel_file():
