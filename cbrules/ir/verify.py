@@ -162,6 +162,12 @@ def _attributes(kg: KernelGraph) -> None:
         if op in MATH and d["dtype"] not in FLOAT_REGISTERS:
             raise GraphError("attributes", f"{kg.describe(n)}: {op} into a {d['dtype']!r} register; it computes in "
                              f"{' or '.join(FLOAT_REGISTERS)}", n)
+        if op == "cvt_pack" and (d["to"] not in HALF_DTYPES or d["dtype"] != "uint32"):
+            raise GraphError("attributes", f"{kg.describe(n)}: packs to {d['to']!r} into a {d['dtype']!r} register; "
+                             f"expected one of {', '.join(HALF_DTYPES)} into uint32", n)
+        if op == "mma" and d.get("a_space") not in (None, "register"):
+            raise GraphError("attributes", f"{kg.describe(n)}: a_space {d['a_space']!r}; give 'register' (A from "
+                             "registers) or leave it out (A a shared tile)", n)
         if op == "alloc" and (d["space"] not in SPACES or d["dtype"] not in DTYPES):
             raise GraphError("attributes", f"{kg.describe(n)}: space {d['space']!r} / dtype {d['dtype']!r} "
                              "not supported", n)
