@@ -288,3 +288,13 @@ def test_a_rule_that_breaks_the_pack_or_the_operand_space_is_refused_by_name(tmp
         with pytest.raises(CbrulesError) as e:
             api.generate(_two_products(), rules=[str(tmp_path / attr)])
         assert attr in str(e.value) and "Traceback" not in str(e.value)
+    # a shared A claimed to be registers
+    write_rules(tmp_path / "claim", """
+        (graph-rule mut-claim
+          :doc "a shared A said to be registers"
+          :phase cb-stage
+          :match ((mma ?n :a "q_t" :a_space (absent)))
+          :rewrite ((set ?n :a_space "register")))
+        """)
+    with pytest.raises(CbrulesError, match="must be a uint32 register array"):
+        api.generate(_two_products(), rules=[str(tmp_path / "claim")])

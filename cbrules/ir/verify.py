@@ -363,6 +363,12 @@ def _names(kg: KernelGraph, walked: list[int], parent: dict[int, int], by_op: di
                 if d[key] not in buffers:
                     raise GraphError("buffer-defined", f"{kg.describe(n)} uses buffer {d[key]!r} as its {key}, "
                                      "which is not allocated", n)
+            want = ("register", "uint32") if d.get("a_space") == "register" else None
+            got = (nodes[buffers[d["a"]]]["space"], nodes[buffers[d["a"]]]["dtype"])
+            if want is not None and got != want or want is None and got[0] != "shared":
+                raise GraphError("attributes", f"{kg.describe(n)} reads {d['a']!r} ({got[0]} {got[1]}) as its A, "
+                                 f"which must be {'a uint32 register array (a packed operand)' if want else 'shared'}"
+                                 f" for a_space {d.get('a_space')!r}", n)
         if op in ("load", "copy", "tma_store"):
             src = d["src"]
             if src in buffers and src not in written_bufs:
