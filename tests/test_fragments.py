@@ -280,3 +280,13 @@ def test_both_acceptance_commands(capsys):
     assert "epilogue (--epilogue) applies to the built-in matmul_tc only" in capsys.readouterr().err
     assert main(["compile", "matmul_tc", "--epilogue", "gelu", "--quiet"]) == 1
     assert "epilogue 'gelu' is not one of none, bias" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,needles", [
+    ("bias", ("bias[cb_min(",)), ("bias_relu", ("bias[cb_min(", "cb_max(")), ("bias_gelu", ("erff(",)),
+    ("bias_gelu_tanh", ("tanhf(",)), ("bias_silu", ("1.0f / (1.0f + expf(-(",)), ("residual", ("residual[cb_min(",)),
+    ("alpha_beta", ("c_in[cb_min(", "fmaf(alpha,"))])
+def test_each_epilogue_reaches_the_cuda_between_the_mma_loop_and_the_store(name, needles):
+    src = api.generate(matmul_tc(stages=3, epilogue=name)).text.split('extern "C"')[1]
+    body = src[src.index("acc_ej"):src.index("acc_q")]  # the map, after the K loop and before the store
+    assert all(n in body for n in needles), (name, [n for n in needles if n not in body])
