@@ -265,7 +265,7 @@ def test_epilogues_compile_without_spills(name):
 EXAMPLE = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "gemm_bias_gelu.py"
 
 
-def test_the_example_kernel_file_passes_the_checker_and_compiles():
+def test_the_example_kernel_file_passes_the_checker():
     from cbrules.kernelfile import load_kernel
     spec = load_kernel(str(EXAMPLE))
     r = Checker().check(spec, 2, 2)  # every trip count: `cbrules check` (the GPU suite compiles and runs it)
