@@ -13,6 +13,7 @@ import pytest
 
 from cbrules import api
 from cbrules.check import Checker
+from cbrules.codegen.errors import CodegenError
 from cbrules.cli import main
 from cbrules.ir import mma_layout
 from cbrules.ir.builder import BuildError, Kernel, ceil_div, circular_buffer
@@ -25,6 +26,7 @@ from cbrules.reference.interp_mma import MmaIssueError
 from cbrules.reference.mma_groups import SwizzleMismatch
 from cbrules.rewrite.engine import LoweringError
 from rulekit import write_rules
+from test_mma_check import WRONG_SWIZZLE
 
 NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 WS = dict(warp_specialize=True, registers=(40, 232))
@@ -79,9 +81,12 @@ def test_warp_specialized_persistent_kn_equals_numpy():
 
 
 def test_checker_compares_lowered_unlowered_and_numpy_for_kn():
-    """What ``cbrules check matmul_tc --b-layout kn --stages 3`` runs, for one trip count past S."""
-    res = Checker(blocks="sample", dtype="float16").check(KN, 4, 3)
-    assert res.ok and res.status == "ok", f"{res.status} {res.detail}"
+    """What ``cbrules check matmul_tc --b-layout kn --stages 3`` runs, for one trip count past S; one
+    checker for both layouts keeps their kernels and inputs apart (one name, two variants)."""
+    checker = Checker(blocks="sample", dtype="float16")
+    for spec in (KN, SPEC):
+        res = checker.check(spec, 4, 3)
+        assert res.ok and res.status == "ok", f"{spec.factory}: {res.status} {res.detail}"
 
 
 def test_nk_spec_is_the_built_in_and_kn_changes_inputs_reference_and_kernel():
@@ -189,18 +194,31 @@ def test_a_wrong_leading_or_stride_byte_offset_gives_a_wrong_result(monkeypatch,
 
 
 def test_an_mma_reading_its_b_panels_in_another_swizzle_is_named(tmp_path):
-    write_rules(tmp_path / "mut", """
-        (graph-rule mut-b-swizzle
-          :doc "the mma reads B's panels with another swizzle than the TMA loads wrote"
-          :phase cb-stage
-          :after (mma-fence-commit)
-          :match ((mma ?m :b_swizzle 128 :tag "cb-mma"))
-          :rewrite ((set ?m :b_swizzle 64)))
-        """)
+    # test_mma_check's mutation of A's swizzle, on B's panels
+    write_rules(tmp_path / "mut", WRONG_SWIZZLE.replace(":swizzle ", ":b_swizzle "))
     k, args, _ = _kn_case()
     with pytest.raises(SwizzleMismatch, match=r"reads b_tile\[\d+\] as a tile with 64B swizzle, but the TMA load "
                                               r"that wrote it used 128B swizzle"):
         run(api.lower(k, rules=[tmp_path / "mut"]), args)
+
+
+@pytest.mark.parametrize("major, span", [('"k"', 128), ('"mn"', 48), ('"nm"', 128)])
+def test_an_mma_node_with_a_b_layout_it_cannot_read_is_refused_by_name(tmp_path, major, span):
+    """A rule that leaves B's major-ness and span disagreeing: the interpreter and codegen refuse it."""
+    write_rules(tmp_path / "mut", f"""
+        (graph-rule mut-b-major
+          :doc "B's layout attributes changed after the checks"
+          :phase cb-stage
+          :after (mma-fence-commit)
+          :match ((mma ?m :b_swizzle 128 :tag "cb-mma"))
+          :rewrite ((set ?m :b_major {major} :b_swizzle {span})))
+        """)
+    k, args, _ = _kn_case()
+    kg = api.lower(k, rules=[tmp_path / "mut"])
+    with pytest.raises(MmaIssueError, match=f"an mma with b_major {major[1:-1]!r} and b_swizzle {span}"):
+        run(kg, args)
+    with pytest.raises(CodegenError, match="mma into acc: (an MN-major B tile|b_swizzle|b_major)"):
+        api.generate(k, rules=[tmp_path / "mut"])
 
 
 # ----------------------------------------------------------------------------- refusals

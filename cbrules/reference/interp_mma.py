@@ -20,9 +20,9 @@ from typing import Union
 import ml_dtypes
 import numpy as np
 
-from ..ir.mma_layout import (MMA_DTYPES, MMA_K, MMA_M, TRANSPOSE, WARPGROUP, MatrixDescriptor, MmaLayoutError,
-                             b_tile_descriptor, b_tile_elements, check_n, fragment_slot, operand_address,
-                             tma_tile_descriptor)
+from ..ir.mma_layout import (MMA_DTYPES, MMA_K, MMA_M, MN_SPANS, TRANSPOSE, WARPGROUP, MatrixDescriptor,
+                             MmaLayoutError, b_tile_descriptor, b_tile_elements, check_n, fragment_slot,
+                             operand_address, tma_tile_descriptor)
 from ..schedule import Step
 from .hazards import DivergentSync, InterpError
 
@@ -156,7 +156,8 @@ class MmaOps:
     [g * BM/groups, (g+1) * BM/groups) of the tile, as 64-row blocks j; block j, k-step s is one
     m64n{BN}k16 wgmma whose A descriptor starts at ``a_offset`` + row g * BM/groups + 64j of the A tile
     plus 32 s bytes, B's at ``b_offset`` plus 32 s bytes (both K-major, rows of ``swizzle`` bytes as
-    TMA wrote them: :func:`cbrules.ir.mma_layout.tma_tile_descriptor`), and whose fragment is
+    TMA wrote them: :func:`cbrules.ir.mma_layout.tma_tile_descriptor`; an MN-major B, ``b_major`` "mn",
+    through :func:`cbrules.ir.mma_layout.b_tile_descriptor` and the transpose bit), and whose fragment is
     registers [j * BN/2, (j+1) * BN/2) of ``acc``. In a lowered kernel (one with mbarriers or wgmma
     ordering ops) it is asynchronous and checked by :class:`cbrules.reference.mma_groups.MmaGroups`;
     before lowering it completes at once, like a TMA load without a barrier."""
@@ -197,6 +198,11 @@ class MmaOps:
         groups, span, dtype = int(a["groups"]), int(a["swizzle"]), a["dtype"]
         b_major = a.get("b_major", "k")  # an MN-major B: panels of b_swizzle-byte rows, the transpose bit
         b_span = int(a.get("b_swizzle", span))
+        if b_major not in TRANSPOSE or (b_major == "mn") != ("b_swizzle" in a) or \
+                b_major == "mn" and b_span not in MN_SPANS:
+            raise MmaIssueError(f"an mma with b_major {b_major!r} and b_swizzle {a.get('b_swizzle')!r}: B is 'k' "
+                                f"(a [BN, BK] tile, no b_swizzle) or 'mn' (a [BK, BN] tile of panels whose rows are "
+                                f"b_swizzle = {' / '.join(map(str, MN_SPANS))} bytes)", self.site())
         rows = bm // groups
         acc = self.regarrays.get(a["acc"])
         tiles = [self.proto.shared.get(a[k]) for k in ("a", "b")]
