@@ -288,6 +288,9 @@ def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
                    "shared staging buffer (kernels whose output leaves in whole tiles)")
     p.add_argument("--swizzle", choices=["none", "32B", "64B", "128B"], help="shared-memory layout of the input "
                    "tiles (default none; swizzled boxes are one span wide, reads use the XOR address)")
+    p.add_argument("--epilogue", metavar="NAME", help="matmul_tc: what the epilogue computes on the accumulator "
+                   "before the store: none, bias, bias_relu, bias_gelu, bias_gelu_tanh, bias_silu, residual, "
+                   "alpha_beta (docs/fragments.md)")
     p.add_argument("--b-layout", choices=["nk", "kn"], help="matmul_tc: B given as [N, K] (nk, the default: "
                    "c = a @ b^T) or as [K, N] row-major (kn: c = a @ b, read MN-major through the transpose bit)")
 

@@ -45,7 +45,8 @@ def cmd_check(a) -> int:
     shape = _check_shape(a, spec)
     asked = " ".join(f"--{k} {v}" for k, v in (("stages", a.stages), ("prefetch", a.prefetch), ("war", a.war),
                                                 ("registers", a.registers), ("dtype", a.dtype),
-                                                ("swizzle", a.swizzle), ("b-layout", a.b_layout), ("shape", a.shape)) if v is not None)
+                                                ("swizzle", a.swizzle), ("b-layout", a.b_layout),
+                                                ("epilogue", a.epilogue), ("shape", a.shape)) if v is not None)
     asked += (" --warp-specialize" if ws["warp_specialize"] else "") + (" --tma-store" if a.tma_store else "")
     roles = f"; roles under schedules {', '.join(SCHEDULES)}" if ws["warp_specialize"] else ""
     # one case at a shape: --shape, or a kernel file without shape_for_trips(trips) at its SHAPE

@@ -19,13 +19,14 @@ MAX_ELEMENTS = 2 ** 31  # the launcher refuses tensors past 2**31 elements: refu
 
 def load_spec(a) -> KernelSpec:
     """The kernel the command line names (:func:`cbrules.kernelfile.load_kernel`), with its B operand in
-    the layout ``--b-layout`` asks for (built-in matmul_tc only: its inputs and reference change too)."""
+    the layout ``--b-layout`` asks for and its ``--epilogue`` (built-in matmul_tc only: its inputs and
+    reference change too)."""
     spec = load_kernel(a.kernel)
-    layout = getattr(a, "b_layout", None)
-    if layout is None:
+    layout, epilogue = getattr(a, "b_layout", None), getattr(a, "epilogue", None)
+    if layout is None and epilogue is None:
         return spec
-    from .kernels.specs import with_b_layout
-    return with_b_layout(spec, layout)
+    from .kernels.specs import matmul_tc_variant
+    return matmul_tc_variant(spec, layout or "nk", epilogue or "none")
 
 
 def _lower_options(a) -> dict:

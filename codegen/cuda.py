@@ -294,6 +294,7 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
         + ([VECTOR_PRELUDE] if any("cb_vcopy<" in line for line in e.lines) else []) \
         + ([TMA5_PRELUDE] if any(p.kind == "tmap" and len(p.box) > 3 for p in k["params"]) else []) \
         + ([PRELUDE_ROLES] if roles else []) + (_mma.helpers(e.mmas) if e.mmas else []) \
+        + ([_mma.PACK_PRELUDE] if any("cb_pack_" in line for line in e.lines) else []) \
         + ([_stats.STATS_PRELUDE] if any(_stats.HELPER in line for line in e.lines) else [])
     text = "\n".join([
         *preludes, e.elect_one(), *([BACKOFF_WAIT] if e.uses_backoff else []), "",
@@ -468,6 +469,7 @@ _STATEMENTS = {
     "bar_sync": lambda o, a, e: f"cb_bar_sync({a['id']}, {a['count']});",
     "setmaxnreg": lambda o, a, e: _setmaxnreg(a),
     "mma": lambda o, a, e: _mma.statement(a, _ident, _int, _c_term),
+    "cvt_pack": lambda o, a, e: _mma.pack_statement(a, _ident, _c_term),
     "wgmma_fence": lambda o, a, e: "cb_wgmma_fence();",
     "wgmma_commit": lambda o, a, e: "cb_wgmma_commit();",
     # once no group is pending the accumulators are final: fence them so no read moves above the wait

@@ -74,6 +74,48 @@ def instruction_helper(n: int, dtype: str, b_major: str = "k") -> str:
             f'               : "l"(da), "l"(db), "r"(scale_d) : "memory");\n}}')
 
 
+def register_a_name(n: int, dtype: str, b_major: str = "k") -> str:
+    """The prelude function of one m64n{n}k16 wgmma with A from registers (``_tb``: B MN-major)."""
+    return f"cb_wgmma_rs_n{n}_{_PTX_TYPE[dtype]}" + ("_tb" if TRANSPOSE[b_major] else "")
+
+
+def register_a_helper(n: int, dtype: str, b_major: str = "k") -> str:
+    """``cb_wgmma_rs_n{n}_{type}[_tb](d, a, desc_b, scale_d)``: one m64n{n}k16 wgmma whose A is the four
+    packed registers at a (REFERENCE §8: no transpose immediate for A, which registers hold K-major; tnspB
+    is B's major-ness)."""
+    t = _PTX_TYPE[dtype]
+    regs = n // 2
+    outs = ", ".join(f"%{i}" for i in range(regs))
+    operands = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    a_regs = ", ".join(f"%{regs + i}" for i in range(4))
+    return (f"__device__ __forceinline__ void {register_a_name(n, dtype, b_major)}(float* d, const unsigned* a, "
+            f"unsigned long long db, int scale_d) {{\n"
+            f'  asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{regs + 5}, 0;\\n"\n'
+            f'               " wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{outs}}}, {{{a_regs}}}, '
+            f'%{regs + 4}, p, 1, 1, {TRANSPOSE[b_major]};\\n}}\\n"\n'
+            f"               : {operands}\n"
+            f'               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d) : "memory");\n}}')
+
+
+# cvt.rn.{bf16x2,f16x2}.f32 d, hi, lo: the first source lands in the upper half
+PACK_PRELUDE = r"""// two floats rounded to nearest even and packed, the first in the low half (a register MMA operand's pair)
+__device__ __forceinline__ unsigned cb_pack_bf16x2(float lo, float hi) {
+  unsigned d; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo)); return d;
+}
+__device__ __forceinline__ unsigned cb_pack_f16x2(float lo, float hi) {
+  unsigned d; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo)); return d;
+}"""
+
+
+def pack_statement(a: Any, ident: Callable[[Any], str], c_term: Callable) -> str:
+    """The C statement of a cvt_pack node."""
+    if a["to"] not in _PTX_TYPE or len(a["args"]) != 2:
+        raise CodegenError(f"cvt_pack into {a['dst']}: to {a['to']!r} with {len(a['args'])} operand(s); expected "
+                           f"two floats to one of {', '.join(_PTX_TYPE)}")
+    lo, hi = (c_term(t) for t in a["args"])
+    return f"{ident(a['dst'])} = cb_pack_{_PTX_TYPE[a['to']]}x2({lo}, {hi});"
+
+
 def check(a: Any, as_int: Callable[..., int]) -> tuple[int, int, int, int, int, str]:
     """(BM, BN, BK, groups, swizzle, dtype) of an mma node, each checked before it reaches the text."""
     shape = a["shape"]
@@ -114,6 +156,8 @@ def b_operand(a: Any, as_int: Callable[..., int]) -> tuple[str, int]:
 def statement(a: Any, ident: Callable[[Any], str], as_int: Callable[..., int], c_term: Callable) -> str:
     """The C block of one mma node."""
     bm, bn, bk, groups, swizzle, dtype = check(a, as_int)
+    if a.get("a_space") is not None:
+        return _register_a_statement(a, (bm, bn, bk, groups, swizzle, dtype), ident, as_int, c_term)
     b_major, b_span = b_operand(a, as_int)
     acc, at, bt = ident(a["acc"]), ident(a["a"]), ident(a["b"])
     rows = bm // groups
@@ -133,14 +177,38 @@ def statement(a: Any, ident: Callable[[Any], str], as_int: Callable[..., int], c
     return "\n".join(lines) + " }"
 
 
+def _register_a_statement(a: Any, shape: tuple, ident: Callable[[Any], str], as_int: Callable[..., int],
+                          c_term: Callable) -> str:
+    """An mma whose A is a packed register operand: block j, k-step s reads its registers
+    a_offset + j * BK/4 + 4 s .. + 3 (the thread's own rows: no warp-group offset); B as in :func:`statement`."""
+    bm, bn, bk, groups, swizzle, dtype = shape
+    if a["a_space"] != "register":
+        raise CodegenError(f"mma into {a['acc']}: a_space {a['a_space']!r} is not 'register'")
+    b_major, b_span = b_operand(a, as_int)
+    acc, at, bt = ident(a["acc"]), ident(a["a"]), ident(a["b"])
+    fields_b = b_tile_descriptor(0, bn, bk, b_span, b_major).encode()
+    fn = register_a_name(bn, dtype, b_major)
+    scale, a_off = c_term(a["scale_d"]), c_term(a["a_offset"])
+    lines = [f"{{ const unsigned cb_b = cb_smem_addr({bt} + {c_term(a['b_offset'])});"]
+    for j in range(bm // groups // MMA_M):
+        for s in range(bk // MMA_K):
+            db = f"cb_wgmma_desc(cb_b + {b_tile_descriptor(0, bn, bk, b_span, b_major, s).start}, {_halves(fields_b)})"
+            lines.append(f"  {fn}({acc} + {j * (bn // 2)}, {at} + {a_off} + {j * (bk // 4) + 4 * s}, {db}, "
+                         f"{scale if s == 0 else '1'});")
+    return "\n".join(lines) + " }"
+
+
 def _halves(bits: int) -> str:
     return f"{bits >> 32}, {bits & 0xFFFFFFFF}"
 
 
 def helpers(mmas: list[Any]) -> list[str]:
     """The prelude text a kernel with these mma nodes (attribute mappings) needs."""
-    shapes = sorted({(a["shape"][1], a["dtype"], a.get("b_major", "k")) for a in mmas})
-    return [FENCE_PRELUDE] + [instruction_helper(n, d, b) for n, d, b in shapes]
+    shapes = sorted({(a["shape"][1], a["dtype"], a.get("b_major", "k")) for a in mmas if a.get("a_space") is None})
+    register_a = sorted({(a["shape"][1], a["dtype"], a.get("b_major", "k")) for a in mmas
+                         if a.get("a_space") is not None})
+    return [FENCE_PRELUDE] + [instruction_helper(n, d, b) for n, d, b in shapes] \
+        + [register_a_helper(n, d, b) for n, d, b in register_a]
 
 
 def acc_fences(mmas: list[Any], ident: Callable[[Any], str]) -> str:

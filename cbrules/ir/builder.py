@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence
 
 from . import coverage, names
-from .builder_mma import MmaBuilder
+from .builder_mma import FragmentElement, MmaBuilder, fragment_coords  # noqa: F401  (public via the builder)
 from .builder_sync import SyncBuilder
 from .builder_tma import TmaBuilder
 from .builder_values import (MAX_BLOCK_THREADS, Buffer, BuildError, StagingAlignmentError, TensorMap,  # noqa: F401
@@ -60,6 +60,8 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
         self._tile_writes: dict[str, list[coverage.TileWrite]] = {}  # buffer -> its TMA loads so far
         self._stored: set[str] = set()  # buffers written by plain stores (their coverage is not judged)
         self._fragments: dict[str, tuple[int, int, int]] = {}  # accumulator -> (bm, bn, groups)
+        self._reductions: dict[str, tuple[str, str]] = {}  # fragment reduction -> (accumulator, axis)
+        self._operands: dict[str, tuple[int, int, int, str]] = {}  # register MMA operand -> (bm, bk, groups, dtype)
 
     # ---------------------------------------------------------------- names
     def _claim(self, nm: Any, what: str, call: str, reuse: bool = False) -> str:

@@ -149,8 +149,11 @@ OPS: dict[str, OpSpec] = {
     # b_major "mn" (absent: "k"): B is a shared [BK, BN] tile instead, MN-major (N contiguous), read with
     # the transpose bit: BN / W panels [BK, W] one after the other, each TMA-loaded with the b_swizzle
     # span (W * 2 bytes, W = 16, 32 or 64) -- see cbrules.ir.mma_layout.b_tile_descriptor.
+    # a_space "register": A is a packed register fragment (fragment_convert: uint32 pairs of 2-byte values in
+    # the accumulator's thread/row map, a 64 x 16 chunk = 4 registers a thread), a_offset a register index;
+    # absent: the shared tile above
     "mma": OpSpec(("acc", "a", "b", "shape", "groups", "dtype", "swizzle"),
-                  ("a_offset", "b_offset", "scale_d", "b_major", "b_swizzle"),
+                  ("a_offset", "b_offset", "scale_d", "b_major", "b_swizzle", "a_space"),
                   ("a_offset", "b_offset", "scale_d"), "memory", {"a_offset": 0, "b_offset": 0, "scale_d": 1}),
     # wgmma.fence.sync.aligned: register and shared-memory writes before it are seen by the mma after it
     "wgmma_fence": OpSpec((), (), (), "sync"),
@@ -159,6 +162,9 @@ OPS: dict[str, OpSpec] = {
     # wgmma.wait_group.sync.aligned pending: all but the newest `pending` groups of this warp group are
     # complete (their accumulators written, their shared tiles read)
     "wgmma_wait": OpSpec(("pending",), (), (), "sync"),
+    # dst (a uint32 register) = args[0] and args[1] rounded to nearest even to `to` (bfloat16, float16) and
+    # packed, args[0] in the low half (cvt.rn.bf16x2.f32 / f16x2): a register MMA operand's pair
+    "cvt_pack": OpSpec(("dst", "args", "dtype", "to"), (), ("args",)),
 }
 for _op in UNARY + BINARY:
     OPS[_op] = OpSpec(("dst", "args", "dtype"), (), ("args",))
@@ -215,6 +221,8 @@ OP_DOCS: dict[str, str] = {
     "wgmma_fence": "order earlier register and shared writes before the warp group's next mma",
     "wgmma_commit": "close the group of mma this warp group issued since its last commit",
     "wgmma_wait": "wait until at most pending of this warp group's committed mma groups are incomplete",
+    "cvt_pack": "dst (uint32) = args[0] and args[1] rounded to `to` (bfloat16 or float16), packed with args[0] in the "
+                "low half: a pair of a register MMA operand",
     "shfl": "dst = args[0] of another lane of this warp (all 32 lanes execute it together, full mask): lane "
             "^ args[1] (mode xor), lane + args[1] (down), lane - args[1] (up) or lane args[1] (idx), within "
             "segments of width lanes; a lane whose source falls outside its segment keeps its own value",

@@ -8,6 +8,9 @@ BM x BK tile of A and a BN x BK tile of B, swizzled (a row is BK * 2 bytes: 128B
 under one expect-tx, and issues BK/16 wgmma per 64-row block. The rules circular-buffer the K loop and
 release a slot once the wgmma reading it completed; the block's tile leaves through one TMA store,
 rounded to the output dtype. Ragged M, N and K are zero-filled by the TMA loads and clipped by the store.
+
+``epilogue=`` computes on the accumulator fragment before the store (:meth:`Kernel.fragment_map`, see
+docs/fragments.md): a bias over N, an activation, a residual or ``alpha * acc + beta * c_in`` (:data:`EPILOGUES`).
 """
 from __future__ import annotations
 
@@ -20,6 +23,14 @@ from ..ir.limits import MAX_SHARED_BYTES
 from ..ir.mma_layout import MmaLayoutError, mn_major_span
 from ..ir.ops import DTYPE_BYTES
 from ..ir.terms import Term, call
+
+# epilogue -> what it adds to the product, then the activation applied to the sum (None: none)
+EPILOGUES = {"none": ((), None), "bias": (("bias",), None), "bias_relu": (("bias",), "relu"),
+             "bias_gelu": (("bias",), "gelu"), "bias_gelu_tanh": (("bias",), "gelu_tanh"),
+             "bias_silu": (("bias",), "silu"), "residual": (("residual",), None),
+             "alpha_beta": (("alpha_beta",), None)}
+_SQRT1_2 = 0.7071067811865476  # 1 / sqrt(2)
+_GELU_TANH_C0, _GELU_TANH_C1 = 0.7978845608028654, 0.7978845608028654 * 0.044715  # sqrt(2/pi), * 0.044715
 
 BM, BN, BK, GROUPS, GROUP_M = 128, 256, 64, 2, 8
 OUT_DTYPES = MMA_DTYPES + ("float32",)
@@ -58,10 +69,55 @@ def _grouped_order(pid: Term, tiles_m: Term, tiles_n: Term, group_m: int) -> tup
     return first + (pid % per_group) % rows, (pid % per_group) / rows
 
 
+def _activation(k: Kernel, fn: Optional[str], x: Term) -> Term:
+    """``fn(x)`` built of the kernel's elementwise ops (float32)."""
+    if fn is None:
+        return x
+    if fn == "relu":
+        return k.max(x, 0.0)
+    if fn == "gelu":  # 0.5 x (1 + erf(x / sqrt 2)), the exact GELU
+        return k.mul(k.mul(x, 0.5), k.add(k.erf(k.mul(x, _SQRT1_2)), 1.0))
+    if fn == "gelu_tanh":  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        inner = k.mul(x, k.fma(k.mul(x, x), _GELU_TANH_C1, _GELU_TANH_C0))
+        return k.mul(k.mul(x, 0.5), k.add(k.tanh(inner), 1.0))
+    assert fn == "silu", fn  # x * sigmoid(x)
+    return k.mul(x, k.sigmoid(x))
+
+
+def epilogue_inputs(epilogue: str) -> tuple[str, ...]:
+    """The tensor and scalar parameters ``epilogue`` adds after a, b and c, in order."""
+    adds, _ = EPILOGUES[epilogue]
+    return {(): (), ("bias",): ("bias",), ("residual",): ("residual",),
+            ("alpha_beta",): ("alpha", "beta", "c_in")}[adds]
+
+
+def _epilogue(k: Kernel, epilogue: str, m: Term, n: Term, out_dtype: str):
+    """The epilogue's parameters declared, and its element function (None for none)."""
+    adds, act = EPILOGUES[epilogue]
+    if not adds and act is None:
+        return None
+    bias = k.tensor("bias", (n,), out_dtype) if "bias" in adds else None
+    residual = k.tensor("residual", (m, n), out_dtype) if "residual" in adds else None
+    if "alpha_beta" in adds:
+        alpha, beta = k.scalar("alpha"), k.scalar("beta")
+        c_in = k.tensor("c_in", (m, n), out_dtype)
+
+    def element(e) -> Term:
+        x = e.value
+        if bias is not None:
+            x = k.add(x, e.load_col(bias))
+        if residual is not None:
+            x = k.add(x, e.load_tile(residual))
+        if "alpha_beta" in adds:
+            x = k.fma(alpha, x, k.mul(beta, e.load_tile(c_in)))
+        return _activation(k, act, x)
+    return element
+
+
 def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_specialize: bool = False,
               registers=None, dtype: str = "bfloat16", out_dtype: Optional[str] = None, bm: int = BM, bn: int = BN,
               bk: int = BK, groups: int = GROUPS, group_m: int = GROUP_M, persistent: int = 0,
-              store_swizzle: Optional[bool] = None, b_layout: str = "nk") -> Kernel:
+              store_swizzle: Optional[bool] = None, b_layout: str = "nk", epilogue: str = "none") -> Kernel:
     """``c = a @ b^T`` in ``bm`` x ``bn`` tiles on ``groups`` consumer warp groups, ``bk`` of K a stage;
     ``out_dtype`` (bfloat16, float16, float32; default ``dtype``) is c's type. Blocks take tiles in groups
     of ``group_m`` tile rows, column by column inside a group, so the blocks running at once share
@@ -72,8 +128,16 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
     TMA store's map swizzles), so the epilogue's shared writes go without bank conflicts; ``None`` (the default) does so wherever a box row spans
     32, 64 or 128 bytes, ``False`` stages dense. ``b_layout="kn"`` takes b as ``[K, N]`` row-major and
     computes ``c = a @ b`` (no transpose): the B tile [bk, bn] arrives as bn / W panels [bk, W] (W = 64
-    columns, 128-byte swizzle, where W divides bn), one TMA box each, read MN-major by the tensor cores."""
+    columns, 128-byte swizzle, where W divides bn), one TMA box each, read MN-major by the tensor cores.
+
+    ``epilogue`` (:data:`EPILOGUES`) maps each accumulator element before the store: ``bias`` adds
+    ``bias[col]`` (a tensor [N] of ``out_dtype``), ``bias_relu`` / ``bias_gelu`` (exact, erf) /
+    ``bias_gelu_tanh`` / ``bias_silu`` then apply the activation, ``residual`` adds ``residual[row, col]``
+    ([M, N]), ``alpha_beta`` computes ``alpha * acc + beta * c_in[row, col]`` (float32 scalars alpha and
+    beta, ``c_in`` [M, N]); all in float32, rounded once at the store."""
     out_dtype = dtype if out_dtype is None else out_dtype
+    if epilogue not in EPILOGUES:
+        raise MatmulTileError(f"matmul_tc: epilogue={epilogue!r}: give one of {', '.join(EPILOGUES)}")
     if dtype not in MMA_DTYPES or out_dtype not in OUT_DTYPES:
         raise MatmulTileError(f"matmul_tc: dtype {dtype!r} / out_dtype {out_dtype!r}: the tensor cores take "
                               f"{' or '.join(MMA_DTYPES)} operands here and write {', '.join(OUT_DTYPES)}")
@@ -103,6 +167,7 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
     a = k.tensor("a", (m, kk), dtype)
     b = k.tensor("b", (n, kk) if b_layout == "nk" else (kk, n), dtype)
     c = k.tensor("c", (m, n), out_dtype)
+    element = _epilogue(k, epilogue, m, n, out_dtype)
     a_map = k.tensor_map(a, box=(bm, bk), swizzle=_SWIZZLE[row])
     if b_layout == "nk":
         b_map = k.tensor_map(b, box=(bn, bk), swizzle=_SWIZZLE[row])
@@ -133,6 +198,8 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
                 for p in range(bn // w):
                     k.tma_load(b_map, (t * bk, col0 + p * w), b_tile, offset=p * bk * w)
             k.mma(acc, a_tile, b_tile, **({} if b_layout == "nk" else {"b_layout": "kn"}))
+        if element is not None:  # computed on the fragment in registers, then stored as the product is
+            k.fragment_map(acc, element, origin=(row0, col0))
         k.mma_store(acc, c_map, (row0, col0))  # staged and TMA-stored by the rules, a column chunk at a time
 
     if not persistent:

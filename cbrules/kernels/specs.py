@@ -5,7 +5,9 @@ tolerances and the trip count of its circular-buffered loop (their one-line docs
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
@@ -163,6 +165,38 @@ def _mm_tc_kn_reference(a):
     return {"c": a["a"].astype(np.float64) @ a["b"].astype(np.float64)}
 
 
+_ERF = np.frompyfunc(math.erf, 1, 1)
+_ACTIVATIONS = {None: lambda x: x, "relu": lambda x: np.maximum(x, 0.0),
+                "gelu": lambda x: 0.5 * x * (1.0 + _ERF(x / math.sqrt(2.0)).astype(np.float64)),
+                "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3))),
+                "silu": lambda x: x / (1.0 + np.exp(-x))}
+
+
+def _mm_tc_epilogue_inputs(epilogue: str, product_inputs, shape, rng):
+    args = product_inputs(shape, rng)
+    m, n, _ = shape
+    for p in _mtc.epilogue_inputs(epilogue):
+        if p == "bias":
+            args["bias"] = _normal(rng, n)
+        elif p in ("residual", "c_in"):
+            args[p] = _normal(rng, m, n)
+        else:  # the scalars alpha and beta
+            args[p] = float(np.float32(rng.uniform(-2.0, 2.0)))
+    return args
+
+
+def _mm_tc_epilogue_reference(epilogue: str, product, a):
+    x = product(a)["c"]
+    adds, act = _mtc.EPILOGUES[epilogue]
+    if "bias" in adds:
+        x = x + a["bias"].astype(np.float64)[None, :]
+    if "residual" in adds:
+        x = x + a["residual"].astype(np.float64)
+    if "alpha_beta" in adds:
+        x = a["alpha"] * x + a["beta"] * a["c_in"].astype(np.float64)
+    return {"c": _ACTIVATIONS[act](x)}
+
+
 def _normalize(x):
     x64 = x.astype(np.float64)
     mean = x64.mean(axis=1, keepdims=True)
@@ -234,18 +268,34 @@ B_LAYOUTS = ("nk", "kn")
 
 
 def with_b_layout(spec: KernelSpec, b_layout: str) -> KernelSpec:
+    """``spec`` with its B operand in ``b_layout`` (:func:`matmul_tc_variant`)."""
+    return matmul_tc_variant(spec, b_layout)
+
+
+def matmul_tc_variant(spec: KernelSpec, b_layout: str = "nk", epilogue: str = "none") -> KernelSpec:
     """``spec`` with its B operand in ``b_layout``: "nk" (b is [N, K], the built-in default) or "kn"
-    (b is [K, N] row-major and c = a @ b: inputs, reference and kernel change together). Only the
-    built-in matmul_tc takes it; "nk" returns it unchanged."""
+    (b is [K, N] row-major and c = a @ b: inputs, reference and kernel change together), and with
+    ``epilogue`` (:data:`cbrules.kernels.matmul_tc.EPILOGUES`: its inputs, reference and tolerance
+    too). Only the built-in matmul_tc takes them; "nk" without an epilogue returns it unchanged."""
     if b_layout not in B_LAYOUTS:
         raise UnsupportedVariantError(f"B layout {b_layout!r}: one of {', '.join(B_LAYOUTS)}")
+    if epilogue not in _mtc.EPILOGUES:
+        raise UnsupportedVariantError(f"kernel matmul_tc: epilogue {epilogue!r} is not one of "
+                                      f"{', '.join(_mtc.EPILOGUES)}")
     if spec is not KERNELS.get("matmul_tc"):
-        raise UnsupportedVariantError(f"kernel {spec.name}: a B layout (--b-layout) applies to the built-in "
-                                      "matmul_tc only; drop it")
-    if b_layout == "nk":
+        what = "an epilogue (--epilogue)" if epilogue != "none" else "a B layout (--b-layout)"
+        raise UnsupportedVariantError(f"kernel {spec.name}: {what} applies to the built-in matmul_tc only; drop it")
+    if b_layout == "nk" and epilogue == "none":
         return spec
-    return replace(spec, factory=functools.partial(_mtc.matmul_tc, b_layout=b_layout), inputs=_mm_tc_kn_inputs,
-                   reference=_mm_tc_kn_reference)
+    inputs, product = (_mm_tc_inputs, _mm_tc_reference) if b_layout == "nk" else (_mm_tc_kn_inputs, _mm_tc_kn_reference)
+    if epilogue == "none":
+        return replace(spec, factory=functools.partial(_mtc.matmul_tc, b_layout=b_layout), inputs=inputs,
+                       reference=product)
+    # alpha scales the product's rounding error, the epilogue adds its own
+    return replace(spec, factory=functools.partial(_mtc.matmul_tc, b_layout=b_layout, epilogue=epilogue),
+                   inputs=functools.partial(_mm_tc_epilogue_inputs, epilogue, inputs),
+                   reference=functools.partial(_mm_tc_epilogue_reference, epilogue, product),
+                   tolerance=lambda s: (1e-4, 6e-6 * s[2] + 1e-5))
 
 
 class UnsupportedVariantError(CbrulesError, ValueError):

@@ -118,7 +118,8 @@ class Program:
         # lowering an mma completes at once. `accumulators`: the register arrays whose accesses are checked
         self.mma_async = any(s.op.startswith("wgmma_") for s in steps) or any(
             a["space"] == "shared" and a["dtype"] == "mbarrier" for a in self.allocs.values())
-        self.accumulators = frozenset(s.attrs["acc"] for s in steps if s.op == "mma" and self.mma_async)
+        self.accumulators = frozenset(s.attrs["acc"] for s in steps if s.op == "mma" and self.mma_async) | frozenset(
+            s.attrs["a"] for s in steps if s.op == "mma" and self.mma_async and s.attrs.get("a_space") == "register")
 
     @staticmethod
     def _compile(v, invariant: frozenset):
@@ -202,6 +203,7 @@ class _BlockRunner(MemoryOps, MmaOps):
         for op in ("add", "sub", "mul", "div", "max", "min"):
             self.handlers[op] = self._binary
         self.handlers["select"] = self._select
+        self.handlers["cvt_pack"] = self._cvt_pack
         self.handlers["shfl"] = self._shfl
 
     # ---------------------------------------------------------------- driver

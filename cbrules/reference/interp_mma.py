@@ -94,6 +94,47 @@ def wgmma(acc: np.ndarray, a_smem: np.ndarray, desc_a: Descriptor, b_smem: np.nd
     return out
 
 
+def pack_pairs(lo: np.ndarray, hi: np.ndarray, dtype: str) -> np.ndarray:
+    """``cvt.rn.{bf16x2,f16x2}.f32``: each pair rounded to nearest even to ``dtype`` and packed into a
+    uint32, ``lo`` in the low half."""
+    bits = [np.asarray(v, np.float32).astype(_STORAGE[dtype]).view(np.uint16).astype(np.uint32) for v in (lo, hi)]
+    return bits[0] | (bits[1] << 16)
+
+
+def register_operand(packed: np.ndarray, dtype: str) -> np.ndarray:
+    """The A tile [64, K] (float32) that packed registers [128, K/4] of a warp group hold: packed register i
+    is the pair (2i, 2i+1) of an m64nK float32 accumulator fragment (REFERENCE §8: the A fragment of
+    m64k16 has the thread/row map of 16 accumulator columns), low half first."""
+    packed = np.asarray(packed)
+    if packed.ndim != 2 or packed.shape[0] != WARPGROUP or packed.dtype != np.uint32:
+        raise MmaOperandError(f"register operand of {packed.dtype} {packed.shape}: a warp group holds uint32 "
+                              f"[{WARPGROUP}, K/4]")
+    k = check_n(4 * packed.shape[1])
+    halves = np.stack([packed & 0xFFFF, packed >> 16], axis=-1).astype(np.uint16).reshape(WARPGROUP, k // 2)
+    rows, cols = np.meshgrid(np.arange(MMA_M), np.arange(k), indexing="ij")
+    thread, reg = fragment_slot(rows, cols, k)
+    return halves[thread, reg].view(_STORAGE[dtype]).astype(np.float32)
+
+
+def wgmma_register_a(acc: np.ndarray, a_regs: np.ndarray, b_smem: np.ndarray, desc_b: Descriptor, *, n: int,
+                     dtype: str, scale_d: int, trans_b: int = 0) -> np.ndarray:
+    """:func:`wgmma` with A from registers (``wgmma.mma_async ... {a0..a3}, descB``): ``a_regs`` are the
+    warp group's four packed registers a thread, [128, 4]; ``trans_b`` B's transpose immediate."""
+    n = check_n(n)
+    if scale_d not in (0, 1):
+        raise MmaOperandError(f"wgmma scale-d = {scale_d!r}: one of (0, 1)")
+    a = register_operand(a_regs, dtype)
+    if a.shape != (MMA_M, MMA_K):
+        raise MmaOperandError(f"register operand of {a_regs.shape[1]} registers a thread: one k16 step takes 4")
+    b = read_operand(b_smem, operand_addresses(desc_b, n, trans_b), dtype, "B")
+    prod = (a.astype(np.float64) @ b.astype(np.float64).T).astype(np.float32)
+    rows, cols = np.meshgrid(np.arange(MMA_M), np.arange(n), indexing="ij")
+    thread, reg = fragment_slot(rows, cols, n)
+    out = np.asarray(acc).copy() if scale_d else np.zeros_like(acc)
+    out[thread, reg] += prod
+    return out
+
+
 def fragments_to_matrix(acc: np.ndarray, n: int) -> np.ndarray:
     """The [64, N] accumulator tile that fragments [128, N/2] hold."""
     rows, cols = np.meshgrid(np.arange(MMA_M), np.arange(check_n(n)), indexing="ij")
@@ -131,8 +172,28 @@ class MmaOps:
                                     "a warp group executes it all together (.sync.aligned)", self.site())
             yield int(g), mine
 
+    def _cvt_pack(self, s: Step, mask: np.ndarray) -> None:
+        lo, hi = (f(self.env, self.lanes(mask)) for f in self.p.fns[s.node]["args"])
+        self.set_reg(s.attrs["dst"], pack_pairs(np.broadcast_to(lo, (self.T,)), np.broadcast_to(hi, (self.T,)),
+                                                s.attrs["to"]), mask)
+
+    def _issuing_groups(self, s: Step, mask: np.ndarray, groups: int):
+        """(warp group, its threads, a_offset, b_offset, scale_d) of each warp group issuing mma ``s``, the
+        offsets and scale uniform over the group."""
+        for g, lanes in self._warp_groups(s, mask):
+            if g >= groups:
+                raise MmaIssueError(f"warp group {g} issues an mma of a tile on warp groups 0..{groups - 1}",
+                                    self.site())
+            m = np.zeros(self.T, bool)
+            m[lanes] = True
+            yield (g, lanes, *(self.uniform(self.ev(s, k, m), m, f"mma {k} in warp group {g}")
+                               for k in ("a_offset", "b_offset", "scale_d")))
+
     def _mma(self, s: Step, mask: np.ndarray) -> None:
         a = s.attrs
+        if a.get("a_space") == "register":
+            self._mma_register_a(s, mask)
+            return
         bm, bn, bk = (int(x) for x in a["shape"])
         groups, span, dtype = int(a["groups"]), int(a["swizzle"]), a["dtype"]
         b_major = a.get("b_major", "k")  # an MN-major B: panels of b_swizzle-byte rows, the transpose bit
@@ -151,14 +212,7 @@ class MmaOps:
                                 f"register array {a['acc']!r} of {(rows // MMA_M) * bn // 2} elements a thread and "
                                 f"shared 2-byte tiles {a['a']!r}, {a['b']!r}", self.site())
         tile_a, tile_b = tiles
-        for g, lanes in self._warp_groups(s, mask):
-            if g >= groups:
-                raise MmaIssueError(f"warp group {g} issues an mma of a tile on warp groups 0..{groups - 1}",
-                                    self.site())
-            m = np.zeros(self.T, bool)
-            m[lanes] = True
-            a_off, b_off, scale_d = (self.uniform(self.ev(s, k, m), m, f"mma {k} in warp group {g}")
-                                     for k in ("a_offset", "b_offset", "scale_d"))
+        for g, lanes, a_off, b_off, scale_d in self._issuing_groups(s, mask, groups):
             if not self.p.mma_async:
                 self._mma_logical(acc, lanes, (tile_a, a_off + g * rows * bk), (tile_b, b_off), (rows, bn, bk), scale_d,
                                   b_tile_elements(bn, bk, b_span, b_major))
@@ -188,6 +242,71 @@ class MmaOps:
             except MmaLayoutError as e:
                 raise MmaIssueError(str(e), self.site()) from None
             acc[lanes] = frags
+
+    def _mma_register_a(self, s: Step, mask: np.ndarray) -> None:
+        """An mma whose A is packed registers: block j, k-step s reads registers a_offset + j*BK/4 + 4s ..
+        + 3 of each thread of the warp group, B as a shared tile in either layout (see :meth:`_mma`)."""
+        a = s.attrs
+        bm, bn, bk = (int(x) for x in a["shape"])
+        groups, span, dtype = int(a["groups"]), int(a["swizzle"]), a["dtype"]
+        b_major = a.get("b_major", "k")
+        b_span = int(a.get("b_swizzle", span))
+        rows = bm // groups
+        acc, regs = self.regarrays.get(a["acc"]), self.regarrays.get(a["a"])
+        tile_b = self.proto.shared.get(a["b"])
+        if acc is None or acc.shape[1] != (rows // MMA_M) * bn // 2 or regs is None or regs.dtype != np.uint32 \
+                or tile_b is None or tile_b.data.dtype.itemsize != 2:
+            raise MmaIssueError(f"an mma of tile ({bm}, {bn}, {bk}) with A from registers needs float32 register "
+                                f"array {a['acc']!r}, uint32 register array {a['a']!r} and a shared 2-byte tile "
+                                f"{a['b']!r}", self.site())
+        for g, lanes, a_off, b_off, scale_d in self._issuing_groups(s, mask, groups):
+            first, last = a_off, a_off + (rows // MMA_M) * bk // 4
+            if first < 0 or last > regs.shape[1]:
+                raise MmaIssueError(f"an mma reads registers {a['a']}[{first}:{last}], outside its {regs.shape[1]}",
+                                    self.site())
+            frags = acc[lanes]
+            try:
+                if self.p.mma_async:
+                    descs = [b_tile_descriptor(2 * b_off, bn, bk, b_span, b_major, ks) for ks in range(bk // MMA_K)]
+                    idx = np.concatenate([operand_addresses(d, bn, TRANSPOSE[b_major]).ravel() for d in descs]) // 2
+                    out = idx[(idx < 0) | (idx >= tile_b.data.size)]
+                    if out.size:
+                        raise MmaIssueError(f"an mma reads {tile_b.name}[{int(out[0])}], outside its "
+                                            f"{tile_b.data.size} elements", self.site())
+                    self.proto.mma.issue(s.node, g, lanes, a["acc"], [(tile_b, idx)], b_span, self.site,
+                                         operand=a["a"])
+                else:  # before lowering the tile lies dense as its TMA boxes
+                    descs, elements = None, b_off + b_tile_elements(bn, bk, b_span, b_major)
+                    if elements.min() < 0 or elements.max() >= tile_b.data.size:
+                        raise MmaIssueError(f"an mma reads {tile_b.name} from element {b_off}, past its "
+                                            f"{tile_b.data.size} elements", self.site())
+                for j in range(rows // MMA_M):
+                    cols = slice(j * bn // 2, (j + 1) * bn // 2)
+                    for ks in range(bk // MMA_K):
+                        r0 = a_off + j * bk // 4 + 4 * ks
+                        sd = int(bool(scale_d) or ks > 0)
+                        if descs is not None:
+                            frags[:, cols] = wgmma_register_a(frags[:, cols], regs[lanes, r0:r0 + 4], tile_b.data,
+                                                              descs[ks].encode(), n=bn, dtype=dtype, scale_d=sd,
+                                                              trans_b=TRANSPOSE[b_major])
+                        else:
+                            bt = tile_b.data[elements[:, ks * MMA_K:(ks + 1) * MMA_K]].astype(np.float64)
+                            self._register_a_logical(frags, cols, regs[lanes, r0:r0 + 4], bt, dtype, sd)
+            except MmaLayoutError as e:
+                raise MmaIssueError(str(e), self.site()) from None
+            acc[lanes] = frags
+
+    def _register_a_logical(self, frags, cols, a_regs, bt: np.ndarray, dtype: str, scale_d: int) -> None:
+        """One k16 step before lowering: A from the packed registers, B's [BN, 16] elements ``bt``."""
+        bn = bt.shape[0]
+        at = register_operand(a_regs, dtype).astype(np.float64)
+        tile = fragments_to_matrix(frags[:, cols], bn) if scale_d else np.zeros((MMA_M, bn), np.float32)
+        tile = tile + (at @ bt.T).astype(np.float32)
+        rr, cc = np.meshgrid(np.arange(MMA_M), np.arange(bn), indexing="ij")
+        t, r = fragment_slot(rr, cc, bn)
+        block = frags[:, cols]
+        block[t, r] = tile
+        frags[:, cols] = block
 
     def _mma_logical(self, acc: np.ndarray, lanes: np.ndarray, a, b, shape, scale_d, b_elements: np.ndarray) -> None:
         """Before lowering: the tiles lie dense as their TMA boxes (a TMA load without a barrier copies the

@@ -19,7 +19,9 @@ registers some time before the ``wgmma.wait_group`` that covers its group return
   another warp group to an element the mma read (a tile the threads write) must be ordered after
   that ``wait_group`` by a barrier;
 * **accumulators in flight**: an ordinary read or write of an accumulator register array while an
-  mma of that thread writing it has not completed is an :class:`AccumulatorInFlight`;
+  mma of that thread writing it has not completed is an :class:`AccumulatorInFlight`, and so is a write of
+  a register operand (the register-A form's A) that such an mma reads; the A registers, like the
+  accumulator, are read as they were at the last fence (a write since is a :class:`MissingWgmmaFence`);
 * an mma still open or in flight when the block ends is an :class:`MmaInFlight`.
 
 At issue, the RAW side: every thread of the warp group must have observed the barrier phase that
@@ -71,6 +73,7 @@ class Issue:
     wg: int
     acc: str
     reads: list  # [(SharedBuffer, element indices)]
+    operand: str | None = None  # the register array it reads as A (the register-A form), if any
 
 
 class MmaGroups:
@@ -93,10 +96,12 @@ class MmaGroups:
         for d in self.dirty.values():
             d[lanes] = False
 
-    def issue(self, node: int, wg: int, lanes: np.ndarray, acc: str, reads: list, span, site: SiteFn) -> None:
+    def issue(self, node: int, wg: int, lanes: np.ndarray, acc: str, reads: list, span, site: SiteFn,
+              operand: str | None = None) -> None:
         """Warp group ``wg`` (threads ``lanes``) issues an mma into ``acc`` reading ``reads`` (pairs of a
         shared buffer and element indices) as tiles with a ``span``-byte swizzle (an int for all of them,
-        or a tuple of one span for each read: an MN-major B's panels may have another than A's rows)."""
+        or a tuple of one span for each read: an MN-major B's panels may have another than A's rows), and
+        register array ``operand`` as its A (the register-A form)."""
         spans = tuple(span) if isinstance(span, (tuple, list)) else (span,) * len(reads)
         unfenced = lanes[~self.fenced[lanes]]
         if unfenced.size:
@@ -108,13 +113,19 @@ class MmaGroups:
             raise MissingWgmmaFence(f"thread {t} wrote accumulator {acc} after its last wgmma.fence and then "
                                     f"issues an mma that accumulates into {acc}: without a fence the tensor cores "
                                     "may read the registers before that write; fence between them", site())
+        mine = self.dirty.get(operand) if operand is not None else None
+        if mine is not None and mine[lanes].any():
+            t = int(lanes[mine[lanes]][0])
+            raise MissingWgmmaFence(f"thread {t} wrote register operand {operand} after its last wgmma.fence and "
+                                    f"then issues an mma that reads it as A: without a fence the tensor cores may "
+                                    "read the registers before that write; fence between them", site())
         for (buf, idx), sp in zip(reads, spans, strict=True):
             self._raw(buf, idx, lanes, site)
             self._same_swizzle(buf, idx, sp, site)
             self.proto.async_read(buf, idx, lanes, f"the mma #{node} of warp group {wg}", site)
         for buf, idx in reads:  # an element listed twice counts once, here and at completion alike
             self._reading(buf)[idx] += 1
-        self.open.setdefault(wg, []).append(Issue(node, wg, acc, reads))
+        self.open.setdefault(wg, []).append(Issue(node, wg, acc, reads, operand))
 
     def commit(self, wg: int) -> None:
         """``wgmma.commit_group``: the open mma of ``wg`` (possibly none) become its newest group."""
@@ -153,6 +164,10 @@ class MmaGroups:
                     raise AccumulatorInFlight(f"warp group {wg} {what} accumulator {name} while the mma #{issue.node} "
                                               "writing it has not completed: wgmma.commit_group and "
                                               "wgmma.wait_group must cover it first", site())
+                if write and issue.operand == name:  # reading an operand the mma reads too is harmless
+                    raise AccumulatorInFlight(f"warp group {wg} writes register operand {name} while the mma "
+                                              f"#{issue.node} reading it as A has not completed: wgmma.commit_group "
+                                              "and wgmma.wait_group must cover it first", site())
         if write:
             self.dirty.setdefault(name, np.zeros(self.proto.threads, bool))[lanes] = True
 
