@@ -8,6 +8,10 @@ from cbrules.kernels import get
 from cbrules.rewrite.rulefile import RuleErrors, load, rule_dirs
 from cbrules.rewrite.sexpr import RuleError
 from rulekit import write_rules
+import numpy as np
+
+from cbrules.check import Checker
+from cbrules.reference import interp
 
 MBARRIER_DEFAULT = """
     (phase my-defaults :before cb-normalize)
@@ -83,7 +87,8 @@ def test_every_silent_mistake_is_reported_at_once_with_its_position(tmp_path):
     lines = str(e.value).splitlines()
     assert [x.split(": ")[0] for x in lines] == [f"{path}:5:21", f"{path}:9:19", f"{path}:13:57", f"{path}:17:21"]
     assert "op 'mbarrier_wait' has no attribute :parrity (did you mean 'parity'?); its attributes: " \
-           ":backoff, :barrier, :parity, :part, :slot, :stage, :tag" in lines[0]
+           ":backoff, :backoff_max, :barrier, :parity, :part, :slot, :spin, :stage, :suspend_hint, :tag, :timeout" \
+           in lines[0]
     assert "{?bb}, but ?bb is not bound" in lines[1]
     assert "'__nanosleep' is not a device function" in lines[2]
     assert "op '_' has no attribute :stagee (did you mean 'stage'?)" in lines[3]
@@ -146,3 +151,118 @@ def test_clone_set_keys_are_the_cloned_scopes_attributes(tmp_path):
     with pytest.raises(RuleError) as e:
         load(rule_dirs([tmp_path / "bad"]))
     assert str(e.value).startswith(f"{path}:2:85: op 'for' has no attribute :prat (did you mean 'part'?)")
+
+
+# ---------------------------------------------------------------- issue 32: how code is emitted
+CACHE_HINTS = """
+    (phase my-hints :after cb-pipeline)
+    (graph-rule stream-evict-first
+      :doc "streamed input tiles are read once: evict them first, and promote the map's fetches to 256 bytes"
+      :phase my-hints
+      :match ((tma_load ?ld :cache_hint (absent)))
+      :rewrite ((set ?ld :cache_hint "evict_first" :l2_promotion "256B")))
+    (graph-rule stores-evict-last
+      :doc "the output is read next: keep it in L2"
+      :phase my-hints
+      :match ((tma_store ?st :cache_hint (absent)))
+      :rewrite ((set ?st :cache_hint "evict_last")))
+"""
+EXP_BACKOFF = """
+    (phase my-waits :after cb-pipeline)
+    (graph-rule consumer-exponential-backoff
+      :doc "consumers spin 4 polls, then sleep from 32 ns doubling to 1024, hint try_wait, trap after 1 s"
+      :phase my-waits
+      :match ((mbarrier_wait ?w :stage "consumer" :backoff (absent)))
+      :rewrite ((set ?w :backoff 32 :backoff_max 1024 :spin 4 :suspend_hint 2000 :timeout 1000000000)))
+"""
+TERM_BACKOFF = """
+    (phase my-waits :after cb-pipeline)
+    (graph-rule later-waits-sleep-longer
+      :phase my-waits
+      :match ((mbarrier_wait ?w :stage "consumer" :backoff (absent)) (for ?L :var ?i) (inside ?w ?L))
+      :rewrite ((set ?w :backoff (* 32 (% (var ?i) 4)))))
+"""
+
+
+def _compiles(src) -> None:
+    from cbrules.codegen.nvrtc import compile_cuda
+    assert compile_cuda(src.text, src.name).cubin.startswith(b"\x7fELF")
+
+
+def test_a_cache_hint_rule_reaches_the_cuda_the_tensor_map_and_nvrtc(tmp_path):
+    write_rules(tmp_path / "hints", CACHE_HINTS)
+    rules = [tmp_path / "hints"]
+    src = api.generate(get("single_dim").build(stages=3, tma_store=True), rules=rules)
+    loads = [x for x in src.text.splitlines() if x.lstrip().startswith("cb_tma_load")]
+    assert loads and all(x.lstrip().startswith("cb_tma_load_hint(") and "cb_l2_evict_first()" in x for x in loads)
+    assert "createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" in src.text
+    assert "mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%4}], [%2], %3;" in src.text
+    assert "cb_tma_store_async_hint(&out_tmap" in src.text and "bulk_group.L2::cache_hint" in src.text
+    assert src.l2_promotion == (("x_tmap", "256B"),)
+    _compiles(src)
+    plain = api.generate(get("single_dim").build(stages=3, tma_store=True))
+    assert "cache_hint" not in plain.text and plain.l2_promotion == ()
+    # the interpreter runs the hinted kernel (a hint changes where data stays in L2, never its value)
+    assert Checker(blocks="sample", rules=rules).check(get("single_dim"), 3, 2).status == "ok"
+
+
+def test_an_exponential_backoff_rule_with_spin_hint_and_timeout(tmp_path):
+    write_rules(tmp_path / "waits", EXP_BACKOFF)
+    src = api.generate(get("single_dim").build(stages=3), rules=[tmp_path / "waits"])
+    waits_ = [x.strip() for x in src.text.splitlines() if x.strip().startswith("cb_mbar_wait")]
+    assert len(waits_) == 2 and all(x.startswith("cb_mbar_wait_mode(") and
+                                    ", 32u, 1024u, 4u, 2000u, 1000000000ull, " in x for x in waits_)
+    assert "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;" in src.text  # the suspend-time hint
+    assert "timed out after %llu ns" in src.text and "__trap();" in src.text
+    _compiles(src)
+    assert Checker(blocks="sample", rules=[tmp_path / "waits"]).check(get("single_dim"), 2, 2).status == "ok"
+
+
+def test_a_backoff_term_is_computed_per_iteration_and_checked_by_the_interpreter(tmp_path):
+    write_rules(tmp_path / "term", TERM_BACKOFF)
+    src = api.generate(get("single_dim").build(stages=3), rules=[tmp_path / "term"]).text
+    assert "cb_mbar_wait_mode(cb_smem_addr(&cb_full_2[i % 3]), i / 3, (unsigned)(32 * (i % 4)), 0u, 0u, 0u, 0ull" \
+        in src
+    assert Checker(blocks="sample", rules=[tmp_path / "term"]).check(get("single_dim"), 2, 2).status == "ok"
+    write_rules(tmp_path / "negative", TERM_BACKOFF.replace("(* 32 (% (var ?i) 4))", "(- 3 (var ?i))"))
+    kg = api.lower(get("single_dim").build(stages=3), rules=[tmp_path / "negative"])
+    n = 256 * 8
+    with pytest.raises(interp.InterpError, match=r"mbarrier_wait :backoff 3 - i is -1 on a thread"):
+        interp.run(kg, {"x": np.zeros(n, np.float32), "out": np.zeros(n, np.float32)}, blocks=[0])
+
+
+def test_a_backoff_of_zero_is_the_plain_wait(tmp_path):
+    write_rules(tmp_path / "zero", EXP_BACKOFF.replace(":backoff 32 :backoff_max 1024 :spin 4 :suspend_hint 2000 "
+                                                       ":timeout 1000000000", ":backoff 0"))
+    src = api.generate(get("single_dim").build(stages=3), rules=[tmp_path / "zero"]).text
+    assert src == api.generate(get("single_dim").build(stages=3)).text  # no __nanosleep(0) loop
+
+
+def test_copies_through_one_map_must_agree_on_its_l2_promotion():
+    from types import SimpleNamespace as Step
+    from cbrules.codegen import hints
+    from cbrules.codegen.errors import CodegenError
+    a = Step(op="tma_load", node=4, attrs={"tmap": "x_tmap", "l2_promotion": "64B"})
+    b = Step(op="tma_load", node=9, attrs={"tmap": "x_tmap", "l2_promotion": "256B"})
+    assert hints.l2_promotions([a, a]) == (("x_tmap", "64B"),)
+    with pytest.raises(CodegenError, match=r"node #4 asks for l2_promotion '64B' and node #9 for '256B'"):
+        hints.l2_promotions([a, b])
+
+
+def test_every_hinted_copy_helper_compiles():
+    """The helpers of every copy kind and rank 1..5, and every policy, through NVRTC in one kernel."""
+    from cbrules.codegen import hints
+    from cbrules.codegen.cuda import PRELUDE
+    from cbrules.codegen.nvrtc import compile_cuda
+    from cbrules.ir.ops import CACHE_HINTS as WORDS
+    kinds = {(k, r) for k in ("load", "store", "store_async") for r in range(1, 6)}
+    helpers = hints._policy_helpers(set(WORDS)) + hints._copy_helpers(kinds)
+    calls = []
+    for r in range(1, 6):
+        cs = ", ".join(str(i) for i in range(r))
+        calls += [f"cb_tma_load_hint(0, &m, 8, cb_l2_evict_last(), {cs});",
+                  f"cb_tma_store_hint(&m, 0, cb_l2_evict_normal(), {cs});",
+                  f"cb_tma_store_async_hint(&m, 0, cb_l2_evict_first(), {cs});"]
+    text = "\n".join([PRELUDE, *helpers, hints.WAIT_MODE, 'extern "C" __global__ void k(const __grid_constant__ '
+                      "CUtensorMap m) {", *calls, "cb_mbar_wait_mode(8, 0, 0u, 64u, 2u, 100u, 5000ull, 3);", "}"])
+    assert compile_cuda(text, "k").cubin.startswith(b"\x7fELF")

@@ -83,7 +83,7 @@ class Program:
                                     if k in ("start", "stop", "step", "pred", "index", "value", "args", "src",
                                              "src_index", "dst_index",
                                              "coords", "offset", "slot", "parity", "a_offset", "b_offset",
-                                             "scale_d")}
+                                             "scale_d") or k == "backoff" and isinstance(v, Term)}
             except TermError as e:
                 raise UnmodelledTerm(f"{e}; the interpreter cannot run this kernel", self.site(s, (0, 0, 0), ())) \
                     from None
