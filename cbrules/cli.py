@@ -76,6 +76,9 @@ def cmd_rules(a) -> int:
               f"{len(rs.egg_forms)} egglog forms, {len(rs.files)} files")
         extra = [str(d) for d in dirs[1:]]
         print(f"checked: the shipped rules ({rulefile.SHIPPED})" + (" together with " + ", ".join(extra) if extra else ""))
+        from .rewrite.rulelint import warnings as rule_warnings
+        for w in rule_warnings(rs, str(rulefile.SHIPPED)):
+            print(w)
         return 0
     for r in rs.rules:
         off = " (disabled)" if r.name in rs.disabled else ""

@@ -14,7 +14,7 @@ from cbrules.check import Checker
 from cbrules.reference import interp
 
 MBARRIER_DEFAULT = """
-    (phase my-defaults :before cb-normalize)
+    (phase my-defaults :before cb-check)
     (graph-rule my-war-mbarrier
       :doc "loops that do not choose a WAR protection get empty barriers"
       :phase my-defaults
@@ -266,3 +266,75 @@ def test_every_hinted_copy_helper_compiles():
     text = "\n".join([PRELUDE, *helpers, hints.WAIT_MODE, 'extern "C" __global__ void k(const __grid_constant__ '
                       "CUtensorMap m) {", *calls, "cb_mbar_wait_mode(8, 0, 0u, 64u, 2u, 100u, 5000ull, 3);", "}"])
     assert compile_cuda(text, "k").cubin.startswith(b"\x7fELF")
+
+
+# ---------------------------------------------------------------- issue 32: rules check is strict about values
+def test_rules_check_refuses_wrong_literals_at_their_position(tmp_path, capsys):
+    path = write_rules(tmp_path / "bad", """
+        (phase extra :after cb-pipeline)
+        (graph-rule a :phase extra :match ((mbarrier_wait ?w)) :rewrite ((set ?w :backoff "32")))
+        (graph-rule b :phase extra :match ((mbarrier_wait ?w)) :rewrite ((set ?w :backoff 2000000)))
+        (graph-rule c :phase extra :match ((mbarrier_wait ?w)) :rewrite ((set ?w :backoff -1)))
+        (graph-rule d :phase extra :match ((tma_load ?t)) :rewrite ((set ?t :cache_hint "evict_frist")))
+        (graph-rule e :phase extra :match ((for ?L)) :rewrite ((clone ?L :set (:step 1))
+          (insert-at-entry ?L (mbarrier_wait :barrier "x" :slot 0 :parity 0 :timeout 0))))
+    """)
+    assert main(["rules", "check", str(tmp_path / "bad")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert [x.removeprefix("cbrules: RuleErrors: ").split(": ")[0] for x in err] == \
+        [f"{path}:{n}" for n in ("2:83", "3:83", "4:83", "5:81", "7:78")]
+    assert 'mbarrier_wait :backoff takes an int in 0..1000000 or a term, not the text "32"; write 32 without ' \
+           "quotes" in err[0]
+    assert "2000000 is above 1000000" in err[1] and "-1 is below 0" in err[2]
+    assert 'not "evict_frist" (did you mean \'evict_first\'?)' in err[3]
+    assert "mbarrier_wait :timeout takes an int in 1..1099511627776: 0 is below 1" in err[4]
+
+
+def test_rules_check_warns_of_patterns_that_may_bind_one_node(tmp_path, capsys):
+    path = write_rules(tmp_path / "mine", """
+        (phase tidy :after cb-pipeline)
+        (graph-rule maybe-one
+          :phase tidy
+          :match ((mbarrier_wait ?first :barrier ?bar) (mbarrier_wait ?again :barrier ?bar))
+          :rewrite ((erase ?again)))
+        (graph-rule two :phase tidy
+          :match ((mbarrier_wait ?a :barrier ?b) (mbarrier_wait ?c :barrier ?b) (before ?a ?c))
+          :rewrite ((erase ?c)))
+        (graph-rule pinned-apart :phase tidy
+          :match ((for ?L :part "main") (for ?M :part "epilogue"))
+          :rewrite ((erase ?M)))
+    """)
+    assert main(["rules", "check", str(tmp_path / "mine")]) == 0
+    warned = [x for x in capsys.readouterr().out.splitlines() if ": warning: " in x]
+    assert warned == [f"{path}:4:48: warning: rule maybe-one: ?first and ?again may bind the same mbarrier_wait "
+                      "node (nothing in :match says they differ); add (distinct ?first ?again) or an order relation "
+                      "such as (before ?first ?again) if they must be two nodes"]
+
+
+PREFETCH_POLICY = """
+    (phase my-prefetch :before cb-check)
+    (graph-rule prefetch-s-minus-2
+      :doc "from four stages on, prefetch S - 2 tiles"
+      :phase my-prefetch
+      :match ((for ?L :annotations ?ann) (for ?L :annotations (:circular_buffer (:stages ?S :prefetch (absent)))))
+      :where ((>= ?S 4))
+      :rewrite ((set ?L :annotations (assoc ?ann "circular_buffer"
+                                       (assoc (get ?ann "circular_buffer") "prefetch" (- ?S 2))))))
+"""
+
+
+def test_a_policy_phase_after_the_validations_is_warned_of_and_before_them_is_validated(tmp_path, capsys):
+    from cbrules.rewrite.engine import LoweringError
+    late = write_rules(tmp_path / "late", PREFETCH_POLICY.replace(":before cb-check", ":before cb-normalize"))
+    assert main(["rules", "check", str(tmp_path / "late")]) == 0
+    out = capsys.readouterr().out
+    assert f"{late}:7:13: warning: rule prefetch-s-minus-2 (phase my-prefetch) sets :annotations of a for after " \
+           "phase cb-check validated it" in out and "declare the phase (phase my-prefetch :before cb-check)" in out
+    # placed where the warning says, the policy applies and the shipped check refuses what it must
+    write_rules(tmp_path / "early", PREFETCH_POLICY)
+    assert main(["rules", "check", str(tmp_path / "early")]) == 0
+    assert ": warning: " not in capsys.readouterr().out
+    kg = api.lower(get("single_dim").build(stages=4), rules=[tmp_path / "early"])
+    assert options.effective(kg)[0][1]["prefetch"] == 2
+    with pytest.raises(LoweringError, match="prefetch=2 does not apply to a warp-specialized loop"):
+        api.lower(get("single_dim").build(stages=4, warp_specialize=True), rules=[tmp_path / "early"])
