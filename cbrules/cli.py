@@ -59,7 +59,8 @@ def cmd_lower(a) -> int:
     built = _kernel(a, spec)
     kg = api.lower(built, **_lower_options(a))
     print(options.describe(kg, built.graph))
-    print(print_program(schedule(kg)))
+    # with --debug every line starts with its node's #id, the ids the trace's steps name
+    print(print_program(schedule(kg), ids=kg.trace is not None))
     if kg.trace is not None:
         print("\n".join(trace.describe(r) for r in kg.trace.records))
     return 0
@@ -155,7 +156,7 @@ def _trace_query(a, t, kg):
         _need(a, "node")
         return trace.history(t, a.node)
     if q == "why-not":
-        _need(a, "rule", "node")
+        _need(a, "rule")  # without --node: why the rule never fired in its phase (the closest candidate)
         w = trace.why_not(t, a.rule, a.node, a.step, getattr(a, "as_var", None))
         return dataclasses.asdict(w) if a.json else str(w)
     if q == "graph":

@@ -194,5 +194,5 @@ def _trace(doc: dict, where: str) -> tuple[Trace, str, str]:
         records.append(Application(**fields))
     phases = [str(p) for p in _list(doc["phases"])]
     t = Trace(graphs.pop(0), records, graphs, {r.name: r for r in rules.rules}, phases, bool(doc["complete"]),
-              list(texts))
+              list(texts), dict(rules.disabled))
     return t, str(doc["kernel"]), str(doc["options"])

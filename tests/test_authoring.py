@@ -338,3 +338,50 @@ def test_a_policy_phase_after_the_validations_is_warned_of_and_before_them_is_va
     assert options.effective(kg)[0][1]["prefetch"] == 2
     with pytest.raises(LoweringError, match="prefetch=2 does not apply to a warp-specialized loop"):
         api.lower(get("single_dim").build(stages=4, warp_specialize=True), rules=[tmp_path / "early"])
+
+
+# ---------------------------------------------------------------- issue 32: why-not explains
+def test_why_not_says_a_rule_is_disabled_and_by_which_file(tmp_path, capsys):
+    path = write_rules(tmp_path / "off", "(disable cb-epilogue)\n")
+    assert main(["trace", "single_dim", "why-not", "--rule", "cb-epilogue", "--rules", str(tmp_path / "off")]) == 0
+    out = capsys.readouterr().out
+    assert f"rule cb-epilogue is disabled by (disable cb-epilogue) at {path}:1:10, so it is never tried" in out
+    assert "Were it enabled: rule cb-epilogue matches #2 for(var=i)" in out and "yet it never fired" not in out
+
+
+PEEPHOLE = """
+    (phase tidy :after cb-pipeline)
+    (graph-rule drop-repeated-wait
+      :phase tidy
+      :match ((mbarrier_wait ?first :barrier ?bar :slot ?s :parity ?p)
+              (next ?first ?again)
+              (mbarrier_wait ?again :barrier ?bar :slot ?s :parity ?p))
+      :rewrite ((erase ?again)))
+    (graph-rule drop-ordered-wait
+      :phase tidy
+      :match ((mbarrier_wait ?w) (tma_load ?ld) (ordered ?w ?ld))
+      :rewrite ((erase ?w)))
+"""
+
+
+def test_why_not_without_a_node_names_the_closest_candidate_and_a_relations_facts(tmp_path, capsys):
+    path = write_rules(tmp_path / "tidy", PEEPHOLE)
+    args = ["trace", "single_dim", "why-not", "--rules", str(tmp_path / "tidy"), "--rule"]
+    assert main([*args, "drop-repeated-wait"]) == 0
+    out = capsys.readouterr().out.splitlines()[-1]
+    assert out.startswith("rule drop-repeated-wait never fired (tried on the graphs its phase tidy saw: after steps ")
+    assert f"it fails pattern element (mbarrier_wait ?again :barrier ?bar :slot ?s :parity ?p) at {path}:6:11" in out
+    assert "is a load node, the pattern wants a mbarrier_wait" in out
+    assert main([*args, "drop-ordered-wait"]) == 0
+    out = capsys.readouterr().out.splitlines()[-1]
+    assert f"(ordered ?w ?ld) at {path}:10:45 -- relation does not hold with ?w=#" in out
+    assert "they are not children of one scope" in out and "depends path ?w -> ?ld: no, ?ld -> ?w: no" in out
+
+
+def test_dot_labels_its_edges_and_lower_debug_shows_node_ids(capsys):
+    assert main(["trace", "single_dim", "dot", "--step", "3"]) == 0
+    dot = capsys.readouterr().out
+    assert 'label="depends", fontsize=8]' in dot and "legend [shape=note" in dot
+    assert main(["lower", "single_dim", "--debug"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("#0 kernel name=single_dim") and lines[2].lstrip().startswith("#")
