@@ -385,3 +385,31 @@ def test_dot_labels_its_edges_and_lower_debug_shows_node_ids(capsys):
     assert main(["lower", "single_dim", "--debug"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("#0 kernel name=single_dim") and lines[2].lstrip().startswith("#")
+
+
+# ---------------------------------------------------------------- issue 32: checker reports point at the cause
+def test_a_missing_consumer_is_named_with_its_tile_the_unwritten_elements_and_the_disable(tmp_path):
+    path = write_rules(tmp_path / "off", "(disable cb-epilogue)\n")
+    res = Checker(rules=[tmp_path / "off"]).check(get("single_dim"), 3, 3)
+    assert res.status == "FAIL" and res.detail.startswith("OutstandingTma: ")
+    assert "the TMA load #" in res.detail and "into tile[256:512], issued in block (0, 0, 0), iteration i=1 " \
+        "(prologue), is still in flight (nobody waited for it: no reader consumed that tile)" in res.detail
+    # the main loop wrote the first tile; the epilogue's two never were
+    assert "vs numpy when it stopped: out differs at 612 of 868 elements (612 never written): flat elements " \
+           "256..867" in res.detail and res.err_numpy == float("inf")
+    assert f"disabled by the rule folders: cb-epilogue ({path}:1:10)" in res.detail
+
+
+def test_a_hazard_names_the_users_rule_that_erased_the_wait(tmp_path):
+    path = write_rules(tmp_path / "unsound", """
+        (phase tidy :after cb-pipeline)
+        (graph-rule drop-any-wait
+          :phase tidy
+          :match ((mbarrier_wait ?first :barrier ?bar :slot ?s :parity ?p)
+                  (mbarrier_wait ?again :barrier ?bar :slot ?s :parity ?p))
+          :rewrite ((erase ?again)))
+    """)
+    res = Checker(blocks="sample", rules=[tmp_path / "unsound"]).check(get("pointwise"), 1, 3)
+    assert res.status == "FAIL" and res.detail.startswith("RawHazard: ")
+    assert f"erased by a rule of yours (a likely cause): rule drop-any-wait @ {path}:2 erased #" in res.detail
+    assert "mbarrier_wait(barrier=cb_full_3) at step " in res.detail
