@@ -119,7 +119,8 @@ def cmd_trace(a) -> int:
     if a.html:
         from .codegen.cuda import emit
         cuda = emit(schedule(kg), annotate=True).text if t.complete else "// lowering stopped early: no CUDA"
-        _write(a.html, viewer.page(t, cuda, f"cbrules trace {name}: {len(t.records)} steps"))
+        _write(a.html, viewer.page(t, cuda, f"cbrules trace {name}: {len(t.records)} steps",
+                                   cuda_at=lambda g: emit(schedule(g)).text))  # the CUDA after each step
         print(f"wrote {a.html}: {len(t.records)} steps; open it in a browser")
         if a.query is None:
             return 0
