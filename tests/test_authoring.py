@@ -413,3 +413,27 @@ def test_a_hazard_names_the_users_rule_that_erased_the_wait(tmp_path):
     assert res.status == "FAIL" and res.detail.startswith("RawHazard: ")
     assert f"erased by a rule of yours (a likely cause): rule drop-any-wait @ {path}:2 erased #" in res.detail
     assert "mbarrier_wait(barrier=cb_full_3) at step " in res.detail
+
+
+# ---------------------------------------------------------------- issue 32: the issue's other authoring tasks
+def test_a_repeated_wait_peephole_from_a_rule_file_checks_clean_and_runs(tmp_path, capsys):
+    from test_rule_language import PEEPHOLE as REPEATED
+    write_rules(tmp_path / "peephole", REPEATED)
+    assert main(["rules", "check", str(tmp_path / "peephole")]) == 0
+    assert ": warning: " not in capsys.readouterr().out  # (next ?first ?again) keeps the two waits apart
+    tidy = api.lower(get("pointwise").build(stages=3), rules=[tmp_path / "peephole"])
+    assert sum(tidy.op(n) == "mbarrier_wait" for n in tidy.nodes()) == 2
+    assert Checker(blocks="sample", rules=[tmp_path / "peephole"]).check(get("pointwise"), 3, 3).status == "ok"
+
+
+def test_the_step_viewer_shows_a_users_rule_with_its_place_and_values(tmp_path):
+    from cbrules import viewer
+    path = write_rules(tmp_path / "waits", EXP_BACKOFF)
+    kg = api.lower(get("single_dim").build(stages=3), rules=[tmp_path / "waits"], debug=True)
+    page = viewer.page(kg.trace, "", "t")
+    import json
+    data = json.loads(page.split('type="application/json">', 1)[1].split("</script>")[0])
+    mine = [s for s in data["steps"] if s["rule"] == "consumer-exponential-backoff"]
+    assert len(mine) == 2 and all(s["at"].endswith(f"{path.name}:2") for s in mine)
+    assert ["backoff", "(absent)", "32"] == mine[0]["changes"][0][1:] and \
+        {c[1] for c in mine[0]["changes"]} == {"backoff", "backoff_max", "spin", "suspend_hint", "timeout"}
