@@ -161,7 +161,8 @@ def _trace_query(a, t, kg):
         w = trace.why_not(t, a.rule, a.node, a.step, getattr(a, "as_var", None))
         return dataclasses.asdict(w) if a.json else str(w)
     if q == "graph":
-        return trace.program_at(t, a.step if a.step is not None else max(t.graphs, default=0))
+        at = a.step if a.step is not None else max(t.graphs, default=0)
+        return "\n".join([trace.program_at(t, at), *trace.edges_at(t, at)])  # the edges labelled by kind
     if q == "dot":
         _need(a, "step")
         return trace.to_dot(t, a.step)

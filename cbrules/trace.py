@@ -378,6 +378,17 @@ def program_at(trace: Trace, step: int) -> str:
     return print_program(schedule(graph_at(trace, step)), ids=True)
 
 
+def edges_at(trace: Trace, step: int) -> list[str]:
+    """The depends edges of the graph after ``step``, labelled, one line per node with successors
+    (the contains edges are the indentation of :func:`program_at`)."""
+    succ: dict[int, list[int]] = defaultdict(list)
+    for a, b in graph_at(trace, step).depends_edges():
+        succ[a].append(b)
+    return ["edges: contains = the indentation above; depends = the left node runs before each on the right "
+            "(siblings of one scope)"] + [f"  #{a} depends-> {' '.join(f'#{b}' for b in bs)}"
+                                          for a, bs in sorted(succ.items())]
+
+
 def to_dot(trace: Trace, step: int) -> str:
     """DOT of the graph before and after ``step``: created nodes green, erased red, changed yellow."""
     rec = next((r for r in trace.records if r.step == step), None)

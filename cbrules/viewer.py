@@ -187,8 +187,11 @@ body { margin: 0; font: 13px system-ui, sans-serif; display: grid; grid-template
 #search { margin: 4px; padding: 3px 6px; font: 12px monospace; }
 #legend { grid-column: 1 / 3; padding: 2px 10px; background: #f6f6fa; border-bottom: 1px solid #ddd; font-size: 12px; }
 #legend span.sw { display: inline-block; width: 12px; height: 10px; border: 1px solid #999; margin: 0 3px 0 10px; }
-#node { font-family: monospace; border: 1px solid #ccd; background: #fafaff; padding: 4px 8px; margin: 6px 0; }
+#node { font-family: monospace; border: 1px solid #ccd; background: #fafaff; padding: 4px 8px; margin: 0 0 6px 10px;
+        float: right; width: 42%; max-height: 30vh; overflow: auto; font-size: 12px; }
+.graphs { clear: both; }
 #node table { border-collapse: collapse; } #node td { padding: 0 8px 0 0; vertical-align: top; word-break: break-all; }
+#node td:first-child { white-space: nowrap; word-break: normal; }
 #tip { position: fixed; z-index: 5; pointer-events: none; background: #ffe; border: 1px solid #aa8; padding: 3px 6px;
        font: 11px monospace; max-width: 520px; white-space: pre-wrap; word-break: break-all; }
 .change { font-family: monospace; margin-left: 18px; word-break: break-all; } .change .old { color: #a33; }
@@ -345,6 +348,10 @@ function select(n) {
   if (b) panel.appendChild(el("div", "bindings", "bindings: " + b));
   if (s.egg && Object.keys(s.egg).length)
     panel.appendChild(el("div", "", "egglog matches: " + Object.entries(s.egg).map(([k, v]) => k + ":" + v).join(", ")));
+  const nodeBox = el("div", "");
+  nodeBox.id = "node";
+  nodeBox.textContent = "click a node (in a graph or a list) to see all its attributes";
+  panel.appendChild(nodeBox);  // floats right of the lists, above the graphs
   panel.appendChild(touched("created", "created-list", s.created));
   panel.appendChild(touched("erased", "erased-list", s.erased));
   const changed = touched("changed", "changed-list", s.changed);
@@ -364,10 +371,6 @@ function select(n) {
   pics.appendChild(graph("before step " + s.step, s.before, [["erased", s.erased], ["changed", s.changed]]));
   pics.appendChild(graph("after step " + s.step, s.after, [["created", s.created], ["changed", s.changed]]));
   panel.appendChild(pics);
-  const nodeBox = el("div", "");
-  nodeBox.id = "node";
-  nodeBox.textContent = "click a node (in a graph or a list above) to see all its attributes";
-  panel.appendChild(nodeBox);
   const first = s.created.length ? [s.after, s.created[0][0]] : s.changed.length ? [s.after, s.changed[0][0]] : null;
   if (first) showNode(first[0], first[1]);
   showCode(s);
