@@ -10,6 +10,7 @@ Warnings are strings ``file:line:col: warning: ...``; only rules outside the shi
 """
 from __future__ import annotations
 
+import difflib
 import os
 from typing import TYPE_CHECKING, Optional
 
@@ -47,9 +48,10 @@ def literal_problem(op: str, key: str, value: Expr) -> Optional[RuleError]:
         hint = f"; write {v} without quotes" if v.strip().lstrip("-").isdigit() else ""
         return RuleError(value.pos, f"{op} :{key} takes {_wants(op, key)}, not the text {value}{hint}")
     if (op, key) in ENUM_ATTRS and v not in ENUM_ATTRS[op, key]:
-        from .rulecheck import did_you_mean
+        # (rulecheck's did_you_mean would make an import cycle: rulecheck asks this module)
+        close = difflib.get_close_matches(str(v), ENUM_ATTRS[op, key], n=1, cutoff=0.6)
         return RuleError(value.pos, f"{op} :{key} takes {_wants(op, key)}, not {value}"
-                         + did_you_mean(str(v), ENUM_ATTRS[op, key]))
+                         + (f" (did you mean {close[0]!r}?)" if close else ""))
     why = attribute_problem(op, key, v)
     if why:
         return RuleError(value.pos, f"{op} :{key} takes {_wants(op, key)}: {why}")
