@@ -187,6 +187,8 @@ def _disabled_note(trace: Trace, w: WhyNot) -> WhyNot:
 
 def _why_not_node(trace: Trace, r: GraphRule, node: int, step: Optional[int], as_var: Optional[str]) -> WhyNot:
     rule = r.name
+    if step is None and node not in final_graph(trace):  # no step to guess: the last graph of the rule's phase holding it
+        step = next((s for s in reversed(_phase_steps(trace, r.phase)) if node in graph_at(trace, s)), None)
     g = final_graph(trace) if step is None else graph_at(trace, step)
     after = "the final graph" if step is None else f"the graph after step {step}"
     if node not in g:

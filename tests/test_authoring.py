@@ -347,6 +347,11 @@ def test_why_not_says_a_rule_is_disabled_and_by_which_file(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"rule cb-epilogue is disabled by (disable cb-epilogue) at {path}:1:10, so it is never tried" in out
     assert "Were it enabled: rule cb-epilogue matches #2 for(var=i)" in out and "yet it never fired" not in out
+    # with --node and no --step: the last graph of the rule's phase that holds the node (#2 is erased later)
+    assert main(["trace", "single_dim", "why-not", "--rule", "cb-epilogue", "--node", "2", "--rules",
+                 str(tmp_path / "off")]) == 0
+    out = capsys.readouterr().out
+    assert "is disabled by" in out and "does match #2 for(var=i)" in out and "in its phase cb-pipeline" in out
 
 
 PEEPHOLE = """
