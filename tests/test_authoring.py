@@ -442,3 +442,14 @@ def test_the_step_viewer_shows_a_users_rule_with_its_place_and_values(tmp_path):
     assert len(mine) == 2 and all(s["at"].endswith(f"{path.name}:2") for s in mine)
     assert ["backoff", "(absent)", "32"] == mine[0]["changes"][0][1:] and \
         {c[1] for c in mine[0]["changes"]} == {"backoff", "backoff_max", "spin", "suspend_hint", "timeout"}
+
+
+def test_a_pattern_literal_no_value_can_equal_is_refused_at_its_position(tmp_path):
+    path = write_rules(tmp_path / "bad", """
+        (phase p :after cb-pipeline)
+        (graph-rule r :phase p :match ((tma_load ?ld :cache_hint "evict_frist")) :rewrite ((erase ?ld)))
+    """)
+    with pytest.raises(RuleError) as e:
+        load(rule_dirs([tmp_path / "bad"]))
+    assert str(e.value).startswith(f'{path}:2:58: tma_load :cache_hint takes one of "evict_first", "evict_last", '
+                                   '"normal", not "evict_frist" (did you mean \'evict_first\'?)')

@@ -109,6 +109,7 @@ def _check_node_pattern(e: Expr, bound: set[str], binds: bool = True) -> None:
         if k in STRUCTURAL_KEYS:
             _check_value(v, bound)
         else:
+            _check_literal(op, k, v)  # a literal no value of the attribute can equal would never match
             _check_value_pattern(v, bound, binds)
 
 
