@@ -453,3 +453,21 @@ def test_a_pattern_literal_no_value_can_equal_is_refused_at_its_position(tmp_pat
         load(rule_dirs([tmp_path / "bad"]))
     assert str(e.value).startswith(f'{path}:2:58: tma_load :cache_hint takes one of "evict_first", "evict_last", '
                                    '"normal", not "evict_frist" (did you mean \'evict_first\'?)')
+
+
+def test_the_cache_hint_benchmarks_rule_folders_set_what_they_say():
+    """benchmarks/cache_hints.py measures these folders on the GPU; here: each sets its hint (no compile)."""
+    from pathlib import Path
+    from cbrules.codegen.cuda import emit
+    from cbrules.kernels.matmul_tc import matmul_tc
+    from cbrules.schedule import schedule
+    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "cache_hint_rules"
+    for name, want in (("evict-first", "cb_l2_evict_first()"), ("evict-first-promote-256", "cb_l2_evict_first()")):
+        src = emit(schedule(api.lower(get("pointwise").build(stages=4), rules=[folder / name])))
+        assert src.text.count(want) >= 2 and ("256B" in dict(src.l2_promotion).get("x_tmap", "")) == ("256" in name)
+    src = emit(schedule(api.lower(get("pointwise").build(stages=4), rules=[folder / "promote-256"])))
+    assert src.l2_promotion == (("x_tmap", "256B"), ("y_tmap", "256B")) and "cache_hint" not in src.text
+    mm = emit(schedule(api.lower(matmul_tc(stages=4, warp_specialize=True, registers=(40, 232)),
+                                 rules=[folder / "mm-a-first-b-last"]))).text
+    loads = [x for x in mm.splitlines() if x.lstrip().startswith("cb_tma_load_hint(")]
+    assert {("&b_tmap" in x, "evict_last" in x) for x in loads} == {(True, True), (False, False)}
