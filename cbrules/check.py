@@ -123,6 +123,7 @@ class Checker:
         self.lower_options["rules"] = rulefile.rule_set(self.lower_options.get("rules"))
         self.lower_options.pop("debug", None)  # no trace: the checker reads none
         self._lowered: dict = {}
+        self._kernels: dict = {}  # id of a lowered program -> the kernel it was lowered from (to trace it again)
         self._inputs: dict = {}
         self._unlowered: dict = {}
 
@@ -141,6 +142,7 @@ class Checker:
                                     dtype=self.dtype, tma_store=self.tma_store, swizzle=self.swizzle, **ws)
                 graph = _zero_trips(kernel) if trips == 0 else kernel.graph
                 self._lowered[key] = prepare(engine.lower(graph, **self.lower_options).graph)
+                self._kernels[id(self._lowered[key])] = graph
             except (LoweringError, InterpError) as e:  # InterpError: a term the interpreter does not model
                 self._lowered[key] = e
         got = self._lowered[key]
@@ -198,14 +200,18 @@ class Checker:
         args = self.inputs(spec, res.shape)
         results = []
         for schedule in (SCHEDULES if res.warp_specialize else SCHEDULES[:1]):  # one role: one schedule
+            partial: dict = {}
             try:
                 with np.errstate(divide="ignore", invalid="ignore"):  # as above (a 0-trip loop's mean)
-                    results.append(run(kg, args, blocks=self.blocks, schedule=schedule, seed=self.seed))
+                    results.append(run(kg, args, blocks=self.blocks, schedule=schedule, seed=self.seed,
+                                       partial=partial))
             except (LaunchError, TmaLimitError, InterpError) as e:
                 refused = short and isinstance(e, LaunchError) and e.code == SHORT_LOOP
                 where = f" (schedule {schedule})" if res.warp_specialize else ""
                 res.status, res.detail = ("refused" if refused else "FAIL"), f"{type(e).__name__}{where}: {e}"
                 res.code = getattr(e, "code", None)
+                if isinstance(e, InterpError):  # point at the cause: the outputs so far, and the rules
+                    res.detail += "".join("; " + c for c in self._causes(spec, res, kg, e, partial))
                 return
         got = results[0]
         for other in results[1:]:  # every interleaving computes the same
@@ -228,6 +234,85 @@ class Checker:
                                                              sampled=self.blocks is not None, dtype=self.dtype,
                                                              numpy=res.trips != 0 and spec.reference is not None)
         res.status, res.detail = ("FAIL", "; ".join(problems)) if problems else ("ok", "")
+
+
+    def _causes(self, spec: KernelSpec, res: CaseResult, kg: Program, e: InterpError, partial: dict) -> list[str]:
+        """What points at the cause of a failed run: which output elements differ from numpy when it
+        stopped, the rules the user's folders disable, and the sync nodes a user's rule erased."""
+        out = []
+        if res.trips != 0 and partial and spec.reference is not None:
+            try:
+                out += self._differences(spec, res, partial)
+            except (ValueError, TypeError, KeyError):  # a reference whose outputs do not fit: the error says enough
+                pass
+        rules = self.lower_options.get("rules")
+        if rules is not None and getattr(rules, "disabled", None):
+            out.append("disabled by the rule folders: " + ", ".join(f"{n} ({p})" for n, p in rules.disabled.items()))
+        out += self._erasures(kg, e)
+        return out
+
+    def _differences(self, spec: KernelSpec, res: CaseResult, partial: dict) -> list[str]:
+        """Which elements of the outputs as a failed run left them differ from numpy."""
+        out = []
+        want = spec.expected(self.inputs(spec, res.shape))
+        try:
+            before = self.unlowered(spec, res.shape, res.trips) if self.blocks is not None else None
+        except (LaunchError, TmaLimitError, InterpError):
+            before = None
+        rtol, atol = spec.tolerances(tuple(res.shape), self.dtype)
+        for name in spec.outputs:
+            if name not in partial:
+                continue
+            got, ref = (np.asarray(v).astype(np.float64) for v in (partial[name], want[name]))
+            mask = ~np.isnan(np.asarray(before[name], np.float64)) if before is not None else np.ones(got.shape, bool)
+            bad = mask & ~np.isclose(got, ref, rtol=rtol, atol=atol)
+            res.err_numpy = max(res.err_numpy or 0.0, _max_err(got[mask], ref[mask]))
+            if bad.any():
+                unwritten = int((bad & np.isnan(got)).sum())
+                out.append(f"vs numpy when it stopped: {name} differs at {int(bad.sum())} of {int(mask.sum())} "
+                           f"elements ({unwritten} never written): {_runs(bad)}")
+        return out
+
+    def _erasures(self, kg: Program, e: InterpError) -> list[str]:
+        """The sync nodes (of ``e``'s barrier, where it names one) that rules of the user's folders
+        erased, from a debug lowering of the same kernel: a missing wait or arrive is a likely cause."""
+        from .ir.ops import OPS
+        from .rewrite.rulefile import SHIPPED
+        from .trace import graph_at
+        import os
+        kernel = self._kernels.get(id(kg))
+        if kernel is None:
+            return []
+        try:
+            trace = engine.lower(kernel, **{**self.lower_options, "debug": True}).trace
+        except LoweringError:
+            return []
+        shipped = os.path.realpath(SHIPPED) + os.sep
+        found = []
+        for r in trace.records:
+            rule = trace.rules.get(r.rule)
+            if not r.erased or rule is None or os.path.realpath(rule.pos.file).startswith(shipped):
+                continue
+            g = graph_at(trace, r.step - 1)
+            for n in r.erased:
+                if n in g and OPS[g.op(n)].category == "sync" and \
+                        (e.barrier is None or g[n].get("barrier") in (None, e.barrier)):
+                    found.append(f"rule {r.rule} @ {r.at} erased {g.describe(n).split(' [')[0]} at step {r.step}")
+        return [f"erased by a rule of yours (a likely cause): {'; '.join(found[:3])}"] if found else []
+
+
+def _runs(bad: np.ndarray) -> str:
+    """The differing elements as runs of flat indices (at most three), e.g. ``elements 1792..2047``."""
+    flat = np.flatnonzero(bad.reshape(-1))
+    runs, start = [], flat[0]
+    for a, b in zip(flat, flat[1:]):
+        if b != a + 1:
+            runs.append((start, a))
+            start = b
+    runs.append((start, flat[-1]))
+    shown = ", ".join(f"{lo}..{hi}" if hi > lo else f"{lo}" for lo, hi in runs[:3])
+    return f"flat elements {shown}" + (f" and {len(runs) - 3} more runs" if len(runs) > 3 else "") \
+        + (f" of shape {tuple(bad.shape)}" if bad.ndim > 1 else "")
 
 
 def compare(spec: KernelSpec, shape: tuple, args: dict, got: dict, before: dict,

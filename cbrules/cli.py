@@ -76,6 +76,9 @@ def cmd_rules(a) -> int:
               f"{len(rs.egg_forms)} egglog forms, {len(rs.files)} files")
         extra = [str(d) for d in dirs[1:]]
         print(f"checked: the shipped rules ({rulefile.SHIPPED})" + (" together with " + ", ".join(extra) if extra else ""))
+        from .rewrite.rulelint import warnings as rule_warnings
+        for w in rule_warnings(rs, str(rulefile.SHIPPED)):
+            print(w)
         return 0
     for r in rs.rules:
         off = " (disabled)" if r.name in rs.disabled else ""
@@ -115,7 +118,8 @@ def cmd_trace(a) -> int:
     if a.html:
         from .codegen.cuda import emit
         cuda = emit(schedule(kg), annotate=True).text if t.complete else "// lowering stopped early: no CUDA"
-        _write(a.html, viewer.page(t, cuda, f"cbrules trace {name}: {len(t.records)} steps"))
+        _write(a.html, viewer.page(t, cuda, f"cbrules trace {name}: {len(t.records)} steps",
+                                   cuda_at=lambda g: emit(schedule(g)).text))  # the CUDA after each step
         print(f"wrote {a.html}: {len(t.records)} steps; open it in a browser")
         if a.query is None:
             return 0
@@ -160,11 +164,12 @@ def _trace_query(a, t, kg):
         _need(a, "node")
         return trace.history(t, a.node)
     if q == "why-not":
-        _need(a, "rule", "node")
+        _need(a, "rule")  # without --node: why the rule never fired in its phase (the closest candidate)
         w = trace.why_not(t, a.rule, a.node, a.step, getattr(a, "as_var", None))
         return dataclasses.asdict(w) if a.json else str(w)
     if q == "graph":
-        return trace.program_at(t, a.step if a.step is not None else max(t.graphs, default=0))
+        at = a.step if a.step is not None else max(t.graphs, default=0)
+        return "\n".join([trace.program_at(t, at), *trace.edges_at(t, at)])  # the edges labelled by kind
     if q == "dot":
         _need(a, "step")
         return trace.to_dot(t, a.step)

@@ -159,15 +159,37 @@ class WhyNot:
         return self.text
 
 
-def why_not(trace: Trace, rule: str, node: int, step: Optional[int] = None, as_var: Optional[str] = None) -> WhyNot:
+def why_not(trace: Trace, rule: str, node: Optional[int] = None, step: Optional[int] = None,
+            as_var: Optional[str] = None) -> WhyNot:
     """Why ``rule`` does not apply to ``node`` in the graph after ``step`` (default: the final graph).
 
     The node is bound to ``as_var`` (default: the variable of the first node pattern of the rule's
     :match whose op fits); the answer names the first pattern element or guard that no
     continuation got past, with what it wanted and what the graph has, and says where the graph
     stands with respect to the rule's phase. A node the graph does not hold is a
-    :class:`TraceQueryError`."""
+    :class:`TraceQueryError`. Without ``node`` it answers why the rule never fired: the closest
+    candidate over the graphs its phase saw (:func:`why_never`). A rule a ``(disable ...)`` turned
+    off says so, and where."""
     r = rule_named(trace, rule)
+    if node is None:
+        return _disabled_note(trace, why_never(trace, rule, step, as_var))
+    return _disabled_note(trace, _why_not_node(trace, r, node, step, as_var))
+
+
+def _disabled_note(trace: Trace, w: WhyNot) -> WhyNot:
+    at = getattr(trace, "disabled", {}).get(w.rule)
+    if at is None:
+        return w
+    w.text = (f"rule {w.rule} is disabled by (disable {w.rule}) at {at}, so it is never tried; remove that form to "
+              f"enable it. Were it enabled: {w.text}")
+    w.matches = False
+    return w
+
+
+def _why_not_node(trace: Trace, r: GraphRule, node: int, step: Optional[int], as_var: Optional[str]) -> WhyNot:
+    rule = r.name
+    if step is None and node not in final_graph(trace):  # no step to guess: the last graph of the rule's phase holding it
+        step = next((s for s in reversed(_phase_steps(trace, r.phase)) if node in graph_at(trace, s)), None)
     g = final_graph(trace) if step is None else graph_at(trace, step)
     after = "the final graph" if step is None else f"the graph after step {step}"
     if node not in g:
@@ -197,9 +219,122 @@ def why_not(trace: Trace, rule: str, node: int, step: Optional[int] = None, as_v
     if idx < 0:
         return WhyNot(rule, node, var, False, f"rule {rule}: {g.describe(node)} fails its first pattern element{phase}")
     kind = "guard" if idx >= len(r.match) else "pattern element"
-    detail = m.explain()
+    detail = m.explain() + relation_facts(g, where, m.deepest_bindings)
     return WhyNot(rule, node, var, False, f"rule {rule} does not fire on {g.describe(node)} as {var} in {after}: "
                   f"{kind} {where} at {where.pos} -- {detail}{phase}", str(where), str(where.pos), detail)
+
+
+def _phase_steps(trace: Trace, phase: str) -> list[int]:
+    """The steps whose graphs a rule of ``phase`` was tried on: the graph entering the phase and
+    the graph after each of its steps (each the last of a run of steps, at most a few dozen)."""
+    mine = trace.phases.index(phase) if phase in trace.phases else len(trace.phases)
+    earlier = [x.step for x in trace.records if x.phase in trace.phases and trace.phases.index(x.phase) < mine]
+    inside = [x.step for x in trace.records if x.phase == phase]
+    steps = [max(earlier, default=0), *inside]
+    if len(steps) > 24:  # a long phase: its first graphs, and its last
+        steps = steps[:12] + steps[-12:]
+    return list(dict.fromkeys(steps))
+
+
+MAX_CANDIDATES = 4000  # nodes tried per graph by why_never (a larger graph: the first of them)
+
+
+def why_never(trace: Trace, rule: str, step: Optional[int] = None, as_var: Optional[str] = None) -> WhyNot:
+    """Why ``rule`` never fired in its phase: every node of its first node pattern's op tried on
+    each graph the phase saw (or the graph after ``step``), and the one that got furthest through
+    the :match and :where named with its first failing element."""
+    r = rule_named(trace, rule)
+    fired = [x.step for x in trace.records if x.rule == rule]
+    pattern = next(((el.head(), v) for el in r.match for v in _pattern_vars(el)
+                    if el.head() not in RELATIONS and (as_var is None or v == as_var)), None)
+    if pattern is None:
+        raise TraceQueryError(f"rule {rule} has no node pattern" + (f" binding {as_var}" if as_var else "")
+                              + " to start from; ask about one node with --node")
+    op, var = pattern
+    steps = [step] if step is not None else _phase_steps(trace, r.phase)
+    best = None  # (depth, step, node, matcher)
+    for s in steps:
+        g = graph_at(trace, s)
+        pool = [n for n in g.nodes() if op == "_" or g.op(n) == op][:MAX_CANDIDATES]
+        for n in pool:
+            m = Matcher(g)
+            if next(iter(m.matches(r.match, r.where, {var: NodeRef(n)})), None) is not None:
+                when = f"; it fired at step{'s' if len(fired) > 1 else ''} {', '.join(map(str, fired[:8]))}" \
+                    if fired else "" if rule in getattr(trace, "disabled", {}) else \
+                    ", yet it never fired there (an earlier rule of the phase changed the graph first?)"
+                return WhyNot(rule, n, var, True, f"rule {rule} matches {g.describe(n)} as {var} in the graph after "
+                              f"step {s}{when}")
+            if best is None or m.deepest[0] > best[0]:
+                best = (m.deepest[0], s, n, m)
+    where = "" if step is not None else f" (tried on the graphs its phase {r.phase} saw: after steps " \
+        f"{', '.join(map(str, steps))})"
+    if best is None:
+        return WhyNot(rule, -1, var, False, f"rule {rule} never fired: no graph its phase saw has a {op} node for "
+                      f"{var}{where}")
+    _, s, n, m = best
+    idx, _, el = m.deepest
+    g = graph_at(trace, s)
+    if idx < 0 or el is None:
+        return WhyNot(rule, n, var, False, f"rule {rule} never fired: no {op} node gets past its first pattern "
+                      f"element{where}")
+    kind = "guard" if idx >= len(r.match) else "pattern element"
+    detail = m.explain() + relation_facts(g, el, m.deepest_bindings)
+    return WhyNot(rule, n, var, False, f"rule {rule} never fired{where}; the closest candidate is {g.describe(n)} "
+                  f"as {var} after step {s}: it fails {kind} {el} at {el.pos} -- {detail}", str(el), str(el.pos),
+                  detail)
+
+
+_ORDER_RELATIONS = ("next", "before", "between", "ordered", "independent", "inside", "child", "distinct")
+
+
+def relation_facts(g: KernelGraph, where, bindings: dict) -> str:
+    """What the graph says about the nodes a failed relation was tried with: where each sits (its
+    scope and place in schedule order) and, for ordered / independent, the depends paths between
+    them. Empty for anything else."""
+    head = where.head() if hasattr(where, "head") else None
+    if head not in _ORDER_RELATIONS:
+        return ""
+    ids = [(x.value, bindings[x.value].id) for x in where.items[1:]
+           if isinstance(x, Atom) and x.kind == "var" and isinstance(bindings.get(x.value), NodeRef)
+           and bindings[x.value].id in g]
+    if not ids:
+        return ""
+    place: dict[int, tuple[int, int]] = {}
+
+    def visit(st) -> None:
+        for i, c in enumerate(st.body):
+            place[c.node] = (st.node, i)
+            visit(c)
+    visit(schedule(g))
+    facts = []
+    for v, n in ids:
+        if n in place:
+            p, i = place[n]
+            facts.append(f"{v}=#{n} is statement {i + 1} of #{p} {g.op(p)}")
+    parents = {place[n][0] for _, n in ids if n in place}
+    if len(ids) > 1 and len(parents) > 1 and head not in ("inside", "child"):
+        facts.append("they are not children of one scope (order relations relate siblings only: relate their "
+                     "enclosing children and add (inside ...))")
+    if head in ("ordered", "independent") and len(ids) >= 2:
+        (va, a), (vb, b) = ids[:2]
+        facts.append(f"depends path {va} -> {vb}: {'yes' if _depends_path(g, a, b) else 'no'}, "
+                     f"{vb} -> {va}: {'yes' if _depends_path(g, b, a) else 'no'}")
+    return " -- facts: " + "; ".join(facts) if facts else ""
+
+
+def _depends_path(g: KernelGraph, a: int, b: int) -> bool:
+    """A chain of depends edges from ``a`` to ``b``."""
+    from .ir.order import DEPENDS
+    seen, todo = {a}, [a]
+    while todo:
+        n = todo.pop()
+        for m, d in g.g._succ[n].items():
+            if d.get("kind") == DEPENDS and m not in seen:
+                if m == b:
+                    return True
+                seen.add(m)
+                todo.append(m)
+    return False
 
 
 def _binding_var(r: GraphRule, op: str, as_var: Optional[str]) -> Optional[str]:
@@ -246,6 +381,17 @@ def program_at(trace: Trace, step: int) -> str:
     return print_program(schedule(graph_at(trace, step)), ids=True)
 
 
+def edges_at(trace: Trace, step: int) -> list[str]:
+    """The depends edges of the graph after ``step``, labelled, one line per node with successors
+    (the contains edges are the indentation of :func:`program_at`)."""
+    succ: dict[int, list[int]] = defaultdict(list)
+    for a, b in graph_at(trace, step).depends_edges():
+        succ[a].append(b)
+    return ["edges: contains = the indentation above; depends = the left node runs before each on the right "
+            "(siblings of one scope)"] + [f"  #{a} depends-> {' '.join(f'#{b}' for b in bs)}"
+                                          for a, bs in sorted(succ.items())]
+
+
 def to_dot(trace: Trace, step: int) -> str:
     """DOT of the graph before and after ``step``: created nodes green, erased red, changed yellow."""
     rec = next((r for r in trace.records if r.step == step), None)
@@ -265,9 +411,12 @@ def to_dot(trace: Trace, step: int) -> str:
                 color = ', style=filled, fillcolor="#f7f0c5"'
             lines.append(f'    {tag}_{n} [label="{_dot_text(g.describe(n).split(" [")[0])}"{color}];')
         for a, b, kind in g.g.edges(data="kind"):
-            style = "" if kind == "contains" else " [style=dashed, color=blue]"
+            style = "" if kind == "contains" else f' [style=dashed, color=blue, label="{_dot_text(kind)}", fontsize=8]'
             lines.append(f"    {tag}_{a} -> {tag}_{b}{style};")
         lines.append("  }")
+    # what the arcs mean, and the colours
+    lines.append('  legend [shape=note, label="solid arc: contains (scope -> child)\\ldashed blue arc: depends '
+                 '(must run before, within one scope)\\lgreen: created  red: erased  yellow: changed\\l"];')
     lines.append("}")
     return "\n".join(lines)
 

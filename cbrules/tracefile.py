@@ -288,5 +288,5 @@ def _trace(doc: dict, where: str) -> tuple[Trace, str, str]:
     graphs = {int(s): _read_graph(g) for s, g in doc["graphs"].items()}
     rules = from_texts(texts)  # reading the rule text back is most of the time a load takes
     t = Trace(graphs.pop(0), records, graphs, {r.name: r for r in rules.rules}, list(doc["phases"]),
-              doc["complete"], list(texts))
+              doc["complete"], list(texts), dict(rules.disabled))
     return t, doc["kernel"], doc["options"]

@@ -21,6 +21,7 @@ from ..ir.ops import DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS, SHFL_MODES, U
 from ..schedule import Step
 from ..ir.terms import BINARY_OPS, DEVICE_FUNCTIONS, UNARY_OPS, Term, call_problem, to_c
 
+from . import hints as _hints
 from . import mma as _mma
 from . import registers as _registers
 from . import stats as _stats
@@ -77,6 +78,7 @@ class KernelSource:
     requires: tuple = ()  # (predicate over symbols, message[, code]) to check before each launch
     aligned: tuple = ()  # (tensor, bytes): its vector accesses need its address aligned so (the launcher checks)
     setmaxnreg: tuple = ()  # (count, threads) of each setmaxnreg: what it asks of the block's register pool
+    l2_promotion: tuple = ()  # (tensor map, none|64B|128B|256B) the copies ask its encoding for
 
 
 def _ident(name: Any) -> str:
@@ -151,7 +153,6 @@ class _Emitter:
         self.reg_arrays: dict[str, Step] = {}
         self.smem_bytes = 0
         self.uses_reduce = False
-        self.uses_backoff = False
         self.vector_tensors: dict[str, int] = {}  # global tensor -> the widest vector access to it, in bytes
         self.mmas: list[dict] = []  # attributes of the mma nodes (their accumulators and instruction shapes)
         self._collect(program)
@@ -177,8 +178,6 @@ class _Emitter:
                 self.registers.setdefault(_ident(a["dst"]), a.get("dtype", "float32"))
                 if s.op == "block_stats":
                     self.registers.setdefault(_ident(a["dst_m2"]), "float32")
-            elif s.op == "mbarrier_wait" and a.get("backoff") is not None:
-                self.uses_backoff = True
             if _stats.uses_scratch(s):
                 self.uses_reduce = True
             if s.op == "mma":
@@ -262,6 +261,7 @@ class _Emitter:
         """The C statement of a non-scope step (None for declarations hoisted to the top)."""
         if s.op == "block_stats":  # its closing sync depends on where it is
             return _stats.statement(s, _Checked(s.op, s.attrs), self, _ident, _int, _c_term)
+        self.node = s.node  # for the forms that name their node in the kernel (a wait's timeout message)
         form = _STATEMENTS.get(s.op) or (_unary if s.op in _UNARY_C else _binary if s.op in _BINARY_C else None)
         if form is None:
             raise CodegenError(f"codegen has no form for op {s.op!r} (node #{s.node})")
@@ -297,7 +297,8 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
         + ([_mma.PACK_PRELUDE] if any("cb_pack_" in line for line in e.lines) else []) \
         + ([_stats.STATS_PRELUDE] if any(_stats.HELPER in line for line in e.lines) else [])
     text = "\n".join([
-        *preludes, e.elect_one(), *([BACKOFF_WAIT] if e.uses_backoff else []), "",
+        *preludes, e.elect_one(), *([BACKOFF_WAIT] if any("cb_mbar_wait_backoff(" in line for line in e.lines) else []),
+        *_hints.helpers(program.walk(), e.lines), "",
         f'extern "C" __global__ void __launch_bounds__({bounds}) {_ident(k["name"])}({e.signature()}) {{',
         *decls, *e.lines, "}", ""])
     if e.smem_bytes > MAX_SHARED_BYTES:
@@ -305,7 +306,7 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
                            f"{MAX_SHARED_BYTES} a block may have on sm_90; use smaller tiles or fewer stages")
     return KernelSource(k["name"], text, tuple(k["params"]), tuple(k["block"]), tuple(k["grid"]), e.smem_bytes,
                         tuple(k.get("requires", ())), tuple(sorted(e.vector_tensors.items())),
-                        _registers.demands(program, bx * by * bz))
+                        _registers.demands(program, bx * by * bz), _hints.l2_promotions(program.walk()))
 
 
 # ------------------------------------------------------------------------------ statement table
@@ -434,6 +435,8 @@ def _tma_store(a) -> str:
     if wait not in ("read", "none"):
         raise CodegenError(f"tma_store from {a['src']}: wait {wait!r} is not 'read' or 'none'")
     fn = "cb_tma_store" if wait == "read" else "cb_tma_store_async"
+    if a.get("cache_hint") is not None:
+        return _hints.tma_store(a, fn, _coords(a), _c_term(a["offset"]))
     return f"{fn}(&{a['tmap']}, cb_smem_addr({a['src']} + {_c_term(a['offset'])}), {_coords(a)});"
 
 
@@ -451,7 +454,8 @@ _STATEMENTS = {
     "shfl": lambda o, a, e: _shfl(a),
     "sigmoid": lambda o, a, e: _sigmoid(a),
     "reduce": _reduce,
-    "tma_load": lambda o, a, e: (f"cb_tma_load(cb_smem_addr({a['dst']} + {_c_term(a['offset'])}), &{a['tmap']}, "
+    "tma_load": lambda o, a, e: _hints.tma_load(a, _bar(a), _coords(a), _c_term(a["offset"]))
+    if a.get("cache_hint") is not None else (f"cb_tma_load(cb_smem_addr({a['dst']} + {_c_term(a['offset'])}), &{a['tmap']}, "
                               f"{_bar(a)}, {_coords(a)});"),
     "tma_store": lambda o, a, e: _tma_store(a),
     "tma_store_wait": lambda o, a, e: (f"cb_bulk_wait{'_read' if _flag(a['read'], 'read') else ''}"
@@ -459,9 +463,7 @@ _STATEMENTS = {
     "mbarrier_init": lambda o, a, e: f"cb_mbar_init({_bar(a)}, {a['count']});",
     "mbarrier_arrive": lambda o, a, e: f"cb_mbar_arrive({_bar(a)});",
     "mbarrier_arrive_expect_tx": lambda o, a, e: f"cb_mbar_arrive_expect_tx({_bar(a)}, {a['bytes']});",
-    "mbarrier_wait": lambda o, a, e: (f"cb_mbar_wait({_bar(a)}, {_c_term(a['parity'])});" if a.get("backoff") is None
-                                      else f"cb_mbar_wait_backoff({_bar(a)}, {_c_term(a['parity'])}, "
-                                           f"{_int(a['backoff'], 'a wait backoff', 0)}u);"),
+    "mbarrier_wait": lambda o, a, e: _hints.wait(a, e.node, _bar(a), _c_term(a["parity"]), _int, _c_term),
     "mbarrier_inval": lambda o, a, e: f"cb_mbar_inval({_bar(a)});",
     "syncthreads": lambda o, a, e: "__syncthreads();",
     "fence_proxy_async": lambda o, a, e: "cb_fence_proxy_async();",

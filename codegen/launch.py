@@ -179,12 +179,16 @@ class CompiledKernel:
             else:
                 arrays[pname] = value
         args = []
+        asked = dict(getattr(self.source, "l2_promotion", ()))  # a source pickled before the field: none
+
+        def promotion(tmap: str) -> dict:
+            return {"l2_promotion": asked[tmap]} if tmap in asked else {}
         for p in self.source.params:
             if p.kind == "tensor":
                 args.append(("ptr", arrays[p.name].ptr))
             elif p.kind == "tmap":
                 args.append(("tmap", tma.encode_tensor_map(p.name, arrays[p.tensor], p.box, swizzle=p.swizzle,
-                                                               split=p.split)))
+                                                               split=p.split, **promotion(p.name))))
             else:  # a symbol, or a scalar of another dtype (k.scalar)
                 args.append((_ARG_KINDS[p.dtype], symbols[p.name]))
         return BoundLaunch(fn, grid, self.source.block, self.source.shared_bytes, args,

@@ -138,9 +138,12 @@ def test_why_not_on_the_seed_rules():
     from cbrules.kernels import get
     kg = api.lower(get("single_dim").build(stages=2, prefetch=0), debug=True)
     loop = [n for n in kg.trace.initial.nodes("for")][0]
-    with pytest.raises(trace.TraceQueryError) as gone:
-        trace.why_not(kg.trace, "cb-prologue", loop)
+    with pytest.raises(trace.TraceQueryError) as gone:  # asked about a graph after the loop was erased
+        trace.why_not(kg.trace, "cb-prologue", loop, max(kg.trace.graphs))
     assert "was erased at step" in str(gone.value) and "cb-drop-original" in str(gone.value)
     step = int(str(gone.value).split("--step ")[-1])
     msg = str(trace.why_not(kg.trace, "cb-prologue", loop, step))
     assert "guard (> ?P 0)" in msg and "circular_buffer.rules:" in msg and "with ?P=0" in msg
+    # without a step: the last graph of the rule's phase that still holds the loop
+    unasked = str(trace.why_not(kg.trace, "cb-prologue", loop))
+    assert "guard (> ?P 0)" in unasked and "with ?P=0" in unasked and "in the graph after step" in unasked

@@ -170,3 +170,55 @@ def test_a_placeholder_in_the_title_is_not_filled(tmp_path, capsys):
     page = viewer.page(kg.trace, "// {{TITLE}} {{DATA}}", "cbrules trace {{DATA}} {{TITLE}}: 2 steps")
     assert page.count('"steps":') == 1 and "<title>cbrules trace {{DATA}} {{TITLE}}: 2 steps</title>" in page
     assert re.search(r'<script id="data" type="application/json">\{"title":', page)
+
+
+# ---------------------------------------------------------------- issue 32: the viewer shows values
+def _data(page: str) -> dict:
+    import json
+    return json.loads(page.split('type="application/json">', 1)[1].split("</script>")[0])
+
+
+def test_the_page_holds_every_attribute_old_to_new_the_cuda_after_each_step_and_lineage(lowered):
+    from cbrules.codegen.cuda import emit
+    from cbrules.schedule import schedule
+    from cbrules.trace import graph_at
+    t = lowered.trace
+    data = _data(viewer.page(t, emit(schedule(lowered), annotate=True).text, "t",
+                             cuda_at=lambda g: emit(schedule(g)).text))
+    main_step = next(r for r in t.records if r.rule == "cb-main")
+    s = next(x for x in data["steps"] if x["step"] == main_step.step)
+    after = data["infos"][s["after"]]
+    g = graph_at(t, main_step.step)
+    wait = next(n for n in main_step.created if g[n]["op"] == "mbarrier_wait")
+    op, attrs, made, cloned_from, inserted = data["table"][after[str(wait)]]
+    assert op == "mbarrier_wait" and {k for k, _ in attrs} >= {"barrier", "slot", "parity"}
+    assert dict(attrs)["slot"] == str(g[wait]["slot"])  # terms as text
+    assert made.startswith("rule cb-main @ rules/circular_buffer.rules:") and cloned_from is not None
+    assert 0 < inserted < main_step.step  # the step that inserted the wait it was cloned from
+    # old -> new of what a step changed
+    prefetch = next(x for x in data["steps"] if x["rule"] == "cb-default-prefetch")
+    assert [2, "annotations", "{circular_buffer: {stages: 2}}", "{circular_buffer: {stages: 2, prefetch: 1}}"] \
+        in prefetch["changes"]
+    # the CUDA after the last step is the kernel's; an early step shows its program (no CUDA yet)
+    assert data["codes"][data["steps"][-1]["code"]].startswith('extern "C" __global__')
+    assert data["codes"][data["steps"][0]["code"]].startswith("// no CUDA after this step")
+    cloned = [x for x in data["cuda"] if x["node"] is not None and x["inserted"] not in (0, x["step"])]
+    assert cloned and all(x["inserted"] < x["step"] for x in cloned)
+
+
+def test_the_new_panes_in_chromium_at_1400x900(lowered, tmp_path):
+    main_step = next(r for r in lowered.trace.records if r.rule == "cb-main")
+    page = tmp_path / "steps.html"
+    assert main(["trace", "single_dim", "--stages", "2", "--html", str(page)]) == 0
+    dom = chromium(page, "--dump-dom", step=main_step.step).stdout
+    assert Dom(dom).errors == {"hidden": True, "text": ""}
+    assert 'id="legend"' in dom and 'id="search"' in dom and 'id="codebar"' in dom
+    assert f"CUDA after step {main_step.step}" in dom and 'class="after-step"' in dom
+    node = re.search(r'<div id="node" data-node="(\d+)">(.*?)</div></div>', dom, re.S)
+    assert node and int(node.group(1)) == main_step.created[0] and node.group(2).count('class="attr"') >= 3
+    assert "first inserted at" in dom or "built at" in dom
+    shots = Path(os.environ.get("CBRULES_ARTIFACTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    shot = shots / "viewer-single_dim-1400x900.png"
+    run = chromium(page, "--window-size=1400,900", f"--screenshot={shot}", step=main_step.step)
+    assert run.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from .names import RULES, problem
-from .ops import BINARY, MAX_BACKOFF_NS, OPS, UNARY, WARP_SIZE
+from .ops import BINARY, CACHE_HINTS, L2_PROMOTIONS, MAX_BACKOFF_NS, MAX_WAIT_TIMEOUT_NS, OPS, UNARY, WARP_SIZE
 from .terms import BINARY_OPS, MAX_TERM_DEPTH, MAX_TERM_PARTS, UNARY_OPS, Term, call_problem, extent
 
 
@@ -49,10 +49,18 @@ def attribute_problem(op: str, key: str, value: Any) -> str | None:
     if key in ident_keys(op):
         why = problem(value, RULES)
         return f"{value!r} {why[0]}; {why[1]}" if why else None
+    choices = ENUM_ATTRS.get((op, key))
+    if choices is not None:
+        return None if isinstance(value, str) and value in choices else \
+            f"{value!r} is not one of {', '.join(map(repr, choices))}"
     entry = _INT_ATTR.get((op, key))
     if entry is None:
         return None
     low, many = entry
+    if (op, key) in TERM_OR_INT and isinstance(value, Term):
+        if value.op != "const":
+            return None  # computed on the device: its terms are checked as every term is
+        value = value.value
     if many and not isinstance(value, tuple):
         return f"{value!r} is not a tuple of ints"
     bad = next((p for p in map(lambda v: _int_problem(v, low), value if many else (value,)) if p), None)
@@ -77,11 +85,25 @@ INT_ATTRS = (("alloc", "shape", 1, True), ("alloc", "align", 1, False), ("mbarri
              ("bar_sync", "count", 1, False), ("kernel", "block", 1, True), ("mbarrier_wait", "backoff", 0, False),
              ("tma_store_wait", "pending", 0, False), ("copy", "count", 1, False), ("mma", "shape", 1, True),
              ("mma", "groups", 1, False), ("mma", "swizzle", 0, False), ("mma", "b_swizzle", 0, False),
-             ("wgmma_wait", "pending", 0, False), ("block_stats", "n", 1, False), ("shfl", "width", 1, False))
+             ("wgmma_wait", "pending", 0, False), ("block_stats", "n", 1, False), ("shfl", "width", 1, False),
+             ("mbarrier_wait", "backoff_max", 1, False),
+             ("mbarrier_wait", "spin", 0, False), ("mbarrier_wait", "suspend_hint", 1, False),
+             ("mbarrier_wait", "timeout", 1, False))
 # block_stats n: the merge weighs with n as a float32, exact up to 2**24 (a thread holds a few hundred)
 INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16, ("block_stats", "n"): 1 << 24,
+            ("mbarrier_wait", "backoff_max"): MAX_BACKOFF_NS, ("mbarrier_wait", "spin"): (1 << 31) - 1,
+            ("mbarrier_wait", "suspend_hint"): (1 << 32) - 1, ("mbarrier_wait", "timeout"): MAX_WAIT_TIMEOUT_NS,
             ("shfl", "width"): WARP_SIZE}
 POWERS_OF_TWO = {("shfl", "width"): "a shuffle's segments of lanes tile the warp"}
+# int attributes that may also hold a term computed on the device (a constant term is checked as an int)
+TERM_OR_INT = {("mbarrier_wait", "backoff")}
+# attributes that hold one of a few words (codegen picks a form by them)
+ENUM_ATTRS = {("tma_load", "cache_hint"): CACHE_HINTS, ("tma_store", "cache_hint"): CACHE_HINTS,
+              ("tma_load", "l2_promotion"): L2_PROMOTIONS, ("tma_store", "l2_promotion"): L2_PROMOTIONS,
+              ("tma_store", "wait"): ("read", "none")}
+ENUM_KEYS: dict[str, list[str]] = {}  # op -> its word-valued keys
+for (_o, _k) in ENUM_ATTRS:
+    ENUM_KEYS.setdefault(_o, []).append(_k)
 _INT_ATTR: dict[tuple[str, str], tuple[int, bool]] = {}  # (op, key) -> (lowest value, a tuple?)
 INT_KEYS: dict[str, list[tuple[str, int]]] = {}  # op -> its (key, lowest value), in INT_ATTRS order
 for _o, _k, _low, _many in INT_ATTRS:

@@ -47,6 +47,9 @@ PRELUDE_NAMES = frozenset((
     "cb_block_stats", "cb_block_stats_named", "cb_block_stats_warps", "cb_block_stats_merge_warps",
     "cb_stats_merge",  # codegen/prelude_stats.cu (block_stats)
     "cb_mbar_wait_backoff",  # cbrules.codegen.cuda.BACKOFF_WAIT (waits with a :backoff)
+    # cbrules.codegen.hints (copies with a :cache_hint, waits with a wait mode)
+    "cb_tma_load_hint", "cb_tma_store_hint", "cb_tma_store_async_hint", "cb_l2_evict_first", "cb_l2_evict_last",
+    "cb_l2_evict_normal", "cb_mbar_wait_mode", "cb_globaltimer",
     "cb_half", "cb_bf16", "cb_tma_store_async", "cb_bulk_wait_read", "cb_bulk_wait", "cb_swizzle",
     # codegen/mma.py (kernels with mma nodes): the ordering helpers, descriptors, the block's locals and
     # the instruction helper of every N and operand type

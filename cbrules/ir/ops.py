@@ -65,6 +65,12 @@ SYNC_TOKEN = "sync"
 COMMON_ATTRIBUTES = ("stage", "tag", "part")
 # an mbarrier_wait's :backoff: nanoseconds to sleep between polls (PTX nanosleep sleeps at most ~1 ms)
 MAX_BACKOFF_NS = 1_000_000  # the pseudo-resource that orders memory operations around barriers
+# an mbarrier_wait's :timeout (nanoseconds of %globaltimer before it traps): at most about 18 minutes
+MAX_WAIT_TIMEOUT_NS = 1 << 40
+# L2 eviction priorities a TMA copy's :cache_hint names (createpolicy.fractional.L2::evict_*), and
+# the L2 promotion of a tensor map (CU_TENSOR_MAP_L2_PROMOTION_*) a tma_load or tma_store may ask for
+CACHE_HINTS = ("evict_first", "evict_last", "normal")
+L2_PROMOTIONS = ("none", "64B", "128B", "256B")
 
 
 @dataclass(frozen=True)
@@ -98,11 +104,15 @@ OPS: dict[str, OpSpec] = {
     # a tma_load without a barrier asks the rules to arrange its completion (circular buffering);
     # box is the hardware box, tile the logical tile it serves (a multiple of the box)
     # swizzle: the span in bytes (32, 64, 128) of the tensor map's swizzle pattern, absent for none
+    # cache_hint: the copy's L2 eviction priority (an .L2::cache_hint policy); l2_promotion: the
+    # promotion its tensor map is encoded with (every copy through one map must agree)
     "tma_load": OpSpec(("tmap", "coords", "dst", "offset", "bytes", "box"), ("barrier", "slot", "tile",
-                       "circular_buffer", "swizzle"), ("coords", "offset", "slot"), "memory"),
+                       "circular_buffer", "swizzle", "cache_hint", "l2_promotion"), ("coords", "offset", "slot"),
+                       "memory"),
     # wait="read" (default): the store's bulk group is committed and waited for until its source may
     # be reused; wait="none": committed only, a later tma_store_wait covers it
-    "tma_store": OpSpec(("tmap", "coords", "src", "offset"), ("wait",), ("coords", "offset"), "memory",
+    "tma_store": OpSpec(("tmap", "coords", "src", "offset"), ("wait", "cache_hint", "l2_promotion"),
+                        ("coords", "offset"), "memory",
                         {"wait": "read"}),
     # cp.async.bulk.wait_group[.read] pending: this thread's bulk stores, all but the newest `pending`
     # groups, have finished reading shared memory (read) or are complete
@@ -126,7 +136,11 @@ OPS: dict[str, OpSpec] = {
     "mbarrier_init": OpSpec(_BAR + ("count",), (), ("slot",), "sync"),
     "mbarrier_arrive": OpSpec(_BAR, (), ("slot",), "sync"),
     "mbarrier_arrive_expect_tx": OpSpec(_BAR + ("bytes",), (), ("slot",), "sync"),
-    "mbarrier_wait": OpSpec(_BAR + ("parity",), ("backoff",), ("slot", "parity"), "sync"),
+    # the wait mode: backoff (an int or a term) nanoseconds asleep between polls, doubling up to
+    # backoff_max; spin polls before the first sleep; suspend_hint the try_wait's suspend-time hint;
+    # timeout: trap with a message once the wait has lasted that many nanoseconds
+    "mbarrier_wait": OpSpec(_BAR + ("parity",), ("backoff", "backoff_max", "spin", "suspend_hint", "timeout"),
+                            ("slot", "parity", "backoff"), "sync"),
     "mbarrier_inval": OpSpec(_BAR, (), ("slot",), "sync"),
     "syncthreads": OpSpec((), (), (), "sync"),
     "fence_proxy_async": OpSpec((), (), (), "sync"),
@@ -185,9 +199,12 @@ OP_DOCS: dict[str, str] = {
             "warp-specialized kernel each)",
     "alloc": "a buffer buf in space global, shared or register, of dtype and shape (align in bytes)",
     "tma_load": "a TMA copy of one box of tensor map tmap at coords into dst + offset; without a barrier the "
-                "rules arrange its completion (circular_buffer asks them to pipeline it)",
+                "rules arrange its completion (circular_buffer asks them to pipeline it); cache_hint "
+                "(evict_first, evict_last, normal) is its L2 eviction priority, l2_promotion (none, 64B, 128B, "
+                "256B) its tensor map's",
     "tma_store": "a TMA copy of one box from shared src + offset to tensor map tmap at coords; wait is what the "
-                 "issuing thread waits for after it (read, or none: a later tma_store_wait)",
+                 "issuing thread waits for after it (read, or none: a later tma_store_wait); cache_hint and "
+                 "l2_promotion as a tma_load's",
     "tma_store_wait": "the issuing thread waits until at most pending bulk stores are outstanding (read: "
                       "until their sources may be reused)",
     "load": "dst = src[index] (global, shared or register memory)",
@@ -205,8 +222,10 @@ OP_DOCS: dict[str, str] = {
     "mbarrier_init": "the elected thread initialises barrier[slot] to expect count arrivals",
     "mbarrier_arrive": "this thread arrives on barrier[slot]",
     "mbarrier_arrive_expect_tx": "this thread arrives on barrier[slot] and arms it for bytes of TMA traffic",
-    "mbarrier_wait": "wait until the phase of barrier[slot] with parity completes; backoff sleeps that many "
-                     "nanoseconds between polls",
+    "mbarrier_wait": "wait until the phase of barrier[slot] with parity completes; backoff (an int or a term, "
+                     "0..1000000) sleeps that many nanoseconds between polls, doubling up to backoff_max; spin "
+                     "polls first without sleeping; suspend_hint is try_wait's suspend-time hint in ns; timeout "
+                     "traps with a message after that many ns",
     "mbarrier_inval": "invalidate barrier[slot] so its memory may be reused",
     "syncthreads": "a block-wide barrier (__syncthreads)",
     "fence_proxy_async": "order this thread's generic-proxy shared memory accesses before later TMA accesses",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..errors import CbrulesError
-from .attributes import (ARG_COUNTS, INT_HIGH, INT_KEYS, attribute_problem, ident_keys, register_count,
+from .attributes import (ARG_COUNTS, ENUM_KEYS, INT_HIGH, INT_KEYS, attribute_problem, ident_keys, register_count,
                          term_problem)
 from .names import BUILTINS, RULES, problem
 from .ops import (DTYPES, FLOAT_REGISTERS, HALF_DTYPES, LOOP_KINDS, MATH, MAX_SCOPE_DEPTH, OPS, REDUCE_COMBINE, SCOPES,
@@ -301,6 +301,10 @@ def _values(kg: KernelGraph, walked: list[int]) -> None:
             if bad:
                 most = f" and <= {INT_HIGH[op, key]}" if (op, key) in INT_HIGH else ""
                 raise GraphError("int-valued", f"{kg.describe(n)}: {key} must be int(s) >= {low}{most}: {bad}", n)
+        for key in ENUM_KEYS.get(op, ()):
+            bad = attribute_problem(op, key, d[key]) if d.get(key) is not None else None
+            if bad:
+                raise GraphError("attributes", f"{kg.describe(n)}: {key} {bad}", n)
         if op == "alloc" and d.get("align") and d["align"] & (d["align"] - 1):
             raise GraphError("int-valued", f"{kg.describe(n)}: align {d['align']} is not a power of two", n)
         if "dtype" in d and d["dtype"] not in DTYPES:

@@ -106,7 +106,7 @@ class Program:
                                     if k in ("start", "stop", "step", "pred", "index", "value", "args", "src",
                                              "src_index", "dst_index",
                                              "coords", "offset", "slot", "parity", "a_offset", "b_offset",
-                                             "scale_d")}
+                                             "scale_d") or k == "backoff" and isinstance(v, Term)}
             except TermError as e:
                 raise UnmodelledTerm(f"{e}; the interpreter cannot run this kernel", self.site(s, (0, 0, 0), ())) \
                     from None
@@ -140,7 +140,8 @@ def prepare(kernel: KernelLike) -> Program:
 
 
 def run(kernel: Union[KernelLike, Program], args: Mapping[str, Any], symbols: Optional[Mapping[str, int]] = None,
-        blocks: BlocksLike = None, schedule: str = "eager", seed: int = 0) -> dict[str, np.ndarray]:
+        blocks: BlocksLike = None, schedule: str = "eager", seed: int = 0,
+        partial: Optional[dict] = None) -> dict[str, np.ndarray]:
     """Interpret ``kernel`` (a kernel, a graph or a :func:`prepare`-d program) on ``args`` (numpy
     arrays by parameter name, symbols optional) and return the tensors it writes (fresh arrays; the
     inputs are not modified).
@@ -150,15 +151,21 @@ def run(kernel: Union[KernelLike, Program], args: Mapping[str, Any], symbols: Op
     with ``seed``) interleaves the roles of a warp-specialized kernel. Raises
     :class:`cbrules.ir.bind.LaunchError` for arguments the launcher would refuse,
     :class:`cbrules.reference.protocol.ProtocolError` subclasses for protocol violations and
-    :class:`InterpError` for other faults, each naming node and iteration.
+    :class:`InterpError` for other faults, each naming node and iteration. ``partial``, if given,
+    receives the written tensors as they stand when the run ends, also when it raises (what a
+    failed check still compares with numpy).
     """
     kg = kernel.kg if isinstance(kernel, Program) else kernel.graph if isinstance(kernel, Kernel) else kernel
     check_schedule(schedule)
     bound = bind(kg, args, symbols)  # first: a refused launch costs no scheduling
     prog = kernel if isinstance(kernel, Program) else Program(kg)
     ex = _BlockRunner(prog, bound.tensors, bound.symbols, bound.grid, set(bound.written), schedule, seed)
-    for b in select_blocks(bound.grid, blocks):
-        ex.run_block(b)
+    try:
+        for b in select_blocks(bound.grid, blocks):
+            ex.run_block(b)
+    finally:
+        if partial is not None:
+            partial.update({n: bound.tensors[n] for n in bound.written})
     return {n: bound.tensors[n] for n in bound.written}
 
 

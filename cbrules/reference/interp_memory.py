@@ -276,8 +276,14 @@ class MemoryOps:
         """None when every thread's wait succeeds at once, else a generator blocking until they do."""
         # a :backoff sleeps between polls: it changes when the wait returns, never what it observes,
         # so only its value is checked (codegen prints it into __nanosleep)
+        # (a term is computed per thread, as the device does); backoff_max, spin and suspend_hint
+        # change only timing too, and a wait that would time out is the deadlock reported below
         backoff = s.attrs.get("backoff")
         why = None if backoff is None else attribute_problem("mbarrier_wait", "backoff", backoff)
+        if why is None and "backoff" in self.p.fns[s.node]:
+            ns = self.per_lane(self.ev(s, "backoff", mask), np.nonzero(mask)[0])
+            bad = ns[(ns < 0) | (ns > MAX_BACKOFF_NS)] if ns.size else ns
+            why = f"{backoff} is {int(bad[0])} on a thread" if bad.size else None
         if why:
             raise InterpError(f"mbarrier_wait :backoff {why}; give 0..{MAX_BACKOFF_NS} nanoseconds", self.site())
         left = [(sid, parity % 2, lanes) for sid, parity, lanes in self._slots(s, mask, "parity")]

@@ -68,6 +68,11 @@ class Transfer:
     lo: int
     data: np.ndarray
     nbytes: int
+    issued: Optional[Site] = None  # where it was issued (the iteration whose tile it is)
+
+
+def _issued(t: Transfer) -> str:
+    return f", issued in {t.issued}," if t.issued is not None else ""
 
 
 class BlockProtocol:
@@ -160,7 +165,8 @@ class BlockProtocol:
         if b.inflight[sid]:
             t = b.inflight[sid][0]
             raise OutstandingTma(f"{b.label(sid)} is invalidated while the TMA load #{t.node} into "
-                                 f"{t.buf.name}[{t.lo}:] is still in flight (nobody waited for it)",
+                                 f"{t.buf.name}[{t.lo}:{t.lo + t.data.size}]{_issued(t)} is still in flight (nobody "
+                                 "waited for it: no reader consumed that tile)",
                                  site(), *b.names[sid])
         b.state[sid] = 2
 
@@ -334,7 +340,7 @@ class BlockProtocol:
                                      site(), bname, slot)
             buf.w_slot[lo:hi], buf.w_phase[lo:hi], buf.w_node[lo:hi] = sid, INFLIGHT, node
             buf.readers[lo:hi] = buf.plain[lo:hi] = -1
-        b.inflight[sid].append(Transfer(node, buf, lo, data, nbytes))
+        b.inflight[sid].append(Transfer(node, buf, lo, data, nbytes, site()))
 
     def read(self, buf: SharedBuffer, idx: np.ndarray, lanes: np.ndarray, site: SiteFn, plain: bool = True) -> None:
         """Threads ``lanes`` read ``buf[idx]`` (one element each): check RAW, remember the reads
@@ -478,7 +484,8 @@ class BlockProtocol:
         for sid, q in enumerate(b.inflight):
             if q:
                 raise OutstandingTma(f"the block ends while the TMA load #{q[0].node} into {q[0].buf.name}"
-                                     f"[{q[0].lo}:] completing on {b.label(sid)} is still in flight",
+                                     f"[{q[0].lo}:{q[0].lo + q[0].data.size}]{_issued(q[0])} completing on "
+                                     f"{b.label(sid)} is still in flight (no reader consumed that tile)",
                                      site(), *b.names[sid])
         live = np.nonzero(b.state == 1)[0]
         if live.size:

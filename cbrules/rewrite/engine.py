@@ -106,6 +106,7 @@ class Trace:
     phases: list[str] = field(default_factory=list)  # in the order they ran
     complete: bool = False  # lowering ran to the end (no stop_after, no failure)
     files: list[str] = field(default_factory=list)  # the rule files, in the order they were read
+    disabled: dict = field(default_factory=dict)  # rule -> where a (disable RULE) turned it off
 
 
 @dataclass
@@ -149,7 +150,8 @@ def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: O
             kg.verify()
             if debug:
                 trace = run.trace = Trace(kg.copy(), rules={r.name: r for r in rules.rules},
-                                          phases=list(rules.phases), files=list(rules.files))
+                                          phases=list(rules.phases), files=list(rules.files),
+                                          disabled=dict(rules.disabled))
             kg.keep_derived()  # every change to the private copy goes through the Rewriter, which says what it touched
             return run.lower(kg)
     except LoweringError as e:

@@ -106,6 +106,7 @@ def _check_node_pattern(e: Expr, bound: set[str], binds: bool = True) -> None:
         if k in STRUCTURAL_KEYS:
             _check_value(v, bound)
         else:
+            _check_literal(op, k, v)  # a literal no value of the attribute can equal would never match
             _check_value_pattern(v, bound, binds)
 
 
@@ -256,6 +257,7 @@ def _check_template(t: Expr, bound: set[str]) -> None:
             continue
         if k not in spec.attributes:
             raise _no_attribute(key_pos(t, k), op, k, spec.attributes)
+        _check_literal(op, k, v)
         _check_value(v, bound)
     missing = [k for k in spec.required if k not in keys and k not in spec.defaults]
     if missing:
@@ -331,6 +333,16 @@ def _check_set_keys(a: SList, target: Expr, keys: dict, bound: set) -> None:
             _settable(k, Atom(k, "kw", key_pos(a, k)))
         if k not in allowed:
             raise _no_attribute(key_pos(a, k), op, k, allowed)
+        _check_literal(op, k, keys[k])
+
+
+def _check_literal(op: str, key: str, value: Expr) -> None:
+    """A literal of the wrong type or range for its attribute is refused here, at its position,
+    not when the rule fires (:func:`cbrules.rewrite.rulelint.literal_problem`)."""
+    from .rulelint import literal_problem
+    bad = literal_problem(op, key, value)
+    if bad:
+        raise bad
 
 
 def _check_message(msg: Expr, bound: set) -> None:
