@@ -152,7 +152,11 @@ class MmaOps:
                                 f"shared 2-byte tiles {a['a']!r}, {a['b']!r}", self.site())
         tile_a, tile_b = tiles
         for g, lanes in self._warp_groups(s, mask):
-            if g >= groups:
+            if a.get("group0") is not None:  # the block runs several tiles at once: g counts from the tile's first
+                m = np.zeros(self.T, bool)
+                m[lanes] = True
+                g -= self.uniform(self.ev(s, "group0", m), m, f"mma group0 in warp group {g}")
+            if not 0 <= g < groups:
                 raise MmaIssueError(f"warp group {g} issues an mma of a tile on warp groups 0..{groups - 1}",
                                     self.site())
             m = np.zeros(self.T, bool)
