@@ -43,7 +43,8 @@ def cmd_check(a) -> int:
     asked = " ".join(f"--{k} {v}" for k, v in (("stages", a.stages), ("prefetch", a.prefetch), ("war", a.war),
                                                 ("registers", a.registers), ("dtype", a.dtype),
                                                 ("swizzle", a.swizzle), ("b-layout", a.b_layout)) if v is not None)
-    asked += (" --warp-specialize" if ws["warp_specialize"] else "") + (" --tma-store" if a.tma_store else "")
+    asked += (" --warp-specialize" if ws["warp_specialize"] else "") + (" --tma-store" if a.tma_store else "") \
+        + (" --pingpong" if a.pingpong else "")
     roles = f"; roles under schedules {', '.join(SCHEDULES)}" if ws["warp_specialize"] else ""
     # a kernel file without shape_for_trips(trips): one case, at its SHAPE
     trips = trip_counts(stages) if spec.shape_for_trips is not None else [None]

@@ -19,13 +19,22 @@ MAX_ELEMENTS = 2 ** 31  # the launcher refuses tensors past 2**31 elements: refu
 
 def load_spec(a) -> KernelSpec:
     """The kernel the command line names (:func:`cbrules.kernelfile.load_kernel`), with its B operand in
-    the layout ``--b-layout`` asks for (built-in matmul_tc only: its inputs and reference change too)."""
+    the layout ``--b-layout`` asks for (built-in matmul_tc only: its inputs and reference change too), and as
+    the ping-pong kernel with ``--pingpong`` (matmul_tc only)."""
     spec = load_kernel(a.kernel)
     layout = getattr(a, "b_layout", None)
-    if layout is None:
-        return spec
-    from .kernels.specs import with_b_layout
-    return with_b_layout(spec, layout)
+    if layout is not None:
+        from .kernels.specs import with_b_layout
+        spec = with_b_layout(spec, layout)
+    if getattr(a, "pingpong", False):
+        from .kernels.specs import with_pingpong
+        spec = with_pingpong(spec, PINGPONG_CHECK_BLOCKS if getattr(a, "command", "") == "check" else PINGPONG_BLOCKS)
+    return spec
+
+
+# --pingpong: one persistent block per SM of the H200; the checker's small problems run on one block, so that
+# it walks every tile and both consumer groups take several turns
+PINGPONG_BLOCKS, PINGPONG_CHECK_BLOCKS = 132, 1
 
 
 def _lower_options(a) -> dict:
@@ -70,7 +79,8 @@ def _registers(a) -> Optional[tuple[int, int]]:
 
 def _warp_options(a) -> dict:
     """The command line's warp-specialization options (absent when not asked for)."""
-    return {"warp_specialize": True if getattr(a, "warp_specialize", False) else None, "registers": _registers(a)}
+    ws = getattr(a, "warp_specialize", False) or getattr(a, "pingpong", False)  # ping-pong is warp-specialized
+    return {"warp_specialize": True if ws else None, "registers": _registers(a)}
 
 
 def _file_options(a, spec: KernelSpec) -> None:

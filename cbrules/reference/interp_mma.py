@@ -151,11 +151,12 @@ class MmaOps:
                                 f"register array {a['acc']!r} of {(rows // MMA_M) * bn // 2} elements a thread and "
                                 f"shared 2-byte tiles {a['a']!r}, {a['b']!r}", self.site())
         tile_a, tile_b = tiles
-        for g, lanes in self._warp_groups(s, mask):
+        for wg, lanes in self._warp_groups(s, mask):
+            g = wg  # its place among the tile's groups; the MMA groups are tracked per warp group of the block, wg
             if a.get("group0") is not None:  # the block runs several tiles at once: g counts from the tile's first
                 m = np.zeros(self.T, bool)
                 m[lanes] = True
-                g -= self.uniform(self.ev(s, "group0", m), m, f"mma group0 in warp group {g}")
+                g -= self.uniform(self.ev(s, "group0", m), m, f"mma group0 in warp group {wg}")
             if not 0 <= g < groups:
                 raise MmaIssueError(f"warp group {g} issues an mma of a tile on warp groups 0..{groups - 1}",
                                     self.site())
@@ -180,7 +181,7 @@ class MmaOps:
                         raise MmaIssueError(f"an mma reads {tile.name}[{int(out[0])}], outside its {tile.data.size} "
                                             "elements: check the descriptors' start address, LBO and SBO",
                                             self.site())
-                self.proto.mma.issue(s.node, g, lanes, a["acc"], reads, span if b_span == span else (span, b_span),
+                self.proto.mma.issue(s.node, wg, lanes, a["acc"], reads, span if b_span == span else (span, b_span),
                                      self.site)
                 frags = acc[lanes]
                 for j, ks, da, db in steps:  # scale-d applies to k-step 0; later ones accumulate
