@@ -1,0 +1,101 @@
+"""Ping-pong consumer warp groups (rules/ws_pingpong.rules) in the interpreter: the groups run as roles
+of their own, concurrently with the producer under every schedule; the lowered matmul_tc computes what
+the cooperative kernel does, bit for bit; and the named-barrier hand-over, mutated (an arrive dropped,
+the wrong barrier, the wrong thread count, the turn not waited for), fails by name: a deadlock, a
+barrier reached twice, mismatched counts or arrivals left at the end, or the parity alias that an
+unordered group runs into."""
+import numpy as np
+import pytest
+
+from cbrules import api
+from cbrules.errors import CbrulesError
+from cbrules.ir.builder import circular_buffer
+from cbrules.ir.builder_values import BuildError
+from cbrules.kernels import KERNELS
+from cbrules.kernels.matmul_tc import MatmulTileError, matmul_tc
+from cbrules.reference import protocol
+from cbrules.reference.interp import SCHEDULES, prepare, run
+from cbrules.rewrite.engine import LoweringError
+from rulekit import write_mutations
+
+SPEC = KERNELS["matmul_tc"]
+SHAPE = (300, 64, 120)  # three 128x64 tiles on one block: group 0 takes two, group 1 one; two k steps
+PP = dict(stages=2, warp_specialize=True, registers=(40, 232), bm=128, bn=64, persistent=1)
+
+_AFTER = "(phase mut-pp :after cb-warp-specialize)\n"
+MUTATIONS = {  # name: (rule text, failures that count as caught, words the message holds)
+    "drop-handover": (_AFTER + """
+(graph-rule mut-drop-handover
+  :doc "a group never hands the tensor cores on"
+  :phase mut-pp
+  :match ((for ?L :part "consumer") (if ?p :tag "cb-pingpong") (next ?L ?p) (bar_arrive ?a :child-of ?p))
+  :rewrite ((erase ?a)))
+""", (protocol.Deadlock,), "bar.sync 5, 256"),
+    "drop-first-turn": (_AFTER + """
+(graph-rule mut-drop-first-turn
+  :doc "nobody gives group 0 its first turn"
+  :phase mut-pp
+  :match ((for ?W :kind "warpgroup") (if ?p :tag "cb-pingpong" :child-of ?W) (bar_arrive ?a :in ?p))
+  :rewrite ((erase ?a)))
+""", (protocol.Deadlock,), "bar.sync 4, 256"),
+    "wrong-barrier": (_AFTER + """
+(graph-rule mut-wrong-barrier
+  :doc "a group hands over on its own barrier instead of the next group's"
+  :phase mut-pp
+  :match ((for ?L :part "consumer") (if ?p :tag "cb-pingpong") (next ?L ?p) (bar_arrive ?a :child-of ?p))
+  :rewrite ((set ?a :id (+ 4 (var "cb_wg")))))
+""", (protocol.ProtocolError,), "bar.sync 4 again before it opened"),
+    "wrong-count": (_AFTER + """
+(graph-rule mut-wrong-count
+  :doc "a group's turn counts only its own threads"
+  :phase mut-pp
+  :match ((for ?L :part "consumer") (bar_sync ?s :tag "cb-pingpong") (next ?s ?L))
+  :rewrite ((set ?s :count 128)))
+""", (protocol.ProtocolError,), ("named barrier", "wrong parity", "again before it opened")),
+    # unordered, group 0 reaches its second tile's waits a phase early: they pass on the previous phase's
+    # parity and its wgmma reads a slot whose load has not landed (the ring is what keeps the order)
+    "drop-turn-wait": (_AFTER + """
+(graph-rule mut-drop-turn-wait
+  :doc "a group starts its loop without waiting for its turn"
+  :phase mut-pp
+  :match ((for ?L :part "consumer") (bar_sync ?s :tag "cb-pingpong") (next ?s ?L))
+  :rewrite ((erase ?s)))
+""", (protocol.ProtocolError,), ("named barrier", "wrong parity", "again before it opened")),
+}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    return write_mutations(tmp_path_factory.mktemp("pp-mutations"), {k: v[:1] for k, v in MUTATIONS.items()})
+
+
+@pytest.fixture(scope="module")
+def args():
+    return SPEC.make_inputs(SHAPE, np.random.default_rng(7), "bfloat16")
+
+
+@pytest.fixture(scope="module")
+def cooperative(args):
+    """The same tiles on two cooperating warp groups (64 rows each): what ping-pong must reproduce."""
+    return run(api.lower(matmul_tc(**{**PP, "groups": 2})), args)["c"]
+
+
+def test_pingpong_matches_the_cooperative_kernel_under_every_schedule(args, cooperative):
+    prog = prepare(api.lower(matmul_tc(**PP, pingpong=True)))
+    for schedule in SCHEDULES:
+        got = run(prog, args, schedule=schedule, seed=11)["c"]
+        assert np.array_equal(got.view(np.uint16), cooperative.view(np.uint16)), schedule
+    ref = SPEC.reference(args)["c"]
+    rtol, atol = SPEC.tolerances(SHAPE, "bfloat16")
+    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+def test_mutated_handover_is_caught(mutation, folders, args):
+    _, caught, words = MUTATIONS[mutation]
+    prog = prepare(api.lower(matmul_tc(**PP, pingpong=True), rules=[folders / mutation]))
+    for schedule in ("lazy",):
+        with pytest.raises(caught) as e:
+            run(prog, args, schedule=schedule)
+        words = (words,) if isinstance(words, str) else words
+        assert any(w in str(e.value) for w in words) and e.value.node is not None, f"{schedule}: {e.value}"
