@@ -28,7 +28,7 @@ MUTATIONS = {  # name: (rule text, failures that count as caught, words the mess
 (graph-rule mut-drop-handover
   :doc "a group never hands the tensor cores on"
   :phase mut-pp
-  :match ((for ?L :part "consumer") (if ?p :tag "cb-pingpong") (next ?L ?p) (bar_arrive ?a :child-of ?p))
+  :match ((if ?p :tag "cb-pingpong-turn") (bar_arrive ?a :child-of ?p))
   :rewrite ((erase ?a)))
 """, (protocol.Deadlock,), "bar.sync 5, 256"),
     "drop-first-turn": (_AFTER + """
@@ -42,7 +42,7 @@ MUTATIONS = {  # name: (rule text, failures that count as caught, words the mess
 (graph-rule mut-wrong-barrier
   :doc "a group hands over on its own barrier instead of the next group's"
   :phase mut-pp
-  :match ((for ?L :part "consumer") (if ?p :tag "cb-pingpong") (next ?L ?p) (bar_arrive ?a :child-of ?p))
+  :match ((if ?p :tag "cb-pingpong-turn") (bar_arrive ?a :child-of ?p))
   :rewrite ((set ?a :id (+ 4 (var "cb_wg")))))
 """, (protocol.ProtocolError,), "bar.sync 4 again before it opened"),
     "wrong-count": (_AFTER + """
