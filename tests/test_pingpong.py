@@ -99,3 +99,80 @@ def test_mutated_handover_is_caught(mutation, folders, args):
             run(prog, args, schedule=schedule)
         words = (words,) if isinstance(words, str) else words
         assert any(w in str(e.value) for w in words) and e.value.node is not None, f"{schedule}: {e.value}"
+
+
+# ------------------------------------------------------------------------------ NVRTC, CLI
+def test_cli_compiles_the_pingpong_kernel_without_spills(capsys):
+    from cbrules.cli import main
+    assert main(["compile", "matmul_tc", "--pingpong", "--stages", "4", "--registers", "40,232"]) == 0
+    out = capsys.readouterr().out
+    assert "__launch_bounds__(384, 1)" in out and "m64n128k16.f32.bf16.bf16" in out
+    assert "cb_bar_arrive((unsigned)(4 + (cb_wg + 1) % 2), 256);" in out  # the hand-over to the other group
+    assert "cb_bar_sync((unsigned)(4 + cb_wg), 256);" in out and "cb_bar_sync((unsigned)(8 + cb_wg), 128);" in out
+    assert "setmaxnreg.inc.sync.aligned.u32 232" in out and "setmaxnreg.dec.sync.aligned.u32 40" in out
+    assert "0/0 B spill stores/loads" in out
+
+
+def test_64x256_tiles_compile_without_spills_or_serialized_wgmma():
+    ck = api.compile(matmul_tc(stages=4, warp_specialize=True, registers=(40, 232), bm=64, bn=256, persistent=132,
+                               pingpong=True))
+    r = ck.cubin.resources
+    assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0
+    assert "C75" not in ck.cubin.log and ck.source.block == (384, 1, 1)
+    assert ck.source.shared_bytes <= 232448
+
+
+# ------------------------------------------------------------------------------ the rule is generic
+def rows(pingpong=True, warp_specialize=True, block=128, registers=None, blocks=2, walk=True):
+    """A persistent block walking rows of x, each row's 128-column tiles circular-buffered: out = 2 x.
+    No tensor cores: the hand-over orders any warp-specialized loop nest."""
+    from cbrules.ir.builder import Kernel, blockIdx, ceil_div, threadIdx
+    k = Kernel("rows", block=block)
+    r_, c_ = k.symbol("R"), k.symbol("C")
+    x, out = k.tensor("x", (r_, c_)), k.tensor("out", (r_, c_))
+    m = k.tensor_map(x, box=(1, 128))
+    tile = k.alloc("tile", "shared", "float32", (1, 128))
+    k.grid(blocks)
+    cb = circular_buffer(2, warp_specialize=warp_specialize, registers=registers, pingpong=pingpong)
+
+    def row(r):
+        with k.loop("i", ceil_div(c_, 128), circular_buffer=cb) as i:
+            k.tma_load(m, (r, i * 128), tile)
+            k.store(out, r * c_ + i * 128 + threadIdx.x % 128, k.load(tile, threadIdx.x % 128) * 2.0)
+    if walk:
+        with k.loop("r", blockIdx.x, r_, blocks) as r:
+            row(r)
+    else:
+        row(blockIdx.x)
+    return k
+
+
+@pytest.mark.parametrize("n_rows", [1, 2, 5])
+def test_a_loop_without_mma_takes_turns_too(n_rows):
+    kg = api.lower(rows())
+    x = np.random.default_rng(n_rows).standard_normal((n_rows, 384)).astype(np.float32)
+    for schedule in SCHEDULES:
+        got = run(kg, {"x": x, "out": np.full_like(x, np.nan)}, schedule=schedule, seed=2)["out"]
+        np.testing.assert_array_equal(got, 2 * x)
+
+
+@pytest.mark.parametrize("kernel, code", [
+    (lambda: rows(warp_specialize=False), "pp-not-warp-specialized"),
+    (lambda: rows(walk=False), "pp-no-walk"),
+    (lambda: rows(pingpong=5), "pp-count"),
+    (lambda: rows(block=256), "pp-group-size"),
+    (lambda: rows(registers=(40, 240)), "ws-register-budget"),
+])
+def test_refusals_are_named(kernel, code):
+    with pytest.raises(LoweringError) as e:
+        api.lower(kernel())
+    assert e.value.code == code, str(e.value)
+
+
+def test_builder_and_matmul_tc_refuse_bad_options():
+    with pytest.raises(BuildError, match="pingpong must be True or a count"):
+        circular_buffer(2, warp_specialize=True, pingpong="yes")
+    with pytest.raises(MatmulTileError, match="needs persistent=P and warp_specialize=True"):
+        matmul_tc(pingpong=True, warp_specialize=True)
+    assert circular_buffer(2) == {"stages": 2}  # absent unless asked for: other kernels' annotations unchanged
+    assert isinstance(MatmulTileError("x"), CbrulesError)

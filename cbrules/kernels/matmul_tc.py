@@ -81,6 +81,12 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
     the rules run two such groups on alternate tiles of the block's walk, handing the tensor cores from
     one to the other once its K loop is issued, so one group's epilogue runs under the other's MMAs
     (rules/ws_pingpong.rules)."""
+    if not isinstance(pingpong, bool):
+        raise MatmulTileError(f"matmul_tc: pingpong={pingpong!r}: give True or False")
+    if pingpong and not (persistent and warp_specialize):
+        raise MatmulTileError("matmul_tc: pingpong=True needs persistent=P and warp_specialize=True: the two "
+                              "consumer warp groups take alternate tiles of a persistent block's walk, fed by the "
+                              "producer warp group")
     out_dtype = dtype if out_dtype is None else out_dtype
     if dtype not in MMA_DTYPES or out_dtype not in OUT_DTYPES:
         raise MatmulTileError(f"matmul_tc: dtype {dtype!r} / out_dtype {out_dtype!r}: the tensor cores take "
@@ -94,7 +100,9 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
         if need + 1024 > MAX_SHARED_BYTES:  # + the barriers and the 1024-byte alignment of the tiles
             raise MatmulTileError(f"matmul_tc: {stages} stages of {bm}x{bk} + {bn}x{bk} {dtype} tiles and a {bm}x{bn} "
                                   f"{out_dtype} output tile need {need} bytes of shared memory, more than the "
-                                  f"{MAX_SHARED_BYTES} a block may have; use fewer stages or a smaller tile")
+                                  f"{MAX_SHARED_BYTES} a block may have; use fewer stages or a smaller tile"
+                                  + (" (ping-pong stages one output tile per consumer group: e.g. bm=bn=128)"
+                                     if pingpong is True else ""))
     if not isinstance(groups, int) or isinstance(groups, bool) or not 1 <= groups <= 4:
         raise MatmulTileError(f"matmul_tc: groups={groups!r}: use 1 to 4 consumer warp groups")
     if not isinstance(persistent, int) or isinstance(persistent, bool) or persistent < 0:
@@ -106,12 +114,6 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
                               "(b is [K, N]: c = a @ b)")
     if not isinstance(group_m, int) or isinstance(group_m, bool) or group_m < 1:
         raise MatmulTileError(f"matmul_tc: group_m={group_m!r}: give the tile rows of a raster group, 1 or more")
-    if not isinstance(pingpong, bool):
-        raise MatmulTileError(f"matmul_tc: pingpong={pingpong!r}: give True or False")
-    if pingpong and not (persistent and warp_specialize):
-        raise MatmulTileError("matmul_tc: pingpong=True needs persistent=P and warp_specialize=True: the two "
-                              "consumer warp groups take alternate tiles of a persistent block's walk, fed by the "
-                              "producer warp group")
     if pingpong:
         groups = 1  # one warp group a tile; the rules add the second
     k = Kernel("matmul_tc", block=128 * groups)
