@@ -131,11 +131,12 @@ OPS: dict[str, OpSpec] = {
     "syncthreads": OpSpec((), (), (), "sync"),
     "fence_proxy_async": OpSpec((), (), (), "sync"),
     "fence_mbarrier_init": OpSpec((), (), (), "sync"),
-    # id: an int, or a term (a warp group's own barrier: base + its index), 0..15 when it runs
-    "bar_sync": OpSpec(("id", "count"), (), ("id",), "sync"),
+    # id: an int, or a term (a warp group's own barrier: base + its index), 0..15 when it runs; kept out of
+    # the term attributes, so that an int id stays an int in the graph
+    "bar_sync": OpSpec(("id", "count"), (), (), "sync"),
     # bar.arrive id, count: this thread counts towards the barrier's next opening without waiting for it
     # (a hand-over: the threads that bar_sync on it go once count threads arrived or synced)
-    "bar_arrive": OpSpec(("id", "count"), (), ("id",), "sync"),
+    "bar_arrive": OpSpec(("id", "count"), (), (), "sync"),
     # setmaxnreg.inc / .dec: a warp group's register budget becomes count (warp specialization)
     "setmaxnreg": OpSpec(("action", "count"), (), (), "sync"),
     # Warpgroup MMA (tensor cores, sm_90a). One node is a whole tile step C[BM,BN] (+)= A[BM,BK] @ B[BK,BN]
