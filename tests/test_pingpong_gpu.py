@@ -10,7 +10,7 @@ import pytest
 
 from cbrules import api
 from cbrules.kernels import KERNELS
-from gpucheck import poisoned_run
+from gpucheck import matmul_data, poisoned_run
 
 pytestmark = pytest.mark.gpu
 SPEC = KERNELS["matmul_tc"]
@@ -26,22 +26,10 @@ def _compiled(cache={}, **kw):
     return cache[key]
 
 
-def _data(shape, dtype, cache={}):
-    """(a [M, K], b [K, N], float64 a @ b) of one seed."""
-    key = (shape, dtype)
-    if key not in cache:
-        m, n, kk = shape
-        rng = np.random.default_rng(sum(shape))
-        a = rng.standard_normal((m, kk), dtype=np.float32).astype(NP[dtype])
-        b = rng.standard_normal((kk, n), dtype=np.float32).astype(NP[dtype])
-        cache[key] = a, b, a.astype(np.float64) @ b.astype(np.float64)
-    return cache[key]
-
-
 def _run(ck, shape, b_layout="nk", dtype="bfloat16", out_dtype=None):
     """K padded with zeros to a multiple of 8 (TMA row pitches are multiples of 16 bytes): adds nothing."""
     m, n, kk = shape
-    a, b, want = _data(shape, dtype)
+    a, b, want = matmul_data(shape, dtype)
     pad = -kk % 8
     a, b = np.pad(a, ((0, 0), (0, pad))), np.pad(b, ((0, pad), (0, 0)))
     args = {"a": a, "b": b if b_layout == "kn" else np.ascontiguousarray(b.T),
