@@ -176,3 +176,36 @@ def test_builder_and_matmul_tc_refuse_bad_options():
         matmul_tc(pingpong=True, warp_specialize=True)
     assert circular_buffer(2) == {"stages": 2}  # absent unless asked for: other kernels' annotations unchanged
     assert isinstance(MatmulTileError("x"), CbrulesError)
+
+
+# ------------------------------------------------------------------------------ bar.arrive in the protocol model
+def _site():
+    return protocol.Site(3, "test bar", (0, 0, 0))
+
+
+def test_bar_arrive_orders_the_arrivers_past_before_the_waiters_only():
+    p = protocol.BlockProtocol(256, {}, {})
+    g0, g1 = np.arange(128), np.arange(128, 256)
+    p.clocks.tick(g1)  # group 1 did something: its clock moved on
+    before = int(p.clocks.now[128])
+    token = p.bar_arrive(4, 256, g1, _site, wait=False)
+    assert not p.bar_passed(token)
+    p.clocks.tick(g1)  # group 1 goes on after its arrive: the waiters must not learn this
+    token = p.bar_arrive(4, 256, g0, _site)
+    assert p.bar_passed(token)
+    assert (p.clocks.known[0, 128:] >= before).all() and (p.clocks.known[0, 128:] < p.clocks.now[128]).all()
+    assert (p.clocks.known[128, :128] < 0).all()  # the arrivers learnt nothing of the waiters
+    p.finish(_site)  # nothing left half-arrived
+
+
+def test_an_arrive_nobody_takes_is_named_at_the_blocks_end():
+    p = protocol.BlockProtocol(256, {}, {})
+    p.bar_arrive(5, 256, np.arange(128, 256), _site, wait=False)
+    with pytest.raises(protocol.UnopenedBarrier, match="named barrier 5, 256 that never opened"):
+        p.finish(_site)
+
+
+def test_cli_refuses_pingpong_for_another_kernel(capsys):
+    from cbrules.cli import main
+    assert main(["compile", "matmul", "--pingpong"]) == 1
+    assert "--pingpong applies to the built-in matmul_tc only" in capsys.readouterr().err
