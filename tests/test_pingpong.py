@@ -209,3 +209,16 @@ def test_cli_refuses_pingpong_for_another_kernel(capsys):
     from cbrules.cli import main
     assert main(["compile", "matmul", "--pingpong"]) == 1
     assert "--pingpong applies to the built-in matmul_tc only" in capsys.readouterr().err
+
+
+def test_a_warpgroup_loop_of_ones_own_runs_each_group_as_a_role():
+    """kind="warpgroup" from the builder: group g of the block writes row g (and one past stop skips)."""
+    from cbrules.ir.builder import Kernel, threadIdx
+    k = Kernel("groups", block=384)
+    out = k.tensor("out", (2, 128))
+    k.grid(1)
+    with k.loop("g", 2, kind="warpgroup") as g:
+        k.store(out, g * 128 + threadIdx.x % 128, g + 1.0)
+    got = run(k, {"out": np.zeros((2, 128), np.float32)})["out"]
+    np.testing.assert_array_equal(got, np.repeat([[1.0], [2.0]], 128, axis=1))
+    assert "const int g = 0 + 1 * (int)(threadIdx.x / 128);" in api.generate(k).text

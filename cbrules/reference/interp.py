@@ -328,15 +328,15 @@ class _BlockRunner(MemoryOps, MmaOps):
     def _warpgroups(self, s: Step, mask: np.ndarray, start, step):
         """A warpgroup loop: each warp group of ``mask`` runs the body with var = start + step * its index
         (where below stop), as a role of its own (a fork of the running role, or the block's roles)."""
-        var, tid = s.attrs["var"], np.arange(self.T)
+        var, group = s.attrs["var"], self.tx // 128  # threadIdx.x / 128, as codegen writes it
         lo, st = self.uniform(start, mask, f"start of loop {var}"), self.uniform(step, mask, f"step of loop {var}")
         stop = self.uniform(self.ev(s, "stop", mask), mask, f"stop of loop {var}")
         branches = []
-        for g in np.unique(tid[mask] // 128):
-            mine = mask & (tid // 128 == g)
-            if mine.sum() != min(128, self.T - 128 * g):
+        for g in np.unique(group[mask]):
+            mine = mask & (group == g)
+            if (~mask & (group == g)).any():
                 raise DivergentSync(f"warpgroup loop {var} is reached by {int(mine.sum())} of the threads of warp "
-                                    f"group {g}; a warp group enters it whole", self.site())
+                                    f"group {g} (threadIdx.x / 128); a warp group enters it whole", self.site())
             v = lo + st * int(g)
             if v < stop:
                 branches.append((s.body, mine, {var: v}, [var, v, s.attrs.get("part")]))
