@@ -113,6 +113,12 @@ def test_cli_compiles_the_pingpong_kernel_without_spills(capsys):
     assert "0/0 B spill stores/loads" in out
 
 
+def test_a_ring_of_three_groups_without_mma_compiles():
+    ck = api.compile(rows(pingpong=3))
+    assert ck.source.block == (512, 1, 1) and ck.cubin.resources.spill_stores == 0
+    assert "cb_bar_arrive((unsigned)(4 + (cb_wg + 1) % 3), 256);" in ck.source.text
+
+
 def test_64x256_tiles_compile_without_spills_or_serialized_wgmma():
     ck = api.compile(matmul_tc(stages=4, warp_specialize=True, registers=(40, 232), bm=64, bn=256, persistent=132,
                                pingpong=True))
@@ -147,9 +153,9 @@ def rows(pingpong=True, warp_specialize=True, block=128, registers=None, blocks=
     return k
 
 
-@pytest.mark.parametrize("n_rows", [1, 2, 5])
-def test_a_loop_without_mma_takes_turns_too(n_rows):
-    kg = api.lower(rows())
+@pytest.mark.parametrize("n_rows, groups", [(1, 2), (2, 2), (5, 2), (7, 3)])
+def test_a_loop_without_mma_takes_turns_too(n_rows, groups):
+    kg = api.lower(rows(pingpong=groups))
     x = np.random.default_rng(n_rows).standard_normal((n_rows, 384)).astype(np.float32)
     for schedule in SCHEDULES:
         got = run(kg, {"x": x, "out": np.full_like(x, np.nan)}, schedule=schedule, seed=2)["out"]
