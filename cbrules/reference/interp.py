@@ -7,7 +7,8 @@ C arithmetic, ``float`` rounding, ``fmaf``, the warp-shuffle tree of the block r
 ``elect.sync`` on warp 0, TMA boxes with out-of-bounds zero fill. While it runs, the barrier
 protocol is checked by :mod:`cbrules.reference.protocol` (deadlock, RAW, WAR, tx bytes, init/inval, arrival
 counts). Threads of a block run in lockstep, in program order, except where an if/else splits them
-into groups of whole warps (warp specialization): from there each group is a role of its own,
+into groups of whole warps (warp specialization), or a warpgroup loop gives each warp group its own
+copy of its body (ping-pong consumer groups): from there each group is a role of its own,
 interleaved with the others by a schedule (:mod:`cbrules.reference.interp_roles`), each blocking on the
 mbarrier waits and named barriers it reaches until another role makes them pass.
 
