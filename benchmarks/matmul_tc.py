@@ -9,7 +9,7 @@ product first. The figure is the steady-clock one (benchmarks/steady.py: each im
 an idle gap and 2 s of sustained launches, the median of 100); the interleaved figure (5 launches of each
 implementation in turn, a burst inheriting the clocks of the one before) stands beside it, labelled.
 ``--sweep`` also measures the matmul_tc tile / stage variants listed in VARIANTS (what helped and what
-did not); without it, the default and the persistent variant (``--levers`` adds the levers of LEVERS). Writes results.json, results.md and, where cuobjdump is on the PATH, the default variant's
+did not); without it, the default, the persistent and the ping-pong variant (``--levers`` adds the levers of LEVERS). Writes results.json, results.md and, where cuobjdump is on the PATH, the default variant's
 SASS summary (HGMMA count, local-memory traffic, setmaxnreg) to --out.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ from benchmarks import steady as steady_mod  # noqa: E402
 
 SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (6144, 6144, 6144))
 WS = {"warp_specialize": True, "registers": (40, 232)}
+PINGPONG = "128x128x64 S=4 pingpong persistent"
 DEFAULT = {"stages": 4}  # the kernel's defaults: 128x256x64 tiles, two consumer warp groups, group_m 8, C staged swizzled
 VARIANTS = {
     "128x256x64 S=4 (default)": DEFAULT,
@@ -49,6 +50,10 @@ VARIANTS = {
     "128x256x64 S=4 swizzled store, group_m=16": {"stages": 4, "store_swizzle": True, "group_m": 16},
     "128x256x64 S=4 persistent, swizzled store, group_m=16": {"stages": 4, "persistent": "sms", "store_swizzle": True,
                                                              "group_m": 16},
+    # two consumer warp groups on alternate tiles of the walk, taking turns on the tensor cores
+    # (rules/ws_pingpong.rules): one group's epilogue under the other's MMAs; measured on every run
+    PINGPONG: {"stages": 4, "persistent": "sms", "bm": 128, "bn": 128, "pingpong": True},
+    "64x256x64 S=4 pingpong persistent": {"stages": 4, "persistent": "sms", "bm": 64, "bn": 256, "pingpong": True},
 }
 LEVERS = ("dense store", "swizzled store", "group_m=16")
 
@@ -146,7 +151,7 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     variants = VARIANTS if a.sweep else {k: v for k, v in VARIANTS.items()
-                                         if v is DEFAULT or k == "128x256x64 S=4 persistent"
+                                         if v is DEFAULT or k in ("128x256x64 S=4 persistent", PINGPONG)
                                          or (a.levers and ("persistent" in k or any(w in k for w in LEVERS)))}
     shapes = SHAPES if not a.shapes else tuple(tuple(int(d) for d in s.split("x")) for s in a.shapes.split(","))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -177,7 +182,8 @@ def main(argv=None) -> int:
                   f"{'' if ok else ' WRONG'}" + (f" [{row['config']}]" if 'config' in row else ''), flush=True)
     summarized = {"default": ("128x256x64 S=4 (default)", "matmul_tc_default"),
                   "persistent": ("128x256x64 S=4 persistent", "matmul_tc_persistent"),
-                  "swizzled-store group_m=16": ("128x256x64 S=4 swizzled store, group_m=16", "matmul_tc_swizzled_store")}
+                  "swizzled-store group_m=16": ("128x256x64 S=4 swizzled store, group_m=16", "matmul_tc_swizzled_store"),
+                  "pingpong": (PINGPONG, "matmul_tc_pingpong")}
     sass = {which: _sass_summary(compiled[label], out, stem) for which, (label, stem) in summarized.items()
             if label in compiled}
     meta = write_rows(out / "results.json", rows, a.rounds, torch.cuda.get_device_name(), torch=torch.__version__,

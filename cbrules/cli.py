@@ -298,6 +298,9 @@ def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
                    "alpha_beta (docs/fragments.md)")
     p.add_argument("--b-layout", choices=["nk", "kn"], help="matmul_tc: B given as [N, K] (nk, the default: "
                    "c = a @ b^T) or as [K, N] row-major (kn: c = a @ b, read MN-major through the transpose bit)")
+    p.add_argument("--pingpong", action="store_true", help="matmul_tc: persistent and warp-specialized, 128x128 "
+                   "tiles on two consumer warp groups that take turns on the tensor cores (one's epilogue under the "
+                   "other's MMAs); implies --warp-specialize (check: one block walks every tile)")
 
 
 def _rule_options(p: argparse.ArgumentParser, debug: bool = False) -> None:

@@ -20,13 +20,21 @@ MAX_ELEMENTS = 2 ** 31  # the launcher refuses tensors past 2**31 elements: refu
 def load_spec(a) -> KernelSpec:
     """The kernel the command line names (:func:`cbrules.kernelfile.load_kernel`), with its B operand in
     the layout ``--b-layout`` asks for and its ``--epilogue`` (built-in matmul_tc only: its inputs and
-    reference change too)."""
+    reference change too), and as the ping-pong kernel with ``--pingpong`` (matmul_tc only)."""
     spec = load_kernel(a.kernel)
     layout, epilogue = getattr(a, "b_layout", None), getattr(a, "epilogue", None)
-    if layout is None and epilogue is None:
-        return spec
-    from .kernels.specs import matmul_tc_variant
-    return matmul_tc_variant(spec, layout or "nk", epilogue or "none")
+    if layout is not None or epilogue is not None:
+        from .kernels.specs import matmul_tc_variant
+        spec = matmul_tc_variant(spec, layout or "nk", epilogue or "none")
+    if getattr(a, "pingpong", False):
+        from .kernels.specs import with_pingpong
+        spec = with_pingpong(spec, PINGPONG_CHECK_BLOCKS if getattr(a, "command", "") == "check" else PINGPONG_BLOCKS)
+    return spec
+
+
+# --pingpong: one persistent block per SM of the H200; the checker's small problems run on one block, so that
+# it walks every tile and both consumer groups take several turns
+PINGPONG_BLOCKS, PINGPONG_CHECK_BLOCKS = 132, 1
 
 
 def _lower_options(a) -> dict:
@@ -74,7 +82,8 @@ def _registers(a) -> Optional[tuple[int, int]]:
 
 def _warp_options(a) -> dict:
     """The command line's warp-specialization options (absent when not asked for)."""
-    return {"warp_specialize": True if getattr(a, "warp_specialize", False) else None, "registers": _registers(a)}
+    ws = getattr(a, "warp_specialize", False) or getattr(a, "pingpong", False)  # ping-pong is warp-specialized
+    return {"warp_specialize": True if ws else None, "registers": _registers(a)}
 
 
 def _file_options(a, spec: KernelSpec) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from .ir.graph import KernelGraph
 
-OPTION_KEYS = ("stages", "prefetch", "war", "warp_specialize", "registers", "strict_trip_count")
+OPTION_KEYS = ("stages", "prefetch", "war", "warp_specialize", "registers", "strict_trip_count", "pingpong")
 
 
 def requested(kg: KernelGraph) -> set[str]:

@@ -32,6 +32,11 @@ PRELUDE = (Path(__file__).with_name("prelude.cu")).read_text()
 # every other kernel stays as it was
 PRELUDE_ROLES = (Path(__file__).with_name("prelude_roles.cu")).read_text()
 _ROLE_HELPERS = ("cb_elect_warp(", "cb_block_reduce_named<")
+# bar.arrive: count towards a named barrier's next opening without waiting (a hand-over to the warp group
+# that waits there with bar.sync id, count); its own prelude, so kernels without it keep their text
+HANDOVER_PRELUDE = """__device__ __forceinline__ void cb_bar_arrive(unsigned id, unsigned count) {
+  asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(count) : "memory");
+}"""
 # only kernels that use float16/bfloat16 carry these (every other kernel's text stays as it was)
 HALF_PRELUDE = (Path(__file__).with_name("prelude_half.cu")).read_text()
 STORE_PRELUDE = (Path(__file__).with_name("prelude_store.cu")).read_text()  # ... and bulk-group TMA stores
@@ -243,8 +248,9 @@ class _Emitter:
         kind = a["kind"]
         if kind not in LOOP_KINDS:
             raise CodegenError(f"loop {v}: kind {kind!r} is not one of {', '.join(LOOP_KINDS)}")
-        if kind.startswith(("thread-", "block-")):
-            builtin = ("threadIdx." if kind.startswith("thread") else "blockIdx.") + kind[-1]
+        if kind.startswith(("thread-", "block-", "warpgroup")):
+            builtin = "(threadIdx.x / 128)" if kind == "warpgroup" else \
+                ("threadIdx." if kind.startswith("thread") else "blockIdx.") + kind[-1]
             self.lines.append(f"{pad}{{ const int {v} = {start} + {step} * (int){builtin};{part}{note}")
             self.lines.append(f"{pad}if ({v} < {stop}) {{")
             close = f"{pad}}} }}"
@@ -293,7 +299,9 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
         + ([SWIZZLE_PRELUDE] if any("cb_swizzle(" in line for line in e.lines) else []) \
         + ([VECTOR_PRELUDE] if any("cb_vcopy<" in line for line in e.lines) else []) \
         + ([TMA5_PRELUDE] if any(p.kind == "tmap" and len(p.box) > 3 for p in k["params"]) else []) \
-        + ([PRELUDE_ROLES] if roles else []) + (_mma.helpers(e.mmas) if e.mmas else []) \
+        + ([PRELUDE_ROLES] if roles else []) \
+        + ([HANDOVER_PRELUDE] if any("cb_bar_arrive(" in line for line in e.lines) else []) \
+        + (_mma.helpers(e.mmas) if e.mmas else []) \
         + ([_mma.PACK_PRELUDE] if any("cb_pack_" in line for line in e.lines) else []) \
         + ([_stats.STATS_PRELUDE] if any(_stats.HELPER in line for line in e.lines) else [])
     text = "\n".join([
@@ -468,7 +476,8 @@ _STATEMENTS = {
     "syncthreads": lambda o, a, e: "__syncthreads();",
     "fence_proxy_async": lambda o, a, e: "cb_fence_proxy_async();",
     "fence_mbarrier_init": lambda o, a, e: "cb_fence_mbarrier_init();",
-    "bar_sync": lambda o, a, e: f"cb_bar_sync({a['id']}, {a['count']});",
+    "bar_sync": lambda o, a, e: f"cb_bar_sync({_bar_id(a)}, {a['count']});",
+    "bar_arrive": lambda o, a, e: f"cb_bar_arrive({_bar_id(a)}, {a['count']});",
     "setmaxnreg": lambda o, a, e: _setmaxnreg(a),
     "mma": lambda o, a, e: _mma.statement(a, _ident, _int, _c_term),
     "cvt_pack": lambda o, a, e: _mma.pack_statement(a, _ident, _c_term),
@@ -481,6 +490,17 @@ _STATEMENTS = {
 }
 
 assert set(UNARY) <= set(_UNARY_C) | set(_STATEMENTS), "every unary op needs its C form"
+
+
+def _bar_id(a) -> str:
+    """A named barrier's id: an int 0..15, or a term (a warp group's own barrier, evaluated on the device)."""
+    v = dict.__getitem__(a, "id")
+    if isinstance(v, Term) and not (v.op == "const" and isinstance(v.value, int) and not isinstance(v.value, bool)):
+        return f"(unsigned)({_c_term(v)})"
+    bar = _int(v.value if isinstance(v, Term) else v, "a named barrier id", 0)
+    if bar > 15:
+        raise CodegenError(f"named barrier {bar}: the ids are 0..15")
+    return str(bar)
 
 
 def _setmaxnreg(a) -> str:

@@ -165,8 +165,11 @@ def statement(a: Any, ident: Callable[[Any], str], as_int: Callable[..., int], c
     fields_b = b_tile_descriptor(0, bn, bk, b_span, b_major).encode()
     fn = helper_name(bn, dtype, b_major)
     scale = c_term(a["scale_d"])
+    # the warp group's place among the tile's groups: its index in the block, less group0 where the block
+    # runs several tiles at once (ping-pong), so the generated text of other kernels stays as it was
+    group = "(int)threadIdx.x / 128" if a.get("group0") is None else f"(int)threadIdx.x / 128 - ({c_term(a['group0'])})"
     lines = [f"{{ const unsigned cb_a = cb_smem_addr({at} + {c_term(a['a_offset'])}) + "
-             f"((int)threadIdx.x / 128) * {rows * swizzle};",
+             f"({group}) * {rows * swizzle};",
              f"  const unsigned cb_b = cb_smem_addr({bt} + {c_term(a['b_offset'])});"]
     for j in range(rows // MMA_M):
         for s in range(bk // MMA_K):

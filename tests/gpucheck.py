@@ -21,3 +21,18 @@ def poisoned_run(ck, args: dict, want: dict, outputs, rtol: float, atol: float, 
             failures.append(f"shape {shape}: {out} differs at {len(bad)} elements, first {bad[0].tolist()}: "
                             f"{got[tuple(bad[0])]} vs {want[out][tuple(bad[0])]}")
     return failures
+
+
+def matmul_data(shape, dtype: str, cache={}):
+    """(a [M, K], b [K, N], float64 a @ b) of one seed per shape, in ``dtype`` (bfloat16, float16), shared
+    by the tests that run matmul_tc on the same data (each layout, each variant)."""
+    import ml_dtypes
+    key = (shape, dtype)
+    if key not in cache:
+        m, n, kk = shape
+        rng = np.random.default_rng(sum(shape))
+        np_dtype = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype]
+        a = rng.standard_normal((m, kk), dtype=np.float32).astype(np_dtype)
+        b = rng.standard_normal((kk, n), dtype=np.float32).astype(np_dtype)
+        cache[key] = a, b, a.astype(np.float64) @ b.astype(np.float64)
+    return cache[key]

@@ -9,7 +9,7 @@ import pytest
 
 from cbrules import api
 from cbrules.kernels import KERNELS
-from gpucheck import poisoned_run
+from gpucheck import matmul_data, poisoned_run
 
 pytestmark = pytest.mark.gpu
 SPEC = KERNELS["matmul_tc"]
@@ -25,23 +25,11 @@ def _compiled(cache={}, **kw):
     return cache[key]
 
 
-def _data(shape, dtype, cache={}):
-    """(a [M, K], b [K, N], float64 a @ b) of one seed, shared by both layouts."""
-    key = (shape, dtype)
-    if key not in cache:
-        m, n, kk = shape
-        rng = np.random.default_rng(sum(shape))
-        a = rng.standard_normal((m, kk), dtype=np.float32).astype(NP[dtype])
-        b = rng.standard_normal((kk, n), dtype=np.float32).astype(NP[dtype])
-        cache[key] = a, b, a.astype(np.float64) @ b.astype(np.float64)
-    return cache[key]
-
-
 def _run(ck, shape, b_layout, dtype="bfloat16", out_dtype=None):
     """Launch on ``shape`` with b in ``b_layout``; K padded with zeros to a multiple of 8 (TMA row pitches
     are multiples of 16 bytes), which adds nothing to the product."""
     m, n, kk = shape
-    a, b, want = _data(shape, dtype)
+    a, b, want = matmul_data(shape, dtype)
     pad = -kk % 8
     a = np.pad(a, ((0, 0), (0, pad)))
     b = np.pad(b, ((0, pad), (0, 0)))

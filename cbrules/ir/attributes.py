@@ -56,6 +56,8 @@ def attribute_problem(op: str, key: str, value: Any) -> str | None:
     entry = _INT_ATTR.get((op, key))
     if entry is None:
         return None
+    if (op, key) in TERM_INTS and isinstance(value, Term):  # evaluated where it runs (range-checked there)
+        return term_problem(value)
     low, many = entry
     if (op, key) in TERM_OR_INT and isinstance(value, Term):
         if value.op != "const":
@@ -82,17 +84,20 @@ def _int_problem(v: Any, low: int) -> str | None:
 INT_ATTRS = (("alloc", "shape", 1, True), ("alloc", "align", 1, False), ("mbarrier_init", "count", 1, False),
              ("mbarrier_arrive_expect_tx", "bytes", 0, False), ("tma_load", "bytes", 0, False),
              ("tma_load", "box", 1, True), ("tma_load", "tile", 1, True), ("bar_sync", "id", 0, False),
-             ("bar_sync", "count", 1, False), ("kernel", "block", 1, True), ("mbarrier_wait", "backoff", 0, False),
+             ("bar_sync", "count", 1, False), ("bar_arrive", "id", 0, False), ("bar_arrive", "count", 1, False), ("kernel", "block", 1, True), ("mbarrier_wait", "backoff", 0, False),
              ("tma_store_wait", "pending", 0, False), ("copy", "count", 1, False), ("mma", "shape", 1, True),
              ("mma", "groups", 1, False), ("mma", "swizzle", 0, False), ("mma", "b_swizzle", 0, False),
              ("wgmma_wait", "pending", 0, False), ("block_stats", "n", 1, False), ("shfl", "width", 1, False),
              ("mbarrier_wait", "backoff_max", 1, False),
              ("mbarrier_wait", "spin", 0, False), ("mbarrier_wait", "suspend_hint", 1, False),
              ("mbarrier_wait", "timeout", 1, False))
+# int attributes that may be a term instead: a warp group's own named barrier (base + its index)
+TERM_INTS = frozenset({("bar_sync", "id"), ("bar_arrive", "id")})
 # block_stats n: the merge weighs with n as a float32, exact up to 2**24 (a thread holds a few hundred)
 INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16, ("block_stats", "n"): 1 << 24,
             ("mbarrier_wait", "backoff_max"): MAX_BACKOFF_NS, ("mbarrier_wait", "spin"): (1 << 31) - 1,
             ("mbarrier_wait", "suspend_hint"): (1 << 32) - 1, ("mbarrier_wait", "timeout"): MAX_WAIT_TIMEOUT_NS,
+            ("bar_arrive", "id"): 15,
             ("shfl", "width"): WARP_SIZE}
 POWERS_OF_TWO = {("shfl", "width"): "a shuffle's segments of lanes tile the warp"}
 # int attributes that may also hold a term computed on the device (a constant term is checked as an int)

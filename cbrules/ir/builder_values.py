@@ -131,6 +131,9 @@ def _cb_options(options: Any, where: str) -> dict:
     if "strict_trip_count" in out and not isinstance(out["strict_trip_count"], bool):
         raise BuildError(f"{where}: circular_buffer strict_trip_count must be True or False, "
                          f"got {out['strict_trip_count']!r}")
+    if "pingpong" in out and (isinstance(out["pingpong"], bool) or not isinstance(out["pingpong"], int)):
+        raise BuildError(f"{where}: circular_buffer pingpong must be True or a count of consumer warp groups "
+                         f"(2 or more), got {out['pingpong']!r}")
     if isinstance(out.get("registers"), list):
         out["registers"] = tuple(out["registers"])  # the rules check the pair and its counts
     return out
@@ -141,7 +144,7 @@ AUTO = "auto"  # stages/prefetch chosen by the rules (cb-auto-stages, cb-auto-pr
 
 def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = None, war: Optional[str] = None,
                     warp_specialize: bool = False, registers: Optional[tuple[int, int]] = None,
-                    strict_trip_count: bool = False) -> dict:
+                    strict_trip_count: bool = False, pingpong: Union[bool, int] = False) -> dict:
     """Options of a circular-buffered loop: ``stages`` S, ``prefetch`` P (negative counts from S),
     ``war`` = "sync" (block sync ends each main iteration) or "mbarrier" (empty barriers).
     Only the options given are recorded: the rules fill in the rest (``cb-default-prefetch``: S-1,
@@ -157,6 +160,11 @@ def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = N
     Any trip count runs, fewer than S and 0 included (the rules predicate the prologue's loads past
     the end); ``strict_trip_count=True`` refuses a trip count below S instead (code ``short-loop``:
     at lowering when it is known, else at launch).
+    ``pingpong=True`` (or a count G >= 2 of consumer warp groups; True is 2), for a warp-specialized loop in
+    a serial loop that walks independent tiles (a persistent block): the kernel is written for one group
+    of consumers (the block's threads); the rules run G such groups, group g taking tiles g, g+G, ... of
+    the walk, and hand the tensor cores from one group to the next through named barriers once its loop
+    has issued its work, so one group's epilogue runs under the next one's loop (rules/ws_pingpong.rules).
     Non-int stages or prefetch are a :class:`BuildError` here; the rules check the ranges and
     refuse bad ones with a named error."""
     given = {"stages": stages, "prefetch": prefetch, "war": war}
@@ -166,6 +174,8 @@ def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = N
         opts["registers"] = registers
     if strict_trip_count is not False:  # absent otherwise, as above; a non-bool is refused below
         opts["strict_trip_count"] = strict_trip_count
+    if pingpong is not False:  # absent otherwise, as above
+        opts["pingpong"] = 2 if pingpong is True else pingpong
     return _cb_options(opts, "circular_buffer(...)")
 
 

@@ -17,7 +17,7 @@ SCOPES = ("kernel", "for", "if", "else")
 MAX_SCOPE_DEPTH = 200
 BUILT_SCOPE_DEPTH = MAX_SCOPE_DEPTH // 2
 LOOP_KINDS = ("serial", "unroll", "unswitch", "vectorize",
-              "thread-x", "thread-y", "thread-z", "block-x", "block-y", "block-z")
+              "thread-x", "thread-y", "thread-z", "block-x", "block-y", "block-z", "warpgroup")
 SPACES = ("global", "shared", "register")
 DTYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long long",
           "uint32": "unsigned", "uint64": "unsigned long long", "mbarrier": "unsigned long long",
@@ -145,7 +145,12 @@ OPS: dict[str, OpSpec] = {
     "syncthreads": OpSpec((), (), (), "sync"),
     "fence_proxy_async": OpSpec((), (), (), "sync"),
     "fence_mbarrier_init": OpSpec((), (), (), "sync"),
+    # id: an int, or a term (a warp group's own barrier: base + its index), 0..15 when it runs; kept out of
+    # the term attributes, so that an int id stays an int in the graph
     "bar_sync": OpSpec(("id", "count"), (), (), "sync"),
+    # bar.arrive id, count: this thread counts towards the barrier's next opening without waiting for it
+    # (a hand-over: the threads that bar_sync on it go once count threads arrived or synced)
+    "bar_arrive": OpSpec(("id", "count"), (), (), "sync"),
     # setmaxnreg.inc / .dec: a warp group's register budget becomes count (warp specialization)
     "setmaxnreg": OpSpec(("action", "count"), (), (), "sync"),
     # Warpgroup MMA (tensor cores, sm_90a). One node is a whole tile step C[BM,BN] (+)= A[BM,BK] @ B[BK,BN]
@@ -167,8 +172,8 @@ OPS: dict[str, OpSpec] = {
     # the accumulator's thread/row map, a 64 x 16 chunk = 4 registers a thread), a_offset a register index;
     # absent: the shared tile above
     "mma": OpSpec(("acc", "a", "b", "shape", "groups", "dtype", "swizzle"),
-                  ("a_offset", "b_offset", "scale_d", "b_major", "b_swizzle", "a_space"),
-                  ("a_offset", "b_offset", "scale_d"), "memory", {"a_offset": 0, "b_offset": 0, "scale_d": 1}),
+                  ("a_offset", "b_offset", "scale_d", "b_major", "b_swizzle", "a_space", "group0"),
+                  ("a_offset", "b_offset", "scale_d", "group0"), "memory", {"a_offset": 0, "b_offset": 0, "scale_d": 1}),
     # wgmma.fence.sync.aligned: register and shared-memory writes before it are seen by the mma after it
     "wgmma_fence": OpSpec((), (), (), "sync"),
     # wgmma.commit_group.sync.aligned: the warp group's mma issued since the last commit form one group
@@ -193,7 +198,8 @@ OP_DOCS: dict[str, str] = {
     "kernel": "the root: name, parameters, block and grid; requires holds (predicate, message) pairs the "
               "launcher checks before every launch; min_blocks is the second __launch_bounds__ value",
     "for": "a loop: var runs from start to stop (exclusive) by step; kind is serial, unroll, unswitch, vectorize "
-           "or a thread/block axis; annotations carry requests such as circular_buffer",
+           "or a thread/block axis, or warpgroup (each warp group of the block runs the body with var = start + "
+           "step * its index, threadIdx.x / 128, where below stop); annotations carry requests such as circular_buffer",
     "if": "a scope its threads enter only where pred holds",
     "else": "the last child of an if: a scope the threads where the if's pred fails enter (one role of a "
             "warp-specialized kernel each)",
@@ -231,12 +237,15 @@ OP_DOCS: dict[str, str] = {
     "fence_proxy_async": "order this thread's generic-proxy shared memory accesses before later TMA accesses",
     "fence_mbarrier_init": "make barrier initialisation visible to the async proxy",
     "bar_sync": "a named barrier id for count threads",
+    "bar_arrive": "arrive on named barrier id (of count threads) without waiting: the threads that bar_sync on "
+                  "it pass once count threads have arrived",
     "setmaxnreg": "raise (action inc) or lower (action dec) this warp group's register cap to count",
     "select": "dst = args[1] where the predicate args[0] holds, else args[2] (per thread)",
     "mma": "issue acc (+)= a @ b on the tensor cores (wgmma m64nNk16): a tile of shape (BM, BN, BK) over groups "
            "consumer warp groups, A [BM, BK] and B [BN, BK] K-major shared tiles (+ a_offset / b_offset) with "
            "swizzle bytes a row, acc a float32 register fragment; scale_d 0 overwrites; done at a wgmma_wait; "
-           "b_major mn: B a [BK, BN] MN-major tile of panels [BK, b_swizzle / 2] (the transpose bit)",
+           "b_major mn: B a [BK, BN] MN-major tile of panels [BK, b_swizzle / 2] (the transpose bit); group0: "
+           "the block's warp group that computes the tile's first rows (absent: 0)",
     "wgmma_fence": "order earlier register and shared writes before the warp group's next mma",
     "wgmma_commit": "close the group of mma this warp group issued since its last commit",
     "wgmma_wait": "wait until at most pending of this warp group's committed mma groups are incomplete",

@@ -46,11 +46,13 @@ def store_cols(bn: int, out_dtype: str) -> int:
     return min(bn, 128 // DTYPE_BYTES[out_dtype])
 
 
-def shared_bytes(stages: int, bm: int, bn: int, bk: int, dtype: str, out_dtype: str) -> int:
+def shared_bytes(stages: int, bm: int, bn: int, bk: int, dtype: str, out_dtype: str, copies: int = 1) -> int:
     """Shared memory of one block: the stage slots of A and B and the staging of C (two slots of
-    bm x store_cols when there are several column chunks, one otherwise)."""
+    bm x store_cols when there are several column chunks, one otherwise), one staging for each of
+    ``copies`` consumer groups (ping-pong: 2)."""
     cols = store_cols(bn, out_dtype)
-    return stages * (bm + bn) * bk * DTYPE_BYTES[dtype] + (1 if cols == bn else 2) * bm * cols * DTYPE_BYTES[out_dtype]
+    return stages * (bm + bn) * bk * DTYPE_BYTES[dtype] \
+        + copies * (1 if cols == bn else 2) * bm * cols * DTYPE_BYTES[out_dtype]
 
 
 def _b_span(bn) -> int:
@@ -117,7 +119,8 @@ def _epilogue(k: Kernel, epilogue: str, m: Term, n: Term, out_dtype: str):
 def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_specialize: bool = False,
               registers=None, dtype: str = "bfloat16", out_dtype: Optional[str] = None, bm: int = BM, bn: int = BN,
               bk: int = BK, groups: int = GROUPS, group_m: int = GROUP_M, persistent: int = 0,
-              store_swizzle: Optional[bool] = None, b_layout: str = "nk", epilogue: str = "none") -> Kernel:
+              store_swizzle: Optional[bool] = None, b_layout: str = "nk", epilogue: str = "none",
+              pingpong: bool = False) -> Kernel:
     """``c = a @ b^T`` in ``bm`` x ``bn`` tiles on ``groups`` consumer warp groups, ``bk`` of K a stage;
     ``out_dtype`` (bfloat16, float16, float32; default ``dtype``) is c's type. Blocks take tiles in groups
     of ``group_m`` tile rows, column by column inside a group, so the blocks running at once share
@@ -125,8 +128,8 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
     (e.g. the SM count) that each walk tiles blockIdx.x, blockIdx.x + P, ...; warp-specialized, the
     producer loads the next tile while the consumers store the last (otherwise each tile's K loop is
     pipelined on its own). ``store_swizzle=True`` stages C in the swizzle of its output box's rows (the
-    TMA store's map swizzles), so the epilogue's shared writes go without bank conflicts; ``None`` (the default) does so wherever a box row spans
-    32, 64 or 128 bytes, ``False`` stages dense. ``b_layout="kn"`` takes b as ``[K, N]`` row-major and
+    TMA store's map swizzles), so the epilogue's shared writes go without bank conflicts; ``None`` (the
+    default) does so wherever a box row spans 32, 64 or 128 bytes, ``False`` stages dense. ``b_layout="kn"`` takes b as ``[K, N]`` row-major and
     computes ``c = a @ b`` (no transpose): the B tile [bk, bn] arrives as bn / W panels [bk, W] (W = 64
     columns, 128-byte swizzle, where W divides bn), one TMA box each, read MN-major by the tensor cores.
 
@@ -134,7 +137,19 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
     ``bias[col]`` (a tensor [N] of ``out_dtype``), ``bias_relu`` / ``bias_gelu`` (exact, erf) /
     ``bias_gelu_tanh`` / ``bias_silu`` then apply the activation, ``residual`` adds ``residual[row, col]``
     ([M, N]), ``alpha_beta`` computes ``alpha * acc + beta * c_in[row, col]`` (float32 scalars alpha and
-    beta, ``c_in`` [M, N]); all in float32, rounded once at the store."""
+    beta, ``c_in`` [M, N]); all in float32, rounded once at the store.
+
+    ``pingpong=True`` (persistent and warp-specialized only): the kernel is written for ONE consumer warp
+    group that computes whole bm x bn tiles (``groups`` does not apply; bm=128 is two 64-row blocks), and
+    the rules run two such groups on alternate tiles of the block's walk, handing the tensor cores from
+    one to the other once its K loop is issued, so one group's epilogue runs under the other's MMAs
+    (rules/ws_pingpong.rules)."""
+    if not isinstance(pingpong, bool):
+        raise MatmulTileError(f"matmul_tc: pingpong={pingpong!r}: give True or False")
+    if pingpong and not (persistent and warp_specialize):
+        raise MatmulTileError("matmul_tc: pingpong=True needs persistent=P and warp_specialize=True: the two "
+                              "consumer warp groups take alternate tiles of a persistent block's walk, fed by the "
+                              "producer warp group")
     out_dtype = dtype if out_dtype is None else out_dtype
     if epilogue not in EPILOGUES:
         raise MatmulTileError(f"matmul_tc: epilogue={epilogue!r}: give one of {', '.join(EPILOGUES)}")
@@ -146,11 +161,13 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
         raise MatmulTileError(f"matmul_tc: bk={bk!r}: a tile row of {dtype} must span one swizzle (32, 64 or "
                               "128 bytes): use bk = 16, 32 or 64")
     if isinstance(stages, int) and isinstance(bm, int) and isinstance(bn, int):
-        need = shared_bytes(stages, bm, bn, bk, dtype, out_dtype)
+        need = shared_bytes(stages, bm, bn, bk, dtype, out_dtype, 2 if pingpong is True else 1)
         if need + 1024 > MAX_SHARED_BYTES:  # + the barriers and the 1024-byte alignment of the tiles
             raise MatmulTileError(f"matmul_tc: {stages} stages of {bm}x{bk} + {bn}x{bk} {dtype} tiles and a {bm}x{bn} "
                                   f"{out_dtype} output tile need {need} bytes of shared memory, more than the "
-                                  f"{MAX_SHARED_BYTES} a block may have; use fewer stages or a smaller tile")
+                                  f"{MAX_SHARED_BYTES} a block may have; use fewer stages or a smaller tile"
+                                  + (" (ping-pong stages one output tile per consumer group: e.g. bm=bn=128)"
+                                     if pingpong is True else ""))
     if not isinstance(groups, int) or isinstance(groups, bool) or not 1 <= groups <= 4:
         raise MatmulTileError(f"matmul_tc: groups={groups!r}: use 1 to 4 consumer warp groups")
     if not isinstance(persistent, int) or isinstance(persistent, bool) or persistent < 0:
@@ -162,6 +179,8 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
                               "(b is [K, N]: c = a @ b)")
     if not isinstance(group_m, int) or isinstance(group_m, bool) or group_m < 1:
         raise MatmulTileError(f"matmul_tc: group_m={group_m!r}: give the tile rows of a raster group, 1 or more")
+    if pingpong:
+        groups = 1  # one warp group a tile; the rules add the second
     k = Kernel("matmul_tc", block=128 * groups)
     m, n, kk = k.symbol("M"), k.symbol("N"), k.symbol("K")
     a = k.tensor("a", (m, kk), dtype)
@@ -185,7 +204,7 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
     b_tile = k.alloc("b_tile", "shared", dtype, (bn, bk) if b_layout == "nk" else (bk, bn), align=1024)
     tiles_m, tiles_n = ceil_div(m, bm), ceil_div(n, bn)
     acc = k.mma_accumulator(bm, bn, groups=groups)
-    cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
+    cb = circular_buffer(stages, prefetch, war, warp_specialize, registers, pingpong=pingpong)
 
     def tile_step(tile):
         tile_m, tile_n = _grouped_order(tile, tiles_m, tiles_n, group_m)

@@ -298,6 +298,25 @@ def matmul_tc_variant(spec: KernelSpec, b_layout: str = "nk", epilogue: str = "n
                    tolerance=lambda s: (1e-4, 6e-6 * s[2] + 1e-5))
 
 
+PINGPONG_TILE = 128  # bm = bn of a ping-pong tile: one warp group's 128 x 128 float32 accumulator, 128 registers
+
+
+def with_pingpong(spec: KernelSpec, persistent: int) -> KernelSpec:
+    """``spec`` (the built-in matmul_tc, in either B layout) as the ping-pong kernel: ``persistent`` blocks,
+    each walking its tiles of 128 x 128 on two consumer warp groups that take turns (rules/ws_pingpong.rules)."""
+    if getattr(spec.factory, "func", spec.factory) is not _mtc.matmul_tc:
+        raise UnsupportedVariantError(f"kernel {spec.name}: --pingpong applies to the built-in matmul_tc only; drop "
+                                      "it (a kernel of your own asks for it with circular_buffer(..., pingpong=True))")
+    base = spec.factory
+
+    def pingpong(**options) -> Kernel:
+        # the checker's kernel before lowering is not warp-specialized: the same tiles, one walk, no turns
+        return base(**options, pingpong=bool(options.get("warp_specialize")), bm=PINGPONG_TILE, bn=PINGPONG_TILE,
+                    persistent=persistent)
+    pingpong.func = _mtc.matmul_tc  # still the built-in matmul_tc (for with_pingpong's own test)
+    return replace(spec, factory=pingpong)
+
+
 class UnsupportedVariantError(CbrulesError, ValueError):
     """A built-in kernel asked for in a variant it is not built for (``tma_store`` without a tile output)."""
 

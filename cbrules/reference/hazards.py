@@ -78,6 +78,10 @@ class TooManyArrivals(ProtocolError):
     """More arrivals than the barrier's count within one phase."""
 
 
+class UnopenedBarrier(ProtocolError):
+    """A named barrier that threads arrived at (bar.arrive) but that never opened before the block ended."""
+
+
 class MissingInval(ProtocolError):
     """A barrier still valid when the block ends."""
 

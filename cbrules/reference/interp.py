@@ -7,7 +7,8 @@ C arithmetic, ``float`` rounding, ``fmaf``, the warp-shuffle tree of the block r
 ``elect.sync`` on warp 0, TMA boxes with out-of-bounds zero fill. While it runs, the barrier
 protocol is checked by :mod:`cbrules.reference.protocol` (deadlock, RAW, WAR, tx bytes, init/inval, arrival
 counts). Threads of a block run in lockstep, in program order, except where an if/else splits them
-into groups of whole warps (warp specialization): from there each group is a role of its own,
+into groups of whole warps (warp specialization), or a warpgroup loop gives each warp group its own
+copy of its body (ping-pong consumer groups): from there each group is a role of its own,
 interleaved with the others by a schedule (:mod:`cbrules.reference.interp_roles`), each blocking on the
 mbarrier waits and named barriers it reaches until another role makes them pass.
 
@@ -30,7 +31,7 @@ from .hwsim import block_reduce, block_stats, shfl_source
 from ..ir.ops import UNARY, WARP_SIZE
 from .interp_memory import MemoryOps, NonUniform, OutOfBounds
 from .interp_mma import MmaOps
-from .interp_roles import SCHEDULES, SWITCH, Blocked, Role, check_schedule, drive
+from .interp_roles import SCHEDULES, SWITCH, Blocked, Fork, Role, check_schedule, drive
 from .protocol import BlockProtocol, DivergentSync, ElectError, InterpError, ProtocolError, Site
 from ..schedule import Step, schedule
 from ..ir.terms import Term
@@ -68,7 +69,8 @@ assert set(_UNARY_NP) == set(UNARY), "every unary op needs its meaning"
 _ARITH = {"add": "+", "sub": "-", "mul": "*"}
 # after these a role yields: another role may run next (and may now be able to)
 _SWITCH_OPS = frozenset(("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
-                         "mbarrier_inval", "syncthreads", "bar_sync", "reduce", "block_stats", "tma_load"))
+                         "mbarrier_inval", "syncthreads", "bar_sync", "bar_arrive", "reduce", "block_stats",
+                         "tma_load"))
 
 
 class UnmodelledTerm(InterpError):
@@ -106,7 +108,7 @@ class Program:
                                     if k in ("start", "stop", "step", "pred", "index", "value", "args", "src",
                                              "src_index", "dst_index",
                                              "coords", "offset", "slot", "parity", "a_offset", "b_offset",
-                                             "scale_d") or k == "backoff" and isinstance(v, Term)}
+                                             "scale_d", "id", "group0") or k == "backoff" and isinstance(v, Term)}
             except TermError as e:
                 raise UnmodelledTerm(f"{e}; the interpreter cannot run this kernel", self.site(s, (0, 0, 0), ())) \
                     from None
@@ -200,7 +202,7 @@ class _BlockRunner(MemoryOps, MmaOps):
         self.handlers = {op: getattr(self, "_" + op) for op in
                          ("for", "if", "load", "store", "copy", "assign", "fma", "reduce", "block_stats", "tma_load", "tma_store", "tma_store_wait",
                           "mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
-                          "mbarrier_inval", "syncthreads", "bar_sync", "setmaxnreg", "mma", "wgmma_fence", "fence_proxy_async",
+                          "mbarrier_inval", "syncthreads", "bar_sync", "bar_arrive", "setmaxnreg", "mma", "wgmma_fence", "fence_proxy_async",
                           "wgmma_commit", "wgmma_wait")}
         self.handlers["alloc"] = lambda s, mask: None
         # publishes inits to the TMA unit, but orders no data accesses across proxies
@@ -300,6 +302,9 @@ class _BlockRunner(MemoryOps, MmaOps):
         saved = self.env.get(var)
         kind = a["kind"]
         start, step = self.ev(s, "start", mask), self.ev(s, "step", mask)
+        if kind == "warpgroup":
+            yield from self._warpgroups(s, mask, start, step)
+            return
         self.iters.append([var, None, a.get("part")])
         try:
             if kind.startswith(("thread-", "block-")):
@@ -333,13 +338,43 @@ class _BlockRunner(MemoryOps, MmaOps):
             else:
                 self.env[var] = saved
 
+    def _warpgroups(self, s: Step, mask: np.ndarray, start, step):
+        """A warpgroup loop: each warp group of ``mask`` runs the body with var = start + step * its index
+        (where below stop), as a role of its own (a fork of the running role, or the block's roles)."""
+        var, group = s.attrs["var"], self.tx // 128  # threadIdx.x / 128, as codegen writes it
+        lo, st = self.uniform(start, mask, f"start of loop {var}"), self.uniform(step, mask, f"step of loop {var}")
+        stop = self.uniform(self.ev(s, "stop", mask), mask, f"stop of loop {var}")
+        branches = []
+        for g in np.unique(group[mask]):
+            mine = mask & (group == g)
+            if (~mask & (group == g)).any():
+                raise DivergentSync(f"warpgroup loop {var} is reached by {int(mine.sum())} of the threads of warp "
+                                    f"group {g} (threadIdx.x / 128); a warp group enters it whole", self.site())
+            v = lo + st * int(g)
+            if v < stop:
+                branches.append((s.body, mine, {var: v}, [var, v, s.attrs.get("part")]))
+        if not branches:
+            return
+        if not self.in_roles:
+            self._run_roles(branches)
+            return
+        yield Fork([self._role(*b) for b in branches])
+
+    def _role(self, steps, mask: np.ndarray, patch: dict, it: Optional[list] = None) -> Role:
+        """A role running ``steps`` on ``mask`` from the present state (``patch`` on its registers)."""
+        producer = any(x.op == "tma_load" for st in steps for x in st.walk())
+        lanes = np.nonzero(mask)[0]
+        name = f"{'producer' if producer else 'consumer'} (threads {lanes[0]}..{lanes[-1]})"
+        iters = [list(x) for x in self.iters] + ([list(it)] if it else [])
+        return Role(name, self.exec_body(steps, mask), mask, producer, {**self.env, **patch}, iters, self.step)
+
     def _if(self, s: Step, mask: np.ndarray):
         pred = np.asarray(self.ev(s, "pred", mask), bool)
         inner, rest = mask & pred, mask & ~pred
         then = [c for c in s.body if c.op != "else"]
         other = [c for c in s.body if c.op == "else"]
         if other and not self.in_roles and _whole_warps(inner) and _whole_warps(rest):
-            self._run_roles(((then, inner), (other[0].body, rest)))
+            self._run_roles(((then, inner, {}), (other[0].body, rest, {})))
             return
         if inner.any():
             yield from self.exec_body(then, inner)
@@ -349,13 +384,7 @@ class _BlockRunner(MemoryOps, MmaOps):
     def _run_roles(self, branches) -> None:
         """The branches of an if/else on different warps run as concurrent roles, to their ends."""
         parent = (self.env, self.iters, self.step)
-        roles = []
-        for steps, mask in branches:
-            producer = any(x.op == "tma_load" for st in steps for x in st.walk())
-            lanes = np.nonzero(mask)[0]
-            name = f"{'producer' if producer else 'consumer'} (threads {lanes[0]}..{lanes[-1]})"
-            roles.append(Role(name, self.exec_body(steps, mask), mask, producer, dict(self.env),
-                              [list(x) for x in self.iters], self.step))
+        roles = [self._role(*b) for b in branches]
         self.in_roles = True
         try:
             drive(self, roles, self.schedule, self.rng)

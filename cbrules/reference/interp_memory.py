@@ -234,7 +234,17 @@ class MemoryOps:
         return None
 
     def _bar_sync(self, s: Step, mask: np.ndarray):
-        return self._named_barrier(int(s.attrs["id"]), int(s.attrs["count"]), mask)
+        return self._named_barrier(self._bar_id(s, mask), int(s.attrs["count"]), mask)
+
+    def _bar_arrive(self, s: Step, mask: np.ndarray) -> None:
+        """``bar.arrive id, count``: counts towards the barrier's opening; the threads go on at once."""
+        self.proto.bar_arrive(self._bar_id(s, mask), int(s.attrs["count"]), np.nonzero(mask)[0], self.site,
+                              wait=False)
+
+    def _bar_id(self, s: Step, mask: np.ndarray) -> int:
+        """A named barrier's id: an int, or a term the active threads agree on."""
+        bar = s.attrs["id"]
+        return int(bar) if isinstance(bar, int) else self.uniform(self.ev(s, "id", mask), mask, "named barrier id")
 
     def _named_barrier(self, bar: int, count: int, mask: np.ndarray):
         """``bar.sync bar, count``: None once it opened, else a generator blocking until it does."""

@@ -178,16 +178,21 @@ class MmaOps:
                                                 s.attrs["to"]), mask)
 
     def _issuing_groups(self, s: Step, mask: np.ndarray, groups: int):
-        """(warp group, its threads, a_offset, b_offset, scale_d) of each warp group issuing mma ``s``, the
-        offsets and scale uniform over the group."""
-        for g, lanes in self._warp_groups(s, mask):
-            if g >= groups:
-                raise MmaIssueError(f"warp group {g} issues an mma of a tile on warp groups 0..{groups - 1}",
-                                    self.site())
+        """(warp group of the block, its place among the tile's groups, its threads, a_offset, b_offset,
+        scale_d) of each warp group issuing mma ``s``, the offsets and scale uniform over the group. The
+        MMA groups are tracked per warp group of the block; the place differs where the block runs
+        several tiles at once (``group0``: the tile's first warp group)."""
+        for wg, lanes in self._warp_groups(s, mask):
             m = np.zeros(self.T, bool)
             m[lanes] = True
-            yield (g, lanes, *(self.uniform(self.ev(s, k, m), m, f"mma {k} in warp group {g}")
-                               for k in ("a_offset", "b_offset", "scale_d")))
+            g = wg
+            if s.attrs.get("group0") is not None:
+                g -= self.uniform(self.ev(s, "group0", m), m, f"mma group0 in warp group {wg}")
+            if not 0 <= g < groups:
+                raise MmaIssueError(f"warp group {g} issues an mma of a tile on warp groups 0..{groups - 1}",
+                                    self.site())
+            yield (wg, g, lanes, *(self.uniform(self.ev(s, k, m), m, f"mma {k} in warp group {g}")
+                                   for k in ("a_offset", "b_offset", "scale_d")))
 
     def _mma(self, s: Step, mask: np.ndarray) -> None:
         a = s.attrs
@@ -212,7 +217,7 @@ class MmaOps:
                                 f"register array {a['acc']!r} of {(rows // MMA_M) * bn // 2} elements a thread and "
                                 f"shared 2-byte tiles {a['a']!r}, {a['b']!r}", self.site())
         tile_a, tile_b = tiles
-        for g, lanes, a_off, b_off, scale_d in self._issuing_groups(s, mask, groups):
+        for wg, g, lanes, a_off, b_off, scale_d in self._issuing_groups(s, mask, groups):
             if not self.p.mma_async:
                 self._mma_logical(acc, lanes, (tile_a, a_off + g * rows * bk), (tile_b, b_off), (rows, bn, bk), scale_d,
                                   b_tile_elements(bn, bk, b_span, b_major))
@@ -230,7 +235,7 @@ class MmaOps:
                         raise MmaIssueError(f"an mma reads {tile.name}[{int(out[0])}], outside its {tile.data.size} "
                                             "elements: check the descriptors' start address, LBO and SBO",
                                             self.site())
-                self.proto.mma.issue(s.node, g, lanes, a["acc"], reads, span if b_span == span else (span, b_span),
+                self.proto.mma.issue(s.node, wg, lanes, a["acc"], reads, span if b_span == span else (span, b_span),
                                      self.site)
                 frags = acc[lanes]
                 for j, ks, da, db in steps:  # scale-d applies to k-step 0; later ones accumulate
@@ -259,7 +264,7 @@ class MmaOps:
             raise MmaIssueError(f"an mma of tile ({bm}, {bn}, {bk}) with A from registers needs float32 register "
                                 f"array {a['acc']!r}, uint32 register array {a['a']!r} and a shared 2-byte tile "
                                 f"{a['b']!r}", self.site())
-        for g, lanes, a_off, b_off, scale_d in self._issuing_groups(s, mask, groups):
+        for wg, g, lanes, a_off, b_off, scale_d in self._issuing_groups(s, mask, groups):
             first, last = a_off, a_off + (rows // MMA_M) * bk // 4
             if first < 0 or last > regs.shape[1]:
                 raise MmaIssueError(f"an mma reads registers {a['a']}[{first}:{last}], outside its {regs.shape[1]}",
@@ -273,7 +278,7 @@ class MmaOps:
                     if out.size:
                         raise MmaIssueError(f"an mma reads {tile_b.name}[{int(out[0])}], outside its "
                                             f"{tile_b.data.size} elements", self.site())
-                    self.proto.mma.issue(s.node, g, lanes, a["acc"], [(tile_b, idx)], b_span, self.site,
+                    self.proto.mma.issue(s.node, wg, lanes, a["acc"], [(tile_b, idx)], b_span, self.site,
                                          operand=a["a"])
                 else:  # before lowering the tile lies dense as its TMA boxes
                     descs, elements = None, b_off + b_tile_elements(bn, bk, b_span, b_major)

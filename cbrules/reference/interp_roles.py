@@ -8,6 +8,10 @@ where another role may run next) and a :class:`Blocked` when it waits for someth
 role can bring (an mbarrier phase, a named barrier). When every role that is left is blocked and
 none has moved since, the block is deadlocked.
 
+A role may fork (:class:`Fork`): a warpgroup loop splits its threads into one role a warp group, each
+with the loop variable at its group's value; the forking role waits until they all end, then goes on
+with the registers each computed.
+
 Which role runs next is the schedule: ``eager`` runs the producer (the role that issues TMA loads)
 whenever it can, so it gets as far ahead as the barriers allow; ``lazy`` runs it only when nothing
 else can move; ``random`` picks among the roles that can move with a seeded generator.
@@ -37,6 +41,16 @@ class Blocked:
 SWITCH = object()  # yielded after a synchronisation: another role may run now
 
 
+class Fork:
+    """Yielded by a role that splits into ``children`` (new :class:`Role` objects, not yet started);
+    it resumes once they all end."""
+
+    __slots__ = ("children",)
+
+    def __init__(self, children: list):
+        self.children = children
+
+
 class UnknownSchedule(ValueError):
     """A schedule name that is not one of :data:`SCHEDULES`."""
 
@@ -62,6 +76,8 @@ class Role:
     error: Optional[ProtocolError] = None
     done: bool = False
     moves: int = field(default=0)
+    parent: Optional["Role"] = None  # the role that forked it
+    children: list = field(default_factory=list)  # the roles it waits for (a Fork), while any runs
 
 
 def drive(runner, roles: list[Role], schedule: str, rng: random.Random) -> None:
@@ -82,9 +98,10 @@ def _drive(runner, roles: list[Role], schedule: str, rng: random.Random) -> None
         alive = [r for r in roles if not r.done]
         if not alive:
             return
-        ready = [r for r in alive if r.blocked_at is None or r.blocked_at < progress]
+        running = [r for r in alive if not r.children]  # a forked role waits for its children
+        ready = [r for r in running if r.blocked_at is None or r.blocked_at < progress]
         if not ready:
-            raise _deadlock(alive)
+            raise _deadlock(running)
         role = _pick(ready, schedule, rng)
         runner.env, runner.iters, runner.step = role.env, role.iters, role.step
         try:
@@ -94,11 +111,29 @@ def _drive(runner, roles: list[Role], schedule: str, rng: random.Random) -> None
             progress += 1
             out = None
         role.env, role.iters, role.step = runner.env, runner.iters, runner.step
-        if isinstance(out, Blocked):
+        if role.done and role.parent is not None:
+            _joined(runner, role.parent)
+        if isinstance(out, Fork):
+            role.children = out.children
+            for c in out.children:
+                c.parent = role
+            roles.extend(out.children)
+            progress += 1
+        elif isinstance(out, Blocked):
             role.blocked_at, role.error = progress, out.error
         elif not role.done:
             role.blocked_at = None
             progress += 1
+
+
+def _joined(runner, parent: Role) -> None:
+    """Once every child of ``parent`` ended, it goes on with the registers each child's threads computed."""
+    if not all(c.done for c in parent.children):
+        return
+    for c in parent.children:
+        for reg in runner.p.reg_dtypes:
+            parent.env[reg] = np.where(c.mask, c.env[reg], parent.env[reg])
+    parent.children = []
 
 
 def _pick(ready: list[Role], schedule: str, rng: random.Random) -> Role:

@@ -40,8 +40,8 @@ from .mma_groups import MmaGroups
 from .hazards import (DivergentSync, Deadlock, DoubleInit, ElectError, InterpError,  # noqa: F401
                       MissingInval, OutstandingTma, PartialTileStore, ProtocolError, RawHazard, Site, SiteFn,
                       ProxyHazard, StoreInFlight, StoreOverwrite, TmaIssueError, TooManyArrivals, TxMismatch,
-                      UnfencedInit, UnfencedProxyWrite, UnfencedRefill, UnorderedProxyRead, UseAfterInval,
-                      UseBeforeInit, WarHazard)
+                      UnfencedInit, UnfencedProxyWrite, UnfencedRefill, UnopenedBarrier, UnorderedProxyRead,
+                      UseAfterInval, UseBeforeInit, WarHazard)
 
 INFLIGHT = np.iinfo(np.int64).max  # phase of an element whose load has not been delivered yet
 
@@ -96,6 +96,8 @@ class BlockProtocol:
         self.named: dict[int, np.ndarray] = {}  # named barrier -> threads waiting in it
         self.named_count: dict[int, int] = {}
         self.named_gen: dict[int, int] = {}  # times each named barrier has opened
+        self.named_only: dict[int, np.ndarray] = {}  # ... threads in it that arrived without waiting (bar.arrive)
+        self.named_release: dict[int, np.ndarray] = {}  # ... what those released when they arrived
         self.stores: list[BulkStore] = []  # bulk groups whose reads are not yet known to every thread
         self.unfinished: list[BulkStore] = []  # ... not yet waited for to completion
         self.mma = MmaGroups(self)  # warpgroup MMA: fences, groups, reads in flight
@@ -249,10 +251,11 @@ class BlockProtocol:
         self.bars.visible[self.bars.state == 1] = True
 
     # ------------------------------------------------------------------ named barriers (bar.sync id, count)
-    def bar_arrive(self, bar: int, count: int, lanes: np.ndarray, site: SiteFn) -> tuple[int, int]:
-        """Threads ``lanes`` reach ``bar.sync bar, count``; returns a token for :meth:`bar_passed`.
-        When ``count`` threads have arrived the barrier opens: they are ordered like a block sync
-        among themselves, and barrier inits any of them could see become visible to all."""
+    def bar_arrive(self, bar: int, count: int, lanes: np.ndarray, site: SiteFn, wait: bool = True) -> tuple[int, int]:
+        """Threads ``lanes`` reach ``bar.sync bar, count`` (``wait`` False: ``bar.arrive``, they go on);
+        returns a token for :meth:`bar_passed`. When ``count`` threads have arrived the barrier opens: the
+        waiting ones are ordered like a block sync among themselves and after what the arriving ones did
+        before their arrival, and barrier inits any of them could see become visible to the waiting ones."""
         label = f"named barrier {bar}"
         if not (0 <= bar < 16) or count <= 0 or count % 32 or count > self.threads:
             raise ProtocolError(f"bar.sync {bar}, {count}: the id is 0..15 and the count a multiple of 32 up to "
@@ -263,20 +266,31 @@ class BlockProtocol:
                                 f"{self.named_count[bar]}: every use of one named barrier needs one count",
                                 site(), label, bar)
         if arrived[lanes].any():
-            raise ProtocolError(f"thread {lanes[arrived[lanes]][0]} reaches bar.sync {bar} again before it opened",
+            again = "bar.arrive" if not wait else "bar.sync"
+            raise ProtocolError(f"thread {lanes[arrived[lanes]][0]} reaches {again} {bar} again before it opened",
                                 site(), label, bar)
         arrived[lanes] = True
+        only = self.named_only.setdefault(bar, np.zeros(self.threads, bool))
+        if not wait:
+            only[lanes] = True
+            rel = self.clocks.tick(lanes)
+            prev = self.named_release.get(bar)
+            self.named_release[bar] = rel if prev is None else np.maximum(prev, rel)
         self.named_count[bar] = count
         total = int(arrived.sum())
         if total > count:
             raise TooManyArrivals(f"{total} threads at bar.sync {bar}, {count}", site(), label, bar)
         gen = self.named_gen.get(bar, 0)
         if total == count:
-            who = np.nonzero(arrived)[0]
+            who = np.nonzero(arrived & ~only)[0]  # the waiting threads
             self.clocks.sync_lanes(who)
+            if bar in self.named_release:
+                self.clocks.acquire(who, self.named_release.pop(bar))
             vis = self.bars.visible
-            vis[:, who] |= (vis[:, who].any(axis=1) & (self.bars.state == 1))[:, None]
+            seen = vis[:, np.nonzero(arrived)[0]].any(axis=1) & (self.bars.state == 1)
+            vis[:, who] |= seen[:, None]
             arrived[:] = False
+            only[:] = False
             self.named_gen[bar] = gen + 1
         return bar, gen
 
@@ -473,8 +487,16 @@ class BlockProtocol:
         self.stores = keep
 
     def finish(self, site: SiteFn) -> None:
-        """End of the block: no load, store or mma in flight, every initialised barrier invalidated."""
+        """End of the block: no load, store or mma in flight, no named barrier left with arrivals that
+        never opened it, every initialised barrier invalidated."""
         self.mma.finish(site)
+        for bar, arrived in sorted(self.named.items()):
+            if arrived.any():
+                who = np.nonzero(arrived)[0]
+                raise UnopenedBarrier(f"the block ends with {who.size} thread(s) (thread {who[0]} first) arrived at "
+                                      f"named barrier {bar}, {self.named_count[bar]} that never opened: a bar.arrive "
+                                      "that no bar.sync of the same id and count completes (an arrive for a hand-over "
+                                      "nobody takes, or the wrong count)", site(), f"named barrier {bar}", bar)
         if self.unfinished:
             g = self.unfinished[0]
             raise StoreInFlight(f"the block ends while the TMA store #{g.node} of {g.buf.name}[{g.lo}:{g.hi}] "
