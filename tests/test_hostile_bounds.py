@@ -1,0 +1,126 @@
+"""Hostile rules that would run without end or grow without bound: each is refused by name (or
+stopped) within seconds -- a cartesian egglog join, Ctrl-C inside an egglog run, a rule that copies
+a loop into itself, thousands of unknown names, values that grow without bound, an interpreter
+loop of 2e9 trips."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from cbrules import api
+from cbrules.kernels import get
+from cbrules.rewrite import engine, rulefile
+from cbrules.rewrite.egg import EggRuleError
+from cbrules.rewrite.eggload import MAX_JOIN_PARTS
+from hostile import within
+from rulekit import write_rules
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _star(parts_shared: bool, n: int = 6) -> str:
+    """An egglog rule joining ``n`` Add atoms: on one shared variable, or on none (a product)."""
+    atoms = " ".join(f"(= a{j} (Add {'x' if parts_shared else f'x{j}'} y{j}))" for j in range(n))
+    args = " ".join(f"a{j}" for j in range(n))
+    return (f"(relation many ({' '.join(['Idx'] * n)}))\n"
+            f"(rule ({atoms})\n      ((many {args})) :ruleset fold :name \"join\")\n")
+
+
+def test_cartesian_egglog_join_is_refused_at_its_line(tmp_path):
+    write_rules(tmp_path / "r", _star(parts_shared=False))
+    with within(10), pytest.raises(EggRuleError) as e:
+        rulefile.load(rulefile.rule_dirs([tmp_path / "r"]), check_egglog=True)
+    msg = str(e.value)
+    assert msg.startswith(f"{tmp_path / 'r' / 'test.rules'}:2:1: rule 'join' joins 6 parts"), msg
+    assert f"at most {MAX_JOIN_PARTS}" in msg and "shared variable" in msg
+
+
+@pytest.mark.parametrize("parts", [MAX_JOIN_PARTS, MAX_JOIN_PARTS + 1])
+def test_join_bound_is_exact(tmp_path, parts):
+    write_rules(tmp_path / "r", _star(parts_shared=False, n=parts))
+    load = lambda: rulefile.load(rulefile.rule_dirs([tmp_path / "r"]), check_egglog=True)  # noqa: E731
+    if parts <= MAX_JOIN_PARTS:
+        load()
+    else:
+        with pytest.raises(EggRuleError, match=f"joins {parts} parts"):
+            load()
+
+
+def test_join_through_a_primitive_is_still_a_product(tmp_path):
+    """`!=` filters the product after egglog enumerates it, so it links nothing."""
+    write_rules(tmp_path / "r", "(relation p (Idx Idx Idx))\n(rule ((= a (Num x)) (= b (Num y)) (= c (Num z)) "
+                "(!= x y) (!= y z)) ((p a b c)) :ruleset fold :name \"filtered\")\n")
+    with pytest.raises(EggRuleError, match="joins 3 parts"):
+        rulefile.load(rulefile.rule_dirs([tmp_path / "r"]), check_egglog=True)
+
+
+_MANY_TERMS = textwrap.dedent('''
+    from cbrules.ir.builder import Kernel, threadIdx
+    OUTPUTS = ("out",)
+    def build():
+        k = Kernel("many", block=64)
+        n = k.symbol("N")
+        x, out = k.tensor("x", (n,)), k.tensor("out", (n,))
+        k.grid(1)
+        for j in range(40):  # forty index terms sharing threadIdx.x: the connected join finds 40**6 rows
+            k.store(out, threadIdx.x * 41 + j, k.load(x, threadIdx.x * 41 + j))
+        return k
+''')
+
+
+def test_ctrl_c_inside_an_egglog_run_ends_the_command(tmp_path):
+    """A connected join (allowed) whose one egglog run never ends: SIGINT stops the command at
+    once, with the status of an interrupt (130; killed by SIGINT inside the run)."""
+    write_rules(tmp_path / "r", _star(parts_shared=True))
+    (tmp_path / "many.py").write_text(_MANY_TERMS)
+    env = {k: v for k, v in os.environ.items() if k != rulefile.ENV_VAR} | {"PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "cbrules.cli", "lower", str(tmp_path / "many.py"), "--rules",
+                          str(tmp_path / "r")], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2.0)  # imports, the rules and the phases take about 1.3 s; then egglog runs forever
+        assert p.poll() is None, ("ended before the interrupt", p.returncode, p.stderr.read())
+        p.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        code = p.wait(timeout=10)
+        assert time.monotonic() - sent < 3.0
+        assert code in (130, -signal.SIGINT), (code, p.stderr.read())
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_interrupt_setting_is_off_after_a_command():
+    """`main` run in-process leaves Python's own SIGINT handler to its caller."""
+    from cbrules.cli import main
+    from cbrules.rewrite import egg
+    assert main(["lower", "single_dim"]) == 0
+    assert not egg._interrupt_ends_process
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+_GROW = """
+    (phase grow :after cb-rotate)
+    (graph-rule grow-loop-into-itself
+      :doc "wraps the outermost loop in a copy of itself at every firing: the graph doubles each time"
+      :phase grow
+      :match ((kernel ?K) (for ?L) (child ?L ?K))
+      :rewrite ((clone ?L :as ?M) (move ?L :into ?M :at exit)))
+"""
+
+
+def test_rule_that_doubles_the_graph_stops_at_the_size_bound(tmp_path):
+    write_rules(tmp_path / "r", _GROW)
+    kernel = get("single_dim").build()
+    with within(10), pytest.raises(engine.LoweringError) as e:
+        api.lower(kernel, rules=[tmp_path / "r"])
+    msg, bound = str(e.value), engine.graph_bound(len(kernel.graph))
+    assert "rule grow-loop-into-itself" in msg and "test.rules:2)" in msg, msg
+    assert f"past the bound of {bound} for an input of {len(kernel.graph)} nodes" in msg, msg
+    assert not e.value.timed_out
