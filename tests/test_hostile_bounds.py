@@ -124,3 +124,33 @@ def test_rule_that_doubles_the_graph_stops_at_the_size_bound(tmp_path):
     assert "rule grow-loop-into-itself" in msg and "test.rules:2)" in msg, msg
     assert f"past the bound of {bound} for an input of {len(kernel.graph)} nodes" in msg, msg
     assert not e.value.timed_out
+
+
+@pytest.mark.parametrize("kind", ["disable", "after"])
+def test_thousands_of_unknown_names_get_their_errors_in_linear_time(tmp_path, kind, monkeypatch):
+    """Every unknown name is an error; only the first SUGGESTIONS look for a close name, each among
+    at most SUGGESTION_CHOICES choices (difflib on all pairs took 98 s for 9,000 :after names)."""
+    import difflib
+    from cbrules.rewrite import rulecheck
+    n = 3000 if kind == "disable" else 1000
+    if kind == "disable":
+        text = "".join(f"(disable no-such-rule-{i:05d})\n" for i in range(n))
+    else:
+        text = "".join(f"(graph-rule r{i:05d} :phase cb-rotate :after (missing-{i:05d}) :match ((for ?L)) "
+                       ":where ((= 1 2)) :rewrite ((erase ?L)))\n" for i in range(n))
+    write_rules(tmp_path / "r", text)
+    compared = []
+    real = difflib.get_close_matches
+    monkeypatch.setattr(difflib, "get_close_matches",
+                        lambda w, pool, **kw: compared.append(len(pool)) or real(w, pool, **kw))
+    with within(10), pytest.raises(rulefile.RuleErrors) as e:
+        rulefile.load(rulefile.rule_dirs([tmp_path / "r"]))
+    assert len(e.value.errors) == n
+    assert len(compared) == rulecheck.SUGGESTIONS and max(compared) <= rulecheck.SUGGESTION_CHOICES
+    assert "(did you mean" not in str(e.value.errors[-1])
+
+
+def test_a_close_name_is_still_suggested_among_many():
+    from cbrules.rewrite.rulecheck import did_you_mean
+    choices = [f"rule-{i:05d}" for i in range(20000)] + ["cb-pipeline-main"]
+    assert did_you_mean("cb-pipeline-mian", choices) == " (did you mean 'cb-pipeline-main'?)"
