@@ -154,3 +154,41 @@ def test_a_close_name_is_still_suggested_among_many():
     from cbrules.rewrite.rulecheck import did_you_mean
     choices = [f"rule-{i:05d}" for i in range(20000)] + ["cb-pipeline-main"]
     assert did_you_mean("cb-pipeline-mian", choices) == " (did you mean 'cb-pipeline-main'?)"
+
+
+def _chain(step: str, n: int = 39, first: str = "9223372036854775807") -> str:
+    lets = " ".join(f"(let ?v{j + 1} {step.format(f'?v{j}')})" for j in range(n))
+    return f"""
+        (phase chain :after cb-rotate)
+        (graph-rule let-chain
+          :doc "a value that doubles in size at every let"
+          :phase chain
+          :match ((kernel ?K :name ?nm))
+          :where ((!= ?nm "done"))
+          :rewrite ((let ?v0 {first}) {lets} (set ?K :name "done")))
+    """
+
+
+@pytest.mark.parametrize("step, needle", [
+    ("(* {0} {0})", "would be an integer of up to 252 bits, more than the 128"),  # 63 bits squared, squared
+    ("(concat {0} {0})", "(let ?v"),  # a tuple doubling: the size bound of a set value
+    ("(str {0} {0})", "(let ?v"),
+])
+def test_let_chain_that_doubles_a_value_is_refused_at_its_step(tmp_path, step, needle):
+    first = "(tuple 1 2 3)" if "concat" in step else '"abcdefgh"' if "str" in step else "9223372036854775807"
+    write_rules(tmp_path / "r", _chain(step, first=first))
+    with within(10), pytest.raises(engine.LoweringError) as e:
+        api.lower(get("single_dim").build(), rules=[tmp_path / "r"])
+    msg = str(e.value)
+    assert needle in msg and "let-chain" in msg, msg
+    assert "test.rules:7:" in msg, msg  # the :rewrite line, where the let is
+
+
+def test_rule_integers_within_the_bound_still_compute():
+    from cbrules.rewrite.values import FUNCTIONS, MAX_VALUE_BITS
+    mul, add = FUNCTIONS["*"][2], FUNCTIONS["+"][2]
+    big = (1 << (MAX_VALUE_BITS // 2 - 1)) - 1
+    assert mul(big, big) == big * big
+    assert add(1 << (MAX_VALUE_BITS - 2), 1) == (1 << (MAX_VALUE_BITS - 2)) + 1
+    with pytest.raises(ValueError, match="bits"):
+        mul(big << 2, big << 2)

@@ -409,7 +409,9 @@ class Rewriter(Cloning):
                     self.changed.append(n)
 
     def _let(self, a, var, expr) -> None:
-        self.b[var.value] = self.value(expr)
+        value = self.value(expr)
+        _bounded(var.value, value, expr, len(self.kg))  # a let chain doubling a tuple grows as a set would
+        self.b[var.value] = value
 
     def _fail(self, a, *args) -> None:
         pos, keys = split_keys(args, 0)

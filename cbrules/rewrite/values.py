@@ -56,6 +56,19 @@ def _const_value(x):
     return None
 
 
+# Bits an integer a rule computes may have: twice int64's, room for an intermediate product; a rule
+# that squares its own result (a `let` chain, a value fed back each firing) doubles its bits each
+# time, and Python's integers grow until memory runs out.
+MAX_VALUE_BITS = 128
+
+
+def _checked_bits(op: str, a: int, b: int) -> None:
+    bits = a.bit_length() + b.bit_length() if op == "*" else max(a.bit_length(), b.bit_length()) + 1
+    if bits > MAX_VALUE_BITS:
+        raise ValueError(f"{a} {op} {b} would be an integer of up to {bits} bits, more than the {MAX_VALUE_BITS} a "
+                         "rule value may have; a rule probably squares or doubles its own result: guard it")
+
+
 def _arith(op: str) -> Callable:
     def fn(*xs):
         if Term in map(type, xs):  # a term among them (a type test in C: every value a template computes asks)
@@ -69,6 +82,8 @@ def _arith(op: str) -> Callable:
                 return t
         acc = xs[0]
         for x in xs[1:]:
+            if op in "+-*" and isinstance(acc, int) and isinstance(x, int):
+                _checked_bits(op, acc, x)
             acc = eval_term(Term(op, (const(acc), const(x))), {})
         return acc
     return fn
