@@ -25,7 +25,7 @@ def cmd_check(a) -> int:
                        f"{MAX_CHECK_STAGES} (the rules themselves refuse S < 2 with a named error)")
     from .check import TABLE_HEADER, Checker, table_row, trip_counts
     from .kernels import KERNELS
-    from .reference.interp import SCHEDULES
+    from .reference.interp import SCHEDULES, InterpBudgetError
     spec = load_kernel(a.kernel)
     kernel_file = getattr(spec, "takes", None) is not None
     if kernel_file:
@@ -64,6 +64,10 @@ def cmd_check(a) -> int:
                                      registers=ws["registers"], shape=None if t is not None else spec.default_shape))
         _progress("")
         print(table_row(results[-1]), flush=True)  # each row as it finishes: a long check shows it is alive
+        if results[-1].code == InterpBudgetError.code and i + 1 < len(trips):  # the longer loops would too
+            print(f"stopped: trip count {t} ran past the interpreter's budget; the {len(trips) - i - 1} larger trip "
+                  "counts are not run")
+            break
     failed = [r for r in results if not r.ok]
     print(f"{len(results)} {'trip counts' if trips != [None] else 'case'}: {len(results) - len(failed)} ok, "
           f"{len(failed)} failed")

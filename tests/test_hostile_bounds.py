@@ -192,3 +192,38 @@ def test_rule_integers_within_the_bound_still_compute():
     assert add(1 << (MAX_VALUE_BITS - 2), 1) == (1 << (MAX_VALUE_BITS - 2)) + 1
     with pytest.raises(ValueError, match="bits"):
         mul(big << 2, big << 2)
+
+
+_LONG = """
+    (phase long :after cb-rotate)
+    (graph-rule main-loop-runs-forever
+      :doc "sets the main loop's stop to 2e9"
+      :phase long
+      :match ((for ?L :part "main" :stop ?s))
+      :where ((!= ?s 2000000000))
+      :rewrite ((set ?L :stop 2000000000)))
+"""
+
+
+def test_check_of_a_loop_of_2e9_trips_stops_at_the_statement_budget(tmp_path, monkeypatch, capsys):
+    from cbrules.cli import main
+    from cbrules.reference.interp import STATEMENTS_VAR
+    write_rules(tmp_path / "r", _LONG)
+    monkeypatch.setenv(STATEMENTS_VAR, "1500")  # the default (50,000) takes about 10 s a block here
+    with within(10):
+        code = main(["check", "single_dim", "--sample", "--rules", str(tmp_path / "r")])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "InterpBudgetError" in out and "more than 1500 statements" in out, out
+    assert "the interpreter's budget" in out and "larger trip counts are not run" in out, out
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "many", "1e9"])
+def test_statement_budget_setting_must_be_a_positive_integer(monkeypatch, text):
+    from cbrules.errors import CbrulesError
+    from cbrules.reference import interp
+    monkeypatch.setenv(interp.STATEMENTS_VAR, text)
+    with pytest.raises(CbrulesError, match="give a positive integer"):
+        interp.statement_budget()
+    monkeypatch.setenv(interp.STATEMENTS_VAR, " 123 ")
+    assert interp.statement_budget() == 123
