@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from ..ir.names import IdentifierError, check_term_name
+from ..ir.limits import RULE_LIMITS
 from ..ir.ops import DTYPE_BYTES, term_values
 from .sexpr import Atom, Expr, RuleError
 from ..ir.terms import (DeviceFunctionError, Term, as_term, call, coefficient, const, divisor,
@@ -145,6 +146,7 @@ FUNCTIONS: dict[str, tuple[int, int | None, Callable | None]] = {
     "set-nth": (3, 3, lambda t, i, v: tuple(v if j == (i % len(t)) else x for j, x in enumerate(t))),
     "get": (2, 3, lambda d, k, *default: (d or {}).get(k, *default) if default else (d or {}).get(k)),
     "bytes-of": (1, 1, lambda dtype: DTYPE_BYTES[dtype]),
+    "limit": (1, 1, lambda what: RULE_LIMITS[what]),  # a hardware limit by name (cbrules.ir.limits.RULE_LIMITS)
     "known": (1, 1, lambda x: _const_value(x) is not None),
     "int": (1, 1, lambda x: _const_value(x)),
     "term": (1, 1, lambda x: as_term(x)),
