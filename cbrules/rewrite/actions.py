@@ -346,21 +346,27 @@ class Rewriter(Cloning):
             raise RuleError(a.pos, "move needs :into SCOPE (with :at entry|exit) or :before NODE, one of them")
         anchor = None
         if "before" in keys:  # right before a statement, in its scope: where the anchor is, not at an end
+            key = "before"
+            anchor = self.node(keys["before"])
+            if anchor == self.kg.root:
+                raise RuleError(keys["before"].pos, f"move {target} :before {keys['before']}: the kernel node has no "
+                                "place among statements; name a statement")
+            scope = self.kg.parent(anchor)
+        else:
+            key = "into"
+            scope = self.scope(keys["into"], "move :into")
+        if scope == n or scope in self.kg.descendants(n) or anchor == n:
+            raise RuleError(keys[key].pos, f"move {target} :{key} {keys[key]} would put "
+                            f"{self.kg.describe(n)} inside itself (into {self.kg.describe(scope)}); "
+                            "guard the rule so the target scope is not the moved node or inside it")
+        if anchor is not None:
             if "at" in keys:
                 raise RuleError(keys["at"].pos, "move :before NODE takes no :at (it places the node right before NODE)")
-            anchor = self.node(keys["before"])
-            if anchor == n or anchor == self.kg.root:
-                raise RuleError(keys["before"].pos, f"move {target} :before {keys['before']}: the anchor must be "
-                                "another statement")
-            scope, where, into = self.kg.parent(anchor), "before", keys["before"]
+            where = "before"
         else:
-            scope, into = self.scope(keys["into"], "move :into"), keys["into"]
             where = str(self.value(keys["at"])) if "at" in keys else "exit"
             if where not in ("entry", "exit"):
                 raise RuleError(keys["at"].pos, f"move :at takes entry or exit, got {where!r}")
-        if scope == n or scope in self.kg.descendants(n) or (anchor is not None and anchor in self.kg.descendants(n)):
-            raise RuleError(into.pos, f"move {target} would put {self.kg.describe(n)} inside itself (into "
-                            f"{self.kg.describe(scope)}); guard the rule so the target is not the moved node or inside it")
         self.detach(n)
         self.place(n, scope, where, anchor)
         self.changed.append(n)
