@@ -24,6 +24,7 @@ from .ir.ops import HALF_DTYPES
 from .kernelfile import load_kernel
 from .rewrite import rulefile
 from .cli_check import cmd_check
+from .cli_progress import progress_lines
 from .cli_kernel import _compile, _dtype, _kernel, _lower_options, _rule_folders, _run, _shape
 
 
@@ -362,7 +363,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         warnings.showwarning = _show_warning
         try:
             args = parser().parse_args(argv)
-            with _native_interrupts(args.command):
+            with _native_interrupts(args.command), \
+                    (progress_lines(args.command) if args.command in _LOWERING else contextlib.nullcontext()):
                 code = args.fn(args)
             sys.stdout.flush()  # here, so that a closed pipe is reported by the handler below
             return 130 if interrupted else code

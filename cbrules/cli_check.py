@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from .kernels.specs import KernelSpec
 
 from .cli_kernel import _dtype, _file_options, _lower_options, _warp_options
+from .cli_progress import Task
 
 
 def cmd_check(a) -> int:
@@ -60,6 +61,7 @@ def cmd_check(a) -> int:
     results = []
     for i, t in enumerate(trips):
         _progress(f"check {spec.name}: trip count {t} ({i + 1}/{len(trips)}) ...")
+        Task.now = f"trip count {t} ({i + 1}/{len(trips)})"
         results.append(checker.check(spec, t, stages, a.prefetch, a.war, warp_specialize=bool(ws["warp_specialize"]),
                                      registers=ws["registers"], shape=None if t is not None else spec.default_shape))
         _progress("")

@@ -209,7 +209,7 @@ def test_check_of_a_loop_of_2e9_trips_stops_at_the_statement_budget(tmp_path, mo
     from cbrules.cli import main
     from cbrules.reference.interp import STATEMENTS_VAR
     write_rules(tmp_path / "r", _LONG)
-    monkeypatch.setenv(STATEMENTS_VAR, "1500")  # the default (50,000) takes about 10 s a block here
+    monkeypatch.setenv(STATEMENTS_VAR, "1500")  # the default (20,000) takes 2-10 s a block
     with within(10):
         code = main(["check", "single_dim", "--sample", "--rules", str(tmp_path / "r")])
     out = capsys.readouterr().out
@@ -227,3 +227,25 @@ def test_statement_budget_setting_must_be_a_positive_integer(monkeypatch, text):
         interp.statement_budget()
     monkeypatch.setenv(interp.STATEMENTS_VAR, " 123 ")
     assert interp.statement_budget() == 123
+
+
+def test_a_slow_lowering_says_on_stderr_what_it_is_doing(tmp_path, monkeypatch, capsys):
+    """A progress line every few seconds (here every 0.2 s) tells a slow run from a hang."""
+    from cbrules import cli_progress
+    from cbrules.cli import main
+    write_rules(tmp_path / "r", _GROW)
+    monkeypatch.setenv(cli_progress.AFTER_VAR, "0.2")
+    monkeypatch.setattr(cli_progress, "EVERY_S", 0.2)
+    with within(20):
+        assert main(["lower", "single_dim", "--rules", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert "cbrules: lower: still working after" in err and "lowering: phase " in err, err
+    assert err.rstrip().splitlines()[-1].startswith("cbrules: LoweringError:")  # the error still comes last
+
+
+def test_progress_lines_are_off_with_zero(monkeypatch, capsys):
+    from cbrules import cli_progress
+    from cbrules.cli import main
+    monkeypatch.setenv(cli_progress.AFTER_VAR, "0")
+    assert main(["lower", "single_dim"]) == 0
+    assert "still working" not in capsys.readouterr().err

@@ -50,10 +50,10 @@ _SWITCH_OPS = frozenset(("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_ex
                          "mbarrier_inval", "syncthreads", "bar_sync", "reduce", "block_stats", "tma_load"))
 
 
-# Statements one block may execute: the CPU checker's cases run at most about 26,000 in a whole
-# grid (a block runs a statement in 50-200 us); a loop whose stop a rule set to 2e9 would run for
-# days. CBRULES_INTERP_STATEMENTS changes it.
-MAX_BLOCK_STATEMENTS = 50_000
+# Statements one block may execute: the CPU checker's cases run at most about 2,000 a block
+# (two_pass at S=16, 64 trips), a statement in 50-500 us; a loop whose stop a rule set to 2e9 would
+# run for days. CBRULES_INTERP_STATEMENTS changes it.
+MAX_BLOCK_STATEMENTS = 20_000
 STATEMENTS_VAR = "CBRULES_INTERP_STATEMENTS"
 
 

@@ -81,6 +81,25 @@ class LoweringError(CbrulesError):
     timed_out = False  # stopped by the time limit
 
 
+@dataclass
+class Progress:
+    """What the lowering running now is doing, for a watcher on another thread (the command line's
+    progress line); the engine writes it as it goes, a phase and an application at a time."""
+
+    lowering: bool = False
+    phase: str = ""
+    step: int = 0
+    rule: str = ""
+
+    def describe(self) -> str:
+        if not self.lowering:
+            return "not lowering"
+        return f"lowering: phase {self.phase or '-'}, step {self.step}" + (f" (rule {self.rule})" if self.rule else "")
+
+
+PROGRESS = Progress()
+
+
 def graph_bound(nodes: int) -> int:
     """How many nodes the graph may hold while lowering an input of ``nodes`` nodes."""
     return GRAPH_NODES_PER_INPUT_NODE * nodes + GRAPH_NODES_EXTRA
@@ -152,6 +171,7 @@ def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: O
         raise LoweringError(f"no phase {stop_after_phase!r} to stop after" + did_you_mean(stop_after_phase, rules.phases)
                             + f"; the phases are {', '.join(rules.phases)}")
     trace = None
+    PROGRESS.lowering, PROGRESS.phase, PROGRESS.step, PROGRESS.rule = True, "", 0, ""
     run = _Run(rules, debug, stop_after, time_limit, simplify)
     run.stop_after_phase = stop_after_phase
     run.verify_phases = _verify_phases or debug or stop_after is not None or stop_after_phase is not None
@@ -172,6 +192,8 @@ def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: O
                 raise first from first.__cause__
         e.trace = trace
         raise
+    finally:
+        PROGRESS.lowering = False
 
 
 @contextlib.contextmanager
@@ -256,6 +278,7 @@ class _Run:
         for phase in self.rules.phases:
             ordered = self.rules.in_phase(phase)  # once a phase: the order does not change while it runs
             self.phase, self.per_rule, self.grown = phase, Counter(), Counter()
+            PROGRESS.phase, PROGRESS.rule = phase, ""
             self.by_name = {r.name: r for r in ordered}
             start_nodes = len(kg)
             bound = rule_bound(start_nodes)
@@ -275,6 +298,7 @@ class _Run:
                         raise self._bound_error(rule, bound, start_nodes)
                     self.fired.add(key)
                     self.step += 1
+                    PROGRESS.step, PROGRESS.rule = self.step, rule.name
                     self.per_rule[rule.name] += 1
                     kg.log_touches(self.step)
                     before = len(kg)
@@ -310,6 +334,7 @@ class _Run:
             return kg
         self._check_time()
         self.step += 1
+        PROGRESS.step, PROGRESS.rule = self.step, "egglog simplification"
         try:
             return _simplify(kg, self.rules, self.step, self.phase, self.trace)
         except _RULE_ERRORS as e:
