@@ -21,7 +21,7 @@ REGISTERS_PER_BLOCK = 65536  # 32-bit registers of an SM, all a block may take (
 MAX_THREAD_REGISTERS = 255  # registers one thread may have
 # the limits rules read with (limit NAME) (stages="auto" in rules/circular_buffer.rules)
 RULE_LIMITS = {"shared-bytes-per-block": MAX_SHARED_BYTES, "shared-bytes-per-sm": SM_SHARED_BYTES,
-               "shared-bytes-reserved-per-block": BLOCK_RESERVED_SHARED_BYTES}
+               "shared-bytes-reserved-per-block": BLOCK_RESERVED_SHARED_BYTES, "registers-per-block": REGISTERS_PER_BLOCK}
 
 
 class TmaLimitError(CbrulesError, ValueError):
