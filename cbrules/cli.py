@@ -363,8 +363,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         warnings.showwarning = _show_warning
         try:
             args = parser().parse_args(argv)
-            with _native_interrupts(args.command), \
-                    (progress_lines(args.command) if args.command in _LOWERING else contextlib.nullcontext()):
+            command = getattr(args, "command", None)
+            with _native_interrupts(command), \
+                    (progress_lines(command) if command in _LOWERING else contextlib.nullcontext()):
                 code = args.fn(args)
             sys.stdout.flush()  # here, so that a closed pipe is reported by the handler below
             return 130 if interrupted else code
@@ -397,7 +398,7 @@ _LOWERING = ("demo", "lower", "trace", "compile", "run", "check")
 
 
 @contextlib.contextmanager
-def _native_interrupts(command: str) -> Iterator[None]:
+def _native_interrupts(command: Optional[str]) -> Iterator[None]:
     """Ctrl-C inside an egglog run ends the process (egglog cannot be interrupted otherwise; a
     shell reports 130, as for any other interrupt of this command); off again afterwards, for a
     caller that runs ``main`` in-process."""
