@@ -32,14 +32,14 @@ EGGLOG_ALLOWED: dict[str, type] = {
     "birewrite": eb.BiRewriteCommand,
     "rule": eb.RuleCommand,  # query and actions; _check_commands refuses any action kind not below
 }
-# What a rule's actions may do: add, set, merge or retire rows, bind a name, or fail the run
-# (a failing run is caught by `simplify`, which then keeps every term). egglog actions cannot
-# read or write files; the list stays explicit so a new kind of action is refused until reviewed.
 # Parts of a rule's query that share no variable: each is one more factor of a product egglog
 # enumerates in a run that cannot be interrupted (every shipped rule has one part). Two parts
 # square the e-graph at worst, which the node budget sees between runs; three or more can pass
 # any budget inside one run (six parts over 20 terms: 6.4e7 rows, minutes and gigabytes).
 MAX_JOIN_PARTS = 2
+# What a rule's actions may do: add, set, merge or retire rows, bind a name, or fail the run
+# (a failing run is caught by `simplify`, which then keeps every term). egglog actions cannot
+# read or write files; the list stays explicit so a new kind of action is refused until reviewed.
 _ACTIONS = (eb.Let, eb.Set, eb.Union, eb.Change, eb.Panic, eb.Expr_)
 assert set(EGGLOG_ALLOWED) == set(EGGLOG_FORMS), "the reader and the bridge accept the same egglog forms"
 
