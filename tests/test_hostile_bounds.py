@@ -249,3 +249,14 @@ def test_progress_lines_are_off_with_zero(monkeypatch, capsys):
     monkeypatch.setenv(cli_progress.AFTER_VAR, "0")
     assert main(["lower", "single_dim"]) == 0
     assert "still working" not in capsys.readouterr().err
+
+
+def test_rules_read_hardware_limits_by_name():
+    from cbrules.ir.limits import MAX_SHARED_BYTES, REGISTERS_PER_BLOCK
+    from cbrules.rewrite.values import FUNCTIONS
+    limit = FUNCTIONS["limit"][2]
+    assert limit("shared-bytes-per-block") == MAX_SHARED_BYTES and limit("registers-per-block") == REGISTERS_PER_BLOCK
+    with pytest.raises(ValueError, match="the limits are shared-bytes-per-block"):
+        limit("shared-bytes")
+    text = (ROOT / "rules" / "circular_buffer.rules").read_text() + (ROOT / "rules" / "warp_specialize.rules").read_text()
+    assert str(MAX_SHARED_BYTES) not in text and "65536)" not in text  # the limits live in cbrules.ir.limits only

@@ -146,7 +146,7 @@ FUNCTIONS: dict[str, tuple[int, int | None, Callable | None]] = {
     "set-nth": (3, 3, lambda t, i, v: tuple(v if j == (i % len(t)) else x for j, x in enumerate(t))),
     "get": (2, 3, lambda d, k, *default: (d or {}).get(k, *default) if default else (d or {}).get(k)),
     "bytes-of": (1, 1, lambda dtype: DTYPE_BYTES[dtype]),
-    "limit": (1, 1, lambda what: RULE_LIMITS[what]),  # a hardware limit by name (cbrules.ir.limits.RULE_LIMITS)
+    "limit": (1, 1, lambda what: _limit(what)),  # a hardware limit by name (cbrules.ir.limits.RULE_LIMITS)
     "known": (1, 1, lambda x: _const_value(x) is not None),
     "int": (1, 1, lambda x: _const_value(x)),
     "term": (1, 1, lambda x: as_term(x)),
@@ -172,6 +172,12 @@ FUNCTIONS: dict[str, tuple[int, int | None, Callable | None]] = {
     # proven by egglog under the range facts (see ORACLE_FUNCTIONS): evaluated in `evaluate`
     "provably-equal": (2, 2, None), "provably-le": (2, 2, None),
 }
+
+
+def _limit(what: Any) -> int:
+    if what not in RULE_LIMITS:
+        raise ValueError(f"no limit {what!r}; the limits are {', '.join(RULE_LIMITS)}")
+    return RULE_LIMITS[what]
 
 
 def _conj(xs) -> Term:
