@@ -106,8 +106,11 @@ def check(kernel, inputs=None, reference=None, *, trips=None, outputs: Optional[
     to ``0 .. 4*S``.
 
     ``sample``: interpret a sample of the blocks only; ``rules``: extra rule folders (or a rule set);
-    ``on_case(result)`` is called as each case finishes."""
+    ``on_case(result)`` is called as each case finishes. A case that runs past the interpreter's
+    statement budget (``InterpBudgetError``) ends the run: the larger trip counts would too, and the
+    report's ``skipped`` says how many were not run."""
     from .check import CheckReport, Checker, trip_counts
+    from .reference.interp import InterpBudgetError
     spec, default_trips, stages, built = _check_spec(kernel, inputs, reference, outputs, tolerance, stages,
                                               {"prefetch": prefetch, "war": war, "registers": registers,
                                                "warp_specialize": warp_specialize or None})
@@ -116,7 +119,8 @@ def check(kernel, inputs=None, reference=None, *, trips=None, outputs: Optional[
     if trips is None:
         trips = default_trips if default_trips is not None else trip_counts(stages)
     cases = []
-    for t in ([None] if trips == [None] else [int(t) for t in trips]):
+    trips = [None] if trips == [None] else [int(t) for t in trips]
+    for i, t in enumerate(trips):
         r = checker.check(spec, t, stages, prefetch, war, shape=spec.default_shape if t is None else None,
                           warp_specialize=bool(warp_specialize), registers=registers)
         if built and spec.outputs:  # a Kernel's "shape" is the case's trip count: show its first output's
@@ -124,6 +128,8 @@ def check(kernel, inputs=None, reference=None, *, trips=None, outputs: Optional[
         cases.append(r)
         if on_case is not None:
             on_case(r)
+        if r.code == InterpBudgetError.code:
+            return CheckReport(spec.name, cases, skipped=len(trips) - i - 1)
     return CheckReport(spec.name, cases)
 
 

@@ -79,6 +79,7 @@ class CheckReport:
 
     kernel: str
     cases: list
+    skipped: int = 0  # trip counts not run: a smaller one ran past the interpreter's budget
 
     @property
     def ok(self) -> bool:

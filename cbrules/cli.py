@@ -23,6 +23,7 @@ from .ir.ops import HALF_DTYPES
 from .rewrite import rulefile
 from .userio import printable, write_text
 from .cli_check import cmd_check
+from .cli_progress import progress_lines
 from .cli_kernel import _compile, _dtype, _kernel, _lower_options, _rule_folders, _run, _shape, load_spec
 
 
@@ -391,7 +392,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         warnings.showwarning = _show_warning
         try:
             args = parser().parse_args(argv)
-            code = args.fn(args)
+            command = getattr(args, "command", None)
+            with _native_interrupts(command), \
+                    (progress_lines(command) if command in _LOWERING else contextlib.nullcontext()):
+                code = args.fn(args)
             sys.stdout.flush()  # here, so that a closed pipe is reported by the handler below
             return 130 if interrupted else code
         except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
@@ -420,6 +424,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             _error(f"internal error: {type(e).__name__}: {cli_output.error_text(e)} -- this is a bug in cbrules; "
                    f"rerun with {TRACEBACK_VAR}=1 to see the traceback, and report it")
             return 3
+
+
+# the commands that lower a kernel, so may spend long in one egglog run
+_LOWERING = ("demo", "lower", "trace", "compile", "run", "check")
+
+
+@contextlib.contextmanager
+def _native_interrupts(command: Optional[str]) -> Iterator[None]:
+    """Ctrl-C inside an egglog run ends the process (egglog cannot be interrupted otherwise; a
+    shell reports 130, as for any other interrupt of this command); off again afterwards, for a
+    caller that runs ``main`` in-process."""
+    if command not in _LOWERING:
+        yield
+        return
+    from .rewrite import egg
+    egg.interrupt_ends_process(True)
+    try:
+        yield
+    finally:
+        egg.interrupt_ends_process(False)
 
 
 def _error(text: str) -> None:

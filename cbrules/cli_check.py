@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from .kernels.specs import KernelSpec
 
 from .cli_kernel import _dtype, _file_options, _lower_options, _warp_options, load_spec
+from .cli_progress import Task
 
 
 def cmd_check(a) -> int:
@@ -71,15 +72,23 @@ def cmd_check(a) -> int:
 
     def row(r) -> None:
         _progress("")
+        Task.now = ""
         print(table_row(r), flush=True)  # each row as it finishes: a long check shows it is alive
         done.append(r)
         if len(done) < len(trips):
-            _progress(f"check {spec.name}: trip count {trips[len(done)]} ({len(done) + 1}/{len(trips)}) ...")
+            _at(len(done))
 
-    _progress(f"check {spec.name}: trip count {trips[0]} (1/{len(trips)}) ...")
+    def _at(i: int) -> None:
+        _progress(f"check {spec.name}: trip count {trips[i]} ({i + 1}/{len(trips)}) ...")
+        Task.now = f"trip count {trips[i]} ({i + 1}/{len(trips)})"
+
+    _at(0)
     report = api.check(spec, trips=trips, stages=stages, prefetch=a.prefetch, war=a.war,
                        warp_specialize=bool(ws["warp_specialize"]), registers=ws["registers"],
                        sample=a.sample, rules=rules, on_case=row, **options)
+    if report.skipped:
+        print(f"stopped: trip count {report.cases[-1].trips} ran past the interpreter's budget; the "
+              f"{report.skipped} larger trip counts are not run")
     print(summary_line(report.cases))
     return 0 if report.ok else 1
 

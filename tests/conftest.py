@@ -6,6 +6,10 @@ import pytest
 from hypothesis import settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+# no progress lines on stderr from commands the tests run (they assert what stderr holds);
+# tests/test_hostile_bounds.py turns them on where it checks them
+os.environ.setdefault("CBRULES_PROGRESS_AFTER", "0")
+
 # Property tests replay from a saved example database (committed with the tests): a failing example
 # found once is tried first on every later run, on every machine. Seeds are fixed per test (@seed).
 settings.register_profile("cbrules", database=DirectoryBasedExampleDatabase(Path(__file__).with_name("hypothesis-db")),

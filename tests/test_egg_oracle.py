@@ -7,6 +7,8 @@ import numpy as np
 
 import pytest
 
+from cbrules.ir.limits import MAX_SHARED_BYTES, SM_SHARED_BYTES
+
 from cbrules import api
 from cbrules.reference import interp
 from cbrules.rewrite import engine, rulefile
@@ -202,12 +204,14 @@ def test_egglog_runs_once_per_lowering_and_is_cached():
 
 
 # ------------------------------------------------------------------ stages="auto"
-def _auto_model(stage_bytes: int, threads: int) -> int:
-    """The S the occupancy model picks (before the trip count): blocks an SM holds at S stages,
-    the bytes they keep in flight, the fewest stages reaching 128 KB, else the most in flight."""
+def _auto_model(stage_bytes: int, threads: int, once: int = 0) -> int:
+    """The S the occupancy model picks (before the trip count): blocks an SM holds at S stages
+    (none where a block's S stages and its ``once`` other bytes pass the block's limit), the bytes
+    they keep in flight, the fewest stages reaching 128 KB, else the most in flight."""
     in_flight = {}
     for s in (2, 3, 4):
-        blocks = min(32, 2048 // threads, 233472 // (s * stage_bytes + 1024))
+        need = s * stage_bytes + once
+        blocks = 0 if need > MAX_SHARED_BYTES else min(32, 2048 // threads, SM_SHARED_BYTES // (need + 1024))
         in_flight[s] = blocks * (s - 1) * stage_bytes
     enough = [s for s in (2, 3, 4) if in_flight[s] >= 131072]
     return enough[0] if enough else max((2, 3, 4), key=lambda s: in_flight[s])  # ties: fewer stages
@@ -223,7 +227,7 @@ def test_auto_stages_from_bytes_in_flight_blocks_and_trip_count(name):
         stage_bytes = int(b["?stage_bytes"])
         assert int(b["?in_flight_at_3"]) == int(b["?blocks_at_3"]) * 2 * stage_bytes  # the trace explains S
         trips = [] if b["?trip_count"] == "unknown" else [int(b["?trip_count"])]
-        bounds = [_auto_model(stage_bytes, threads)] + trips
+        bounds = [_auto_model(stage_bytes, threads, int(b["?once"]))] + trips
         assert int(b["?S"]) == max(2, min(bounds))
     mains = [n for n in g.nodes("for") if g[n].get("part") == "main"]
     assert mains
@@ -238,10 +242,35 @@ def test_auto_stages_from_bytes_in_flight_blocks_and_trip_count(name):
     (32768, 512, 3),    # normalize 32768^2: 2 blocks at S=3 keep 128 KB, S=4 leaves one block (96 KB)
     (65536, 256, 3),    # one block an SM at S=2 and at S=3 (193 KB): S=3 keeps 128 KB in flight
     (40000, 1024, 4),   # two blocks by threads: 2 x 3 x 40000 at S=4
-    (200000, 256, 2),   # no S fits: nothing in flight, the fewest stages (the shared-memory check refuses it)
+    (200000, 256, 2),   # no S fits: nothing in flight, the fewest stages (cb-auto-reject-no-fit refuses it)
 ])
 def test_auto_stages_model(stage_bytes, threads, want):
     assert _auto_model(stage_bytes, threads) == want
+
+
+@pytest.mark.parametrize("kernel, params, want", [
+    ("multi_dim", dict(rows=48, tma_store=True), 2),  # the staging buffer: S=4 would need 295,040 B
+    ("matmul_tc", dict(bm=256, bn=128), 3),           # S=4 would need 263,168 B
+    ("matmul_tc", {}, 4),                             # 230,400 B at S=4: the tightest fit
+])
+def test_auto_stages_count_every_shared_buffer_and_fit(kernel, params, want):
+    """auto counts the staging buffers, barriers and padding too, and picks an S that fits: the
+    largest that does for these (the model's choice among the S that fit)."""
+    k = KERNELS[kernel].factory(stages="auto", prefetch="auto", **params)
+    src = api.generate(k)
+    assert src.shared_bytes <= MAX_SHARED_BYTES
+    g = api.lower(k)
+    assert {g[n]["annotations"]["circular_buffer"]["stages"] for n in g.nodes("for")
+            if "circular_buffer" in (g[n].get("annotations") or {})} == {want}
+    with pytest.raises(Exception):  # one more stage would not fit (codegen or the kernel refuses it)
+        api.generate(KERNELS[kernel].factory(stages=want + 1, **params))
+
+
+def test_auto_stages_refuse_by_name_when_two_stages_do_not_fit():
+    from cbrules.rewrite.engine import LoweringError
+    with pytest.raises(LoweringError) as e:
+        api.lower(KERNELS["multi_dim"].factory(stages="auto", rows=200))
+    assert e.value.code == "auto-stages-no-fit" and "204800 a stage" in str(e.value)
 
 
 def test_auto_is_the_only_word_stages_take():

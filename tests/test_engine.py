@@ -457,3 +457,15 @@ def test_a_long_literal_passing_in_a_large_graph_is_checked_again_in_a_small_one
     assert [lowered[s]["tag"] for s in lowered.nodes("syncthreads")] == [text]
     with pytest.raises(engine.LoweringError, match=r"rule mark .*:tag would be a value of \d+ parts"):
         engine.lower(small, rules)
+
+
+def test_move_before_a_statement_and_its_refusals(tmp_path):
+    kg = kernel()
+    for match, action, why in [
+            ("(kernel ?k) (for ?L)", "(move ?L :before ?k)", "the kernel node has no place"),
+            ("(kernel ?k) (for ?L)", "(move ?L :into ?k :before ?L)", "one of them"),
+            ("(for ?L)", "(move ?L :before ?L)", "inside itself"),
+            ("(for ?L) (syncthreads ?s :child-of ?L)", "(move ?L :before ?s)", "inside itself"),
+            ("(kernel ?k) (for ?L) (syncthreads ?s :child-of ?L)", "(move ?s :before ?L :at entry)", "takes no :at")]:
+        with within(20), pytest.raises(engine.LoweringError, match=re.escape(why)):
+            run_rules(tmp_path, kg, rule("bad", match, action))

@@ -228,3 +228,32 @@ def test_plain_tma_store_text_is_unchanged():
     t = api.generate(k).text
     assert "cb_tma_store(&m, " not in t and "cb_tma_store(&out_tmap, cb_smem_addr(s + 0), 0);" in t
     assert "cb_bulk_wait" not in t and "cb_tma_store_async" not in t
+
+
+def test_clipped_tile_store_directly_in_the_staged_loop_stays_before_its_tma_store():
+    """tma-store-drop-tile-bounds once moved such a store to the loop's exit, after the TMA store of
+    its slot, so the TMA store sent stale data (the checker: PartialTileStore)."""
+    import numpy as np
+    from cbrules.ir.builder import Kernel, ceil_div, threadIdx
+    from cbrules.ir.terms import call
+    from cbrules.reference.interp import run
+    from cbrules.schedule import schedule
+    w = 32
+    k = Kernel("doubled_rows_direct", block=256)
+    n = k.symbol("N")
+    x, out = k.tensor("x", (n, w)), k.tensor("out", (n, w))
+    om = k.tensor_map(out, box=(8, w))
+    k.grid(1)
+    with k.loop("i", ceil_div(n, 8)) as i:
+        row, col = threadIdx.x / w, threadIdx.x % w
+        v = k.load(x, call("min", i * 8 + row, n - 1) * w + col)
+        k.store(out, (i * 8 + row) * w + col, k.mul(v, 2.0), tile=(om, (i * 8, 0), row * w + col), clip=True)
+    kg = api.lower(k)
+    (loop,) = [s for s in schedule(kg).body if s.op == "for"]
+    ops = [s.op for s in loop.body]
+    assert ops.index("store") < ops.index("fence_proxy_async"), ops  # written before the writers' fence
+    assert not kg.nodes("if") or all(kg[p].get("tag") != "tile-bounds" for p in kg.nodes("if"))
+    xs = np.random.default_rng(1).standard_normal((29, w)).astype(np.float32)  # the last box ragged
+    got = run(kg, {"x": xs, "out": np.full((29, w), np.nan, np.float32)})["out"]
+    np.testing.assert_array_equal(got, 2 * xs)
+    api.generate(k)  # codegen accepts the lowered kernel

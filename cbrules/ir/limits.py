@@ -15,6 +15,13 @@ from .ops import DTYPE_BYTES
 # the CPU checker (`cbrules check`) runs 4*S trip counts per case: S is bounded so a check ends in minutes
 MAX_CHECK_STAGES = 16
 MAX_SHARED_BYTES = 227 * 1024  # shared memory a block may have on sm_90 (H100/H200, with the opt-in attribute)
+SM_SHARED_BYTES = 228 * 1024  # shared memory of one SM, which its resident blocks share
+BLOCK_RESERVED_SHARED_BYTES = 1024  # what the hardware keeps of an SM's shared memory for each resident block
+REGISTERS_PER_BLOCK = 65536  # 32-bit registers of an SM, all a block may take (sm_90)
+MAX_THREAD_REGISTERS = 255  # registers one thread may have
+# the limits rules read with (limit NAME) (stages="auto" in rules/circular_buffer.rules)
+RULE_LIMITS = {"shared-bytes-per-block": MAX_SHARED_BYTES, "shared-bytes-per-sm": SM_SHARED_BYTES,
+               "shared-bytes-reserved-per-block": BLOCK_RESERVED_SHARED_BYTES, "registers-per-block": REGISTERS_PER_BLOCK}
 
 
 class TmaLimitError(CbrulesError, ValueError):

@@ -19,7 +19,7 @@ from typing import Optional
 from ..errors import CbrulesError
 from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer
 from ..ir.builder_mma import MMA_DTYPES
-from ..ir.limits import MAX_SHARED_BYTES
+from ..ir.limits import MAX_SHARED_BYTES, MAX_THREAD_REGISTERS, REGISTERS_PER_BLOCK
 from ..ir.mma_layout import MmaLayoutError, mn_major_span
 from ..ir.ops import DTYPE_BYTES
 from ..ir.terms import Term, call
@@ -42,8 +42,62 @@ class MatmulTileError(CbrulesError, ValueError):
 
 
 def store_cols(bn: int, out_dtype: str) -> int:
-    """Columns of C a TMA store writes: 128-byte rows (64 half or 32 float32 columns), or all bn if fewer."""
-    return min(bn, 128 // DTYPE_BYTES[out_dtype])
+    """Columns of C a TMA store writes: all bn if their row spans at most 128 bytes (64 half or 32
+    float32 columns), else the widest box row up to 128 bytes that divides bn into whole boxes,
+    preferring one that spans a swizzle (32, 64 or 128 bytes): bn=96 of bfloat16 in boxes of 32."""
+    size = DTYPE_BYTES[out_dtype]
+    widest = 128 // size
+    if not isinstance(bn, int) or bn <= widest:
+        return bn if isinstance(bn, int) else widest
+    whole = [w for w in range(8, widest + 1, 8) if bn % w == 0]
+    spans = [w for w in whole if w * size in _SWIZZLE]
+    return max(spans or whole or [widest])
+
+
+# ptxas needs this many registers past a thread's accumulator to issue a wgmma (NVRTC 13 asks for a
+# target of 154 for a 64x256 block's 128 floats), and about 16 more for each further 64-row block a
+# thread holds; calibrated with NVRTC 13 (ptxas reports): one block of 96 floats fits 128 registers,
+# of 128 does not; two blocks of 96 fit 255 without spilling, of 112 spill 40 B, of 128 spill 3.8 KB
+WGMMA_EXTRA_REGISTERS = 26
+WGMMA_EXTRA_PER_BLOCK = 16
+
+
+def register_limit(threads: int, consumer_registers: Optional[int] = None) -> int:
+    """Registers a consumer thread gets: its setmaxnreg count when registers are split, else what the
+    block's ``threads`` leave each (the SM's 65,536 a block, in ptxas's units of 8, at most 255)."""
+    if consumer_registers is not None:
+        return consumer_registers
+    return min(MAX_THREAD_REGISTERS, REGISTERS_PER_BLOCK // threads // 8 * 8)
+
+
+def _accumulator_need(bm: int, bn: int, groups: int) -> int:
+    blocks = bm // groups // 64
+    return blocks * (bn // 2) + WGMMA_EXTRA_REGISTERS + WGMMA_EXTRA_PER_BLOCK * (blocks - 1)
+
+
+def _check_registers(bm: int, bn: int, groups: int, warp_specialize: bool, registers) -> None:
+    """Refuse, before NVRTC, a tile whose accumulator a consumer thread cannot hold (ptxas would end
+    in C7602 "Insufficient registers", or spill the accumulator), naming what fits."""
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (bm, bn, groups)) or bm % (64 * groups):
+        return  # the builder names a tile that does not split
+    consumer = registers[1] if isinstance(registers, (tuple, list)) and len(registers) == 2 and \
+        isinstance(registers[1], int) else None
+
+    def limit(g: int) -> int:
+        return register_limit(128 * (g + (1 if warp_specialize else 0)), consumer if warp_specialize else None)
+    need, have = _accumulator_need(bm, bn, groups), limit(groups)
+    if need <= have:
+        return
+    blocks = bm // groups // 64
+    widest = max((n for n in range(8, 257, 8) if _accumulator_need(bm, n, groups) <= have), default=None)
+    groups_ok = [g for g in range(1, 5) if bm % (64 * g) == 0 and _accumulator_need(bm, bn, g) <= limit(g)]
+    fixes = ([f"bn <= {widest}"] if widest else []) + \
+        ([f"groups={' or '.join(map(str, groups_ok))}"] if groups_ok else []) + ["a smaller bm"]
+    raise MatmulTileError(
+        f"matmul_tc: a {bm}x{bn} tile on {groups} consumer warp group(s){' (warp-specialized)' if warp_specialize else ''} "
+        f"gives each consumer thread {blocks} x {bn // 2} accumulator floats, {need} registers with what a wgmma needs "
+        f"besides, more than the {have} a thread gets ({'its setmaxnreg count' if consumer and warp_specialize else f'65536 / {128 * (groups + warp_specialize)} threads'}); "
+        f"ptxas would fail (Insufficient registers) or spill the accumulator: use {' or '.join(fixes)}")
 
 
 def shared_bytes(stages: int, bm: int, bn: int, bk: int, dtype: str, out_dtype: str, copies: int = 1) -> int:
@@ -170,6 +224,7 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
                                      if pingpong is True else ""))
     if not isinstance(groups, int) or isinstance(groups, bool) or not 1 <= groups <= 4:
         raise MatmulTileError(f"matmul_tc: groups={groups!r}: use 1 to 4 consumer warp groups")
+    _check_registers(bm, bn, groups, bool(warp_specialize), registers)
     if not isinstance(persistent, int) or isinstance(persistent, bool) or persistent < 0:
         raise MatmulTileError(f"matmul_tc: persistent={persistent!r}: give the number of blocks (0: one a tile)")
     if store_swizzle is not None and not isinstance(store_swizzle, bool):

@@ -18,6 +18,7 @@ mechanism yet, so every read after it sees its data.
 from __future__ import annotations
 
 import math
+import os
 import random
 from typing import Any, Mapping, Optional, Union
 
@@ -32,12 +33,14 @@ from ..ir.ops import UNARY, WARP_SIZE
 from .interp_memory import MemoryOps, NonUniform, OutOfBounds
 from .interp_mma import MmaOps
 from .interp_roles import SCHEDULES, SWITCH, Blocked, Fork, Role, check_schedule, drive
+from ..errors import CbrulesError
 from .protocol import BlockProtocol, DivergentSync, ElectError, InterpError, ProtocolError, Site
 from ..schedule import Step, schedule
 from ..ir.terms import Term
 from .vterms import C_BINARY, CACHE, Lanes, TermError, c_div, compile_term
 
-__all__ = ["run", "prepare", "Program", "InterpError", "OutOfBounds", "NonUniform", "DivergentShuffle", "SCHEDULES"]
+__all__ = ["run", "prepare", "Program", "InterpError", "InterpBudgetError", "OutOfBounds", "NonUniform",
+           "DivergentShuffle", "SCHEDULES"]
 
 KernelLike = Union[Kernel, KernelGraph]
 _COMBINE = {"sum": C_BINARY["+"],
@@ -71,6 +74,35 @@ _ARITH = {"add": "+", "sub": "-", "mul": "*"}
 _SWITCH_OPS = frozenset(("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
                          "mbarrier_inval", "syncthreads", "bar_sync", "bar_arrive", "reduce", "block_stats",
                          "tma_load"))
+
+
+# Statements one block may execute: the CPU checker's cases run at most about 2,000 a block
+# (two_pass at S=16, 64 trips), a statement in 50-500 us; a loop whose stop a rule set to 2e9 would
+# run for days. CBRULES_INTERP_STATEMENTS changes it.
+MAX_BLOCK_STATEMENTS = 20_000
+STATEMENTS_VAR = "CBRULES_INTERP_STATEMENTS"
+
+
+def statement_budget() -> int:
+    """Statements a block may execute: ``$CBRULES_INTERP_STATEMENTS`` if set (a positive integer),
+    else :data:`MAX_BLOCK_STATEMENTS`."""
+    text = os.environ.get(STATEMENTS_VAR, "").strip()
+    if not text:
+        return MAX_BLOCK_STATEMENTS
+    if not text.isdigit() or not 0 < int(text) <= 10 ** 12:
+        raise InterpBudgetError.config(text)
+    return int(text)
+
+
+class InterpBudgetError(InterpError):
+    """A block executed more statements than the interpreter's budget (a loop that would run too long)."""
+
+    code = "interp-budget"
+
+    @staticmethod
+    def config(text: str) -> CbrulesError:
+        return CbrulesError(f"{STATEMENTS_VAR}={text[:40]!r}: give a positive integer (statements a block may "
+                            f"execute; default {MAX_BLOCK_STATEMENTS})")
 
 
 class UnmodelledTerm(InterpError):
@@ -179,6 +211,7 @@ class _BlockRunner(MemoryOps, MmaOps):
                  schedule: str = "eager", seed: int = 0):
         self.p, self.tensors, self.written = prog, tensors, written
         self.schedule, self.rng, self.in_roles = schedule, random.Random(seed), False
+        self.budget = self.left = statement_budget()
         self.flat = {n: a.reshape(-1) for n, a in tensors.items()}
         k = prog.root.attrs
         self.bdim = tuple(k["block"])
@@ -218,6 +251,7 @@ class _BlockRunner(MemoryOps, MmaOps):
     # ---------------------------------------------------------------- driver
     def run_block(self, block: tuple) -> None:
         self.block, self.iters, self.step = block, [], self.p.root
+        self.left = self.budget
         self.proto.reset()
         self.env = dict(self.base_env)
         self.env[CACHE] = {}
@@ -239,6 +273,9 @@ class _BlockRunner(MemoryOps, MmaOps):
         way (:data:`SWITCH`) or must wait (:class:`Blocked`)."""
         for s in steps:
             self.step = s
+            self.left -= 1
+            if self.left < 0:
+                raise self._over_budget()
             handler = self.handlers.get(s.op)
             if handler is None:
                 raise InterpError(f"the interpreter has no meaning for op {s.op!r}", self.site())
@@ -250,6 +287,13 @@ class _BlockRunner(MemoryOps, MmaOps):
                 raise InterpError(str(e), self.site()) from None
             if self.in_roles and s.op in _SWITCH_OPS:
                 yield SWITCH
+
+    def _over_budget(self) -> InterpBudgetError:
+        loops = ", ".join(f"{var}={i}" for var, i, _ in self.iters if not isinstance(i, str)) or "none"
+        return InterpBudgetError(
+            f"the block executed more than {self.budget} statements (the interpreter's budget; loop iterations "
+            f"now: {loops}): a loop runs far longer than the checker's small problems need, most likely a stop a "
+            f"rule set; raise {STATEMENTS_VAR} if the kernel really runs this long", self.site())
 
     def site(self) -> Site:
         return self.p.site(self.step, self.block, tuple(tuple(x) for x in self.iters))

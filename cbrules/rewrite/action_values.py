@@ -61,9 +61,14 @@ def _bounded(key: str, value: Any, expr, nodes: int) -> None:
     # terms share subterms: count each tree node, visit each object once (a term keeps its figures)
     n, bound = _size(value, 0, {}, _TooDeep(expr, key)), MAX_VALUE_SIZE + VALUE_PARTS_PER_NODE * nodes
     if n > bound:
-        raise RuleError(expr.pos, f":{key} would be a value of {n} parts (term nodes, characters, elements), more "
+        raise RuleError(expr.pos, f"{_what(key)} would be a value of {n} parts (term nodes, characters, elements), more "
                         f"than {bound} for a graph of {nodes} nodes; a rule probably grows it each time it fires: "
                         "guard the rule")
+
+
+def _what(key: str) -> str:
+    """An attribute (``:stop``) or a let's variable (``(let ?t ...)``), as the rule writes it."""
+    return f"(let {key} ...)" if key.startswith("?") else f":{key}"
 
 
 class _TooDeep:
@@ -77,7 +82,7 @@ class _TooDeep:
         self.expr, self.key = expr, key
 
     def __call__(self) -> RuleError:
-        return RuleError(self.expr.pos, f":{self.key} would be a value nested more than {MAX_VALUE_DEPTH} deep; a "
+        return RuleError(self.expr.pos, f"{_what(self.key)} would be a value nested more than {MAX_VALUE_DEPTH} deep; a "
                          "rule probably grows it each time it fires: guard the rule")
 
 

@@ -343,18 +343,33 @@ class Rewriter(Cloning):
         n = self.node(target)
         self.not_root(target, n, "move")
         _, keys = split_keys(kv, 0)
-        if "into" not in keys:
-            raise RuleError(a.pos, "move needs :into SCOPE")
-        scope = self.scope(keys["into"], "move :into")
-        if scope == n or scope in self.kg.descendants(n):
-            raise RuleError(keys["into"].pos, f"move {target} :into {keys['into']} would put "
+        if ("into" in keys) == ("before" in keys):
+            raise RuleError(a.pos, "move needs :into SCOPE (with :at entry|exit) or :before NODE, one of them")
+        anchor = None
+        if "before" in keys:  # right before a statement, in its scope: where the anchor is, not at an end
+            key = "before"
+            anchor = self.node(keys["before"])
+            if anchor == self.kg.root:
+                raise RuleError(keys["before"].pos, f"move {target} :before {keys['before']}: the kernel node has no "
+                                "place among statements; name a statement")
+            scope = self.kg.parent(anchor)
+        else:
+            key = "into"
+            scope = self.scope(keys["into"], "move :into")
+        if scope == n or scope in self.kg.descendants(n) or anchor == n:
+            raise RuleError(keys[key].pos, f"move {target} :{key} {keys[key]} would put "
                             f"{self.kg.describe(n)} inside itself (into {self.kg.describe(scope)}); "
                             "guard the rule so the target scope is not the moved node or inside it")
-        where = str(self.value(keys["at"])) if "at" in keys else "exit"
-        if where not in ("entry", "exit"):
-            raise RuleError(keys["at"].pos, f"move :at takes entry or exit, got {where!r}")
+        if anchor is not None:
+            if "at" in keys:
+                raise RuleError(keys["at"].pos, "move :before NODE takes no :at (it places the node right before NODE)")
+            where = "before"
+        else:
+            where = str(self.value(keys["at"])) if "at" in keys else "exit"
+            if where not in ("entry", "exit"):
+                raise RuleError(keys["at"].pos, f"move :at takes entry or exit, got {where!r}")
         self.detach(n)
-        self.place(n, scope, where)
+        self.place(n, scope, where, anchor)
         self.changed.append(n)
         self.moved.append(n)
 
@@ -410,7 +425,9 @@ class Rewriter(Cloning):
                     self.changed.append(n)
 
     def _let(self, a, var, expr) -> None:
-        self.b[var.value] = self.value(expr)
+        value = self.value(expr)
+        _bounded(var.value, value, expr, len(self.kg))  # a let chain doubling a tuple grows as a set would
+        self.b[var.value] = value
 
     def _fail(self, a, *args) -> None:
         pos, keys = split_keys(args, 0)

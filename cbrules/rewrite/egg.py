@@ -15,10 +15,13 @@ range functions and the ``ranges`` ruleset. Every declared ruleset runs, ``range
 """
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from egglog import bindings as eb
 
@@ -206,6 +209,33 @@ class _Budgets:
         return None
 
 
+_interrupt_ends_process = False
+
+
+def interrupt_ends_process(on: bool) -> None:
+    """With ``on``, Ctrl-C (SIGINT) during an egglog run ends the process at once, killed by the
+    signal (a shell reports exit status 130), instead of being held until the run ends.
+
+    egglog neither checks for signals nor reliably releases the GIL inside a run, so Python's
+    handler cannot raise KeyboardInterrupt before the run returns, which may be never. The command
+    line turns this on; a program lowering in-process keeps Python's handler (off by default)."""
+    global _interrupt_ends_process
+    _interrupt_ends_process = bool(on)
+
+
+@contextlib.contextmanager
+def _native_run() -> Iterator[None]:
+    """The signal's default action (end the process) for SIGINT while egglog runs, if asked for."""
+    if not _interrupt_ends_process or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _run_rules(eg: eb.EGraph, rulesets: Sequence[str], budgets: _Budgets,
                matches: dict[str, int]) -> tuple[int, str | None]:
     """Run rounds until every ruleset has run once since the last change; return how many rounds
@@ -229,7 +259,8 @@ def _run_rules(eg: eb.EGraph, rulesets: Sequence[str], budgets: _Budgets,
                 hit = budgets.exceeded(eg, grew)
                 if hit:
                     return rounds, hit
-                out = eg.run_program(eb.RunSchedule(eb.Run(_SPAN, eb.RunConfig(ruleset))))
+                with _native_run():
+                    out = eg.run_program(eb.RunSchedule(eb.Run(_SPAN, eb.RunConfig(ruleset))))
                 report = out[0].report
                 for rule, n in report.num_matches_per_rule.items():
                     matches[rule] = matches.get(rule, 0) + n

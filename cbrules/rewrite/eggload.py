@@ -32,6 +32,11 @@ EGGLOG_ALLOWED: dict[str, type] = {
     "birewrite": eb.BiRewriteCommand,
     "rule": eb.RuleCommand,  # query and actions; _check_commands refuses any action kind not below
 }
+# Parts of a rule's query that share no variable: each is one more factor of a product egglog
+# enumerates in a run that cannot be interrupted (every shipped rule has one part). Two parts
+# square the e-graph at worst, which the node budget sees between runs; three or more can pass
+# any budget inside one run (six parts over 20 terms: 6.4e7 rows, minutes and gigabytes).
+MAX_JOIN_PARTS = 2
 # What a rule's actions may do: add, set, merge or retire rows, bind a name, or fail the run
 # (a failing run is caught by `simplify`, which then keeps every term). egglog actions cannot
 # read or write files; the list stays explicit so a new kind of action is refused until reviewed.
@@ -107,6 +112,7 @@ class _Loaded:
     # a rule mentions `(Name ...)`: it might build a name no term mentions, which then needs its
     # range facts; otherwise names no term mentions stay apart from every term and need none
     rules_mention_names: bool = False
+    tables: set = field(default_factory=set)  # constructors, functions and relations declared so far
 
     def note(self, cmd: object) -> None:
         variants = cmd.variants if isinstance(cmd, eb.Datatype) else []
@@ -114,6 +120,9 @@ class _Loaded:
             variants = [v for _, _, sub in cmd.datatypes if isinstance(sub, eb.SubVariants)
                         for v in sub.variants]
         self.costs.update({v.name: v.cost for v in variants if v.cost is not None})
+        self.tables.update(v.name for v in variants)
+        if isinstance(cmd, (eb.Constructor, eb.FunctionCommand, eb.Relation)):
+            self.tables.add(cmd.name)
         if isinstance(cmd, eb.Constructor) and cmd.cost is not None:
             self.costs[cmd.name] = cmd.cost
         new = [cmd.name] if isinstance(cmd, eb.AddRuleset) else [rs for rs, _ in _rule_keys(cmd) if rs == ""]
@@ -129,6 +138,7 @@ def _load(eg: eb.EGraph, forms: Sequence[EggForm]) -> _Loaded:
         except eb.EggSmolError as e:
             raise _rule_error(form, e.context) from None
         _check_commands(form, cmds)
+        _check_join(form, cmds[0], info.tables)
         for key in (k for cmd in cmds for k in _rule_keys(cmd)):
             if key in info.rule_keys:  # egglog would panic; say where instead
                 raise EggRuleError(form.file, form.line, form.col,
@@ -173,6 +183,63 @@ def _check_commands(form: EggForm, cmds: Sequence[object]) -> None:
     for a in actions:
         if not isinstance(a, _ACTIONS):
             raise refuse(f"rule action {type(a).__name__} is not allowed in rule files")
+
+
+def _query(cmd: object) -> list:
+    """The expressions a rule or rewrite matches: its query facts (a rewrite's pattern and ``:when``)."""
+    if isinstance(cmd, eb.RuleCommand):
+        facts, extra = cmd.rule.body, []
+    elif isinstance(cmd, (eb.RewriteCommand, eb.BiRewriteCommand)):
+        facts, extra = cmd.rewrite.conditions, [[cmd.rewrite.lhs]]
+    else:
+        return []
+    return extra + [[f.left, f.right] if isinstance(f, eb.Eq) else [f.expr] for f in facts]
+
+
+def join_parts(cmd: object, tables: set) -> int:
+    """How many variable-disjoint parts the query of a rule or rewrite has: the atoms that read a
+    table (a constructor, function or relation), joined where they share a variable. Primitive
+    atoms (``!=``, ``<``, ``+``) filter or compute, so they join nothing here: egglog enumerates
+    the product of the parts before such a filter runs."""
+    parent: dict[str, str] = {}
+
+    def find(v: str) -> str:
+        while parent.setdefault(v, v) != v:
+            v = parent[v]
+        return v
+
+    def walk(e: object, names: set, reads: list) -> None:
+        if isinstance(e, eb.Var):
+            names.add(e.name)
+        elif isinstance(e, eb.Call):
+            reads += [e.name] if e.name in tables else []
+            for a in e.args:
+                walk(a, names, reads)
+
+    firsts = []
+    for atom in _query(cmd):
+        names, reads = set(), []
+        for e in atom:
+            walk(e, names, reads)
+        if reads and names:  # an atom without variables matches one row at most
+            first, *rest = sorted(names)
+            for v in rest:
+                parent[find(v)] = find(first)
+            firsts.append(first)
+    return len({find(v) for v in firsts})
+
+
+def _check_join(form: EggForm, cmd: object, tables: set) -> None:
+    """Refuse a query that is a cartesian product: egglog enumerates every combination of its
+    parts inside one run, which nothing can stop (k parts over n rows: n**k matches)."""
+    parts = join_parts(cmd, tables)
+    if parts > MAX_JOIN_PARTS:
+        key = _rule_keys(cmd)[0][1]
+        raise EggRuleError(form.file, form.line, form.col,
+                           f"rule {key!r} joins {parts} parts that share no variable (a cartesian product: "
+                           f"egglog would try every combination of their rows in one run that cannot be stopped); "
+                           f"at most {MAX_JOIN_PARTS} is allowed: link every table atom of the query to the others "
+                           "through a shared variable, or split the rule")
 
 
 def load_check(forms: Sequence[EggForm]) -> None:

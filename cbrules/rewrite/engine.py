@@ -23,9 +23,10 @@ the matcher's search steps, the measure of matching cost the scaling tests compa
 
 Lowering is bounded: in a phase one rule may fire at most ``RULE_FIRINGS_PER_NODE`` times the
 number of nodes the graph had when the phase began, plus ``RULE_FIRINGS_EXTRA`` (the shipped rules
-fire at most 0.2 times a node in a phase on every built-in kernel and the synthetic scaling kernels), and
-the whole lowering has a wall-time limit (``time_limit``). Either bound ends in a
-:class:`LoweringError` naming the phase and the rules still firing.
+fire at most 0.2 times a node in a phase on every built-in kernel and the synthetic scaling kernels), the
+graph may hold at most :func:`graph_bound` nodes of the input's (an application can double it), and
+the whole lowering has a wall-time limit (``time_limit``). Each bound ends in a
+:class:`LoweringError` naming the phase and the rules still firing or growing the graph.
 """
 from __future__ import annotations
 
@@ -54,6 +55,12 @@ from ..ir.verify import GraphError
 
 RULE_FIRINGS_PER_NODE = 4
 RULE_FIRINGS_EXTRA = 64
+# The lowered graph may hold at most GRAPH_NODES_PER_INPUT_NODE times the input's nodes plus
+# GRAPH_NODES_EXTRA: the firing bound counts applications, and one application that copies a scope
+# into itself doubles the graph (the shipped rules grow a built-in kernel at most 8.1 times, a tiny
+# one most: 9 nodes to 73).
+GRAPH_NODES_PER_INPUT_NODE = 32
+GRAPH_NODES_EXTRA = 2000
 # the built-in kernels lower in well under a second, 1,000-node synthetic kernels in seconds
 DEFAULT_TIME_LIMIT = 60.0
 
@@ -72,6 +79,30 @@ class LoweringError(CbrulesError):
     code: Optional[str] = None
     rule: Optional[str] = None
     timed_out = False  # stopped by the time limit
+
+
+@dataclass
+class Progress:
+    """What the lowering running now is doing, for a watcher on another thread (the command line's
+    progress line); the engine writes it as it goes, a phase and an application at a time."""
+
+    lowering: bool = False
+    phase: str = ""
+    step: int = 0
+    rule: str = ""
+
+    def describe(self) -> str:
+        if not self.lowering:
+            return "not lowering"
+        return f"lowering: phase {self.phase or '-'}, step {self.step}" + (f" (rule {self.rule})" if self.rule else "")
+
+
+PROGRESS = Progress()
+
+
+def graph_bound(nodes: int) -> int:
+    """How many nodes the graph may hold while lowering an input of ``nodes`` nodes."""
+    return GRAPH_NODES_PER_INPUT_NODE * nodes + GRAPH_NODES_EXTRA
 
 
 def rule_bound(nodes: int) -> int:
@@ -141,6 +172,7 @@ def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: O
         raise LoweringError(f"no phase {stop_after_phase!r} to stop after" + did_you_mean(stop_after_phase, rules.phases)
                             + f"; the phases are {', '.join(rules.phases)}")
     trace = None
+    PROGRESS.lowering, PROGRESS.phase, PROGRESS.step, PROGRESS.rule = True, "", 0, ""
     run = _Run(rules, debug, stop_after, time_limit, simplify)
     run.stop_after_phase = stop_after_phase
     run.verify_phases = _verify_phases or debug or stop_after is not None or stop_after_phase is not None
@@ -162,6 +194,8 @@ def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: O
                 raise first from first.__cause__
         e.trace = trace
         raise
+    finally:
+        PROGRESS.lowering = False
 
 
 @contextlib.contextmanager
@@ -200,6 +234,8 @@ class _Run:
         self.step = 0
         self.phase = ""
         self.per_rule: Counter = Counter()  # applications of each rule in the current phase
+        self.grown: Counter = Counter()  # nodes each rule added (net) in the current phase
+        self.input_nodes = 0
         self.by_name: dict[str, GraphRule] = {}
         self.stop_after_phase: Optional[str] = None
         self.match_work = 0
@@ -239,9 +275,12 @@ class _Run:
     def lower(self, kg: KernelGraph) -> Lowered:
         self.verified = True  # lower() verified the copy it hands over
         kg.log_touches(self.step)  # what each application changes, for the anchored rules
+        self.input_nodes = len(kg)
+        most = graph_bound(self.input_nodes)
         for phase in self.rules.phases:
             ordered = self.rules.in_phase(phase)  # once a phase: the order does not change while it runs
-            self.phase, self.per_rule = phase, Counter()
+            self.phase, self.per_rule, self.grown = phase, Counter(), Counter()
+            PROGRESS.phase, PROGRESS.rule = phase, ""
             self.by_name = {r.name: r for r in ordered}
             start_nodes = len(kg)
             bound = rule_bound(start_nodes)
@@ -261,9 +300,14 @@ class _Run:
                         raise self._bound_error(rule, bound, start_nodes)
                     self.fired.add(key)
                     self.step += 1
+                    PROGRESS.step, PROGRESS.rule = self.step, rule.name
                     self.per_rule[rule.name] += 1
                     kg.log_touches(self.step)
+                    before = len(kg)
                     kg, ops = _apply(kg, rule, at, b, self.step, phase, self.trace, self.debug)
+                    self.grown[rule.name] += len(kg) - before
+                    if len(kg) > most:
+                        raise self._size_error(rule, len(kg), most)
                     self.touched.update(dict.fromkeys(ops, self.step))
                     self.changes.record(kg, self.step, frozenset(ops))
                     self.verified = False
@@ -292,6 +336,7 @@ class _Run:
             return kg
         self._check_time()
         self.step += 1
+        PROGRESS.step, PROGRESS.rule = self.step, "egglog simplification"
         try:
             return _simplify(kg, self.rules, self.step, self.phase, self.trace)
         except _RULE_ERRORS as e:
@@ -320,6 +365,14 @@ class _Run:
             f"bound for a graph of {nodes} nodes ({RULE_FIRINGS_PER_NODE} per node + {RULE_FIRINGS_EXTRA}); "
             f"rules still firing: {self._firing()}. A rule probably re-creates what it matches: add a guard "
             "such as (no ...) or an attribute it sets, and match on it")
+
+    def _size_error(self, rule: GraphRule, nodes: int, most: int) -> LoweringError:
+        growers = [f"{n} ({self.by_name[n].at}) +{g}" for n, g in self.grown.most_common(3) if g > 0]
+        return LoweringError(
+            f"phase {self.phase!r}: rule {rule.name} ({rule.at}) grew the graph to {nodes} nodes at step {self.step}, "
+            f"past the bound of {most} for an input of {self.input_nodes} nodes ({GRAPH_NODES_PER_INPUT_NODE} per "
+            f"input node + {GRAPH_NODES_EXTRA}); nodes added in the phase: {', '.join(growers)}. A rule probably "
+            "copies a scope into itself or into what it matches next: add a guard that stops it")
 
     def _check_time(self) -> None:
         if self.deadline is not None and time.monotonic() >= self.deadline:

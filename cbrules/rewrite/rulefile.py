@@ -23,7 +23,7 @@ from typing import Optional, Sequence, Union
 
 from ..shipped import RULES, shown
 from ..userio import printable
-from .rulecheck import key_pos, check_rule, did_you_mean
+from .rulecheck import Suggester, key_pos, check_rule, did_you_mean
 from .schema import EGGLOG_FORMS, EGGLOG_REFUSED, EggForm, split_keys
 from .sexpr import Atom, Expr, Pos, RuleError, RulePathError, SList, read, read_file, source_text
 
@@ -362,18 +362,19 @@ def _graph_rule(form: SList, errors: list[RuleError]) -> GraphRule:
 def _check_names(rs: RuleSet, errors: list[RuleError]) -> None:
     """Rule names unique; phases, ``:after`` and ``disable`` naming what exists."""
     seen: dict[str, GraphRule] = {}
+    suggest = Suggester()
     for r in rs.rules:
         if r.name in seen:
             errors.append(RuleError(r.pos, f"duplicate rule name {r.name!r} (first defined at {seen[r.name].pos})"))
         seen.setdefault(r.name, r)
     for r in rs.rules:
         if r.phase not in rs.phases:
-            errors.append(RuleError(r.pos, f"rule {r.name}: unknown phase {r.phase!r}" + did_you_mean(
+            errors.append(RuleError(r.pos, f"rule {r.name}: unknown phase {r.phase!r}" + suggest(
                 r.phase, rs.phases) + "; declare it with (phases ...) or (phase NAME :after P)"))
         for a in r.after:
             if a.value not in seen:
                 errors.append(RuleError(a.pos, f"rule {r.name}: :after names unknown rule {a}"
-                                        + did_you_mean(str(a), seen)))
+                                        + suggest(str(a), seen)))
     for name, pos in rs.disabled.items():
         if name not in seen:
-            errors.append(RuleError(pos, f"disable: unknown rule {name!r}" + did_you_mean(name, seen)))
+            errors.append(RuleError(pos, f"disable: unknown rule {name!r}" + suggest(name, seen)))

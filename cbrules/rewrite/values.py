@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from ..ir.names import IdentifierError, check_term_name
+from ..ir.limits import RULE_LIMITS
 from ..ir.ops import DTYPE_BYTES, term_values
 from .sexpr import Atom, Expr, RuleError
 from ..ir.terms import (DeviceFunctionError, Term, as_term, call, coefficient, const, divisor,
@@ -56,6 +57,19 @@ def _const_value(x):
     return None
 
 
+# Bits an integer a rule computes may have: twice int64's, room for an intermediate product; a rule
+# that squares its own result (a `let` chain, a value fed back each firing) doubles its bits each
+# time, and Python's integers grow until memory runs out.
+MAX_VALUE_BITS = 128
+
+
+def _checked_bits(op: str, a: int, b: int) -> None:
+    bits = a.bit_length() + b.bit_length() if op == "*" else max(a.bit_length(), b.bit_length()) + 1
+    if bits > MAX_VALUE_BITS:
+        raise ValueError(f"{a} {op} {b} would be an integer of up to {bits} bits, more than the {MAX_VALUE_BITS} a "
+                         "rule value may have; a rule probably squares or doubles its own result: guard it")
+
+
 def _arith(op: str) -> Callable:
     def fn(*xs):
         if Term in map(type, xs):  # a term among them (a type test in C: every value a template computes asks)
@@ -69,6 +83,8 @@ def _arith(op: str) -> Callable:
                 return t
         acc = xs[0]
         for x in xs[1:]:
+            if op in "+-*" and isinstance(acc, int) and isinstance(x, int):
+                _checked_bits(op, acc, x)
             acc = eval_term(Term(op, (const(acc), const(x))), {})
         return acc
     return fn
@@ -130,6 +146,7 @@ FUNCTIONS: dict[str, tuple[int, int | None, Callable | None]] = {
     "set-nth": (3, 3, lambda t, i, v: tuple(v if j == (i % len(t)) else x for j, x in enumerate(t))),
     "get": (2, 3, lambda d, k, *default: (d or {}).get(k, *default) if default else (d or {}).get(k)),
     "bytes-of": (1, 1, lambda dtype: DTYPE_BYTES[dtype]),
+    "limit": (1, 1, lambda what: _limit(what)),  # a hardware limit by name (cbrules.ir.limits.RULE_LIMITS)
     "known": (1, 1, lambda x: _const_value(x) is not None),
     "int": (1, 1, lambda x: _const_value(x)),
     "term": (1, 1, lambda x: as_term(x)),
@@ -155,6 +172,12 @@ FUNCTIONS: dict[str, tuple[int, int | None, Callable | None]] = {
     # proven by egglog under the range facts (see ORACLE_FUNCTIONS): evaluated in `evaluate`
     "provably-equal": (2, 2, None), "provably-le": (2, 2, None),
 }
+
+
+def _limit(what: Any) -> int:
+    if what not in RULE_LIMITS:
+        raise ValueError(f"no limit {what!r}; the limits are {', '.join(RULE_LIMITS)}")
+    return RULE_LIMITS[what]
 
 
 def _conj(xs) -> Term:
