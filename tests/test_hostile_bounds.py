@@ -229,18 +229,27 @@ def test_statement_budget_setting_must_be_a_positive_integer(monkeypatch, text):
     assert interp.statement_budget() == 123
 
 
-def test_a_slow_lowering_says_on_stderr_what_it_is_doing(tmp_path, monkeypatch, capsys):
-    """A progress line every few seconds (here every 0.2 s) tells a slow run from a hang."""
+def test_a_slow_lowering_says_on_stderr_what_it_is_doing(monkeypatch, capsys):
+    """A progress line every few seconds (here every 0.1 s) tells a slow run from a hang. The
+    lowering is made slow on purpose (each egglog step waits 0.3 s), so the test does not depend on
+    how fast this machine lowers."""
+    import time
     from cbrules import cli_progress
     from cbrules.cli import main
-    write_rules(tmp_path / "r", _GROW)
-    monkeypatch.setenv(cli_progress.AFTER_VAR, "0.2")
-    monkeypatch.setattr(cli_progress, "EVERY_S", 0.2)
+    from cbrules.rewrite import engine
+    simplify = engine._simplify
+
+    def slow_simplify(*args, **kwargs):
+        time.sleep(0.3)
+        return simplify(*args, **kwargs)
+    monkeypatch.setattr(engine, "_simplify", slow_simplify)
+    monkeypatch.setenv(cli_progress.AFTER_VAR, "0.1")
+    monkeypatch.setattr(cli_progress, "EVERY_S", 0.1)
     with within(20):
-        assert main(["lower", "single_dim", "--rules", str(tmp_path / "r")]) == 1
+        assert main(["lower", "single_dim"]) == 0
     err = capsys.readouterr().err
     assert "cbrules: lower: still working after" in err and "lowering: phase " in err, err
-    assert err.rstrip().splitlines()[-1].startswith("cbrules: LoweringError:")  # the error still comes last
+    assert "egglog simplification" in err, err
 
 
 def test_progress_lines_are_off_with_zero(monkeypatch, capsys):
