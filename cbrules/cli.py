@@ -274,6 +274,8 @@ def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
     p.add_argument("--epilogue", metavar="NAME", help="matmul_tc: what the epilogue computes on the accumulator "
                    "before the store: none, bias, bias_relu, bias_gelu, bias_gelu_tanh, bias_silu, residual, "
                    "alpha_beta (docs/fragments.md)")
+    p.add_argument("--b-layout", choices=["nk", "kn"], help="matmul_tc: B given as [N, K] (nk, the default: "
+                   "c = a @ b^T) or as [K, N] row-major (kn: c = a @ b, read MN-major through the transpose bit)")
 
 
 def _rule_options(p: argparse.ArgumentParser, debug: bool = False) -> None:

@@ -41,8 +41,9 @@ def cmd_check(a) -> int:
                        "or a kernel file defining inputs, reference and OUTPUTS")
     ws = _warp_options(a)
     asked = " ".join(f"--{k} {v}" for k, v in (("stages", a.stages), ("prefetch", a.prefetch), ("war", a.war),
-                                                ("registers", a.registers), ("dtype", a.dtype), ("epilogue", getattr(a, "epilogue", None)),
-                                                ("swizzle", a.swizzle)) if v is not None)
+                                                ("registers", a.registers), ("dtype", a.dtype),
+                                                ("epilogue", getattr(a, "epilogue", None)), ("swizzle", a.swizzle),
+                                                ("b-layout", getattr(a, "b_layout", None))) if v is not None)
     asked += (" --warp-specialize" if ws["warp_specialize"] else "") + (" --tma-store" if a.tma_store else "")
     roles = f"; roles under schedules {', '.join(SCHEDULES)}" if ws["warp_specialize"] else ""
     # a kernel file without shape_for_trips(trips): one case, at its SHAPE

@@ -18,14 +18,20 @@ MAX_ELEMENTS = 2 ** 31  # the launcher refuses tensors past 2**31 elements: refu
 
 
 def kernel_spec(a) -> KernelSpec:
-    """The kernel the command line names (built-in or a file), with its ``--epilogue`` where given."""
+    """The kernel the command line names (built-in or a file), with its ``--epilogue`` where given and its
+    B operand in the layout ``--b-layout`` asks for (built-in matmul_tc only: its inputs and reference
+    change too)."""
     spec = load_kernel(a.kernel)
     epilogue = getattr(a, "epilogue", None)
-    if epilogue is None:
+    if epilogue is not None:
+        if spec.epilogue is None:
+            raise CliError(f"{spec.name}: --epilogue {epilogue}: this kernel takes no epilogue (matmul_tc does)")
+        spec = spec.epilogue(epilogue)
+    layout = getattr(a, "b_layout", None)
+    if layout is None:
         return spec
-    if spec.epilogue is None:
-        raise CliError(f"{spec.name}: --epilogue {epilogue}: this kernel takes no epilogue (matmul_tc does)")
-    return spec.epilogue(epilogue)
+    from .kernels.specs import with_b_layout
+    return with_b_layout(spec, layout)
 
 
 def _lower_options(a) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..ir.mma_layout import tma_tile_descriptor
+from ..ir.mma_layout import MN_SPANS, TRANSPOSE, b_tile_descriptor, tma_tile_descriptor
 from .errors import CodegenError
 
 _PTX_TYPE = {"bfloat16": "bf16", "float16": "f16"}
@@ -50,34 +50,46 @@ def start_offset(first_row: int, swizzle: int, rows: int, kstep: int) -> int:
     return tma_tile_descriptor(first_row * swizzle, rows, swizzle, "k", kstep).start
 
 
-def instruction_helper(n: int, dtype: str) -> str:
-    """``cb_wgmma_n{n}_{type}(d, desc_a, desc_b, scale_d)``: one m64n{n}k16 wgmma into the n/2 floats at d."""
+def helper_name(n: int, dtype: str, b_major: str = "k") -> str:
+    """The prelude function of one m64n{n}k16 wgmma with B ``b_major`` (``_tb``: B transposed, MN-major)."""
+    return f"cb_wgmma_n{n}_{_PTX_TYPE[dtype]}" + ("_tb" if TRANSPOSE[b_major] else "")
+
+
+def instruction_helper(n: int, dtype: str, b_major: str = "k") -> str:
+    """``cb_wgmma_n{n}_{type}[_tb](d, desc_a, desc_b, scale_d)``: one m64n{n}k16 wgmma into the n/2 floats
+    at d; its tnspB immediate is B's major-ness (:data:`cbrules.ir.mma_layout.TRANSPOSE`), tnspA 0."""
     t = _PTX_TYPE[dtype]
     regs = n // 2
     outs = ", ".join(f"%{i}" for i in range(regs))
     operands = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
-    return (f"__device__ __forceinline__ void cb_wgmma_n{n}_{t}(float* d, unsigned long long da, "
+    return (f"__device__ __forceinline__ void {helper_name(n, dtype, b_major)}(float* d, unsigned long long da, "
             f"unsigned long long db, int scale_d) {{\n"
             f'  asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
             f'               " wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{outs}}}, %{regs}, '
-            f'%{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n"\n'
+            f'%{regs + 1}, p, 1, 1, {TRANSPOSE["k"]}, {TRANSPOSE[b_major]};\\n}}\\n"\n'
             f"               : {operands}\n"
             f'               : "l"(da), "l"(db), "r"(scale_d) : "memory");\n}}')
 
 
-def register_a_helper(n: int, dtype: str) -> str:
-    """``cb_wgmma_rs_n{n}_{type}(d, a, desc_b, scale_d)``: one m64n{n}k16 wgmma whose A is the four packed
-    registers at a (REFERENCE §8: no transpose immediate for A, which registers hold K-major)."""
+def register_a_helper_name(n: int, dtype: str, b_major: str = "k") -> str:
+    """The prelude function of one register-A m64n{n}k16 wgmma with B ``b_major`` (``_tb``: MN-major)."""
+    return f"cb_wgmma_rs_n{n}_{_PTX_TYPE[dtype]}" + ("_tb" if TRANSPOSE[b_major] else "")
+
+
+def register_a_helper(n: int, dtype: str, b_major: str = "k") -> str:
+    """``cb_wgmma_rs_n{n}_{type}[_tb](d, a, desc_b, scale_d)``: one m64n{n}k16 wgmma whose A is the four
+    packed registers at a (REFERENCE §8: no transpose immediate for A, which registers hold K-major;
+    tnspB is B's major-ness)."""
     t = _PTX_TYPE[dtype]
     regs = n // 2
     outs = ", ".join(f"%{i}" for i in range(regs))
     operands = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     a_regs = ", ".join(f"%{regs + i}" for i in range(4))
-    return (f"__device__ __forceinline__ void cb_wgmma_rs_n{n}_{t}(float* d, const unsigned* a, "
+    return (f"__device__ __forceinline__ void {register_a_helper_name(n, dtype, b_major)}(float* d, const unsigned* a, "
             f"unsigned long long db, int scale_d) {{\n"
             f'  asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{regs + 5}, 0;\\n"\n'
             f'               " wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{outs}}}, {{{a_regs}}}, '
-            f'%{regs + 4}, p, 1, 1, 0;\\n}}\\n"\n'
+            f'%{regs + 4}, p, 1, 1, {TRANSPOSE[b_major]};\\n}}\\n"\n'
             f"               : {operands}\n"
             f'               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d) : "memory");\n}}')
 
@@ -112,22 +124,45 @@ def check(a: Any, as_int: Callable[..., int]) -> tuple[int, int, int, int, int, 
     dtype = a["dtype"]
     if dtype not in _PTX_TYPE:
         raise CodegenError(f"mma into {a['acc']}: dtype {dtype!r} is not one of {', '.join(_PTX_TYPE)}")
-    if bm % (MMA_M * groups) or bn % 8 or not 8 <= bn <= 256 or bk % MMA_K or bk * 2 != swizzle \
+    # a register A with an MN-major B has no K-major shared row: its K is any number of k16 steps
+    k_rows = a.get("a_space") is None or a.get("b_major", "k") == "k"
+    if bm % (MMA_M * groups) or bn % 8 or not 8 <= bn <= 256 or bk % MMA_K or (k_rows and bk * 2 != swizzle) \
             or swizzle not in _SPANS:
         raise CodegenError(f"mma into {a['acc']}: tile {shape} over {groups} warp groups with swizzle {swizzle} is "
                            "not a whole number of m64nNk16 instructions on one-span rows")
     return bm, bn, bk, groups, swizzle, dtype
 
 
+def b_operand(a: Any, as_int: Callable[..., int]) -> tuple[str, int]:
+    """(major-ness, swizzle span) of an mma node's B tile: K-major with the A rows' span unless the node
+    says ``b_major`` "mn" with its ``b_swizzle``, each checked before it reaches the text."""
+    major = a.get("b_major", "k")
+    if major not in TRANSPOSE:
+        raise CodegenError(f"mma into {a['acc']}: b_major {major!r} is not one of {', '.join(TRANSPOSE)}")
+    if major == "k":
+        if a.get("b_swizzle") is not None:
+            raise CodegenError(f"mma into {a['acc']}: b_swizzle {a['b_swizzle']!r} on a K-major B, whose rows have "
+                               "the A rows' swizzle; drop it or give b_major 'mn'")
+        return major, as_int(a["swizzle"], "mma swizzle", 1)
+    span = as_int(a.get("b_swizzle"), "mma b_swizzle", 1)
+    bn, bk = a["shape"][1], a["shape"][2]
+    if span not in MN_SPANS or bn % (span // 2) or bk % MMA_K:
+        raise CodegenError(f"mma into {a['acc']}: an MN-major B tile [{bk}, {bn}] of panels with {span!r}-byte "
+                           f"rows is not whole panels of {' / '.join(map(str, MN_SPANS))}-byte rows")
+    return major, span
+
+
 def statement(a: Any, ident: Callable[[Any], str], as_int: Callable[..., int], c_term: Callable) -> str:
     """The C block of one mma node."""
     bm, bn, bk, groups, swizzle, dtype = check(a, as_int)
     if a.get("a_space") is not None:
-        return _register_a_statement(a, (bm, bn, bk, groups, swizzle, dtype), ident, c_term)
+        return _register_a_statement(a, (bm, bn, bk, groups, swizzle, dtype), ident, as_int, c_term)
+    b_major, b_span = b_operand(a, as_int)
     acc, at, bt = ident(a["acc"]), ident(a["a"]), ident(a["b"])
     rows = bm // groups
-    fields_a, fields_b = descriptor_fields(bm, swizzle), descriptor_fields(bn, swizzle)
-    fn = f"cb_wgmma_n{bn}_{_PTX_TYPE[dtype]}"
+    fields_a = descriptor_fields(bm, swizzle)
+    fields_b = b_tile_descriptor(0, bn, bk, b_span, b_major).encode()
+    fn = helper_name(bn, dtype, b_major)
     scale = c_term(a["scale_d"])
     lines = [f"{{ const unsigned cb_a = cb_smem_addr({at} + {c_term(a['a_offset'])}) + "
              f"((int)threadIdx.x / 128) * {rows * swizzle};",
@@ -136,25 +171,27 @@ def statement(a: Any, ident: Callable[[Any], str], as_int: Callable[..., int], c
         for s in range(bk // MMA_K):
             sd = scale if s == 0 else "1"
             da = f"cb_wgmma_desc(cb_a + {start_offset(j * MMA_M, swizzle, bm, s)}, {_halves(fields_a)})"
-            db = f"cb_wgmma_desc(cb_b + {start_offset(0, swizzle, bn, s)}, {_halves(fields_b)})"
+            db = f"cb_wgmma_desc(cb_b + {b_tile_descriptor(0, bn, bk, b_span, b_major, s).start}, {_halves(fields_b)})"
             lines.append(f"  {fn}({acc} + {j * (bn // 2)}, {da}, {db}, {sd});")
     return "\n".join(lines) + " }"
 
 
-def _register_a_statement(a: Any, shape: tuple, ident: Callable[[Any], str], c_term: Callable) -> str:
+def _register_a_statement(a: Any, shape: tuple, ident: Callable[[Any], str], as_int: Callable[..., int],
+                          c_term: Callable) -> str:
     """An mma whose A is a packed register operand: block j, k-step s reads its registers
     a_offset + j * BK/4 + 4 s .. + 3 (the thread's own rows: no warp-group offset)."""
     bm, bn, bk, groups, swizzle, dtype = shape
     if a["a_space"] != "register":
         raise CodegenError(f"mma into {a['acc']}: a_space {a['a_space']!r} is not 'register'")
+    b_major, b_span = b_operand(a, as_int)
     acc, at, bt = ident(a["acc"]), ident(a["a"]), ident(a["b"])
-    fields_b = descriptor_fields(bn, swizzle)
-    fn = f"cb_wgmma_rs_n{bn}_{_PTX_TYPE[dtype]}"
+    fields_b = b_tile_descriptor(0, bn, bk, b_span, b_major).encode()
+    fn = register_a_helper_name(bn, dtype, b_major)
     scale, a_off = c_term(a["scale_d"]), c_term(a["a_offset"])
     lines = [f"{{ const unsigned cb_b = cb_smem_addr({bt} + {c_term(a['b_offset'])});"]
     for j in range(bm // groups // MMA_M):
         for s in range(bk // MMA_K):
-            db = f"cb_wgmma_desc(cb_b + {start_offset(0, swizzle, bn, s)}, {_halves(fields_b)})"
+            db = f"cb_wgmma_desc(cb_b + {b_tile_descriptor(0, bn, bk, b_span, b_major, s).start}, {_halves(fields_b)})"
             lines.append(f"  {fn}({acc} + {j * (bn // 2)}, {at} + {a_off} + {j * (bk // 4) + 4 * s}, {db}, "
                          f"{scale if s == 0 else '1'});")
     return "\n".join(lines) + " }"
@@ -166,10 +203,11 @@ def _halves(bits: int) -> str:
 
 def helpers(mmas: list[Any]) -> list[str]:
     """The prelude text a kernel with these mma nodes (attribute mappings) needs."""
-    shapes = sorted({(a["shape"][1], a["dtype"]) for a in mmas if a.get("a_space") is None})
-    register_a = sorted({(a["shape"][1], a["dtype"]) for a in mmas if a.get("a_space") is not None})
-    return [FENCE_PRELUDE] + [instruction_helper(n, d) for n, d in shapes] \
-        + [register_a_helper(n, d) for n, d in register_a]
+    shapes = sorted({(a["shape"][1], a["dtype"], a.get("b_major", "k")) for a in mmas if a.get("a_space") is None})
+    register_a = sorted({(a["shape"][1], a["dtype"], a.get("b_major", "k")) for a in mmas
+                         if a.get("a_space") is not None})
+    return [FENCE_PRELUDE] + [instruction_helper(n, d, b) for n, d, b in shapes] \
+        + [register_a_helper(n, d, b) for n, d, b in register_a]
 
 
 def acc_fences(mmas: list[Any], ident: Callable[[Any], str]) -> str:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from .builder_values import Buffer, BuildError, _call_site, _int
+from .mma_layout import B_LAYOUTS, MmaLayoutError, mn_major_span
 from .ops import DTYPE_BYTES
 from .terms import Term, TermLike, as_term, call, name
 
@@ -186,15 +187,25 @@ class MmaBuilder:
         with self.loop(f"{acc.name}_zero", (bm // groups // MMA_M) * (bn // 2), kind="unroll") as i:
             self.store(acc, i, 0.0)
 
-    def mma(self, acc, a, b, a_offset: TermLike = 0, b_offset: TermLike = 0, scale_d: TermLike = 1) -> None:
+    def mma(self, acc, a, b, a_offset: TermLike = 0, b_offset: TermLike = 0, scale_d: TermLike = 1,
+            b_layout: str = "nk") -> None:
         """Issue ``acc += a @ b^T`` on the tensor cores: ``a`` a shared [BM, BK] tile, ``b`` a shared
         [BN, BK] tile (B given K-major), both bfloat16 or both float16, their rows BK * 2 = 32, 64 or 128
-        bytes and filled by TMA loads with that swizzle. ``scale_d=0`` overwrites acc instead."""
+        bytes and filled by TMA loads with that swizzle. ``scale_d=0`` overwrites acc instead.
+
+        ``b_layout="kn"``: ``acc += a @ b`` with ``b`` a shared [BK, BN] tile (B given MN-major, as a
+        row-major [K, N] tensor: no transpose needed), read through the instruction's transpose bit. The
+        tile is BN / W panels [BK, W] one after the other, W = 64, 32 or 16 columns (the widest dividing
+        BN, :func:`cbrules.ir.mma_layout.mn_major_span`), each one TMA box of a map with box (BK, W) and
+        the W * 2-byte swizzle, loaded at element offset ``p * BK * W`` for panel p."""
         where = f"mma at {_call_site()}"
+        if b_layout not in B_LAYOUTS:
+            raise BuildError(f"{where}: b_layout={b_layout!r}: give 'nk' (b a [BN, BK] tile of B given as [N, K]) "
+                             "or 'kn' (b a [BK, BN] tile of B given as [K, N])")
         bm, bn, groups = self._mma_fragment(acc, "mma")
         a_name, b_name = self._known(a, ("buffer",), "mma"), self._known(b, ("buffer",), "mma")
         if a_name in self._operands:
-            self._register_a_mma(where, acc, a, b, (bm, bn, groups), a_offset, b_offset, scale_d)
+            self._register_a_mma(where, acc, a, b, (bm, bn, groups), a_offset, b_offset, scale_d, b_layout)
             return
         for t, nm in ((a, "a"), (b, "b")):
             if t.space != "shared" or t.dtype not in MMA_DTYPES or len(t.shape) != 2:
@@ -203,35 +214,59 @@ class MmaBuilder:
         if a.dtype != b.dtype:
             raise BuildError(f"{where}: operands of different types ({a.dtype}, {b.dtype}); give both one type")
         bk = a.shape[1]
-        if a.shape != (bm, bk) or b.shape != (bn, bk):
+        want_b = (bn, bk) if b_layout == "nk" else (bk, bn)
+        if a.shape != (bm, bk) or b.shape != want_b:
+            other = "kn" if b_layout == "nk" else "nk"
+            hint = (f"; b is the {other} layout's tile: pass b_layout={other!r}"
+                    if a.shape == (bm, bk) and b.shape == want_b[::-1] else "")
             raise BuildError(f"{where}: tiles a {a.shape} and b {b.shape} do not fit the accumulator's tile "
-                             f"[{bm}, {bn}]: a must be [{bm}, BK] and b [{bn}, BK] (B given as [N, K])")
+                             f"[{bm}, {bn}]: a must be [{bm}, BK] and b {list(want_b)} (b_layout={b_layout!r}: B "
+                             f"given as {'[N, K]' if b_layout == 'nk' else '[K, N]'}){hint}")
         row_bytes = bk * DTYPE_BYTES[a.dtype]
         if row_bytes not in (32, 64, 128):
             raise BuildError(f"{where}: BK={bk} makes tile rows of {row_bytes} bytes; a row must be one swizzle "
                              f"span (32, 64 or 128 bytes): use BK = 16, 32 or 64 for {a.dtype}")
+        extra = {}  # K-major B keeps the node as it was (unchanged graphs); MN-major names its layout and span
+        if b_layout == "kn":
+            try:
+                extra = {"b_major": B_LAYOUTS[b_layout], "b_swizzle": mn_major_span(bn)}
+            except MmaLayoutError as e:
+                raise BuildError(f"{where}: {e}") from None
         self._node("mma", acc=acc.name, a=a_name, b=b_name, shape=(bm, bn, bk), groups=groups, dtype=a.dtype,
                    swizzle=row_bytes, a_offset=as_term(a_offset), b_offset=as_term(b_offset),
-                   scale_d=as_term(scale_d))
+                   scale_d=as_term(scale_d), **extra)
 
-    def _register_a_mma(self, where: str, acc, a, b, fragment, a_offset, b_offset, scale_d) -> None:
-        """``acc += a @ b^T`` with ``a`` a register operand (:meth:`fragment_convert`): wgmma's register-A form."""
+    def _register_a_mma(self, where: str, acc, a, b, fragment, a_offset, b_offset, scale_d, b_layout: str) -> None:
+        """``acc += a @ b^T`` with ``a`` a register operand (:meth:`fragment_convert`): wgmma's register-A form.
+        With ``b_layout="kn"`` b is a [BK, BN] tile read MN-major (``acc += a @ b``): its K rows are not
+        swizzle spans, so K is any number of k16 steps (an attention's P @ V over a whole key tile)."""
         bm, bn, groups = fragment
         a_bm, bk, a_groups, dtype = self._operands[a.name]
         if (a_bm, a_groups) != (bm, groups):
             raise BuildError(f"{where}: register operand {a.name!r} holds a [{a_bm}, {bk}] tile on {a_groups} warp "
                              f"group(s), the accumulator a [{bm}, {bn}] tile on {groups}: the A fragment's rows are "
                              "the accumulator's (one thread holds the same rows of both); give them one tile height")
-        if b.space != "shared" or b.dtype != dtype or b.shape != (bn, bk):
+        want_b = (bn, bk) if b_layout == "nk" else (bk, bn)
+        if b.space != "shared" or b.dtype != dtype or b.shape != want_b:
+            given = "[N, K], K" if b_layout == "nk" else "[K, N] (b_layout='kn'), K"
             raise BuildError(f"{where}: operand b ({b.name!r}, {b.space} {b.dtype} {b.shape}) must be a shared "
-                             f"{dtype} tile [{bn}, {bk}] (B given as [N, K], K = the register operand's columns)")
-        row_bytes = bk * DTYPE_BYTES[dtype]
-        if row_bytes not in (32, 64, 128):
-            raise BuildError(f"{where}: the register operand's {bk} columns make B tile rows of {row_bytes} bytes; a row "
-                             "must be one swizzle span (32, 64 or 128 bytes): convert a fragment of 16, 32 or 64 columns")
+                             f"{dtype} tile {list(want_b)} (B given as {given} = the register operand's columns)")
+        extra = {}
+        if b_layout == "nk":
+            row_bytes = bk * DTYPE_BYTES[dtype]
+            if row_bytes not in (32, 64, 128):
+                raise BuildError(f"{where}: the register operand's {bk} columns make B tile rows of {row_bytes} bytes; "
+                                 "a row must be one swizzle span (32, 64 or 128 bytes): convert a fragment of 16, 32 "
+                                 "or 64 columns, or give B as [K, N] (b_layout='kn')")
+        else:
+            try:
+                row_bytes = mn_major_span(bn)
+            except MmaLayoutError as e:
+                raise BuildError(f"{where}: {e}") from None
+            extra = {"b_major": B_LAYOUTS[b_layout], "b_swizzle": row_bytes}
         self._node("mma", acc=acc.name, a=a.name, b=b.name, shape=(bm, bn, bk), groups=groups, dtype=dtype,
                    swizzle=row_bytes, a_offset=as_term(a_offset), b_offset=as_term(b_offset),
-                   scale_d=as_term(scale_d), a_space="register")
+                   scale_d=as_term(scale_d), a_space="register", **extra)
 
     def mma_operand(self, acc, dtype: str = "bfloat16", dst: Optional[str] = None) -> Buffer:
         """A register A operand for a following :meth:`mma` with ``K`` = the columns of ``acc``'s tile:

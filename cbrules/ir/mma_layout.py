@@ -235,3 +235,42 @@ def _in_range(v: np.ndarray, size: int, what: str) -> None:
     bad = (v < 0) | (v >= size)
     if bad.any():
         raise FragmentError(f"{what} {int(v[bad].flat[0])} is outside 0..{size - 1}")
+
+
+# ----------------------------------------------------------------------------- the B operand of an mma node
+# The instruction's transpose immediate (tnspA / tnspB) for each major-ness: 1 reads an MN-major tile
+# (bfloat16 / float16 only). Codegen prints it and the interpreter executes it, both from here.
+TRANSPOSE = {"k": 0, "mn": 1}
+B_LAYOUTS = {"nk": "k", "kn": "mn"}  # the builder's names of B's layouts: [N, K] is K-major, [K, N] MN-major
+MN_SPANS = (128, 64, 32)  # the swizzles an MN-major tile's panels may have, widest first
+
+
+def mn_major_span(bn: int) -> int:
+    """The swizzle span in bytes of an MN-major B tile [BK, BN] of 2-byte elements: the widest of
+    128, 64, 32 whose panel (span / 2 columns of N, one TMA box [BK, span / 2]) divides ``bn``."""
+    for span in MN_SPANS:
+        if bn % (span // ELEMENT_BYTES) == 0:
+            return span
+    raise MmaLayoutError(f"an MN-major (B given as [K, N]) tile of bn = {bn} columns: its panels are 16, 32 or 64 "
+                         "columns (one 32, 64 or 128-byte swizzle span a row); use a bn that is a multiple of 16")
+
+
+def b_tile_descriptor(start: int, bn: int, bk: int, span: int, major: str, kstep: int = 0) -> MatrixDescriptor:
+    """The descriptor of k-step ``kstep`` of an mma's B tile at shared byte ``start``: K-major, [BN, BK]
+    with rows of ``span`` = BK * 2 bytes; or MN-major, [BK, BN] as BN / (span / 2) panels [BK, span / 2]
+    one after the other, each a TMA box (LBO = the panel's bytes, the step along N; SBO = 8 K rows).
+    Codegen encodes these, and the interpreter reads the operand through them."""
+    _check_major(major)
+    return tma_tile_descriptor(start, bn if major == "k" else bk, span, major, kstep)
+
+
+def b_tile_elements(bn: int, bk: int, span: int, major: str) -> np.ndarray:
+    """[BN, BK] element offsets of B's element (n, k) in the dense (unswizzled) tile the TMA boxes form:
+    ``n * BK + k`` K-major; MN-major, panel ``n // W`` of ``BK * W`` elements, row ``k``, column ``n % W``
+    (W = span / 2)."""
+    _check_major(major)
+    n, k = np.meshgrid(np.arange(bn), np.arange(bk), indexing="ij")
+    if major == "k":
+        return n * bk + k
+    w = span // ELEMENT_BYTES
+    return (n // w) * (bk * w) + k * w + n % w

@@ -126,10 +126,13 @@ OPS: dict[str, OpSpec] = {
     # its group (wgmma_commit); acc's registers are read as they were at the last wgmma_fence.
     # a_space "register": A is a packed register fragment (fragment_convert: uint32 pairs of 2-byte values in
     # the accumulator's thread/row map, a 64 x 16 chunk = 4 registers a thread), a_offset a register index;
-    # absent: the shared tile above
-    "mma": OpSpec(("acc", "a", "b", "shape", "groups", "dtype", "swizzle"), ("a_offset", "b_offset", "scale_d",
-                  "a_space"), ("a_offset", "b_offset", "scale_d"), "memory",
-                  {"a_offset": 0, "b_offset": 0, "scale_d": 1}),
+    # absent: the shared tile above.
+    # b_major "mn" (absent: "k"): B is a shared [BK, BN] tile instead, MN-major (N contiguous), read with
+    # the transpose bit: BN / W panels [BK, W] one after the other, each TMA-loaded with the b_swizzle
+    # span (W * 2 bytes, W = 16, 32 or 64) -- see cbrules.ir.mma_layout.b_tile_descriptor.
+    "mma": OpSpec(("acc", "a", "b", "shape", "groups", "dtype", "swizzle"),
+                  ("a_offset", "b_offset", "scale_d", "a_space", "b_major", "b_swizzle"),
+                  ("a_offset", "b_offset", "scale_d"), "memory", {"a_offset": 0, "b_offset": 0, "scale_d": 1}),
     # wgmma.fence.sync.aligned: register and shared-memory writes before it are seen by the mma after it
     "wgmma_fence": OpSpec((), (), (), "sync"),
     # wgmma.commit_group.sync.aligned: the warp group's mma issued since the last commit form one group
@@ -191,7 +194,8 @@ OP_DOCS: dict[str, str] = {
     "select": "dst = args[1] where the predicate args[0] holds, else args[2] (per thread)",
     "mma": "issue acc (+)= a @ b on the tensor cores (wgmma m64nNk16): a tile of shape (BM, BN, BK) over groups "
            "consumer warp groups, A [BM, BK] and B [BN, BK] K-major shared tiles (+ a_offset / b_offset) with "
-           "swizzle bytes a row, acc a float32 register fragment; scale_d 0 overwrites; done at a wgmma_wait",
+           "swizzle bytes a row, acc a float32 register fragment; scale_d 0 overwrites; done at a wgmma_wait; "
+           "b_major mn: B a [BK, BN] MN-major tile of panels [BK, b_swizzle / 2] (the transpose bit)",
     "wgmma_fence": "order earlier register and shared writes before the warp group's next mma",
     "wgmma_commit": "close the group of mma this warp group issued since its last commit",
     "wgmma_wait": "wait until at most pending of this warp group's committed mma groups are incomplete",

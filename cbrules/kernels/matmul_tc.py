@@ -1,7 +1,8 @@
 """Tensor-core matmul ``c[M, N] = a[M, K] @ b[N, K]^T`` (bfloat16/float16 in, float32 accumulate).
 
 B is given K-major, as ``[N, K]`` (``B^T`` row-major: what the tensor cores read without a transpose,
-cuBLAS's "TN"); pass ``b.T.copy()`` for a row-major ``[K, N]`` B. A block computes a BM x BN tile of C on
+cuBLAS's "TN"), or with ``b_layout="kn"`` as a row-major ``[K, N]`` (MN-major: ``c = a @ b``, read through
+the instruction's transpose bit from panels of 64 columns, one TMA box each). A block computes a BM x BN tile of C on
 ``groups`` consumer warp groups (BM/groups rows each, in 64-row wgmma blocks); every K step TMA-loads a
 BM x BK tile of A and a BN x BK tile of B, swizzled (a row is BK * 2 bytes: 128B swizzle at BK = 64),
 under one expect-tx, and issues BK/16 wgmma per 64-row block. The rules circular-buffer the K loop and
@@ -19,6 +20,7 @@ from ..errors import CbrulesError
 from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer
 from ..ir.builder_mma import MMA_DTYPES
 from ..ir.limits import MAX_SHARED_BYTES
+from ..ir.mma_layout import MmaLayoutError, mn_major_span
 from ..ir.ops import DTYPE_BYTES
 from ..ir.terms import Term, call
 
@@ -49,6 +51,14 @@ def shared_bytes(stages: int, bm: int, bn: int, bk: int, dtype: str, out_dtype: 
     bm x store_cols when there are several column chunks, one otherwise)."""
     cols = store_cols(bn, out_dtype)
     return stages * (bm + bn) * bk * DTYPE_BYTES[dtype] + (1 if cols == bn else 2) * bm * cols * DTYPE_BYTES[out_dtype]
+
+
+def _b_span(bn) -> int:
+    """The swizzle span of an MN-major B tile's panels (:func:`cbrules.ir.mma_layout.mn_major_span`)."""
+    try:
+        return mn_major_span(bn)
+    except MmaLayoutError as e:
+        raise MatmulTileError(f"matmul_tc: b_layout='kn' with bn={bn!r}: {e}") from None
 
 
 def _grouped_order(pid: Term, tiles_m: Term, tiles_n: Term, group_m: int) -> tuple[Term, Term]:
@@ -107,7 +117,7 @@ def _epilogue(k: Kernel, epilogue: str, m: Term, n: Term, out_dtype: str):
 def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_specialize: bool = False,
               registers=None, dtype: str = "bfloat16", out_dtype: Optional[str] = None, bm: int = BM, bn: int = BN,
               bk: int = BK, groups: int = GROUPS, group_m: int = GROUP_M, persistent: int = 0,
-              store_swizzle: Optional[bool] = None, epilogue: str = "none") -> Kernel:
+              store_swizzle: Optional[bool] = None, epilogue: str = "none", b_layout: str = "nk") -> Kernel:
     """``c = a @ b^T`` in ``bm`` x ``bn`` tiles on ``groups`` consumer warp groups, ``bk`` of K a stage;
     ``out_dtype`` (bfloat16, float16, float32; default ``dtype``) is c's type. Blocks take tiles in groups
     of ``group_m`` tile rows, column by column inside a group, so the blocks running at once share
@@ -117,7 +127,9 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
     pipelined on its own). ``store_swizzle=True`` stages C in the swizzle of its output box's rows (the
     TMA store's map swizzles), so the epilogue's shared writes go without bank conflicts (measured on
     the H200: +2 to +6 % against dense staging); ``None`` (the default) does so wherever a box row spans
-    32, 64 or 128 bytes, ``False`` stages dense.
+    32, 64 or 128 bytes, ``False`` stages dense. ``b_layout="kn"`` takes b as ``[K, N]`` row-major and
+    computes ``c = a @ b`` (no transpose): the B tile [bk, bn] arrives as bn / W panels [bk, W] (W = 64
+    columns, 128-byte swizzle, where W divides bn), one TMA box each, read MN-major by the tensor cores.
 
     ``epilogue`` (:data:`EPILOGUES`) maps each accumulator element before the store: ``bias`` adds
     ``bias[col]`` (a tensor [N] of ``out_dtype``), ``bias_relu`` / ``bias_gelu`` (exact, erf) /
@@ -146,16 +158,24 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
         raise MatmulTileError(f"matmul_tc: persistent={persistent!r}: give the number of blocks (0: one a tile)")
     if store_swizzle is not None and not isinstance(store_swizzle, bool):
         raise MatmulTileError(f"matmul_tc: store_swizzle={store_swizzle!r}: give True, False or None (where the box allows)")
+    if b_layout not in ("nk", "kn"):
+        raise MatmulTileError(f"matmul_tc: b_layout={b_layout!r}: give 'nk' (b is [N, K]: c = a @ b^T) or 'kn' "
+                              "(b is [K, N]: c = a @ b)")
     if not isinstance(group_m, int) or isinstance(group_m, bool) or group_m < 1:
         raise MatmulTileError(f"matmul_tc: group_m={group_m!r}: give the tile rows of a raster group, 1 or more")
     k = Kernel("matmul_tc", block=128 * groups)
     m, n, kk = k.symbol("M"), k.symbol("N"), k.symbol("K")
     a = k.tensor("a", (m, kk), dtype)
-    b = k.tensor("b", (n, kk), dtype)
+    b = k.tensor("b", (n, kk) if b_layout == "nk" else (kk, n), dtype)
     c = k.tensor("c", (m, n), out_dtype)
     element = _epilogue(k, epilogue, m, n, out_dtype)
     a_map = k.tensor_map(a, box=(bm, bk), swizzle=_SWIZZLE[row])
-    b_map = k.tensor_map(b, box=(bn, bk), swizzle=_SWIZZLE[row])
+    if b_layout == "nk":
+        b_map = k.tensor_map(b, box=(bn, bk), swizzle=_SWIZZLE[row])
+    else:  # MN-major panels [bk, w], one box each, in the swizzle of a panel row
+        b_span = _b_span(bn)
+        w = b_span // DTYPE_BYTES[dtype]
+        b_map = k.tensor_map(b, box=(bk, w), swizzle=_SWIZZLE[b_span])
     cols = store_cols(bn, out_dtype)
     c_swizzle = _SWIZZLE.get(cols * DTYPE_BYTES[out_dtype]) if store_swizzle is not False else None
     if store_swizzle and c_swizzle is None:
@@ -163,7 +183,7 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
                               "box must span one swizzle (32, 64 or 128 bytes)")
     c_map = k.tensor_map(c, box=(bm, cols), **({"swizzle": c_swizzle} if c_swizzle else {}))
     a_tile = k.alloc("a_tile", "shared", dtype, (bm, bk), align=1024)
-    b_tile = k.alloc("b_tile", "shared", dtype, (bn, bk), align=1024)
+    b_tile = k.alloc("b_tile", "shared", dtype, (bn, bk) if b_layout == "nk" else (bk, bn), align=1024)
     tiles_m, tiles_n = ceil_div(m, bm), ceil_div(n, bn)
     acc = k.mma_accumulator(bm, bn, groups=groups)
     cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
@@ -173,8 +193,12 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
         row0, col0 = tile_m * bm, tile_n * bn
         with k.loop("t", ceil_div(kk, bk), circular_buffer=cb) as t:
             k.tma_load(a_map, (row0, t * bk), a_tile)  # past K: zeros on both sides, adding nothing
-            k.tma_load(b_map, (col0, t * bk), b_tile)
-            k.mma(acc, a_tile, b_tile)
+            if b_layout == "nk":
+                k.tma_load(b_map, (col0, t * bk), b_tile)
+            else:
+                for p in range(bn // w):
+                    k.tma_load(b_map, (t * bk, col0 + p * w), b_tile, offset=p * bk * w)
+            k.mma(acc, a_tile, b_tile, **({} if b_layout == "nk" else {"b_layout": "kn"}))
         if element is not None:  # computed on the fragment in registers, then stored as the product is
             k.fragment_map(acc, element, origin=(row0, col0))
         k.mma_store(acc, c_map, (row0, col0))  # staged and TMA-stored by the rules, a column chunk at a time

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import numpy as np
@@ -205,6 +205,17 @@ def _mm_tc_with_epilogue(epilogue: str) -> "KernelSpec":
         tolerance=lambda s: (1e-4, 6e-6 * s[2] + 1e-5))
 
 
+def _mm_tc_kn_inputs(inputs, shape, rng):
+    """``inputs``' arguments with b given as [K, N] (the same values, transposed)."""
+    args = inputs(shape, rng)
+    args["b"] = np.ascontiguousarray(args["b"].T)
+    return args
+
+
+def _mm_tc_kn_reference(reference, a):
+    return reference({**a, "b": a["b"].T})
+
+
 def _normalize(x):
     x64 = x.astype(np.float64)
     mean = x64.mean(axis=1, keepdims=True)
@@ -271,6 +282,26 @@ _SPECS = [
 KERNELS: dict[str, KernelSpec] = {s.name: s for s in _SPECS}
 assert list(KERNELS) == list(CATALOG), "every built-in kernel has one line in the catalog"
 SEED_MATRIX = tuple(n for n in KERNELS if KERNELS[n].pipelined and KERNELS[n].seed)
+
+
+B_LAYOUTS = ("nk", "kn")
+
+
+def with_b_layout(spec: KernelSpec, b_layout: str) -> KernelSpec:
+    """``spec`` with its B operand in ``b_layout``: "nk" (b is [N, K], the built-in default) or "kn"
+    (b is [K, N] row-major and c = a @ b: inputs, reference and kernel change together). Only the
+    built-in matmul_tc takes it; "nk" returns it unchanged."""
+    if b_layout not in B_LAYOUTS:
+        raise UnsupportedVariantError(f"B layout {b_layout!r}: one of {', '.join(B_LAYOUTS)}")
+    base = KERNELS.get("matmul_tc")
+    if spec.name != "matmul_tc" or base is None or getattr(spec.factory, "func", spec.factory) is not base.factory:
+        raise UnsupportedVariantError(f"kernel {spec.name}: a B layout (--b-layout) applies to the built-in "
+                                      "matmul_tc only; drop it")
+    if b_layout == "nk":
+        return spec
+    return replace(spec, factory=functools.partial(spec.factory, b_layout=b_layout),
+                   inputs=functools.partial(_mm_tc_kn_inputs, spec.inputs),
+                   reference=functools.partial(_mm_tc_kn_reference, spec.reference))
 
 
 class UnsupportedVariantError(CbrulesError, ValueError):

@@ -20,8 +20,9 @@ from typing import Union
 import ml_dtypes
 import numpy as np
 
-from ..ir.mma_layout import (MMA_DTYPES, MMA_K, MMA_M, WARPGROUP, MatrixDescriptor, MmaLayoutError, check_n,
-                             fragment_slot, operand_address, tma_tile_descriptor)
+from ..ir.mma_layout import (MMA_DTYPES, MMA_K, MMA_M, TRANSPOSE, WARPGROUP, MatrixDescriptor, MmaLayoutError,
+                             b_tile_descriptor, b_tile_elements, check_n, fragment_slot, operand_address,
+                             tma_tile_descriptor)
 from ..schedule import Step
 from .hazards import DivergentSync, InterpError
 
@@ -116,16 +117,16 @@ def register_operand(packed: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def wgmma_register_a(acc: np.ndarray, a_regs: np.ndarray, b_smem: np.ndarray, desc_b: Descriptor, *, n: int,
-                     dtype: str, scale_d: int) -> np.ndarray:
+                     dtype: str, scale_d: int, trans_b: int = 0) -> np.ndarray:
     """:func:`wgmma` with A from registers (``wgmma.mma_async ... {a0..a3}, descB``): ``a_regs`` are the
-    warp group's four packed registers a thread, [128, 4]."""
+    warp group's four packed registers a thread, [128, 4]; ``trans_b`` B's transpose immediate."""
     n = check_n(n)
     if scale_d not in (0, 1):
         raise MmaOperandError(f"wgmma scale-d = {scale_d!r}: one of (0, 1)")
     a = register_operand(a_regs, dtype)
     if a.shape != (MMA_M, MMA_K):
         raise MmaOperandError(f"register operand of {a_regs.shape[1]} registers a thread: one k16 step takes 4")
-    b = read_operand(b_smem, operand_addresses(desc_b, n, 0), dtype, "B")
+    b = read_operand(b_smem, operand_addresses(desc_b, n, trans_b), dtype, "B")
     prod = (a.astype(np.float64) @ b.astype(np.float64).T).astype(np.float32)
     rows, cols = np.meshgrid(np.arange(MMA_M), np.arange(n), indexing="ij")
     thread, reg = fragment_slot(rows, cols, n)
@@ -182,6 +183,8 @@ class MmaOps:
             return
         bm, bn, bk = (int(x) for x in a["shape"])
         groups, span, dtype = int(a["groups"]), int(a["swizzle"]), a["dtype"]
+        b_major = a.get("b_major", "k")  # an MN-major B: panels of b_swizzle-byte rows, the transpose bit
+        b_span = int(a.get("b_swizzle", span))
         rows = bm // groups
         acc = self.regarrays.get(a["acc"])
         tiles = [self.proto.shared.get(a[k]) for k in ("a", "b")]
@@ -200,21 +203,25 @@ class MmaOps:
             a_off, b_off, scale_d = (self.uniform(self.ev(s, k, m), m, f"mma {k} in warp group {g}")
                                      for k in ("a_offset", "b_offset", "scale_d"))
             if not self.p.mma_async:
-                self._mma_logical(acc, lanes, (tile_a, a_off + g * rows * bk), (tile_b, b_off), (rows, bn, bk), scale_d)
+                self._mma_logical(acc, lanes, (tile_a, a_off + g * rows * bk), (tile_b, b_off), (rows, bn, bk), scale_d,
+                                  b_tile_elements(bn, bk, b_span, b_major))
                 continue
             try:
                 steps = [(j, ks, tma_tile_descriptor(2 * a_off + (g * rows + MMA_M * j) * span, bm, span, "k", ks),
-                          tma_tile_descriptor(2 * b_off, bn, span, "k", ks))
+                          b_tile_descriptor(2 * b_off, bn, bk, b_span, b_major, ks))
                          for j in range(rows // MMA_M) for ks in range(bk // MMA_K)]
                 # the elements it reads (2-byte elements: byte address / 2), for the protocol checks
-                reads = [(tile, np.concatenate([operand_addresses(d[w], rows_of, 0).ravel() for d in steps]) // 2)
-                         for tile, w, rows_of in ((tile_a, 2, MMA_M), (tile_b, 3, bn))]
-                self.proto.mma.issue(s.node, g, lanes, a["acc"], reads, span, self.site)
+                reads = [(tile, np.concatenate([operand_addresses(d[w], rows_of, trans).ravel() for d in steps]) // 2)
+                         for tile, w, rows_of, trans in ((tile_a, 2, MMA_M, 0), (tile_b, 3, bn, TRANSPOSE[b_major]))]
+                self.proto.mma.issue(s.node, g, lanes, a["acc"], reads, span if b_span == span else (span, b_span),
+                                     self.site)
                 frags = acc[lanes]
                 for j, ks, da, db in steps:  # scale-d applies to k-step 0; later ones accumulate
                     cols = slice(j * bn // 2, (j + 1) * bn // 2)
-                    frags[:, cols] = wgmma(frags[:, cols], tile_a.data, da, tile_b.data, db, n=bn, dtype=dtype,
-                                           scale_d=int(bool(scale_d) or ks > 0))
+                    # the 64-bit descriptors codegen prints, decoded again by the instruction
+                    frags[:, cols] = wgmma(frags[:, cols], tile_a.data, da.encode(), tile_b.data, db.encode(), n=bn,
+                                           dtype=dtype, scale_d=int(bool(scale_d) or ks > 0),
+                                           trans_b=TRANSPOSE[b_major])
             except MmaLayoutError as e:
                 raise MmaIssueError(str(e), self.site()) from None
             acc[lanes] = frags
@@ -225,6 +232,8 @@ class MmaOps:
         a = s.attrs
         bm, bn, bk = (int(x) for x in a["shape"])
         groups, span, dtype = int(a["groups"]), int(a["swizzle"]), a["dtype"]
+        b_major = a.get("b_major", "k")  # an MN-major B: panels of b_swizzle-byte rows, the transpose bit
+        b_span = int(a.get("b_swizzle", span))
         rows = bm // groups
         acc, regs = self.regarrays.get(a["acc"]), self.regarrays.get(a["a"])
         tile_b = self.proto.shared.get(a["b"])
@@ -248,9 +257,10 @@ class MmaOps:
             frags = acc[lanes]
             try:
                 if self.p.mma_async:
-                    descs = [tma_tile_descriptor(2 * b_off, bn, span, "k", ks) for ks in range(bk // MMA_K)]
-                    reads = [(tile_b, np.concatenate([operand_addresses(d, bn, 0).ravel() for d in descs]) // 2)]
-                    self.proto.mma.issue(s.node, g, lanes, a["acc"], reads, span, self.site, operand=a["a"])
+                    descs = [b_tile_descriptor(2 * b_off, bn, bk, b_span, b_major, ks) for ks in range(bk // MMA_K)]
+                    trans = TRANSPOSE[b_major]
+                    reads = [(tile_b, np.concatenate([operand_addresses(d, bn, trans).ravel() for d in descs]) // 2)]
+                    self.proto.mma.issue(s.node, g, lanes, a["acc"], reads, b_span, self.site, operand=a["a"])
                 else:  # before lowering the tile lies dense: B's rows from b_offset, K-major
                     descs = None
                 for j in range(rows // MMA_M):
@@ -260,21 +270,24 @@ class MmaOps:
                         sd = int(bool(scale_d) or ks > 0)
                         if descs is not None:
                             frags[:, cols] = wgmma_register_a(frags[:, cols], regs[lanes, r0:r0 + 4], tile_b.data,
-                                                              descs[ks], n=bn, dtype=dtype, scale_d=sd)
+                                                              descs[ks], n=bn, dtype=dtype, scale_d=sd,
+                                                              trans_b=TRANSPOSE[b_major])
                         else:
                             self._register_a_logical(frags, cols, regs[lanes, r0:r0 + 4], tile_b, b_off,
-                                                     (bn, bk, ks), dtype, sd)
+                                                     (bn, bk, ks), dtype, sd, b_tile_elements(bn, bk, b_span, b_major))
             except MmaLayoutError as e:
                 raise MmaIssueError(str(e), self.site()) from None
             acc[lanes] = frags
 
-    def _register_a_logical(self, frags, cols, a_regs, tile_b, b_off: int, shape, dtype: str, scale_d: int) -> None:
-        """One k16 step before lowering: B [BN, BK] dense row-major from element ``b_off``."""
+    def _register_a_logical(self, frags, cols, a_regs, tile_b, b_off: int, shape, dtype: str, scale_d: int,
+                            b_elements: np.ndarray) -> None:
+        """One k16 step before lowering: B's element (n, k) at ``b_off + b_elements[n, k]`` (dense
+        row-major [BN, BK], or MN-major panels)."""
         bn, bk, ks = shape
         if b_off < 0 or b_off + bn * bk > tile_b.data.size:
             raise MmaIssueError(f"an mma reads {tile_b.name}[{b_off}:{b_off + bn * bk}], outside its "
                                 f"{tile_b.data.size} elements", self.site())
-        bt = tile_b.data[b_off:b_off + bn * bk].reshape(bn, bk)[:, ks * MMA_K:(ks + 1) * MMA_K].astype(np.float64)
+        bt = tile_b.data[b_off + b_elements[:, ks * MMA_K:(ks + 1) * MMA_K]].astype(np.float64)
         at = register_operand(a_regs, dtype).astype(np.float64)
         tile = fragments_to_matrix(frags[:, cols], bn) if scale_d else np.zeros((MMA_M, bn), np.float32)
         tile = tile + (at @ bt.T).astype(np.float32)
@@ -284,17 +297,18 @@ class MmaOps:
         block[t, r] = tile
         frags[:, cols] = block
 
-    def _mma_logical(self, acc: np.ndarray, lanes: np.ndarray, a, b, shape, scale_d) -> None:
-        """Before lowering: the tiles lie dense row-major (a TMA load without a barrier copies the logical
-        tile), so the warp group's product of its ``rows`` of A (from element ``a_off``) and B is taken on
-        them directly, rounded like the tensor cores' k-steps."""
+    def _mma_logical(self, acc: np.ndarray, lanes: np.ndarray, a, b, shape, scale_d, b_elements: np.ndarray) -> None:
+        """Before lowering: the tiles lie dense as their TMA boxes (a TMA load without a barrier copies the
+        logical box), so the warp group's product of its ``rows`` of A (from element ``a_off``) and B
+        (element (n, k) at ``b_off + b_elements[n, k]``: row-major [BN, BK], or MN-major panels) is taken
+        on them directly, rounded like the tensor cores' k-steps."""
         (tile_a, a_off), (tile_b, b_off) = a, b
         rows, bn, bk = shape
         for tile, lo, n in ((tile_a, a_off, rows * bk), (tile_b, b_off, bn * bk)):
             if lo < 0 or lo + n > tile.data.size:
                 raise MmaIssueError(f"an mma reads {tile.name}[{lo}:{lo + n}], outside its {tile.data.size} elements",
                                     self.site())
-        bt = tile_b.data[b_off:b_off + bn * bk].reshape(bn, bk).astype(np.float64)
+        bt = tile_b.data[b_off + b_elements].astype(np.float64)
         frags = acc[lanes]
         for j in range(rows // MMA_M):
             r0 = a_off + MMA_M * j * bk

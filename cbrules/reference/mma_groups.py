@@ -92,11 +92,13 @@ class MmaGroups:
         for d in self.dirty.values():
             d[lanes] = False
 
-    def issue(self, node: int, wg: int, lanes: np.ndarray, acc: str, reads: list, span: int, site: SiteFn,
+    def issue(self, node: int, wg: int, lanes: np.ndarray, acc: str, reads: list, span, site: SiteFn,
               operand: str | None = None) -> None:
         """Warp group ``wg`` (threads ``lanes``) issues an mma into ``acc`` reading ``reads`` (pairs of a
-        shared buffer and element indices) as tiles with a ``span``-byte swizzle, and register array
-        ``operand`` as its A (the register-A form)."""
+        shared buffer and element indices) as tiles with a ``span``-byte swizzle (an int for all of them,
+        or a tuple of one span for each read: an MN-major B's panels may have another than A's rows), and
+        register array ``operand`` as its A (the register-A form)."""
+        spans = tuple(span) if isinstance(span, (tuple, list)) else (span,) * len(reads)
         unfenced = lanes[~self.fenced[lanes]]
         if unfenced.size:
             raise MissingWgmmaFence(f"thread {unfenced[0]} issues an mma into {acc} but has not executed "
@@ -113,9 +115,9 @@ class MmaGroups:
             raise MissingWgmmaFence(f"thread {t} wrote register operand {operand} after its last wgmma.fence and "
                                     f"then issues an mma that reads it as A: without a fence the tensor cores may "
                                     "read the registers before that write; fence between them", site())
-        for buf, idx in reads:
+        for (buf, idx), sp in zip(reads, spans, strict=True):
             self._raw(buf, idx, lanes, site)
-            self._same_swizzle(buf, idx, span, site)
+            self._same_swizzle(buf, idx, sp, site)
         for buf, idx in reads:  # an element listed twice counts once, here and at completion alike
             if buf.tracked:
                 self._reading(buf)[idx] += 1
