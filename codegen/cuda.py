@@ -17,7 +17,7 @@ from typing import Any, Optional
 from ..ir.graph import Param
 from ..ir.names import BUILTINS, RULES, problem
 from ..ir.limits import MAX_SHARED_BYTES
-from ..ir.ops import DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS, SHFL_MODES, WARP_SIZE
+from ..ir.ops import DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS, SHFL_MODES, UNARY, WARP_SIZE
 from ..schedule import Step
 from ..ir.terms import BINARY_OPS, DEVICE_FUNCTIONS, UNARY_OPS, Term, call_problem, to_c
 
@@ -39,7 +39,8 @@ VECTOR_PRELUDE = (Path(__file__).with_name("prelude_vector.cu")).read_text()  # 
 TMA5_PRELUDE = (Path(__file__).with_name("prelude_tma5.cu")).read_text()  # ... and maps of rank 4 and 5
 VECTOR_BYTES = (4, 8, 16)
 REDUCE_SCRATCH_BYTES = 32 * 8
-_UNARY_C = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "fabs"}
+_UNARY_C = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "fabs",
+            "tanh": "tanh", "erf": "erf", "exp2": "exp2", "log2": "log2"}
 _BINARY_C = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _COMBINE = {"sum": ("CbSum", "0"), "max": ("CbMax", "-__int_as_float(0x7f800000)"),
             "min": ("CbMin", "__int_as_float(0x7f800000)")}
@@ -369,6 +370,12 @@ def _shfl(a) -> str:
     return f"{a['dst']} = {fn}(0xffffffffu, ({_dtype(a['dtype'])})({value}), ({lane_type})({lane}), {width});"
 
 
+def _sigmoid(a) -> str:
+    """1 / (1 + e^-x): the IEEE add and division around expf (whose 2 ulp dominate; ops.MATH_ERRORS)."""
+    one = "1.0f" if a["dtype"] == "float32" else "1.0"
+    return f"{a['dst']} = {one} / ({one} + {_fn('exp', a['dtype'])}(-({_args(a)[0]})));"
+
+
 def _register_array(a) -> Optional[str]:
     if a["space"] != "register":
         return None  # shared buffers are carved out of dynamic shared memory at the top
@@ -442,6 +449,7 @@ _STATEMENTS = {
     "fma": lambda o, a, e: f"{a['dst']} = {_fn('fma', a['dtype'])}({', '.join(_args(a))});",
     "select": lambda o, a, e: "{} = ({}) ? ({}) : ({});".format(a["dst"], *_args(a)),
     "shfl": lambda o, a, e: _shfl(a),
+    "sigmoid": lambda o, a, e: _sigmoid(a),
     "reduce": _reduce,
     "tma_load": lambda o, a, e: (f"cb_tma_load(cb_smem_addr({a['dst']} + {_c_term(a['offset'])}), &{a['tmap']}, "
                               f"{_bar(a)}, {_coords(a)});"),
@@ -469,6 +477,8 @@ _STATEMENTS = {
     "wgmma_wait": lambda o, a, e: f"cb_wgmma_wait<{_int(a['pending'], 'pending', 0)}>();"
                                   + (_mma.acc_fences(e.mmas, _ident) if a["pending"] == 0 else ""),
 }
+
+assert set(UNARY) <= set(_UNARY_C) | set(_STATEMENTS), "every unary op needs its C form"
 
 
 def _setmaxnreg(a) -> str:

@@ -38,9 +38,9 @@ def test_the_guide_holds_its_examples():
 def test_the_op_table_lists_every_op_with_its_attributes():
     rows = {}
     for line in GUIDE.read_text().splitlines():
-        m = re.match(r"\| ((?:`[a-z_]+` ?)+) \| (.*?) \| (.*?) \|", line)
+        m = re.match(r"\| ((?:`[a-z_0-9]+` ?)+) \| (.*?) \| (.*?) \|", line)
         if m:
-            for op in re.findall(r"`([a-z_]+)`", m.group(1)):
+            for op in re.findall(r"`([a-z_0-9]+)`", m.group(1)):
                 rows[op] = (m.group(2), m.group(3))
     assert set(rows) >= set(OPS)
     for op, spec in OPS.items():

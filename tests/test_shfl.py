@@ -153,3 +153,21 @@ def test_codegen_prints_the_full_mask_intrinsics_and_nvrtc_compiles_them():
         assert f", ({cast})(" in text
     assert "__shfl_xor_sync(0xffffffffu, (double)(" in text
     api.compile(k)  # NVRTC declares the intrinsics without headers
+
+
+def test_rules_match_and_set_a_shuffles_attributes_and_a_bad_width_names_the_rule(tmp_path):
+    from cbrules.rewrite import engine, rulefile
+    from cbrules.rewrite.sexpr import RuleError
+    from rulekit import write_rules
+
+    def lower(body, folder):
+        write_rules(tmp_path / folder, "(phases p)\n" + body)
+        return engine.lower(group_max(1, 2).graph, rulefile.load([tmp_path / folder])).graph
+
+    rule = '(graph-rule w :phase p :match ((shfl ?s :mode "xor" :width 4)) :rewrite ((set ?s :width {})))'
+    out = lower(rule.format(8), "widen")
+    assert [out[n]["width"] for n in out.nodes("shfl")] == [8, 8]
+    with pytest.raises(engine.LoweringError, match=r"rule w .*width.*3 is not a power of two"):
+        lower(rule.format(3), "bad")
+    with pytest.raises(RuleError, match=r"op 'shfl' has no attribute :mdoe \(did you mean 'mode'\?\)"):
+        lower(rule.replace(":mode", ":mdoe").format(8), "typo")

@@ -58,6 +58,8 @@ def attribute_problem(op: str, key: str, value: Any) -> str | None:
     high = INT_HIGH.get((op, key))
     if bad is None and high is not None and value > high:
         bad = f"{value} is above {high}"
+    if bad is None and (op, key) in POWERS_OF_TWO and value & (value - 1):
+        bad = f"{value} is not a power of two ({POWERS_OF_TWO[op, key]})"
     return bad
 
 
@@ -78,6 +80,7 @@ INT_ATTRS = (("alloc", "shape", 1, True), ("alloc", "align", 1, False), ("mbarri
 # block_stats n: the merge weighs with n as a float32, exact up to 2**24 (a thread holds a few hundred)
 INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16, ("block_stats", "n"): 1 << 24,
             ("shfl", "width"): WARP_SIZE}
+POWERS_OF_TWO = {("shfl", "width"): "a shuffle's segments of lanes tile the warp"}
 _INT_ATTR: dict[tuple[str, str], tuple[int, bool]] = {}  # (op, key) -> (lowest value, a tuple?)
 INT_KEYS: dict[str, list[tuple[str, int]]] = {}  # op -> its (key, lowest value), in INT_ATTRS order
 for _o, _k, _low, _many in INT_ATTRS:

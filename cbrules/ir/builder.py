@@ -35,8 +35,8 @@ from .coverage import PartialTileError  # noqa: F401  (public via the builder)
 from .graph import KernelGraph, Param
 from .limits import SWIZZLE_SPAN, SwizzleError, TmaBoxError, swizzle_repeat  # noqa: F401  (public via the builder)
 from .names import IdentifierError, NameClashError  # noqa: F401  (public via the builder)
-from .ops import (BINARY, BUILT_SCOPE_DEPTH, DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS, OPS, REDUCE_COMBINE,
-                  SHFL_MODES, SPACES, UNARY, WARP_SIZE,
+from .ops import (BINARY, BUILT_SCOPE_DEPTH, DTYPE_BYTES, DTYPES, FLOAT_REGISTERS, HALF_DTYPES, LOOP_KINDS, MATH,
+                  MATH_ERRORS, OPS, REDUCE_COMBINE, SHFL_MODES, SPACES, UNARY, WARP_SIZE,
                   DependenceTracker,
                   compute_dtype)
 from .terms import BUILT_TERM_DEPTH, BUILT_TERM_PARTS, ELECT_ONE, Term, TermLike, as_term, fits, name
@@ -408,9 +408,14 @@ def _subterms(t: Term) -> Iterator[Term]:
 
 def _make_elementwise(op: str):
     def method(self: Kernel, *args: TermLike, dst: Optional[str] = None, dtype: str = "float32") -> Term:
+        if op in MATH and dtype not in FLOAT_REGISTERS:
+            raise BuildError(f"{op} at {_call_site()}: dtype {dtype!r}; {op} computes in a float register: "
+                             "use dtype='float32' or 'float64'")
         return self._elementwise(op, *args, dst=dst, dtype=dtype)
     method.__name__ = op
     method.__doc__ = f"Elementwise ``{op}`` of {'one operand' if op in UNARY else 'two operands'}; returns the register."
+    if op in MATH_ERRORS:
+        method.__doc__ += f" CUDA: {MATH_ERRORS[op]}."
     return method
 
 

@@ -52,7 +52,8 @@ PRELUDE_NAMES = frozenset((
     "cb_wgmma_fence", "cb_wgmma_commit", "cb_wgmma_wait", "cb_fence_acc", "cb_wgmma_desc", "cb_a", "cb_b",
     *(f"cb_wgmma_n{n}_{t}" for n in range(8, 257, 8) for t in ("bf16", "f16")),
 ))
-MATH_FUNCTIONS = frozenset(f + s for f in ("exp", "log", "sqrt", "rsqrt", "fabs", "fma") for s in ("", "f"))
+MATH_FUNCTIONS = frozenset(f + s for f in ("exp", "log", "sqrt", "rsqrt", "fabs", "fma", "tanh", "erf", "exp2", "log2")
+                           for s in ("", "f"))
 GENERATED = CUDA_BUILTINS | PRELUDE_NAMES | MATH_FUNCTIONS
 
 # Names a term may mention besides identifiers: the CUDA builtins' components

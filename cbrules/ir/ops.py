@@ -32,7 +32,29 @@ HALF_DTYPES = ("float16", "bfloat16")
 def compute_dtype(dtype: str) -> str:
     """The register type a load of ``dtype`` produces: float32 for the half types, else ``dtype``."""
     return "float32" if dtype in HALF_DTYPES else dtype
-UNARY = ("exp", "log", "sqrt", "rsqrt", "neg", "abs")
+# the transcendental functions added for epilogues and softmax (issue 29): float registers only
+MATH = ("tanh", "erf", "exp2", "log2", "sigmoid")
+FLOAT_REGISTERS = ("float32", "float64")
+UNARY = ("exp", "log", "sqrt", "rsqrt", "neg", "abs") + MATH
+# What each math op computes in CUDA and how far from the exact result it may land (float32; float64
+# registers call the double function). The bounds are the CUDA C Programming Guide's (appendix
+# "Mathematical Functions", without --use_fast_math, which cbrules never passes; NVIDIA found them by
+# extensive, not exhaustive, tests). For the MATH ops the interpreter computes the exact result rounded to
+# the register's type (sigmoid: each step of its formula), so a GPU result lies within these of it.
+MATH_ERRORS = {
+    "exp": "expf(x): at most 2 ulp (double exp: 1 ulp)",
+    "log": "logf(x): at most 1 ulp (double log: 1 ulp); log(0) = -inf, log(x < 0) = NaN",
+    "sqrt": "sqrtf(x): correctly rounded; sqrt(x < 0) = NaN",
+    "rsqrt": "rsqrtf(x) = 1/sqrt(x): at most 2 ulp (double rsqrt: 1 ulp); rsqrt(0) = inf, rsqrt(x < 0) = NaN",
+    "tanh": "tanhf(x): at most 2 ulp (double tanh: 2 ulp); tanh(+-inf) = +-1",
+    "erf": "erff(x): at most 2 ulp (double erf: 2 ulp); erf(+-inf) = +-1",
+    "exp2": "exp2f(x) = 2**x: at most 2 ulp (double exp2: 1 ulp); overflows to inf from 128, "
+            "underflows through the denormals to 0 from -150",
+    "log2": "log2f(x): at most 1 ulp (double log2: 1 ulp); log2(0) = -inf, log2(x < 0) = NaN",
+    "sigmoid": "1.0f / (1.0f + expf(-x)): at most 5.5 ulp as bounded from expf's 2 ulp and the IEEE add and "
+               "division (a relative error r costs up to r * 2**24 ulp); 1 above about 16.6, and 0 below -88.72, "
+               "where expf(-x) overflows and the exact value is a denormal below 2**-126",
+}
 BINARY = ("add", "sub", "mul", "div", "max", "min")
 REDUCE_COMBINE = ("sum", "max", "min")
 # a warp shuffle's modes, as CUDA names them: __shfl_xor_sync, __shfl_down_sync, __shfl_up_sync, __shfl_sync
@@ -204,7 +226,8 @@ OP_DOCS: dict[str, str] = {
     "shfl": "dst = args[0] of another lane of this warp (all 32 lanes execute it together, full mask): lane "
             "^ args[1] (mode xor), lane + args[1] (down), lane - args[1] (up) or lane args[1] (idx), within "
             "segments of width lanes; a lane whose source falls outside its segment keeps its own value",
-    **{u: f"dst = {u}(args[0])" for u in UNARY},
+    **{u: f"dst = {u}(args[0])" + (f" ({'float registers; ' if u in MATH else ''}{MATH_ERRORS[u]})"
+                                    if u in MATH_ERRORS else "") for u in UNARY},
     **{b: f"dst = {b}(args[0], args[1])" for b in BINARY},
 }
 COMMON_DOC = "stage, tag and part: any node may carry them; rules tag nodes with them for later rules"

@@ -13,8 +13,8 @@ from ..errors import CbrulesError
 from .attributes import (ARG_COUNTS, INT_HIGH, INT_KEYS, attribute_problem, ident_keys, register_count,
                          term_problem)
 from .names import BUILTINS, RULES, problem
-from .ops import (DTYPES, HALF_DTYPES, LOOP_KINDS, MAX_SCOPE_DEPTH, OPS, REDUCE_COMBINE, SCOPES, SHFL_MODES, SPACES,
-                  WARP_SIZE, term_values)
+from .ops import (DTYPES, FLOAT_REGISTERS, HALF_DTYPES, LOOP_KINDS, MATH, MAX_SCOPE_DEPTH, OPS, REDUCE_COMBINE, SCOPES,
+                  SHFL_MODES, SPACES, WARP_SIZE, term_values)
 from .order import CONTAINS, DEPENDS, ScheduleError, order_among, sibling_order
 from .terms import Term
 from .tma_view import TmaSplitError, normalize_split
@@ -159,6 +159,9 @@ def _attributes(kg: KernelGraph) -> None:
         if op == "shfl" and (d["mode"] not in SHFL_MODES or d["dtype"] in HALF_DTYPES + ("mbarrier",)):
             raise GraphError("attributes", f"{kg.describe(n)}: shuffle mode {d['mode']!r} / dtype {d['dtype']!r}; "
                              f"expected one of {', '.join(SHFL_MODES)} and a register type (float32, int32, ...)", n)
+        if op in MATH and d["dtype"] not in FLOAT_REGISTERS:
+            raise GraphError("attributes", f"{kg.describe(n)}: {op} into a {d['dtype']!r} register; it computes in "
+                             f"{' or '.join(FLOAT_REGISTERS)}", n)
         if op == "alloc" and (d["space"] not in SPACES or d["dtype"] not in DTYPES):
             raise GraphError("attributes", f"{kg.describe(n)}: space {d['space']!r} / dtype {d['dtype']!r} "
                              "not supported", n)
@@ -277,9 +280,6 @@ def _values(kg: KernelGraph, walked: list[int]) -> None:
             if bad:
                 most = f" and <= {INT_HIGH[op, key]}" if (op, key) in INT_HIGH else ""
                 raise GraphError("int-valued", f"{kg.describe(n)}: {key} must be int(s) >= {low}{most}: {bad}", n)
-        if op == "shfl" and isinstance(d["width"], int) and d["width"] & (d["width"] - 1):
-            raise GraphError("int-valued", f"{kg.describe(n)}: shuffle width {d['width']} is not a power of two "
-                             f"(1, 2, 4, ... {WARP_SIZE}): segments of lanes tile the warp", n)
         if op == "alloc" and d.get("align") and d["align"] & (d["align"] - 1):
             raise GraphError("int-valued", f"{kg.describe(n)}: align {d['align']} is not a power of two", n)
         if "dtype" in d and d["dtype"] not in DTYPES:

@@ -16,6 +16,7 @@ mechanism yet, so every read after it sees its data.
 """
 from __future__ import annotations
 
+import math
 import random
 from typing import Any, Mapping, Optional, Union
 
@@ -41,8 +42,29 @@ KernelLike = Union[Kernel, KernelGraph]
 _COMBINE = {"sum": C_BINARY["+"],
             "max": lambda a, b: np.where(C_BINARY[">"](a, b), a, b),
             "min": lambda a, b: np.where(C_BINARY["<"](a, b), a, b)}
+
+
+def _rounded(fn):
+    """``fn`` in float64, rounded to the operand's type (float32: the correctly rounded result but for
+    rare double roundings; the GPU's function lies within ops.MATH_ERRORS of it)."""
+    def go(x: np.ndarray) -> np.ndarray:
+        return np.asarray(fn(x.astype(np.float64)), np.float64).astype(x.dtype)
+    return go
+
+
+_ERF = np.frompyfunc(math.erf, 1, 1)  # numpy has no erf; math.erf is accurate to a few float64 ulp
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    """As codegen writes it, 1 / (1 + exp(-x)), each step rounded to x's type."""
+    one = x.dtype.type(1)
+    return one / (one + _rounded(np.exp)(-x))
+
+
 _UNARY_NP = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: x.dtype.type(1) / np.sqrt(x),
-             "abs": np.abs, "neg": np.negative}
+             "abs": np.abs, "neg": np.negative, "tanh": _rounded(np.tanh), "erf": _rounded(_ERF),
+             "exp2": _rounded(np.exp2), "log2": _rounded(np.log2), "sigmoid": _sigmoid}
+assert set(_UNARY_NP) == set(UNARY), "every unary op needs its meaning"
 _ARITH = {"add": "+", "sub": "-", "mul": "*"}
 # after these a role yields: another role may run next (and may now be able to)
 _SWITCH_OPS = frozenset(("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
@@ -350,7 +372,8 @@ class _BlockRunner(MemoryOps, MmaOps):
         dt = np.dtype(NP_DTYPES[s.attrs["dtype"]])
         v = np.asarray(x(self.env, self.lanes(mask)))
         v = v.astype(dt) if s.op != "neg" else v  # expf(x) takes a float; -(x) keeps x's type
-        self.set_reg(s.attrs["dst"], _UNARY_NP[s.op](v), mask)
+        with np.errstate(all="ignore"):  # C math does not trap: log(-1) is NaN, rsqrt(0) inf
+            self.set_reg(s.attrs["dst"], _UNARY_NP[s.op](v), mask)
 
     def _binary(self, s: Step, mask: np.ndarray) -> None:
         x, y = (f(self.env, self.lanes(mask)) for f in self.p.fns[s.node]["args"])
