@@ -20,9 +20,9 @@ from typing import Union
 import ml_dtypes
 import numpy as np
 
-from ..ir.mma_layout import (MMA_DTYPES, MMA_K, MMA_M, TRANSPOSE, WARPGROUP, MatrixDescriptor, MmaLayoutError,
-                             b_tile_descriptor, b_tile_elements, check_n, fragment_slot, operand_address,
-                             tma_tile_descriptor)
+from ..ir.mma_layout import (MMA_DTYPES, MMA_K, MMA_M, MN_SPANS, TRANSPOSE, WARPGROUP, MatrixDescriptor,
+                             MmaLayoutError, b_tile_descriptor, b_tile_elements, check_n, fragment_slot,
+                             operand_address, tma_tile_descriptor)
 from ..schedule import Step
 from .hazards import DivergentSync, InterpError
 
@@ -185,6 +185,11 @@ class MmaOps:
         groups, span, dtype = int(a["groups"]), int(a["swizzle"]), a["dtype"]
         b_major = a.get("b_major", "k")  # an MN-major B: panels of b_swizzle-byte rows, the transpose bit
         b_span = int(a.get("b_swizzle", span))
+        if b_major not in TRANSPOSE or (b_major == "mn") != ("b_swizzle" in a) or \
+                b_major == "mn" and b_span not in MN_SPANS:
+            raise MmaIssueError(f"an mma with b_major {b_major!r} and b_swizzle {a.get('b_swizzle')!r}: B is 'k' "
+                                f"(a [BN, BK] tile, no b_swizzle) or 'mn' (a [BK, BN] tile of panels whose rows are "
+                                f"b_swizzle = {' / '.join(map(str, MN_SPANS))} bytes)", self.site())
         rows = bm // groups
         acc = self.regarrays.get(a["acc"])
         tiles = [self.proto.shared.get(a[k]) for k in ("a", "b")]
@@ -213,6 +218,12 @@ class MmaOps:
                 # the elements it reads (2-byte elements: byte address / 2), for the protocol checks
                 reads = [(tile, np.concatenate([operand_addresses(d[w], rows_of, trans).ravel() for d in steps]) // 2)
                          for tile, w, rows_of, trans in ((tile_a, 2, MMA_M, 0), (tile_b, 3, bn, TRANSPOSE[b_major]))]
+                for tile, idx in reads:  # a descriptor that reaches past the tile: named here, before any read
+                    out = idx[(idx < 0) | (idx >= tile.data.size)]
+                    if out.size:
+                        raise MmaIssueError(f"an mma reads {tile.name}[{int(out[0])}], outside its {tile.data.size} "
+                                            "elements: check the descriptors' start address, LBO and SBO",
+                                            self.site())
                 self.proto.mma.issue(s.node, g, lanes, a["acc"], reads, span if b_span == span else (span, b_span),
                                      self.site)
                 frags = acc[lanes]
