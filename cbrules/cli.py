@@ -276,6 +276,12 @@ def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
                    "alpha_beta (docs/fragments.md)")
     p.add_argument("--b-layout", choices=["nk", "kn"], help="matmul_tc: B given as [N, K] (nk, the default: "
                    "c = a @ b^T) or as [K, N] row-major (kn: c = a @ b, read MN-major through the transpose bit)")
+    p.add_argument("--head-dim", type=int, metavar="D", help="attention: the head dimension D (64 or 128; default 64)")
+    p.add_argument("--causal", action="store_true", default=None, help="attention: causal (key <= query, top-left "
+                   "aligned as torch's is_causal): only the key tiles up to each query tile's last row are walked")
+    p.add_argument("--lse", action="store_true", default=None, help="attention: also write the log-sum-exp of each "
+                   "query row (float32 [BH, Lq])")
+    p.add_argument("--scale", type=float, metavar="X", help="attention: the softmax scale (default 1/sqrt(D))")
 
 
 def _rule_options(p: argparse.ArgumentParser, debug: bool = False) -> None:

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 MAX_ELEMENTS = 2 ** 31  # the launcher refuses tensors past 2**31 elements: refuse such shapes up front
 
 
+VARIANT_OPTIONS = ("head_dim", "causal", "lse", "scale")  # a built-in kernel's own parameters (KernelSpec.variant)
+
+
 def kernel_spec(a) -> KernelSpec:
     """The kernel the command line names (built-in or a file), with its ``--epilogue`` where given and its
     B operand in the layout ``--b-layout`` asks for (built-in matmul_tc only: its inputs and reference
@@ -27,6 +30,13 @@ def kernel_spec(a) -> KernelSpec:
         if spec.epilogue is None:
             raise CliError(f"{spec.name}: --epilogue {epilogue}: this kernel takes no epilogue (matmul_tc does)")
         spec = spec.epilogue(epilogue)
+    asked = {k: getattr(a, k, None) for k in VARIANT_OPTIONS}
+    asked = {k: v for k, v in asked.items() if v is not None}
+    if asked:
+        if spec.variant is None:
+            flags = " ".join(f"--{k.replace('_', '-')}" for k in asked)
+            raise CliError(f"{spec.name}: {flags}: this kernel takes no such parameters (attention does)")
+        spec = spec.variant(**asked)
     layout = getattr(a, "b_layout", None)
     if layout is None:
         return spec

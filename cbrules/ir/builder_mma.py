@@ -371,7 +371,8 @@ class MmaBuilder:
         with self.fragment_elements(acc, origin) as e:
             e.set(fn(e))
 
-    def fragment_reduce(self, acc, axis: str = "row", combine: str = "max", dst: Optional[str] = None) -> Buffer:
+    def fragment_reduce(self, acc, axis: str = "row", combine: str = "max", dst: Optional[str] = None,
+                        into: Optional[Buffer] = None) -> Buffer:
         """Reduce ``acc`` along the rows (``axis="row"``: each row of the tile over its BN columns) or the
         columns (``axis="col"``: each column over the BM rows) with ``combine`` (max, min, sum); returns a
         register array that :meth:`FragmentElement.reduced` reads per element (every thread holding an
@@ -383,15 +384,26 @@ class MmaBuilder:
         each thread combines its own, three shuffles (xor 4, 8, 16) the warp's, and the warps' partials
         meet in a shared [warps, BN] scratch between two block syncs (the consumers' named barrier once
         warp-specialized: rules/warp_specialize.rules). Mask elements outside the output first (a
-        ``select`` to the combine's identity in :meth:`fragment_map`)."""
+        ``select`` to the combine's identity in :meth:`fragment_map`).
+
+        ``into``: a float32 register array allocated before (e.g. before a circular-buffered loop whose
+        body reduces every iteration: the rules copy the body into several loops, and an allocation
+        inside would be made twice) to hold the result instead of a new one."""
         where = f"fragment_reduce at {_call_site()}"
         bm, bn, groups = self._mma_fragment(acc, "fragment_reduce")
         if axis not in ("row", "col") or combine not in FRAGMENT_COMBINE:
             raise BuildError(f"{where}: axis {axis!r} / combine {combine!r}: give axis 'row' or 'col' and combine "
                              f"one of {', '.join(FRAGMENT_COMBINE)}")
         blocks, half = bm // groups // MMA_M, bn // 2
-        out = self.alloc(dst or f"{acc.name}_{axis}_{combine}", "register", "float32",
-                         (blocks * 2 if axis == "row" else bn // 4,))
+        size = (blocks * 2 if axis == "row" else bn // 4,)
+        if into is None:
+            out = self.alloc(dst or f"{acc.name}_{axis}_{combine}", "register", "float32", size)
+        else:
+            self._known(into, ("buffer",), "fragment_reduce")
+            if into.space != "register" or into.dtype != "float32" or tuple(into.shape) != size:
+                raise BuildError(f"{where}: into={into.name!r} ({into.space} {into.dtype} {into.shape}) must be a "
+                                 f"float32 register array of shape {size} (one result a {axis} the thread holds)")
+            out = into
         self._reductions[out.name] = (acc.name, axis)
         tmp = self._reg(None, "fragment_reduce")
         identity, op = FRAGMENT_COMBINE[combine]
