@@ -9,7 +9,8 @@ tiles of ``bn`` keys in a circular-buffered loop that TMA-loads K and V ([bn, D]
 layout):
 
     S = Q K^T                    (shared A and B, K-major: one wgmma group; the fragment stays in registers)
-    S = -inf past the keys (and, causal, above the diagonal: key > query)   select on the fragment
+    S = -inf past the keys (and, causal, above the diagonal: key > query)   select on the fragment, in
+                                                                            the tiles that cross an edge
     m_new = max(m, rowmax(S) * scale * log2 e)                              fragment_reduce (2 shuffles)
     P = exp2(S * scale * log2 e - m_new);  l = l * exp2(m - m_new) + rowsum(P)  (the thread's own columns)
     O = O * exp2(m - m_new);  O += P V      (P rounded to bf16/f16 in registers: the register-A wgmma;
@@ -137,7 +138,12 @@ def attention(stages: int = 2, prefetch=None, war: Optional[str] = None, warp_sp
             if causal:
                 keep = keep.and_(e.col.le(e.row))
             return k.select(keep, e.value, NEG_INF)
-        k.fragment_map(s, masked, origin=(row0, key0))
+        # only the tiles that reach past the keys (the last) or above a query row (causal: the diagonal's)
+        edge = (key0 + bn).gt(lk)
+        if causal:
+            edge = edge.or_((key0 + bn - 1).gt(row0))
+        with k.if_(edge):
+            k.fragment_map(s, masked, origin=(row0, key0))
         k.fragment_reduce(s, "row", "max", into=tile_max)
         with k.loop("r1", rows, kind="unroll") as r:
             old = k.load(m_run, r)

@@ -230,18 +230,18 @@ def _attention_inputs(head_dim: int, lse: bool, shape, rng):
     return args
 
 
-def attention_reference(q, k, v, scale: float, causal: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(o, lse) of attention in float64: softmax(scale * q @ k^T) @ v over [BH, L, D] arrays, causal as
-    torch's is_causal (key <= query, top-left aligned); lse the natural log of each row's sum."""
-    q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k, v))
-    s = np.einsum("bqd,bkd->bqk", q, k) * scale
+def attention_reference(q, k, v, scale: float, causal: bool, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """(o, lse) of attention computed in ``dtype``: softmax(scale * q @ k^T) @ v over [BH, L, D] arrays,
+    causal as torch's is_causal (key <= query, top-left aligned); lse the natural log of each row's sum."""
+    q, k, v = (np.asarray(x).astype(np.float32).astype(dtype) for x in (q, k, v))
+    s = (q @ k.transpose(0, 2, 1)) * dtype(scale)
     if causal:
         lq, lk = s.shape[1:]
         s = np.where(np.arange(lk)[None, None, :] <= np.arange(lq)[None, :, None], s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     p = np.exp(s - m)
     total = p.sum(axis=-1, keepdims=True)
-    return np.einsum("bqk,bkd->bqd", p / total, v), (m + np.log(total))[..., 0]
+    return (p / total) @ v, (m + np.log(total))[..., 0]
 
 
 def _attention_reference(head_dim: int, causal: bool, scale: Optional[float], lse: bool, a):
