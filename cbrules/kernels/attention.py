@@ -29,7 +29,8 @@ before the threads read their fragments (rules/mma.rules, mma-wait-read-in-loop)
 from __future__ import annotations
 
 import math
-from typing import Optional
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
 
 from ..errors import CbrulesError
 from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer
@@ -76,9 +77,18 @@ def check(head_dim, dtype, bm, bn, stages, scale) -> None:
 
 def attention(stages: int = 2, prefetch=None, war: Optional[str] = None, warp_specialize: bool = False,
               registers=None, dtype: str = "bfloat16", head_dim: int = 64, causal: bool = False,
-              scale: Optional[float] = None, lse: bool = False, bm: int = BM, bn: int = BN) -> Kernel:
+              scale: Optional[float] = None, lse: bool = False, bm: int = BM, bn: int = BN,
+              mask_mod: Optional[Callable] = None, key_blocks: Optional[Callable] = None) -> Kernel:
     """The attention forward over ``q [BH, Lq, D]``, ``k, v [BH, Lk, D]`` into ``o [BH, Lq, D]`` (and
-    ``lse [BH, Lq]`` with ``lse=True``); ``scale`` defaults to ``1 / sqrt(head_dim)``. See the module doc."""
+    ``lse [BH, Lq]`` with ``lse=True``); ``scale`` defaults to ``1 / sqrt(head_dim)``. See the module doc.
+
+    Variants (examples/sliding_window_attention.py): ``mask_mod(e)`` returns the predicate that keeps a
+    score element (``e.row`` its query, ``e.col`` its key; False sends it to -inf), on top of the keys'
+    end and ``causal``; ``key_blocks(row0, key_tiles)`` returns ``(first, stop, partial)``: the key
+    tiles [first, stop) the query tile from row ``row0`` visits (``key_tiles`` the ones it would
+    visit otherwise) and ``partial(key0)``, the predicate of a tile that ``mask_mod`` may cut (the mask
+    pass runs on those only; default: every tile, when ``mask_mod`` is given). A row none of whose keys
+    is kept gets NaN, as in torch."""
     check(head_dim, dtype, bm, bn, stages, scale)
     d = head_dim
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -106,6 +116,9 @@ def attention(stages: int = 2, prefetch=None, war: Optional[str] = None, warp_sp
     key_tiles = ceil_div(lk, bn)
     if causal:  # keys up to the block's last query row
         key_tiles = call("min", key_tiles, ceil_div(row0 + bm, bn))
+    first, partial = 0, None
+    if key_blocks is not None:
+        first, key_tiles, partial = key_blocks(row0, key_tiles)
 
     s = k.mma_accumulator(bm, bn, acc="s", groups=groups)
     out = k.mma_accumulator(bm, d, acc="o_acc", groups=groups)
@@ -114,6 +127,7 @@ def attention(stages: int = 2, prefetch=None, war: Optional[str] = None, warp_sp
     m_run = k.alloc("m_run", "register", "float32", (rows,))
     l_run = k.alloc("l_run", "register", "float32", (rows,))
     alpha = k.alloc("alpha", "register", "float32", (rows,))
+    m_use = k.alloc("m_use", "register", "float32", (rows,))  # m, or 0 while a row has kept no key
     tile_max = k.alloc("s_max", "register", "float32", (rows,))
     with k.loop("r0", rows, kind="unroll") as r:
         k.store(m_run, r, NEG_INF)
@@ -124,8 +138,8 @@ def attention(stages: int = 2, prefetch=None, war: Optional[str] = None, warp_sp
     if warp_specialize and registers is None:  # the consumers hold S, O and P: give them the producer's share
         registers = ws_registers(groups)
     cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
-    with k.loop("t", key_tiles, circular_buffer=cb) as t:
-        key0 = t * bn
+    with k.loop("t", key_tiles - first, circular_buffer=cb) as t:
+        key0 = (first + t) * bn
         for p in range(panels):
             k.tma_load(k_map, (head, key0, p * PANEL), k_t[p])
         for p in range(panels):
@@ -137,20 +151,27 @@ def attention(stages: int = 2, prefetch=None, war: Optional[str] = None, warp_sp
             keep = e.col.lt(lk)
             if causal:
                 keep = keep.and_(e.col.le(e.row))
+            if mask_mod is not None:
+                keep = keep.and_(mask_mod(e))
             return k.select(keep, e.value, NEG_INF)
         # only the tiles that reach past the keys (the last) or above a query row (causal: the diagonal's)
         edge = (key0 + bn).gt(lk)
         if causal:
             edge = edge.or_((key0 + bn - 1).gt(row0))
-        with k.if_(edge):
+        if mask_mod is not None:
+            edge = edge.or_(partial(key0)) if partial is not None else None
+        with (k.if_(edge) if edge is not None else _always()):
             k.fragment_map(s, masked, origin=(row0, key0))
         k.fragment_reduce(s, "row", "max", into=tile_max)
         with k.loop("r1", rows, kind="unroll") as r:
             old = k.load(m_run, r)
             new = k.max(old, k.mul(k.load(tile_max, r), c))
-            k.store(alpha, r, k.exp2(k.sub(old, new)))
+            # a row with no kept key yet (-inf): its exponents stay -inf (0), not -inf - -inf (NaN)
+            use = k.select(new.eq(NEG_INF), 0.0, new)
+            k.store(alpha, r, k.exp2(k.sub(old, use)))
             k.store(m_run, r, new)
-        k.fragment_map(s, lambda e: k.exp2(k.sub(k.mul(e.value, c), k.load(m_run, _row_slot(e)))))
+            k.store(m_use, r, use)
+        k.fragment_map(s, lambda e: k.exp2(k.sub(k.mul(e.value, c), k.load(m_use, _row_slot(e)))))
         _own_row_sums(k, s, l_run, alpha, bn, rows)
         k.fragment_map(out, lambda e: k.mul(e.value, k.load(alpha, _row_slot(e))))
         k.fragment_convert(s, p_regs)
@@ -171,6 +192,11 @@ def attention(stages: int = 2, prefetch=None, war: Optional[str] = None, warp_sp
                     k.store(lse_out, head * lq + e.row,
                             k.mul(k.add(k.load(m_run, slot), k.log2(k.load(l_run, slot))), LN2))
     return k
+
+
+@contextmanager
+def _always() -> Iterator[None]:
+    yield
 
 
 def ws_registers(groups: int) -> tuple[int, int]:

@@ -230,14 +230,18 @@ def _attention_inputs(head_dim: int, lse: bool, shape, rng):
     return args
 
 
-def attention_reference(q, k, v, scale: float, causal: bool, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
+def attention_reference(q, k, v, scale: float, causal: bool, dtype=np.float64,
+                        masked: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
     """(o, lse) of attention computed in ``dtype``: softmax(scale * q @ k^T) @ v over [BH, L, D] arrays,
-    causal as torch's is_causal (key <= query, top-left aligned); lse the natural log of each row's sum."""
+    causal as torch's is_causal (key <= query, top-left aligned), the scores where ``masked`` [Lq, Lk] is
+    True sent to -inf too; lse the natural log of each row's sum."""
     q, k, v = (np.asarray(x).astype(np.float32).astype(dtype) for x in (q, k, v))
     s = (q @ k.transpose(0, 2, 1)) * dtype(scale)
     if causal:
         lq, lk = s.shape[1:]
         s = np.where(np.arange(lk)[None, None, :] <= np.arange(lq)[None, :, None], s, -np.inf)
+    if masked is not None:
+        s = np.where(masked[None], -np.inf, s)
     m = s.max(axis=-1, keepdims=True)
     p = np.exp(s - m)
     total = p.sum(axis=-1, keepdims=True)
