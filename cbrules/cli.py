@@ -23,7 +23,7 @@ from .ir.limits import MAX_CHECK_STAGES
 from .ir.ops import HALF_DTYPES
 from .rewrite import rulefile
 from .cli_check import cmd_check
-from .cli_kernel import _compile, _dtype, _kernel, _lower_options, _rule_folders, _run, _shape, kernel_spec
+from .cli_kernel import _compile, _dtype, _kernel, _lower_options, _rule_folders, _run, _shape, load_spec
 
 
 TRACEBACK_VAR = "CBRULES_TRACEBACK"
@@ -54,7 +54,7 @@ def cmd_ops(a) -> int:
 def cmd_lower(a) -> int:
     from . import api, options, trace
     from .schedule import print_program, schedule
-    spec = kernel_spec(a)
+    spec = load_spec(a)
     built = _kernel(a, spec)
     kg = api.lower(built, **_lower_options(a))
     print(options.describe(kg, built.graph))
@@ -94,7 +94,7 @@ def cmd_trace(a) -> int:
         t, name, effective = tracefile.load(a.kernel)
         kg = trace.final_graph(t)
     else:
-        spec = kernel_spec(a)
+        spec = load_spec(a)
         built = _kernel(a, spec)
         try:
             kg = api.lower(built, rules=_rule_folders(a) or None, debug=True, stop_after=a.stop_after,
@@ -179,7 +179,7 @@ def _need(a, *names: str) -> None:
 
 
 def cmd_compile(a) -> int:
-    spec = kernel_spec(a)
+    spec = load_spec(a)
     kernel = _kernel(a, spec)
     ck, summary = _compile(spec, kernel, annotate=a.annotate, **_lower_options(a))
     if a.ptx:
@@ -197,7 +197,7 @@ def cmd_compile(a) -> int:
 
 def cmd_run(a) -> int:
     from .codegen import runtime
-    spec = kernel_spec(a)
+    spec = load_spec(a)
     ck, summary = _compile(spec, _kernel(a, spec), **_lower_options(a))
     print(summary)
     if not runtime.gpu_available():

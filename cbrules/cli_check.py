@@ -11,7 +11,7 @@ from .ir.limits import MAX_CHECK_STAGES
 if TYPE_CHECKING:
     from .kernels.specs import KernelSpec
 
-from .cli_kernel import _dtype, _file_options, _lower_options, _warp_options, kernel_spec
+from .cli_kernel import _dtype, _file_options, _lower_options, _warp_options, load_spec
 
 
 def cmd_check(a) -> int:
@@ -25,7 +25,7 @@ def cmd_check(a) -> int:
     from .check import TABLE_HEADER, Checker, table_row, trip_counts
     from .kernels import KERNELS
     from .reference.interp import SCHEDULES
-    spec = kernel_spec(a)
+    spec = load_spec(a)
     kernel_file = getattr(spec, "takes", None) is not None
     if kernel_file:
         missing = [w for w, have in (("inputs(shape, rng)", spec.inputs), ("reference(inputs)", spec.reference),
@@ -42,8 +42,8 @@ def cmd_check(a) -> int:
     ws = _warp_options(a)
     asked = " ".join(f"--{k} {v}" for k, v in (("stages", a.stages), ("prefetch", a.prefetch), ("war", a.war),
                                                 ("registers", a.registers), ("dtype", a.dtype),
-                                                ("epilogue", getattr(a, "epilogue", None)), ("swizzle", a.swizzle),
-                                                ("b-layout", getattr(a, "b_layout", None))) if v is not None)
+                                                ("swizzle", a.swizzle), ("b-layout", a.b_layout),
+                                                ("epilogue", a.epilogue)) if v is not None)
     asked += (" --warp-specialize" if ws["warp_specialize"] else "") + (" --tma-store" if a.tma_store else "")
     roles = f"; roles under schedules {', '.join(SCHEDULES)}" if ws["warp_specialize"] else ""
     # a kernel file without shape_for_trips(trips): one case, at its SHAPE

@@ -20,16 +20,12 @@ MAX_ELEMENTS = 2 ** 31  # the launcher refuses tensors past 2**31 elements: refu
 VARIANT_OPTIONS = ("head_dim", "causal", "lse", "scale")  # a built-in kernel's own parameters (KernelSpec.variant)
 
 
-def kernel_spec(a) -> KernelSpec:
-    """The kernel the command line names (built-in or a file), with its ``--epilogue`` where given and its
-    B operand in the layout ``--b-layout`` asks for (built-in matmul_tc only: its inputs and reference
-    change too)."""
+def load_spec(a) -> KernelSpec:
+    """The kernel the command line names (:func:`cbrules.kernelfile.load_kernel`), with its B operand in
+    the layout ``--b-layout`` asks for and its ``--epilogue`` (built-in matmul_tc only: its inputs and
+    reference change too), and the parameters of :data:`VARIANT_OPTIONS` (``--head-dim``, ``--causal``,
+    ``--lse``, ``--scale``) for a kernel that takes them (attention)."""
     spec = load_kernel(a.kernel)
-    epilogue = getattr(a, "epilogue", None)
-    if epilogue is not None:
-        if spec.epilogue is None:
-            raise CliError(f"{spec.name}: --epilogue {epilogue}: this kernel takes no epilogue (matmul_tc does)")
-        spec = spec.epilogue(epilogue)
     asked = {k: getattr(a, k, None) for k in VARIANT_OPTIONS}
     asked = {k: v for k, v in asked.items() if v is not None}
     if asked:
@@ -37,11 +33,11 @@ def kernel_spec(a) -> KernelSpec:
             flags = " ".join(f"--{k.replace('_', '-')}" for k in asked)
             raise CliError(f"{spec.name}: {flags}: this kernel takes no such parameters (attention does)")
         spec = spec.variant(**asked)
-    layout = getattr(a, "b_layout", None)
-    if layout is None:
+    layout, epilogue = getattr(a, "b_layout", None), getattr(a, "epilogue", None)
+    if layout is None and epilogue is None:
         return spec
-    from .kernels.specs import with_b_layout
-    return with_b_layout(spec, layout)
+    from .kernels.specs import matmul_tc_variant
+    return matmul_tc_variant(spec, layout or "nk", epilogue or "none")
 
 
 def _lower_options(a) -> dict:

@@ -71,21 +71,21 @@ def instruction_helper(n: int, dtype: str, b_major: str = "k") -> str:
             f'               : "l"(da), "l"(db), "r"(scale_d) : "memory");\n}}')
 
 
-def register_a_helper_name(n: int, dtype: str, b_major: str = "k") -> str:
-    """The prelude function of one register-A m64n{n}k16 wgmma with B ``b_major`` (``_tb``: MN-major)."""
+def register_a_name(n: int, dtype: str, b_major: str = "k") -> str:
+    """The prelude function of one m64n{n}k16 wgmma with A from registers (``_tb``: B MN-major)."""
     return f"cb_wgmma_rs_n{n}_{_PTX_TYPE[dtype]}" + ("_tb" if TRANSPOSE[b_major] else "")
 
 
 def register_a_helper(n: int, dtype: str, b_major: str = "k") -> str:
     """``cb_wgmma_rs_n{n}_{type}[_tb](d, a, desc_b, scale_d)``: one m64n{n}k16 wgmma whose A is the four
-    packed registers at a (REFERENCE §8: no transpose immediate for A, which registers hold K-major;
-    tnspB is B's major-ness)."""
+    packed registers at a (REFERENCE §8: no transpose immediate for A, which registers hold K-major; tnspB
+    is B's major-ness)."""
     t = _PTX_TYPE[dtype]
     regs = n // 2
     outs = ", ".join(f"%{i}" for i in range(regs))
     operands = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     a_regs = ", ".join(f"%{regs + i}" for i in range(4))
-    return (f"__device__ __forceinline__ void {register_a_helper_name(n, dtype, b_major)}(float* d, const unsigned* a, "
+    return (f"__device__ __forceinline__ void {register_a_name(n, dtype, b_major)}(float* d, const unsigned* a, "
             f"unsigned long long db, int scale_d) {{\n"
             f'  asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{regs + 5}, 0;\\n"\n'
             f'               " wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{outs}}}, {{{a_regs}}}, '
@@ -179,14 +179,14 @@ def statement(a: Any, ident: Callable[[Any], str], as_int: Callable[..., int], c
 def _register_a_statement(a: Any, shape: tuple, ident: Callable[[Any], str], as_int: Callable[..., int],
                           c_term: Callable) -> str:
     """An mma whose A is a packed register operand: block j, k-step s reads its registers
-    a_offset + j * BK/4 + 4 s .. + 3 (the thread's own rows: no warp-group offset)."""
+    a_offset + j * BK/4 + 4 s .. + 3 (the thread's own rows: no warp-group offset); B as in :func:`statement`."""
     bm, bn, bk, groups, swizzle, dtype = shape
     if a["a_space"] != "register":
         raise CodegenError(f"mma into {a['acc']}: a_space {a['a_space']!r} is not 'register'")
     b_major, b_span = b_operand(a, as_int)
     acc, at, bt = ident(a["acc"]), ident(a["a"]), ident(a["b"])
     fields_b = b_tile_descriptor(0, bn, bk, b_span, b_major).encode()
-    fn = register_a_helper_name(bn, dtype, b_major)
+    fn = register_a_name(bn, dtype, b_major)
     scale, a_off = c_term(a["scale_d"]), c_term(a["a_offset"])
     lines = [f"{{ const unsigned cb_b = cb_smem_addr({bt} + {c_term(a['b_offset'])});"]
     for j in range(bm // groups // MMA_M):

@@ -14,6 +14,7 @@ from cbrules.ir import builder_mma, mma_layout
 from cbrules.ir.builder import BuildError, FragmentElement, Kernel, ceil_div, circular_buffer, fragment_coords
 from cbrules.ir.terms import evaluate
 from cbrules.kernels import KERNELS
+from cbrules.kernels.specs import matmul_tc_variant
 from cbrules.kernels.matmul_tc import EPILOGUES, MatmulTileError, matmul_tc
 from cbrules.reference.interp import run
 
@@ -21,7 +22,7 @@ BF16 = ml_dtypes.bfloat16
 
 
 def _gemm(m_tile=64, n_tile=64, epilogue=None, store="plain", dtype="bfloat16", out_dtype="float32", body=None,
-          groups=1):
+          groups=1, ws=False):
     """C = epilogue(A @ B^T) on ``groups`` warp groups, m_tile x n_tile tiles, K in steps of 16; ``epilogue(k, e,
     t)`` maps an element (``t``: the kernel's tensors and symbols), ``body(k, acc, t, origin)`` runs after the
     K loop."""
@@ -39,7 +40,7 @@ def _gemm(m_tile=64, n_tile=64, epilogue=None, store="plain", dtype="bfloat16", 
     from cbrules.ir.builder import blockIdx
     row0, col0 = (blockIdx.x / tiles_n) * m_tile, (blockIdx.x % tiles_n) * n_tile
     acc = k.mma_accumulator(m_tile, n_tile)
-    with k.loop("t", ceil_div(kk, 16), circular_buffer=circular_buffer(2)) as s:
+    with k.loop("t", ceil_div(kk, 16), circular_buffer=circular_buffer(2, warp_specialize=ws)) as s:
         k.tma_load(a_map, (row0, s * 16), a_t)
         k.tma_load(b_map, (col0, s * 16), b_t)
         k.mma(acc, a_t, b_t)
@@ -87,8 +88,8 @@ MAPS = {
 }
 
 
-@pytest.mark.parametrize("shape", [(64, 64, 32), (100, 72, 40)], ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("name", list(MAPS))
+@pytest.mark.parametrize("name,shape", [("bias_relu", (64, 64, 32))] + [(n, (100, 72, 40)) for n in MAPS],
+                         ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else v)
 def test_fragment_map_before_and_after_lowering(name, shape):
     fn, meaning = MAPS[name]
     args = _args(shape, seed=len(name))
@@ -195,9 +196,8 @@ def _tile_reduced(x, m_tile, n_tile, axis, fn):
 REDUCTIONS = {"max": (float("-inf"), np.max), "sum": (0.0, np.sum), "min": (float("inf"), np.min)}
 
 
-@pytest.mark.parametrize("groups", [1, 2])
-@pytest.mark.parametrize("axis,combine", [("row", "max"), ("row", "sum"), ("col", "max"), ("col", "sum"),
-                                          ("col", "min")])
+@pytest.mark.parametrize("axis,combine,groups", [("row", "max", 1), ("row", "sum", 2), ("col", "max", 2),
+                                                 ("col", "sum", 1), ("col", "min", 1)])
 def test_fragment_reductions(axis, combine, groups):
     # ragged 150 x 72: the last tiles' rows and columns outside the output are masked to the identity; with
     # two warp groups a column spans 8 warps (the shared step), a row stays inside one warp
@@ -208,6 +208,20 @@ def test_fragment_reductions(axis, combine, groups):
     kernel = _gemm(m_tile=m_tile, groups=groups, body=_reduction(axis, combine, ident))
     for got in _both(kernel, args):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
+
+
+def test_a_column_reduction_warp_specialized_syncs_the_consumers_only():
+    # the block syncs of the shared step become the consumers' named barrier (the producer never reaches it)
+    from cbrules.reference.interp import SCHEDULES
+    args = _args((150, 72, 40), seed=4)
+    want = _tile_reduced(_product(args), 128, 64, "col", np.max)
+    kg = api.lower(_gemm(m_tile=128, groups=2, body=_reduction("col", "max", float("-inf")), ws=True))
+    from cbrules.codegen.cuda import emit
+    from cbrules.schedule import schedule
+    src = emit(schedule(kg)).text
+    assert "cb_bar_sync(2, 256);" in src and "__syncthreads();" not in src.split("acc_col_max_warps[")[1]
+    for schedule in SCHEDULES:
+        np.testing.assert_allclose(run(kg, args, schedule=schedule)["c"], want, rtol=1e-5, atol=1e-3)
 
 
 @pytest.mark.parametrize("axis,shuffles", [("row", (1,)), ("col", (4, 8))])
@@ -223,7 +237,7 @@ def test_a_reduction_that_skips_a_lane_is_caught(monkeypatch, axis, shuffles):
 def _epilogue_spec(name):
     import dataclasses
     import functools
-    spec = KERNELS["matmul_tc"].epilogue(name)
+    spec = matmul_tc_variant(KERNELS["matmul_tc"], epilogue=name)
     # one warp group of 64 x 64 tiles, 16 of K a stage: a ragged 100 x 72 output in four tiles, K = 40 in three
     small = functools.partial(matmul_tc, epilogue=name, bm=64, bn=64, bk=16, groups=1)
     return dataclasses.replace(spec, factory=small, shape_for_trips=lambda t: (100, 72, 16 * t - 8))
@@ -240,9 +254,29 @@ def test_an_epilogue_checked_warp_specialized():
     assert r.ok, f"{r.status} {r.detail}"
 
 
-@pytest.mark.parametrize("name", ["bias_gelu", "alpha_beta"])
+@pytest.mark.parametrize("name", ["alpha_beta"])  # bias_gelu: the acceptance command below
 def test_epilogues_compile_without_spills(name):
     ck = api.compile(matmul_tc(stages=4, epilogue=name, warp_specialize=True, registers=(40, 232)))
     r = ck.cubin.resources
     assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0
     assert "C7518" not in ck.cubin.log  # the wgmma are not serialized by the epilogue's register use
+
+
+EXAMPLE = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "gemm_bias_gelu.py"
+
+
+def test_the_example_kernel_file_passes_the_checker_and_compiles():
+    from cbrules.kernelfile import load_kernel
+    spec = load_kernel(str(EXAMPLE))
+    r = Checker().check(spec, 2, 2)  # every trip count: `cbrules check` (the GPU suite compiles and runs it)
+    assert r.ok, f"{r.status} {r.detail}"
+
+
+def test_both_acceptance_commands(capsys):
+    from cbrules.cli import main
+    assert main(["compile", "matmul_tc", "--epilogue", "bias_gelu", "--b-layout", "kn", "--quiet"]) == 0
+    assert "0/0 B spill" in capsys.readouterr().out
+    assert main(["compile", "single_dim", "--epilogue", "bias", "--quiet"]) == 1
+    assert "epilogue (--epilogue) applies to the built-in matmul_tc only" in capsys.readouterr().err
+    assert main(["compile", "matmul_tc", "--epilogue", "gelu", "--quiet"]) == 1
+    assert "epilogue 'gelu' is not one of none, bias" in capsys.readouterr().err

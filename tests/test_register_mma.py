@@ -20,19 +20,21 @@ STORAGE = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 SWIZZLE = {32: "32B", 64: "64B", 128: "128B"}
 
 
-def _two_products(dtype="bfloat16", d=64, bl=64, stages=2, ws=False, scale=0.125):
+def _two_products(dtype="bfloat16", d=64, bl=64, stages=2, ws=False, scale=0.125, v_layout="nk"):
     """Per 64-row block of Q: for each 64-key tile, S = Q K^T, P = exp(scale * S) (0 outside the keys),
-    O += P V with P the register operand (V given as V^T [d, L], K-major)."""
+    O += P V with P the register operand (V given as V^T [d, L], K-major; v_layout "kn": V as [L, d],
+    MN-major, one panel of d columns)."""
     k = Kernel("pv", block=128)
     m, keys = k.symbol("M"), k.symbol("L")
-    q, kt, vt = (k.tensor(nm, shape, dtype) for nm, shape in (("q", (m, d)), ("k", (keys, d)), ("vt", (d, keys))))
+    v_shape = (d, keys) if v_layout == "nk" else (keys, d)
+    q, kt, vt = (k.tensor(nm, shape, dtype) for nm, shape in (("q", (m, d)), ("k", (keys, d)), ("vt", v_shape)))
     o = k.tensor("o", (m, d), "float32")
     q_map = k.tensor_map(q, box=(64, d), swizzle=SWIZZLE[2 * d])
     k_map = k.tensor_map(kt, box=(bl, d), swizzle=SWIZZLE[2 * d])
-    v_map = k.tensor_map(vt, box=(d, bl), swizzle=SWIZZLE[2 * bl])
+    v_map = k.tensor_map(vt, box=(d, bl) if v_layout == "nk" else (bl, d), swizzle=SWIZZLE[2 * (bl if v_layout == "nk" else d)])
     q_t = k.alloc("q_t", "shared", dtype, (64, d), align=1024)
     k_t = k.alloc("k_t", "shared", dtype, (bl, d), align=1024)
-    v_t = k.alloc("v_t", "shared", dtype, (d, bl), align=1024)
+    v_t = k.alloc("v_t", "shared", dtype, (d, bl) if v_layout == "nk" else (bl, d), align=1024)
     k.grid(ceil_div(m, 64))
     row0 = blockIdx.x * 64
     s = k.mma_accumulator(64, bl, acc="s")
@@ -41,28 +43,30 @@ def _two_products(dtype="bfloat16", d=64, bl=64, stages=2, ws=False, scale=0.125
     with k.loop("t", ceil_div(keys, bl), circular_buffer=circular_buffer(stages, warp_specialize=ws)) as t:
         k.tma_load(q_map, (row0, 0), q_t)
         k.tma_load(k_map, (t * bl, 0), k_t)
-        k.tma_load(v_map, (0, t * bl), v_t)
+        k.tma_load(v_map, (0, t * bl) if v_layout == "nk" else (t * bl, 0), v_t)
         k.mma(s, q_t, k_t, scale_d=0)
         k.fragment_map(s, lambda e: k.select(e.inside(m, keys), k.exp(k.mul(e.value, scale)), 0.0),
                        origin=(row0, t * bl))
         k.fragment_convert(s, p)
-        k.mma(out, p, v_t)
+        k.mma(out, p, v_t, b_layout=v_layout)
     k.fragment_store(out, o, (row0, 0))
     return k
 
 
-def _inputs(shape, dtype, seed=0):
+def _inputs(shape, dtype, seed=0, v_layout="nk"):
     m, keys, d = shape
     rng = np.random.default_rng(seed)
     st = STORAGE[dtype]
     return {"q": rng.standard_normal((m, d)).astype(st), "k": rng.standard_normal((keys, d)).astype(st),
-            "vt": rng.standard_normal((d, keys)).astype(st), "o": np.full((m, d), np.nan, np.float32)}
+            "vt": rng.standard_normal((d, keys) if v_layout == "nk" else (keys, d)).astype(st),
+            "o": np.full((m, d), np.nan, np.float32)}
 
 
-def _want(args, dtype, scale=0.125):
+def _want(args, dtype, scale=0.125, v_layout="nk"):
     s = args["q"].astype(np.float64) @ args["k"].astype(np.float64).T
     p = np.exp(scale * s).astype(np.float32).astype(STORAGE[dtype]).astype(np.float64)  # P rounded like the pack
-    return p @ args["vt"].astype(np.float64).T
+    v = args["vt"].astype(np.float64)
+    return p @ (v.T if v_layout == "nk" else v)
 
 
 @pytest.mark.parametrize("dtype,shape", [("bfloat16", (64, 64, 64)), ("bfloat16", (100, 152, 64)),
@@ -81,6 +85,16 @@ def test_narrow_key_tiles_and_three_stages():
     got = run(api.lower(_two_products(bl=32, stages=3)), args)["o"]
     want = _want(args, "bfloat16")
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+
+
+def test_register_operand_with_v_in_its_natural_layout():
+    # O += P V with V [L, d] row-major: B MN-major through the transpose bit, no V^T
+    args = _inputs((100, 152, 64), "bfloat16", 2, v_layout="kn")
+    want = _want(args, "bfloat16", v_layout="kn")
+    for kernel in (_two_products(v_layout="kn"), api.lower(_two_products(v_layout="kn"))):
+        got = run(kernel, args)["o"]
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    assert "cb_wgmma_rs_n64_bf16_tb(" in api.generate(_two_products(v_layout="kn")).text  # compiled on the GPU
 
 
 def test_the_pack_rounds_to_nearest_even_low_half_first():
@@ -189,3 +203,73 @@ def test_the_unmutated_rules_pass_with_the_same_harness(tmp_path):
     got = run(api.lower(_two_products(), rules=[str(tmp_path / "none")]), args)["o"]
     want = _want(args, "bfloat16")
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+
+
+# ----------------------------------------------------------------------------- a loop-invariant operand
+
+def _invariant_q(ws=False, wait=True, write_in_loop=False, d=64):
+    """O = Q (sum over key tiles t of K_t)^T: Q TMA-loaded once before the loop under a barrier of its own,
+    each K tile by the circular-buffered loop."""
+    k = Kernel("qk", block=128)
+    m, tiles = k.symbol("M"), k.symbol("T")
+    q, kt = k.tensor("q", (m, d), "bfloat16"), k.tensor("k", (tiles * 64, d), "bfloat16")
+    o = k.tensor("o", (m, 64), "float32")
+    q_map = k.tensor_map(q, box=(64, d), swizzle="128B")
+    k_map = k.tensor_map(kt, box=(64, d), swizzle="128B")
+    q_t = k.alloc("q_t", "shared", "bfloat16", (64, d), align=1024)
+    k_t = k.alloc("k_t", "shared", "bfloat16", (64, d), align=1024)
+    bar = k.alloc("q_bar", "shared", "mbarrier", (1,))
+    k.grid(ceil_div(m, 64))
+    row0 = blockIdx.x * 64
+    with k.elect_one():
+        k.mbarrier_init(bar, 0, count=1)
+        k.fence_mbarrier_init()
+    k.syncthreads()
+    with k.elect_one():
+        k.mbarrier_arrive_expect_tx(bar, 0, q_map.box_bytes)
+        k.tma_load(q_map, (row0, 0), q_t, bar, slot=0)
+    if wait:
+        k.mbarrier_wait(bar, 0, parity=0)
+    s = k.mma_accumulator(64, 64, acc="s")
+    with k.loop("t", tiles, circular_buffer=circular_buffer(2, warp_specialize=ws)) as t:
+        k.tma_load(k_map, (t * 64, 0), k_t)
+        if write_in_loop:
+            k.store(q_t, 0, 0.0)
+        k.mma(s, q_t, k_t)
+    if not wait:
+        k.mbarrier_wait(bar, 0, parity=0)
+    with k.elect_one():
+        k.mbarrier_inval(bar, 0)
+    k.fragment_store(s, o, (row0, 0))
+    return k
+
+
+def _invariant_args(m=100, tiles=5, seed=0):
+    rng = np.random.default_rng(seed)
+    bf = ml_dtypes.bfloat16
+    args = {"q": rng.standard_normal((m, 64)).astype(bf), "k": rng.standard_normal((tiles * 64, 64)).astype(bf),
+            "o": np.full((m, 64), np.nan, np.float32), "T": tiles}
+    kv = args["k"].astype(np.float64).reshape(tiles, 64, 64).sum(axis=0)
+    return args, args["q"].astype(np.float64) @ kv.T
+
+
+@pytest.mark.parametrize("ws", [False, True])
+def test_a_loop_invariant_operand_loaded_once_before_the_loop(ws):
+    from cbrules.reference.interp import SCHEDULES
+    args, want = _invariant_args()
+    kg = api.lower(_invariant_q(ws=ws))
+    for schedule in SCHEDULES if ws else SCHEDULES[:1]:
+        np.testing.assert_allclose(run(kg, args, schedule=schedule)["o"], want, rtol=1e-5, atol=1e-3)
+
+
+def test_an_invariant_operand_read_before_its_load_completes_is_caught():
+    from cbrules.reference.protocol import RawHazard
+    args, _ = _invariant_args()
+    with pytest.raises(RawHazard, match="q_t"):
+        run(api.lower(_invariant_q(wait=False)), args)
+
+
+def test_an_operand_the_threads_write_in_the_loop_is_refused_by_name():
+    with pytest.raises(LoweringError) as e:
+        api.lower(_invariant_q(write_in_loop=True))
+    assert e.value.code == "mma-written-operand" and "q_t" in str(e.value)

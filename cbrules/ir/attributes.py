@@ -75,8 +75,8 @@ INT_ATTRS = (("alloc", "shape", 1, True), ("alloc", "align", 1, False), ("mbarri
              ("tma_load", "box", 1, True), ("tma_load", "tile", 1, True), ("bar_sync", "id", 0, False),
              ("bar_sync", "count", 1, False), ("kernel", "block", 1, True), ("mbarrier_wait", "backoff", 0, False),
              ("tma_store_wait", "pending", 0, False), ("copy", "count", 1, False), ("mma", "shape", 1, True),
-             ("mma", "groups", 1, False), ("mma", "swizzle", 0, False), ("mma", "b_swizzle", 0, False),
-             ("wgmma_wait", "pending", 0, False), ("block_stats", "n", 1, False), ("shfl", "width", 1, False))
+             ("mma", "groups", 1, False), ("mma", "swizzle", 0, False), ("mma", "b_swizzle", 0, False), ("wgmma_wait", "pending", 0, False),
+             ("block_stats", "n", 1, False), ("shfl", "width", 1, False))
 # block_stats n: the merge weighs with n as a float32, exact up to 2**24 (a thread holds a few hundred)
 INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16, ("block_stats", "n"): 1 << 24,
             ("shfl", "width"): WARP_SIZE}

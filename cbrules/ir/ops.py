@@ -146,14 +146,14 @@ OPS: dict[str, OpSpec] = {
     # scale_d (a term): 0 = the first k-step overwrites acc, else it accumulates (later k-steps always
     # accumulate). The node only ISSUES: acc and the shared tiles are in use until a wgmma_wait covers
     # its group (wgmma_commit); acc's registers are read as they were at the last wgmma_fence.
-    # a_space "register": A is a packed register fragment (fragment_convert: uint32 pairs of 2-byte values in
-    # the accumulator's thread/row map, a 64 x 16 chunk = 4 registers a thread), a_offset a register index;
-    # absent: the shared tile above.
     # b_major "mn" (absent: "k"): B is a shared [BK, BN] tile instead, MN-major (N contiguous), read with
     # the transpose bit: BN / W panels [BK, W] one after the other, each TMA-loaded with the b_swizzle
     # span (W * 2 bytes, W = 16, 32 or 64) -- see cbrules.ir.mma_layout.b_tile_descriptor.
+    # a_space "register": A is a packed register fragment (fragment_convert: uint32 pairs of 2-byte values in
+    # the accumulator's thread/row map, a 64 x 16 chunk = 4 registers a thread), a_offset a register index;
+    # absent: the shared tile above
     "mma": OpSpec(("acc", "a", "b", "shape", "groups", "dtype", "swizzle"),
-                  ("a_offset", "b_offset", "scale_d", "a_space", "b_major", "b_swizzle"),
+                  ("a_offset", "b_offset", "scale_d", "b_major", "b_swizzle", "a_space"),
                   ("a_offset", "b_offset", "scale_d"), "memory", {"a_offset": 0, "b_offset": 0, "scale_d": 1}),
     # wgmma.fence.sync.aligned: register and shared-memory writes before it are seen by the mma after it
     "wgmma_fence": OpSpec((), (), (), "sync"),

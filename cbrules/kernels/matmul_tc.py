@@ -80,8 +80,8 @@ def _activation(k: Kernel, fn: Optional[str], x: Term) -> Term:
     if fn == "gelu_tanh":  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
         inner = k.mul(x, k.fma(k.mul(x, x), _GELU_TANH_C1, _GELU_TANH_C0))
         return k.mul(k.mul(x, 0.5), k.add(k.tanh(inner), 1.0))
-    assert fn == "silu", fn  # x * sigmoid(x) = x / (1 + exp(-x))
-    return k.div(x, k.add(k.exp(k.neg(x)), 1.0))
+    assert fn == "silu", fn  # x * sigmoid(x)
+    return k.mul(x, k.sigmoid(x))
 
 
 def epilogue_inputs(epilogue: str) -> tuple[str, ...]:
@@ -117,7 +117,7 @@ def _epilogue(k: Kernel, epilogue: str, m: Term, n: Term, out_dtype: str):
 def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_specialize: bool = False,
               registers=None, dtype: str = "bfloat16", out_dtype: Optional[str] = None, bm: int = BM, bn: int = BN,
               bk: int = BK, groups: int = GROUPS, group_m: int = GROUP_M, persistent: int = 0,
-              store_swizzle: Optional[bool] = None, epilogue: str = "none", b_layout: str = "nk") -> Kernel:
+              store_swizzle: Optional[bool] = None, b_layout: str = "nk", epilogue: str = "none") -> Kernel:
     """``c = a @ b^T`` in ``bm`` x ``bn`` tiles on ``groups`` consumer warp groups, ``bk`` of K a stage;
     ``out_dtype`` (bfloat16, float16, float32; default ``dtype``) is c's type. Blocks take tiles in groups
     of ``group_m`` tile rows, column by column inside a group, so the blocks running at once share

@@ -60,9 +60,6 @@ class KernelSpec:
     tile_output: bool = False  # its output leaves in whole tiles, one per iteration: it can be TMA-stored
     swizzles: bool = False  # it can read its inputs from swizzled tiles
     seed: bool = True  # one of the seed's test matrix (the CPU differential matrix runs every such kernel)
-    # the spec of the kernel with epilogue NAME (its inputs and reference include the epilogue's), for
-    # kernels that take one (`--epilogue`); None: the kernel takes none
-    epilogue: Optional[Callable[[str], "KernelSpec"]] = None
     # the spec of the kernel built with these keyword parameters (its inputs and reference follow them),
     # for kernels that take some on the command line (attention: --head-dim, --causal, --lse, --scale)
     variant: Optional[Callable[..., "KernelSpec"]] = None
@@ -164,6 +161,15 @@ def _mm_tc_reference(a):
     return {"c": a["a"].astype(np.float64) @ a["b"].astype(np.float64).T}
 
 
+def _mm_tc_kn_inputs(shape, rng):
+    m, n, kk = shape
+    return {"a": _normal(rng, m, kk), "b": _normal(rng, kk, n), "c": _nan(m, n)}
+
+
+def _mm_tc_kn_reference(a):
+    return {"c": a["a"].astype(np.float64) @ a["b"].astype(np.float64)}
+
+
 _ERF = np.frompyfunc(math.erf, 1, 1)
 _ACTIVATIONS = {None: lambda x: x, "relu": lambda x: np.maximum(x, 0.0),
                 "gelu": lambda x: 0.5 * x * (1.0 + _ERF(x / math.sqrt(2.0)).astype(np.float64)),
@@ -171,8 +177,8 @@ _ACTIVATIONS = {None: lambda x: x, "relu": lambda x: np.maximum(x, 0.0),
                 "silu": lambda x: x / (1.0 + np.exp(-x))}
 
 
-def _mm_tc_epilogue_inputs(epilogue: str, shape, rng):
-    args = _mm_tc_inputs(shape, rng)
+def _mm_tc_epilogue_inputs(epilogue: str, product_inputs, shape, rng):
+    args = product_inputs(shape, rng)
     m, n, _ = shape
     for p in _mtc.epilogue_inputs(epilogue):
         if p == "bias":
@@ -184,8 +190,8 @@ def _mm_tc_epilogue_inputs(epilogue: str, shape, rng):
     return args
 
 
-def _mm_tc_epilogue_reference(epilogue: str, a):
-    x = _mm_tc_reference(a)["c"]
+def _mm_tc_epilogue_reference(epilogue: str, product, a):
+    x = product(a)["c"]
     adds, act = _mtc.EPILOGUES[epilogue]
     if "bias" in adds:
         x = x + a["bias"].astype(np.float64)[None, :]
@@ -194,31 +200,6 @@ def _mm_tc_epilogue_reference(epilogue: str, a):
     if "alpha_beta" in adds:
         x = a["alpha"] * x + a["beta"] * a["c_in"].astype(np.float64)
     return {"c": _ACTIVATIONS[act](x)}
-
-
-def _mm_tc_with_epilogue(epilogue: str) -> "KernelSpec":
-    """matmul_tc with ``epilogue`` (:data:`cbrules.kernels.matmul_tc.EPILOGUES`): its extra inputs, reference
-    and tolerance (alpha scales the product's rounding error)."""
-    if epilogue not in _mtc.EPILOGUES:
-        raise UnsupportedVariantError(f"kernel matmul_tc: epilogue {epilogue!r} is not one of "
-                                      f"{', '.join(_mtc.EPILOGUES)}")
-    base = KERNELS["matmul_tc"]
-    return dataclasses.replace(
-        base, factory=functools.partial(_mtc.matmul_tc, epilogue=epilogue),
-        inputs=functools.partial(_mm_tc_epilogue_inputs, epilogue),
-        reference=functools.partial(_mm_tc_epilogue_reference, epilogue),
-        tolerance=lambda s: (1e-4, 6e-6 * s[2] + 1e-5))
-
-
-def _mm_tc_kn_inputs(inputs, shape, rng):
-    """``inputs``' arguments with b given as [K, N] (the same values, transposed)."""
-    args = inputs(shape, rng)
-    args["b"] = np.ascontiguousarray(args["b"].T)
-    return args
-
-
-def _mm_tc_kn_reference(reference, a):
-    return reference({**a, "b": a["b"].T})
 
 
 def _attention_inputs(head_dim: int, lse: bool, shape, rng):
@@ -335,8 +316,7 @@ _SPECS = [
     KernelSpec("matmul_tc", CATALOG["matmul_tc"], _mtc.matmul_tc, _mm_tc_inputs, _mm_tc_reference, ("c",),
                (1024, 2048, 4096), ((128, 128, 64), (500, 1000, 304), (1024, 2048, 4096), (129, 264, 72)),
                trips=lambda s: _cdiv(s[2], _mtc.BK), tolerance=lambda s: (1e-4, 3e-6 * s[2]),
-               shape_for_trips=lambda t: (130, 136, _mtc.BK * t - 8), dtypes=_mtc.MMA_DTYPES, seed=False,
-               epilogue=lambda name: _mm_tc_with_epilogue(name)),
+               shape_for_trips=lambda t: (130, 136, _mtc.BK * t - 8), dtypes=_mtc.MMA_DTYPES, seed=False),
     # shape (BH, Lq, Lk), head dim 64 unless --head-dim; P rounded to the inputs' dtype before P @ V
     KernelSpec("attention", CATALOG["attention"], functools.partial(_att.attention, head_dim=64),
                functools.partial(_attention_inputs, 64, False),
@@ -355,20 +335,34 @@ B_LAYOUTS = ("nk", "kn")
 
 
 def with_b_layout(spec: KernelSpec, b_layout: str) -> KernelSpec:
+    """``spec`` with its B operand in ``b_layout`` (:func:`matmul_tc_variant`)."""
+    return matmul_tc_variant(spec, b_layout)
+
+
+def matmul_tc_variant(spec: KernelSpec, b_layout: str = "nk", epilogue: str = "none") -> KernelSpec:
     """``spec`` with its B operand in ``b_layout``: "nk" (b is [N, K], the built-in default) or "kn"
-    (b is [K, N] row-major and c = a @ b: inputs, reference and kernel change together). Only the
-    built-in matmul_tc takes it; "nk" returns it unchanged."""
+    (b is [K, N] row-major and c = a @ b: inputs, reference and kernel change together), and with
+    ``epilogue`` (:data:`cbrules.kernels.matmul_tc.EPILOGUES`: its inputs, reference and tolerance
+    too). Only the built-in matmul_tc takes them; "nk" without an epilogue returns it unchanged."""
     if b_layout not in B_LAYOUTS:
         raise UnsupportedVariantError(f"B layout {b_layout!r}: one of {', '.join(B_LAYOUTS)}")
-    base = KERNELS.get("matmul_tc")
-    if spec.name != "matmul_tc" or base is None or getattr(spec.factory, "func", spec.factory) is not base.factory:
-        raise UnsupportedVariantError(f"kernel {spec.name}: a B layout (--b-layout) applies to the built-in "
-                                      "matmul_tc only; drop it")
-    if b_layout == "nk":
+    if epilogue not in _mtc.EPILOGUES:
+        raise UnsupportedVariantError(f"kernel matmul_tc: epilogue {epilogue!r} is not one of "
+                                      f"{', '.join(_mtc.EPILOGUES)}")
+    if spec is not KERNELS.get("matmul_tc"):
+        what = "an epilogue (--epilogue)" if epilogue != "none" else "a B layout (--b-layout)"
+        raise UnsupportedVariantError(f"kernel {spec.name}: {what} applies to the built-in matmul_tc only; drop it")
+    if b_layout == "nk" and epilogue == "none":
         return spec
-    return replace(spec, factory=functools.partial(spec.factory, b_layout=b_layout),
-                   inputs=functools.partial(_mm_tc_kn_inputs, spec.inputs),
-                   reference=functools.partial(_mm_tc_kn_reference, spec.reference))
+    inputs, product = (_mm_tc_inputs, _mm_tc_reference) if b_layout == "nk" else (_mm_tc_kn_inputs, _mm_tc_kn_reference)
+    if epilogue == "none":
+        return replace(spec, factory=functools.partial(_mtc.matmul_tc, b_layout=b_layout), inputs=inputs,
+                       reference=product)
+    # alpha scales the product's rounding error, the epilogue adds its own
+    return replace(spec, factory=functools.partial(_mtc.matmul_tc, b_layout=b_layout, epilogue=epilogue),
+                   inputs=functools.partial(_mm_tc_epilogue_inputs, epilogue, inputs),
+                   reference=functools.partial(_mm_tc_epilogue_reference, epilogue, product),
+                   tolerance=lambda s: (1e-4, 6e-6 * s[2] + 1e-5))
 
 
 class UnsupportedVariantError(CbrulesError, ValueError):

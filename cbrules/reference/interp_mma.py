@@ -20,9 +20,9 @@ from typing import Union
 import ml_dtypes
 import numpy as np
 
-from ..ir.mma_layout import (MMA_DTYPES, MMA_K, MMA_M, MN_SPANS, TRANSPOSE, WARPGROUP, MatrixDescriptor,
-                             MmaLayoutError, b_tile_descriptor, b_tile_elements, check_n, fragment_slot,
-                             operand_address, tma_tile_descriptor)
+from ..ir.mma_layout import (MMA_DTYPES, MMA_K, MMA_M, TRANSPOSE, WARPGROUP, MatrixDescriptor, MmaLayoutError,
+                             b_tile_descriptor, b_tile_elements, check_n, fragment_slot, operand_address,
+                             tma_tile_descriptor)
 from ..schedule import Step
 from .hazards import DivergentSync, InterpError
 
@@ -176,6 +176,18 @@ class MmaOps:
         self.set_reg(s.attrs["dst"], pack_pairs(np.broadcast_to(lo, (self.T,)), np.broadcast_to(hi, (self.T,)),
                                                 s.attrs["to"]), mask)
 
+    def _issuing_groups(self, s: Step, mask: np.ndarray, groups: int):
+        """(warp group, its threads, a_offset, b_offset, scale_d) of each warp group issuing mma ``s``, the
+        offsets and scale uniform over the group."""
+        for g, lanes in self._warp_groups(s, mask):
+            if g >= groups:
+                raise MmaIssueError(f"warp group {g} issues an mma of a tile on warp groups 0..{groups - 1}",
+                                    self.site())
+            m = np.zeros(self.T, bool)
+            m[lanes] = True
+            yield (g, lanes, *(self.uniform(self.ev(s, k, m), m, f"mma {k} in warp group {g}")
+                               for k in ("a_offset", "b_offset", "scale_d")))
+
     def _mma(self, s: Step, mask: np.ndarray) -> None:
         a = s.attrs
         if a.get("a_space") == "register":
@@ -183,7 +195,8 @@ class MmaOps:
             return
         bm, bn, bk = (int(x) for x in a["shape"])
         groups, span, dtype = int(a["groups"]), int(a["swizzle"]), a["dtype"]
-        b_major, b_span = self._b_layout(a, span)
+        b_major = a.get("b_major", "k")  # an MN-major B: panels of b_swizzle-byte rows, the transpose bit
+        b_span = int(a.get("b_swizzle", span))
         rows = bm // groups
         acc = self.regarrays.get(a["acc"])
         tiles = [self.proto.shared.get(a[k]) for k in ("a", "b")]
@@ -193,14 +206,7 @@ class MmaOps:
                                 f"register array {a['acc']!r} of {(rows // MMA_M) * bn // 2} elements a thread and "
                                 f"shared 2-byte tiles {a['a']!r}, {a['b']!r}", self.site())
         tile_a, tile_b = tiles
-        for g, lanes in self._warp_groups(s, mask):
-            if g >= groups:
-                raise MmaIssueError(f"warp group {g} issues an mma of a tile on warp groups 0..{groups - 1}",
-                                    self.site())
-            m = np.zeros(self.T, bool)
-            m[lanes] = True
-            a_off, b_off, scale_d = (self.uniform(self.ev(s, k, m), m, f"mma {k} in warp group {g}")
-                                     for k in ("a_offset", "b_offset", "scale_d"))
+        for g, lanes, a_off, b_off, scale_d in self._issuing_groups(s, mask, groups):
             if not self.p.mma_async:
                 self._mma_logical(acc, lanes, (tile_a, a_off + g * rows * bk), (tile_b, b_off), (rows, bn, bk), scale_d,
                                   b_tile_elements(bn, bk, b_span, b_major))
@@ -231,25 +237,14 @@ class MmaOps:
                 raise MmaIssueError(str(e), self.site()) from None
             acc[lanes] = frags
 
-    def _b_layout(self, a, span: int) -> tuple[str, int]:
-        """(major-ness, swizzle span) of an mma's B: an MN-major B is panels of b_swizzle-byte rows read
-        through the transpose bit; refused by name where the two disagree (as codegen does)."""
-        b_major = a.get("b_major", "k")
-        b_span = int(a.get("b_swizzle", span))
-        if b_major not in TRANSPOSE or (b_major == "mn") != ("b_swizzle" in a) or \
-                b_major == "mn" and b_span not in MN_SPANS:
-            raise MmaIssueError(f"an mma with b_major {b_major!r} and b_swizzle {a.get('b_swizzle')!r}: B is 'k' "
-                                f"(a [BN, BK] tile, no b_swizzle) or 'mn' (a [BK, BN] tile of panels whose rows are "
-                                f"b_swizzle = {' / '.join(map(str, MN_SPANS))} bytes)", self.site())
-        return b_major, b_span
-
     def _mma_register_a(self, s: Step, mask: np.ndarray) -> None:
         """An mma whose A is packed registers: block j, k-step s reads registers a_offset + j*BK/4 + 4s ..
-        + 3 of each thread of the warp group, B as a shared tile (see :meth:`_mma`)."""
+        + 3 of each thread of the warp group, B as a shared tile in either layout (see :meth:`_mma`)."""
         a = s.attrs
         bm, bn, bk = (int(x) for x in a["shape"])
         groups, span, dtype = int(a["groups"]), int(a["swizzle"]), a["dtype"]
-        b_major, b_span = self._b_layout(a, span)
+        b_major = a.get("b_major", "k")
+        b_span = int(a.get("b_swizzle", span))
         rows = bm // groups
         acc, regs = self.regarrays.get(a["acc"]), self.regarrays.get(a["a"])
         tile_b = self.proto.shared.get(a["b"])
@@ -258,14 +253,7 @@ class MmaOps:
             raise MmaIssueError(f"an mma of tile ({bm}, {bn}, {bk}) with A from registers needs float32 register "
                                 f"array {a['acc']!r}, uint32 register array {a['a']!r} and a shared 2-byte tile "
                                 f"{a['b']!r}", self.site())
-        for g, lanes in self._warp_groups(s, mask):
-            if g >= groups:
-                raise MmaIssueError(f"warp group {g} issues an mma of a tile on warp groups 0..{groups - 1}",
-                                    self.site())
-            m = np.zeros(self.T, bool)
-            m[lanes] = True
-            a_off, b_off, scale_d = (self.uniform(self.ev(s, k, m), m, f"mma {k} in warp group {g}")
-                                     for k in ("a_offset", "b_offset", "scale_d"))
+        for g, lanes, a_off, b_off, scale_d in self._issuing_groups(s, mask, groups):
             first, last = a_off, a_off + (rows // MMA_M) * bk // 4
             if first < 0 or last > regs.shape[1]:
                 raise MmaIssueError(f"an mma reads registers {a['a']}[{first}:{last}], outside its {regs.shape[1]}",
@@ -274,11 +262,18 @@ class MmaOps:
             try:
                 if self.p.mma_async:
                     descs = [b_tile_descriptor(2 * b_off, bn, bk, b_span, b_major, ks) for ks in range(bk // MMA_K)]
-                    trans = TRANSPOSE[b_major]
-                    reads = [(tile_b, np.concatenate([operand_addresses(d, bn, trans).ravel() for d in descs]) // 2)]
-                    self.proto.mma.issue(s.node, g, lanes, a["acc"], reads, b_span, self.site, operand=a["a"])
-                else:  # before lowering the tile lies dense: B's rows from b_offset, K-major
-                    descs = None
+                    idx = np.concatenate([operand_addresses(d, bn, TRANSPOSE[b_major]).ravel() for d in descs]) // 2
+                    out = idx[(idx < 0) | (idx >= tile_b.data.size)]
+                    if out.size:
+                        raise MmaIssueError(f"an mma reads {tile_b.name}[{int(out[0])}], outside its "
+                                            f"{tile_b.data.size} elements", self.site())
+                    self.proto.mma.issue(s.node, g, lanes, a["acc"], [(tile_b, idx)], b_span, self.site,
+                                         operand=a["a"])
+                else:  # before lowering the tile lies dense as its TMA boxes
+                    descs, elements = None, b_off + b_tile_elements(bn, bk, b_span, b_major)
+                    if elements.min() < 0 or elements.max() >= tile_b.data.size:
+                        raise MmaIssueError(f"an mma reads {tile_b.name} from element {b_off}, past its "
+                                            f"{tile_b.data.size} elements", self.site())
                 for j in range(rows // MMA_M):
                     cols = slice(j * bn // 2, (j + 1) * bn // 2)
                     for ks in range(bk // MMA_K):
@@ -286,24 +281,18 @@ class MmaOps:
                         sd = int(bool(scale_d) or ks > 0)
                         if descs is not None:
                             frags[:, cols] = wgmma_register_a(frags[:, cols], regs[lanes, r0:r0 + 4], tile_b.data,
-                                                              descs[ks], n=bn, dtype=dtype, scale_d=sd,
+                                                              descs[ks].encode(), n=bn, dtype=dtype, scale_d=sd,
                                                               trans_b=TRANSPOSE[b_major])
                         else:
-                            self._register_a_logical(frags, cols, regs[lanes, r0:r0 + 4], tile_b, b_off,
-                                                     (bn, bk, ks), dtype, sd, b_tile_elements(bn, bk, b_span, b_major))
+                            bt = tile_b.data[elements[:, ks * MMA_K:(ks + 1) * MMA_K]].astype(np.float64)
+                            self._register_a_logical(frags, cols, regs[lanes, r0:r0 + 4], bt, dtype, sd)
             except MmaLayoutError as e:
                 raise MmaIssueError(str(e), self.site()) from None
             acc[lanes] = frags
 
-    def _register_a_logical(self, frags, cols, a_regs, tile_b, b_off: int, shape, dtype: str, scale_d: int,
-                            b_elements: np.ndarray) -> None:
-        """One k16 step before lowering: B's element (n, k) at ``b_off + b_elements[n, k]`` (dense
-        row-major [BN, BK], or MN-major panels)."""
-        bn, bk, ks = shape
-        if b_off < 0 or b_off + bn * bk > tile_b.data.size:
-            raise MmaIssueError(f"an mma reads {tile_b.name}[{b_off}:{b_off + bn * bk}], outside its "
-                                f"{tile_b.data.size} elements", self.site())
-        bt = tile_b.data[b_off + b_elements[:, ks * MMA_K:(ks + 1) * MMA_K]].astype(np.float64)
+    def _register_a_logical(self, frags, cols, a_regs, bt: np.ndarray, dtype: str, scale_d: int) -> None:
+        """One k16 step before lowering: A from the packed registers, B's [BN, 16] elements ``bt``."""
+        bn = bt.shape[0]
         at = register_operand(a_regs, dtype).astype(np.float64)
         tile = fragments_to_matrix(frags[:, cols], bn) if scale_d else np.zeros((MMA_M, bn), np.float32)
         tile = tile + (at @ bt.T).astype(np.float32)
