@@ -89,11 +89,18 @@ def test_q_is_loaded_once_before_the_key_loop_with_its_own_barrier():
     assert products and all("mma a_offset=0 b_offset=" in ln and ("slot" in ln or "t % 2" in ln) for ln in products)
 
 
-def test_warp_specialized_consumers_wait_for_each_product_they_read():
+def test_warp_specialized_consumers_keep_the_output_product_in_flight_into_the_next_iteration():
     text = _program(head_dim=64, stages=2, warp_specialize=True)
     consumer = text[text.index("part=consumer"):]
     loop = consumer[:consumer.index("post-epilogue")]
-    assert loop.count("wgmma_commit") == 2 and loop.count("wgmma_wait pending=0") >= 2
+    lines = [ln.strip().split(" tag=")[0] if "wgmma" in ln else ln.strip() for ln in loop.splitlines()
+             if "wgmma" in ln or " mma " in ln or "var=o_acc_ej" in ln]
+    scores, output = lines.index(next(ln for ln in lines if "acc=s " in ln)), \
+        lines.index(next(ln for ln in lines if "acc=o_acc " in ln))
+    assert lines[scores + 1:scores + 3] == ["wgmma_commit", "wgmma_wait pending=0"]  # S read right after
+    assert lines[output + 1:output + 3] == ["wgmma_commit", "wgmma_wait pending=1 stage=war"]  # P V in flight
+    rescale = next(i for i, ln in enumerate(lines) if ln.startswith("for kind=unroll step=1 var=o_acc_ej"))
+    assert scores < rescale < output and lines[rescale - 1] == "wgmma_wait pending=0"  # waited for there
 
 
 def test_refusals_by_name():
@@ -204,3 +211,44 @@ def test_a_window_narrower_than_a_tile_masks_whole_tiles_of_some_rows():
     far = np.arange(300)[None, :] <= np.arange(300)[:, None] - window
     want, _ = attention_reference(args["q"], args["k"], args["v"], 0.125, True, masked=far)
     _assert_close(got, {"o": want}, "bfloat16", lse=False)
+
+
+def _decaying_sum(ws=True):
+    """o = sum over t of 0.5^(T-1-t) a_t b_t^T: o halved at the top of each iteration, before its mma (a
+    loop-carried accumulator: the mma of iteration t is in flight until the halving of t + 1)."""
+    from cbrules.ir.builder import Kernel, blockIdx, ceil_div, circular_buffer
+    k = Kernel("decay", block=128)
+    n = k.symbol("N")
+    a, b = k.tensor("a", (n, 64), "bfloat16"), k.tensor("b", (n, 64), "bfloat16")
+    c = k.tensor("c", (64, 64), "float32")
+    a_map, b_map = (k.tensor_map(x, box=(64, 64), swizzle="128B") for x in (a, b))
+    a_t = k.alloc("a_t", "shared", "bfloat16", (64, 64), align=1024)
+    b_t = k.alloc("b_t", "shared", "bfloat16", (64, 64), align=1024)
+    acc = k.mma_accumulator(64, 64)
+    k.grid(1)
+    with k.loop("t", ceil_div(n, 64), circular_buffer=circular_buffer(2, warp_specialize=ws)) as t:
+        k.tma_load(a_map, (t * 64, 0), a_t)
+        k.tma_load(b_map, (t * 64, 0), b_t)
+        k.fragment_map(acc, lambda e: k.mul(e.value, 0.5))
+        k.mma(acc, a_t, b_t)
+    k.fragment_store(acc, c, (0, 0))
+    return k
+
+
+@pytest.mark.parametrize("mutation", ["", "(disable mma-wait-before-carried-read)\n"], ids=["rules", "no-wait"])
+def test_a_loop_carried_accumulator_is_waited_for_before_its_next_access(tmp_path, mutation):
+    write_rules(tmp_path / "r", mutation or ";; no change\n")
+    rng = np.random.default_rng(2)
+    import ml_dtypes
+    args = {"a": rng.standard_normal((192, 64)).astype(ml_dtypes.bfloat16),
+            "b": rng.standard_normal((192, 64)).astype(ml_dtypes.bfloat16), "c": np.full((64, 64), np.nan, np.float32)}
+    kg = api.lower(_decaying_sum(), rules=[str(tmp_path / "r")])
+    if mutation:
+        with pytest.raises(AccumulatorInFlight), np.errstate(divide="ignore", invalid="ignore"):
+            run(kg, args)
+        return
+    with np.errstate(divide="ignore", invalid="ignore"):
+        got = run(kg, args)["c"]
+    a64, b64 = (args[x].astype(np.float64).reshape(3, 64, 64) for x in ("a", "b"))
+    want = sum(0.5 ** (2 - t) * a64[t] @ b64[t].T for t in range(3))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
