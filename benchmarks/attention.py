@@ -4,7 +4,7 @@ own sustained load, median of 100 back-to-back launches, 5 s idle between implem
 
     python3 benchmarks/attention.py [--out benchmarks/results/attention] [--quick] [--plain]
 
-Grid: D in 64, 128 x L in 1k, 4k, 16k x causal both; batch x 16 heads with batch * L = 32k tokens (the
+Grid: D in 64, 128, 256 x L in 1k, 4k, 16k x causal both; batch x 16 heads with batch * L = 32k tokens (the
 GPU filled at every L). TFLOP/s = 4 * B * H * L^2 * D / time, halved when causal. Every implementation's
 output is checked against cuDNN's first (max abs error printed). ``--plain`` also times the kernel
 without warp specialization; ``--quick`` shortens the sustain and idle phases (for a first look only).
@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 HEADS, TOKENS = 16, 32768
-DIMS, LENGTHS = (64, 128), (1024, 4096, 16384)
+DIMS, LENGTHS = (64, 128, 256), (1024, 4096, 16384)
 OURS = {"ours (warp-specialized)": {"warp_specialize": True, "stages": 2}}
 PLAIN = {"ours (plain)": {"stages": 2}}
 

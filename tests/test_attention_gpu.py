@@ -1,4 +1,4 @@
-"""The attention kernel on a Hopper GPU: L in 1, 17, 128, 1000, 4096 x D in 64, 128 x causal both x warp
+"""The attention kernel on a Hopper GPU: L in 1, 17, 128, 1000, 4096 x D in 64, 128, 256 x causal both x warp
 specialization both, bfloat16 (and float16, queries and keys of different lengths, a softmax scale), outputs
 poisoned first, against a float32 reference (torch's SDPA in float32 when torch is importable, else numpy)."""
 import numpy as np
@@ -55,7 +55,7 @@ def _run(shape, d, causal, dtype="bfloat16", scale=None, seed=0, **options):
 
 @pytest.mark.parametrize("ws", [False, True], ids=["plain", "warp-specialized"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_lengths(d, causal, ws):
     failures = [f for n in LENGTHS for f in _run((3 if n < 4096 else 2, n, n), d, causal, stages=2,
                                                     warp_specialize=ws, seed=n)]

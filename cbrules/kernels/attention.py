@@ -39,8 +39,8 @@ from ..ir.limits import MAX_SHARED_BYTES
 from ..ir.ops import DTYPE_BYTES
 from ..ir.terms import call, name
 
-HEAD_DIMS = (64, 128)  # 256 needs a 64 x 256 float32 output fragment (128 registers) beside S: see below
-BM, BN = 128, 128  # query rows a block (two consumer warp groups), keys a tile
+HEAD_DIMS = (64, 128, 256)  # 256 with 64-key tiles: its 64 x 256 output fragment is 128 registers a thread
+BM, BN = 128, 128  # query rows a block (two consumer warp groups), keys a tile (64 at D = 256)
 PANEL = 64  # columns of D (and of V) one 128-byte-swizzled TMA box holds
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -54,10 +54,11 @@ class AttentionError(CbrulesError, ValueError):
 def check(head_dim, dtype, bm, bn, stages, scale) -> None:
     """Refuse by name the parameters :func:`attention` is not built for (``stages`` None: not checked)."""
     if head_dim not in HEAD_DIMS:
-        why = (" (256: the 64 x 256 float32 output fragment is 128 registers a thread beside the scores' 64 and "
-               "P's 32, past the 255 a thread may hold with the loop's addresses and statistics)"
-               if head_dim == 256 else "")
-        raise AttentionError(f"attention: head_dim={head_dim!r}: built for {', '.join(map(str, HEAD_DIMS))}{why}")
+        raise AttentionError(f"attention: head_dim={head_dim!r}: built for {', '.join(map(str, HEAD_DIMS))}")
+    if head_dim == 256 and bn > 64:
+        raise AttentionError(f"attention: head_dim=256 with bn={bn}: the 64 x 256 float32 output fragment is 128 "
+                             f"registers a thread, the {bn}-key scores {bn // 2} more and P {bn // 4}: past the 240 a "
+                             "consumer thread may hold; use bn=64 (the default for D = 256)")
     if dtype not in MMA_DTYPES:
         raise AttentionError(f"attention: dtype {dtype!r}: the tensor cores take {' or '.join(MMA_DTYPES)} here")
     if bm not in (64, 128, 192, 256):
@@ -77,7 +78,7 @@ def check(head_dim, dtype, bm, bn, stages, scale) -> None:
 
 def attention(stages: int = 2, prefetch=None, war: Optional[str] = None, warp_specialize: bool = False,
               registers=None, dtype: str = "bfloat16", head_dim: int = 64, causal: bool = False,
-              scale: Optional[float] = None, lse: bool = False, bm: int = BM, bn: int = BN,
+              scale: Optional[float] = None, lse: bool = False, bm: int = BM, bn: Optional[int] = None,
               mask_mod: Optional[Callable] = None, key_blocks: Optional[Callable] = None) -> Kernel:
     """The attention forward over ``q [BH, Lq, D]``, ``k, v [BH, Lk, D]`` into ``o [BH, Lq, D]`` (and
     ``lse [BH, Lq]`` with ``lse=True``); ``scale`` defaults to ``1 / sqrt(head_dim)``. See the module doc.
@@ -89,6 +90,7 @@ def attention(stages: int = 2, prefetch=None, war: Optional[str] = None, warp_sp
     visit otherwise) and ``partial(key0)``, the predicate of a tile that ``mask_mod`` may cut (the mask
     pass runs on those only; default: every tile, when ``mask_mod`` is given). A row none of whose keys
     is kept gets NaN, as in torch."""
+    bn = default_bn(head_dim) if bn is None else bn
     check(head_dim, dtype, bm, bn, stages, scale)
     d = head_dim
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -197,6 +199,11 @@ def attention(stages: int = 2, prefetch=None, war: Optional[str] = None, warp_sp
 @contextmanager
 def _always() -> Iterator[None]:
     yield
+
+
+def default_bn(head_dim) -> int:
+    """Keys a tile: 128, or 64 at D = 256 (the registers of its output fragment)."""
+    return 64 if head_dim == 256 else BN
 
 
 def ws_registers(groups: int) -> tuple[int, int]:

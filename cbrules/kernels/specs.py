@@ -240,20 +240,21 @@ def _attention_spec(base: "KernelSpec", head_dim: Optional[int] = None, causal: 
     """attention built with these parameters (None: the default): its inputs, reference and outputs."""
     head_dim = 64 if head_dim is None else head_dim
     causal, lse = bool(causal), bool(lse)
+    bn = _att.default_bn(head_dim)
     try:
-        _att.check(head_dim, "bfloat16", _att.BM, _att.BN, None, scale)
+        _att.check(head_dim, "bfloat16", _att.BM, bn, None, scale)
     except _att.AttentionError as e:
         raise UnsupportedVariantError(str(e)) from None
-    shapes = base.shapes
     if causal:  # the loop of the last query tile runs over every key tile: Lq as long as Lk
-        shape_for_trips = lambda t: (1, _att.BN * t - 8, _att.BN * t - 8)  # noqa: E731
+        shape_for_trips = lambda t: (1, bn * t - 8, bn * t - 8)  # noqa: E731
     else:
-        shape_for_trips = base.shape_for_trips
+        shape_for_trips = lambda t: (1, 70, bn * t - 8)  # noqa: E731
     return replace(base, factory=functools.partial(_att.attention, head_dim=head_dim, causal=causal, lse=lse,
                                                    scale=scale),
                    inputs=functools.partial(_attention_inputs, head_dim, lse),
                    reference=functools.partial(_attention_reference, head_dim, causal, scale, lse),
-                   outputs=("o", "lse") if lse else ("o",), shapes=shapes, shape_for_trips=shape_for_trips)
+                   outputs=("o", "lse") if lse else ("o",), shape_for_trips=shape_for_trips,
+                   trips=lambda s: _cdiv(s[2], bn))
 
 
 def _normalize(x):
