@@ -67,6 +67,10 @@ def test_softmax_scale_and_no_lse():
 @pytest.mark.parametrize("stages", [2, 3])
 def test_attention_grid(length, d, causal, stages):
     ws = (length + d + stages) % 2 == 1  # half the grid warp-specialized
+    if d == 256 and stages == 3:  # 3 x (K + V) [64, 256] + Q [128, 256]: 256 KB
+        with pytest.raises(AttentionError, match="shared memory"):
+            attention(head_dim=d, causal=causal, stages=stages)
+        return
     got, want = _case(2, length, length, d, causal, seed=length, stages=stages, warp_specialize=ws)
     _assert_close(got, want, "bfloat16")
 
