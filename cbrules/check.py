@@ -80,6 +80,12 @@ def _max_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.nan_to_num(d, nan=np.inf).max())
 
 
+def _spec_key(spec: KernelSpec) -> tuple:
+    """What a cached case depends on: variants of one kernel (another factory or other inputs, e.g. the
+    kn B layout of matmul_tc) share its name but not their kernels or inputs."""
+    return spec.name, spec.factory, spec.inputs
+
+
 class Checker:
     """Runs cases, caching lowered graphs, inputs and unlowered results between them."""
 
@@ -104,7 +110,7 @@ class Checker:
         again)."""
         built = trips if trips is None else max(trips, 1)  # trip count 0: the kernel of 1, capped at 0
         params = {**spec.build_params(tuple(shape)), **spec.trips_params(built)}
-        key = (spec.name, stages, prefetch, war, warp_specialize, registers, self.dtype, self.tma_store, self.swizzle,
+        key = (_spec_key(spec), stages, prefetch, war, warp_specialize, registers, self.dtype, self.tma_store, self.swizzle,
                tuple(sorted(params.items())), trips == 0)
         ws = {"warp_specialize": True, "registers": registers} if warp_specialize else {"registers": registers}
         if key not in self._lowered:
@@ -121,14 +127,14 @@ class Checker:
         return got
 
     def inputs(self, spec: KernelSpec, shape: tuple) -> dict:
-        key = (spec.name, tuple(shape))
+        key = (_spec_key(spec), tuple(shape))
         if key not in self._inputs:
             self._inputs[key] = spec.make_inputs(tuple(shape), np.random.default_rng(self.seed), self.dtype)
         return self._inputs[key]
 
     def unlowered(self, spec: KernelSpec, shape: tuple, trips: int) -> dict:
         """Outputs of the kernel before lowering (the same for every S, P and WAR mode)."""
-        key = (spec.name, tuple(shape), trips)
+        key = (_spec_key(spec), tuple(shape), trips)
         if key not in self._unlowered:
             kernel = spec.build(shape, trips=trips if trips is None else max(trips, 1), stages=2, dtype=self.dtype)
             with np.errstate(divide="ignore", invalid="ignore"):  # C float arithmetic: x/0 is inf, not an error

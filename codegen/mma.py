@@ -3,8 +3,11 @@
 An ``mma`` node is a whole tile step; it becomes, for each 64-row block j of the warp group's rows and
 each k-step s of 16, one ``wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{bf16|f16}`` whose shared-memory
 matrix descriptors point at A + (rows of the warp group + 64 j) rows + 32 s bytes and B + 32 s bytes
-(K-major tiles whose rows are one swizzle span: REFERENCE §7). The instruction helpers are generated
-per (N, dtype) the kernel uses and appended to the prelude; nothing else changes for other kernels.
+(K-major tiles whose rows are one swizzle span: REFERENCE §7). An MN-major B (``b_major`` "mn": a
+[BK, BN] tile of panels) takes the model's descriptor of it (:func:`cbrules.ir.mma_layout.b_tile_descriptor`:
+LBO steps panels along N, SBO 8 K rows, a k-step 16 K rows) and a helper with the tnspB immediate set. The
+instruction helpers are generated per (N, dtype, B major-ness) the kernel uses and appended to the prelude;
+nothing else changes for other kernels.
 """
 from __future__ import annotations
 

@@ -265,7 +265,7 @@ def test_epilogues_compile_without_spills(name):
 EXAMPLE = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "gemm_bias_gelu.py"
 
 
-def test_the_example_kernel_file_passes_the_checker_and_compiles():
+def test_the_example_kernel_file_passes_the_checker():
     from cbrules.kernelfile import load_kernel
     spec = load_kernel(str(EXAMPLE))
     r = Checker().check(spec, 2, 2)  # every trip count: `cbrules check` (the GPU suite compiles and runs it)
@@ -280,3 +280,38 @@ def test_both_acceptance_commands(capsys):
     assert "epilogue (--epilogue) applies to the built-in matmul_tc only" in capsys.readouterr().err
     assert main(["compile", "matmul_tc", "--epilogue", "gelu", "--quiet"]) == 1
     assert "epilogue 'gelu' is not one of none, bias" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,needles", [
+    ("bias", ("bias[cb_min(",)), ("bias_relu", ("bias[cb_min(", "cb_max(")), ("bias_gelu", ("erff(",)),
+    ("bias_gelu_tanh", ("tanhf(",)), ("bias_silu", ("1.0f / (1.0f + expf(-(",)), ("residual", ("residual[cb_min(",)),
+    ("alpha_beta", ("c_in[cb_min(", "fmaf(alpha,"))])
+def test_each_epilogue_reaches_the_cuda_between_the_mma_loop_and_the_store(name, needles):
+    src = api.generate(matmul_tc(stages=3, epilogue=name)).text.split('extern "C"')[1]
+    body = src[src.index("acc_ej"):src.index("acc_q")]  # the map, after the K loop and before the store
+    assert all(n in body for n in needles), (name, [n for n in needles if n not in body])
+
+
+def test_a_tma_loaded_residual_tile_read_in_the_fragment_layout():
+    # the residual's 64 x 64 tile arrives by one TMA load under a barrier of its own, issued before the K
+    # loop (so it overlaps it) and waited for after; each element reads it at its place in the tile
+    def body(k, acc, t, origin):
+        tile = k.alloc("res_t", "shared", "bfloat16", (64, 64))
+        bar = k.alloc("res_bar", "shared", "mbarrier", (1,))
+        with k.elect_one():
+            k.mbarrier_init(bar, 0, count=1)
+            k.fence_mbarrier_init()
+        k.syncthreads()
+        res_map = k.tensor_map(t["res"], box=(64, 64))
+        with k.elect_one():
+            k.mbarrier_arrive_expect_tx(bar, 0, res_map.box_bytes)
+            k.tma_load(res_map, origin, tile, bar, slot=0)
+        k.mbarrier_wait(bar, 0, parity=0)
+        k.fragment_map(acc, lambda e: k.add(e.value, e.load_tile(tile)), origin)
+        with k.elect_one():
+            k.mbarrier_inval(bar, 0)
+    # lowered only: with barriers of its own the kernel's mma run asynchronously in the interpreter, and
+    # only the rules fence them
+    args = _args((100, 72, 40), seed=6)
+    want = _product(args) + args["res"].astype(np.float64)
+    np.testing.assert_allclose(run(api.lower(_gemm(body=body)), args)["c"], want, rtol=1e-5, atol=1e-3)

@@ -81,9 +81,12 @@ def test_warp_specialized_persistent_kn_equals_numpy():
 
 
 def test_checker_compares_lowered_unlowered_and_numpy_for_kn():
-    """What ``cbrules check matmul_tc --b-layout kn --stages 3`` runs, for one trip count past S."""
-    res = Checker(blocks="sample", dtype="float16").check(KN, 4, 3)
-    assert res.ok and res.status == "ok", f"{res.status} {res.detail}"
+    """What ``cbrules check matmul_tc --b-layout kn --stages 3`` runs, for one trip count past S; one
+    checker for both layouts keeps their kernels and inputs apart (one name, two variants)."""
+    checker = Checker(blocks="sample", dtype="float16")
+    for spec in (KN, SPEC):
+        res = checker.check(spec, 4, 3)
+        assert res.ok and res.status == "ok", f"{spec.factory}: {res.status} {res.detail}"
 
 
 def test_nk_spec_is_the_built_in_and_kn_changes_inputs_reference_and_kernel():

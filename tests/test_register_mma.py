@@ -273,3 +273,28 @@ def test_an_operand_the_threads_write_in_the_loop_is_refused_by_name():
     with pytest.raises(LoweringError) as e:
         api.lower(_invariant_q(write_in_loop=True))
     assert e.value.code == "mma-written-operand" and "q_t" in str(e.value)
+
+
+def test_a_rule_that_breaks_the_pack_or_the_operand_space_is_refused_by_name(tmp_path):
+    from cbrules.errors import CbrulesError
+    for attr, node, value in (("to", "cvt_pack", '"float32"'), ("a_space", "mma", '"shared"')):
+        write_rules(tmp_path / attr, f"""
+            (graph-rule mut-{attr}
+              :doc "an attribute set to what codegen cannot print"
+              :phase cb-stage
+              :match (({node} ?n :{attr} (one-of "bfloat16" "register")))
+              :rewrite ((set ?n :{attr} {value})))
+            """)
+        with pytest.raises(CbrulesError) as e:
+            api.generate(_two_products(), rules=[str(tmp_path / attr)])
+        assert attr in str(e.value) and "Traceback" not in str(e.value)
+    # a shared A claimed to be registers
+    write_rules(tmp_path / "claim", """
+        (graph-rule mut-claim
+          :doc "a shared A said to be registers"
+          :phase cb-stage
+          :match ((mma ?n :a "q_t" :a_space (absent)))
+          :rewrite ((set ?n :a_space "register")))
+        """)
+    with pytest.raises(CbrulesError, match="must be a uint32 register array"):
+        api.generate(_two_products(), rules=[str(tmp_path / "claim")])

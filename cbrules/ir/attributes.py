@@ -31,7 +31,8 @@ def ident_keys(op: str) -> tuple[str, ...]:
 
 
 # how many terms an op's args holds (codegen prints each by position: fmaf(a, b, c))
-ARG_COUNTS = {"fma": 3, "select": 3, "block_stats": 2, "shfl": 2, **{u: 1 for u in UNARY}, **{b: 2 for b in BINARY}}
+ARG_COUNTS = {"fma": 3, "select": 3, "block_stats": 2, "shfl": 2, "cvt_pack": 2, **{u: 1 for u in UNARY},
+              **{b: 2 for b in BINARY}}
 
 
 def attribute_problem(op: str, key: str, value: Any) -> str | None:

@@ -10,7 +10,14 @@ A kernel author writes a tile step ``C[BM, BN] += A[BM, BK] @ B[BK, BN]`` as
     k.mma_store(acc, c_map, (row0, col0))            # c_map's box: [BM, W], BN / W chunks TMA-stored
 
 Both operands are K-major (K contiguous, as the tensor cores read bfloat16/float16 without a
-transpose): B is given as ``[N, K]``, i.e. ``B^T`` row-major. Each tile row is exactly one swizzle span
+transpose): B is given as ``[N, K]``, i.e. ``B^T`` row-major. Or B is given as a row-major ``[K, N]``
+(``k.mma(..., b_layout="kn")``, MN-major, read through the instruction's transpose bit): the b tile is
+[BK, BN] as BN / W panels [BK, W] (W = 64 columns at BN a multiple of 64), each one TMA box:
+
+    b_map = k.tensor_map(b, box=(64, 64), swizzle="128B")             # b [K, N]
+    for p in range(BN // 64):
+        k.tma_load(b_map, (t * 64, col0 + 64 * p), b_tile, offset=p * 64 * 64)
+    k.mma(acc, a_tile, b_tile, b_layout="kn") Each tile row is exactly one swizzle span
 (BK * 2 bytes = 32, 64 or 128) and the tiles are filled by TMA loads with that swizzle. The rules
 (rules/mma.rules) add the ordering around each mma (wgmma fence, commit, wait) and release a stage
 slot only once the mma reading it has completed; codegen unrolls the node into the instruction sequence.

@@ -162,6 +162,12 @@ def _attributes(kg: KernelGraph) -> None:
         if op in MATH and d["dtype"] not in FLOAT_REGISTERS:
             raise GraphError("attributes", f"{kg.describe(n)}: {op} into a {d['dtype']!r} register; it computes in "
                              f"{' or '.join(FLOAT_REGISTERS)}", n)
+        if op == "cvt_pack" and (d["to"] not in HALF_DTYPES or d["dtype"] != "uint32"):
+            raise GraphError("attributes", f"{kg.describe(n)}: packs to {d['to']!r} into a {d['dtype']!r} register; "
+                             f"expected one of {', '.join(HALF_DTYPES)} into uint32", n)
+        if op == "mma" and d.get("a_space") not in (None, "register"):
+            raise GraphError("attributes", f"{kg.describe(n)}: a_space {d['a_space']!r}; give 'register' (A from "
+                             "registers) or leave it out (A a shared tile)", n)
         if op == "alloc" and (d["space"] not in SPACES or d["dtype"] not in DTYPES):
             raise GraphError("attributes", f"{kg.describe(n)}: space {d['space']!r} / dtype {d['dtype']!r} "
                              "not supported", n)
@@ -357,6 +363,12 @@ def _names(kg: KernelGraph, walked: list[int], parent: dict[int, int], by_op: di
                 if d[key] not in buffers:
                     raise GraphError("buffer-defined", f"{kg.describe(n)} uses buffer {d[key]!r} as its {key}, "
                                      "which is not allocated", n)
+            want = ("register", "uint32") if d.get("a_space") == "register" else None
+            got = (nodes[buffers[d["a"]]]["space"], nodes[buffers[d["a"]]]["dtype"])
+            if want is not None and got != want or want is None and got[0] != "shared":
+                raise GraphError("attributes", f"{kg.describe(n)} reads {d['a']!r} ({got[0]} {got[1]}) as its A, "
+                                 f"which must be {'a uint32 register array (a packed operand)' if want else 'shared'}"
+                                 f" for a_space {d.get('a_space')!r}", n)
         if op in ("load", "copy", "tma_store"):
             src = d["src"]
             if src in buffers and src not in written_bufs:

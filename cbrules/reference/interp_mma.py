@@ -156,7 +156,8 @@ class MmaOps:
     [g * BM/groups, (g+1) * BM/groups) of the tile, as 64-row blocks j; block j, k-step s is one
     m64n{BN}k16 wgmma whose A descriptor starts at ``a_offset`` + row g * BM/groups + 64j of the A tile
     plus 32 s bytes, B's at ``b_offset`` plus 32 s bytes (both K-major, rows of ``swizzle`` bytes as
-    TMA wrote them: :func:`cbrules.ir.mma_layout.tma_tile_descriptor`), and whose fragment is
+    TMA wrote them: :func:`cbrules.ir.mma_layout.tma_tile_descriptor`; an MN-major B, ``b_major`` "mn",
+    through :func:`cbrules.ir.mma_layout.b_tile_descriptor` and the transpose bit), and whose fragment is
     registers [j * BN/2, (j+1) * BN/2) of ``acc``. In a lowered kernel (one with mbarriers or wgmma
     ordering ops) it is asynchronous and checked by :class:`cbrules.reference.mma_groups.MmaGroups`;
     before lowering it completes at once, like a TMA load without a barrier."""
