@@ -43,8 +43,10 @@ def cmd_check(a) -> int:
     asked = " ".join(f"--{k} {v}" for k, v in (("stages", a.stages), ("prefetch", a.prefetch), ("war", a.war),
                                                 ("registers", a.registers), ("dtype", a.dtype),
                                                 ("swizzle", a.swizzle), ("b-layout", a.b_layout),
-                                                ("epilogue", a.epilogue)) if v is not None)
+                                                ("epilogue", a.epilogue), ("head-dim", a.head_dim),
+                                                ("scale", a.scale)) if v is not None)
     asked += (" --warp-specialize" if ws["warp_specialize"] else "") + (" --tma-store" if a.tma_store else "")
+    asked += (" --causal" if a.causal else "") + (" --lse" if a.lse else "")
     roles = f"; roles under schedules {', '.join(SCHEDULES)}" if ws["warp_specialize"] else ""
     # a kernel file without shape_for_trips(trips): one case, at its SHAPE
     trips = trip_counts(stages) if spec.shape_for_trips is not None else [None]

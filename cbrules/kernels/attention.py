@@ -22,9 +22,11 @@ and at the end divides O by l (the four lanes of a row sum their partial l by tw
 tiles last-first, so the longest start first. Ragged Lq and Lk: the TMA loads zero-fill past the tensor's
 end, the mask sends those keys to -inf.
 
-``warp_specialize=True``: a producer warp group issues the K/V loads (and Q's), the consumers compute;
-``registers`` shares the register file (setmaxnreg). Both the scores' and the output's mma complete
-before the threads read their fragments (rules/mma.rules, mma-wait-read-in-loop).
+``warp_specialize=True``: a producer warp group issues the K/V loads, the consumers (which load Q once
+before their loop) compute; ``registers`` shares the register file (setmaxnreg, default 24 / 240). The
+scores' mma completes before the threads read S; the output's stays in flight into the next iteration
+and completes before the threads rescale O there (rules/mma.rules: mma-wait-read-in-loop,
+mma-wait-before-carried-read). Head dim 256 takes 64-key tiles (``bn`` defaults to 64 there).
 """
 from __future__ import annotations
 
