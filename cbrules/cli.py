@@ -302,6 +302,12 @@ def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
     p.add_argument("--pingpong", action="store_true", help="matmul_tc: persistent and warp-specialized, 128x128 "
                    "tiles on two consumer warp groups that take turns on the tensor cores (one's epilogue under the "
                    "other's MMAs); implies --warp-specialize (check: one block walks every tile)")
+    p.add_argument("--head-dim", type=int, metavar="D", help="attention: the head dimension D (64, 128 or 256; default 64)")
+    p.add_argument("--causal", action="store_true", default=None, help="attention: causal (key <= query, top-left "
+                   "aligned as torch's is_causal): only the key tiles up to each query tile's last row are walked")
+    p.add_argument("--lse", action="store_true", default=None, help="attention: also write the log-sum-exp of each "
+                   "query row (float32 [BH, Lq])")
+    p.add_argument("--scale", type=float, metavar="X", help="attention: the softmax scale (default 1/sqrt(D))")
 
 
 def _rule_options(p: argparse.ArgumentParser, debug: bool = False) -> None:

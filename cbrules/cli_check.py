@@ -47,9 +47,11 @@ def cmd_check(a) -> int:
     asked = " ".join(f"--{k} {v}" for k, v in (("stages", a.stages), ("prefetch", a.prefetch), ("war", a.war),
                                                 ("registers", a.registers), ("dtype", a.dtype),
                                                 ("swizzle", a.swizzle), ("b-layout", a.b_layout),
-                                                ("epilogue", a.epilogue), ("shape", a.shape)) if v is not None)
-    asked += (" --warp-specialize" if ws["warp_specialize"] else "") + (" --tma-store" if a.tma_store else "") \
-        + (" --pingpong" if a.pingpong else "")
+                                                ("epilogue", a.epilogue), ("head-dim", a.head_dim),
+                                                ("scale", a.scale)) if v is not None)
+    asked += (" --warp-specialize" if ws["warp_specialize"] else "") + (" --tma-store" if a.tma_store else "")
+    asked += (" --causal" if a.causal else "") + (" --lse" if a.lse else "")
+    asked += " --pingpong" if a.pingpong else ""
     roles = f"; roles under schedules {', '.join(SCHEDULES)}" if ws["warp_specialize"] else ""
     # one case at a shape: --shape, or a kernel file without shape_for_trips(trips) at its SHAPE
     trips = [None] if shape is not None or spec.shape_for_trips is None else trip_counts(stages)

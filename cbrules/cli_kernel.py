@@ -17,11 +17,23 @@ if TYPE_CHECKING:
 MAX_ELEMENTS = 2 ** 31  # the launcher refuses tensors past 2**31 elements: refuse such shapes up front
 
 
+VARIANT_OPTIONS = ("head_dim", "causal", "lse", "scale")  # a built-in kernel's own parameters (KernelSpec.variant)
+
+
 def load_spec(a) -> KernelSpec:
     """The kernel the command line names (:func:`cbrules.kernelfile.load_kernel`), with its B operand in
     the layout ``--b-layout`` asks for and its ``--epilogue`` (built-in matmul_tc only: its inputs and
-    reference change too), and as the ping-pong kernel with ``--pingpong`` (matmul_tc only)."""
+    reference change too), as the ping-pong kernel with ``--pingpong`` (matmul_tc only), and with the
+    parameters of :data:`VARIANT_OPTIONS` (``--head-dim``, ``--causal``, ``--lse``, ``--scale``) for a
+    kernel that takes them (attention)."""
     spec = load_kernel(a.kernel)
+    asked = {k: getattr(a, k, None) for k in VARIANT_OPTIONS}
+    asked = {k: v for k, v in asked.items() if v is not None}
+    if asked:
+        if spec.variant is None:
+            flags = " ".join(f"--{k.replace('_', '-')}" for k in asked)
+            raise CliError(f"{spec.name}: {flags}: this kernel takes no such parameters (attention does)")
+        spec = spec.variant(**asked)
     layout, epilogue = getattr(a, "b_layout", None), getattr(a, "epilogue", None)
     if layout is not None or epilogue is not None:
         from .kernels.specs import matmul_tc_variant

@@ -1,8 +1,9 @@
 """Kernel files for the command line: a built-in kernel by name, or a Python file that defines
 ``build()`` (and optionally ``inputs(shape, rng)``, ``reference(inputs)``, ``OUTPUTS``, ``SHAPE``,
-``TOLERANCE`` and ``shape_for_trips(trips)``). The file is the user's own code: whatever it raises,
+``TOLERANCE``, ``DTYPES`` (the tensor types it is built for, the first the default) and
+``shape_for_trips(trips)``). The file is the user's own code: whatever it raises,
 at import or in ``build()``, ``inputs()`` or ``reference()`` -- ``sys.exit()`` and other
-other ``BaseException`` subclasses included, Ctrl-C aside -- becomes a :class:`CliError` naming the file, the line
+``BaseException`` subclasses included, Ctrl-C aside -- becomes a :class:`CliError` naming the file, the line
 and the exception. Importing it and calling ``build()`` each have a time bound
 (:data:`TIMEOUT_VAR`, default :data:`DEFAULT_TIMEOUT_S` seconds): past it, a
 :class:`KernelFileTimeout`. A path that is not a regular file (a FIFO, a device) is refused unopened.
@@ -91,6 +92,11 @@ def load_kernel(ref: str) -> KernelSpec:
         except (TypeError, ValueError, OverflowError) as e:
             raise CliError(f"{ref}: SHAPE must be a tuple of integers and OUTPUTS a tuple of tensor names ({e})")
         tolerance = _tolerance(ref, ns.get("TOLERANCE", (1e-5, 1e-6)))
+        dtypes = ns.get("DTYPES", ("float32", *HALF_DTYPES))
+        if not isinstance(dtypes, (tuple, list)) or not dtypes or \
+                any(d not in ("float32", *HALF_DTYPES) for d in dtypes):
+            raise CliError(f"{ref}: DTYPES must be a tuple of tensor types from float32, {', '.join(HALF_DTYPES)} "
+                           f"(the first is the default), got {dtypes!r}")
         inputs, reference, trips_shape = ns.get("inputs"), ns.get("reference"), ns.get("shape_for_trips")
         takes = _takes(build)
         return _kernel_file_type()(path.stem, str(ns.get("__doc__") or ""), _built(path, build),
@@ -99,7 +105,7 @@ def load_kernel(ref: str) -> KernelSpec:
                           outputs, shape, tolerance=lambda s: tolerance,
                           build_params=(lambda s: {"shape": s}) if "shape" in takes else (lambda s: {}),
                           pipelined=bool(takes & {"stages", "prefetch", "war", "warp_specialize", "registers"}),
-                          dtypes=("float32", *HALF_DTYPES), tile_output=True, swizzles=True,
+                          dtypes=tuple(dtypes), tile_output=True, swizzles=True,
                           shape_for_trips=(_guarded(path, "calling shape_for_trips() of", trips_shape)
                                            if callable(trips_shape) else None),
                           path=ref, takes=takes)

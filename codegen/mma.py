@@ -127,7 +127,9 @@ def check(a: Any, as_int: Callable[..., int]) -> tuple[int, int, int, int, int, 
     dtype = a["dtype"]
     if dtype not in _PTX_TYPE:
         raise CodegenError(f"mma into {a['acc']}: dtype {dtype!r} is not one of {', '.join(_PTX_TYPE)}")
-    if bm % (MMA_M * groups) or bn % 8 or not 8 <= bn <= 256 or bk % MMA_K or bk * 2 != swizzle \
+    # a register A with an MN-major B has no K-major shared row: its K is any number of k16 steps
+    k_rows = a.get("a_space") is None or a.get("b_major", "k") == "k"
+    if bm % (MMA_M * groups) or bn % 8 or not 8 <= bn <= 256 or bk % MMA_K or (k_rows and bk * 2 != swizzle) \
             or swizzle not in _SPANS:
         raise CodegenError(f"mma into {a['acc']}: tile {shape} over {groups} warp groups with swizzle {swizzle} is "
                            "not a whole number of m64nNk16 instructions on one-span rows")

@@ -27,6 +27,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in QUICK_FILES:
             item.add_marker(pytest.mark.quick)
+    if not os.environ.get("CBRULES_SLOW"):
+        slow = pytest.mark.skip(reason="a long CPU-interpreter grid: CBRULES_SLOW=1 runs it")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(slow)
     from cbrules.codegen.runtime import gpu_available
     if gpu_available():
         return

@@ -228,7 +228,7 @@ def test_a_rule_file_path_with_a_newline_stays_in_its_comment(tmp_path):
 # ------------------------------------------------------------------------------ the generated CUDA
 _CODEGEN_WORDS = {"__global__", "__launch_bounds__", "__shared__", "__align__", "__grid_constant__", "__restrict__",
                   "__syncthreads", "__int_as_float", "pragma", "unroll", "C"}
-_TOKEN = re.compile(r"0[xX][0-9a-fA-F]+|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?f?|[A-Za-z_]\w*(?:\.[xyz]\b)?")
+_TOKEN = re.compile(r"0[xX][0-9a-fA-F]+u?|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?f?|[A-Za-z_]\w*(?:\.[xyz]\b)?")
 
 
 def _kernel_names(kg) -> set[str]:

@@ -244,33 +244,36 @@ class MmaBuilder:
                    scale_d=as_term(scale_d), **extra)
 
     def _register_a_mma(self, where: str, acc, a, b, fragment, a_offset, b_offset, scale_d, b_layout: str) -> None:
-        """``acc += a @ b^T`` (``b_layout`` "kn": ``a @ b``) with ``a`` a register operand
-        (:meth:`fragment_convert`): wgmma's register-A form."""
+        """``acc += a @ b^T`` with ``a`` a register operand (:meth:`fragment_convert`): wgmma's register-A form.
+        With ``b_layout="kn"`` b is a [BK, BN] tile read MN-major (``acc += a @ b``): its K rows are not
+        swizzle spans, so K is any number of k16 steps (an attention's P @ V over a whole key tile)."""
         bm, bn, groups = fragment
         a_bm, bk, a_groups, dtype = self._operands[a.name]
         if (a_bm, a_groups) != (bm, groups):
             raise BuildError(f"{where}: register operand {a.name!r} holds a [{a_bm}, {bk}] tile on {a_groups} warp "
                              f"group(s), the accumulator a [{bm}, {bn}] tile on {groups}: the A fragment's rows are "
                              "the accumulator's (one thread holds the same rows of both); give them one tile height")
-        want = (bn, bk) if b_layout == "nk" else (bk, bn)
-        if b.space != "shared" or b.dtype != dtype or b.shape != want:
+        want_b = (bn, bk) if b_layout == "nk" else (bk, bn)
+        if b.space != "shared" or b.dtype != dtype or b.shape != want_b:
+            given = "[N, K], K" if b_layout == "nk" else "[K, N] (b_layout='kn'), K"
             raise BuildError(f"{where}: operand b ({b.name!r}, {b.space} {b.dtype} {b.shape}) must be a shared "
-                             f"{dtype} tile {list(want)} (B given as {'[N, K]' if b_layout == 'nk' else '[K, N]'}, "
-                             "K = the register operand's columns)")
-        row_bytes = bk * DTYPE_BYTES[dtype]
-        if row_bytes not in (32, 64, 128):
-            raise BuildError(f"{where}: the register operand's {bk} columns are {row_bytes} bytes of K; one mma takes "
-                             "16, 32 or 64 (a K-major B row is one swizzle span): convert a fragment of 16, 32 or 64 "
-                             "columns")
-        extra = {"a_space": "register"}
-        if b_layout == "kn":
+                             f"{dtype} tile {list(want_b)} (B given as {given} = the register operand's columns)")
+        extra = {}
+        if b_layout == "nk":
+            row_bytes = bk * DTYPE_BYTES[dtype]
+            if row_bytes not in (32, 64, 128):
+                raise BuildError(f"{where}: the register operand's {bk} columns make B tile rows of {row_bytes} bytes; "
+                                 "a row must be one swizzle span (32, 64 or 128 bytes): convert a fragment of 16, 32 "
+                                 "or 64 columns, or give B as [K, N] (b_layout='kn')")
+        else:
             try:
-                extra.update(b_major=B_LAYOUTS[b_layout], b_swizzle=mn_major_span(bn))
+                row_bytes = mn_major_span(bn)
             except MmaLayoutError as e:
                 raise BuildError(f"{where}: {e}") from None
+            extra = {"b_major": B_LAYOUTS[b_layout], "b_swizzle": row_bytes}
         self._node("mma", acc=acc.name, a=a.name, b=b.name, shape=(bm, bn, bk), groups=groups, dtype=dtype,
                    swizzle=row_bytes, a_offset=as_term(a_offset), b_offset=as_term(b_offset),
-                   scale_d=as_term(scale_d), **extra)
+                   scale_d=as_term(scale_d), a_space="register", **extra)
 
     def mma_operand(self, acc, dtype: str = "bfloat16", dst: Optional[str] = None) -> Buffer:
         """A register A operand for a following :meth:`mma` with ``K`` = the columns of ``acc``'s tile:
@@ -375,7 +378,8 @@ class MmaBuilder:
         with self.fragment_elements(acc, origin) as e:
             e.set(fn(e))
 
-    def fragment_reduce(self, acc, axis: str = "row", combine: str = "max", dst: Optional[str] = None) -> Buffer:
+    def fragment_reduce(self, acc, axis: str = "row", combine: str = "max", dst: Optional[str] = None,
+                        into: Optional[Buffer] = None) -> Buffer:
         """Reduce ``acc`` along the rows (``axis="row"``: each row of the tile over its BN columns) or the
         columns (``axis="col"``: each column over the BM rows) with ``combine`` (max, min, sum); returns a
         register array that :meth:`FragmentElement.reduced` reads per element (every thread holding an
@@ -387,15 +391,26 @@ class MmaBuilder:
         each thread combines its own, three shuffles (xor 4, 8, 16) the warp's, and the warps' partials
         meet in a shared [warps, BN] scratch between two block syncs (the consumers' named barrier once
         warp-specialized: rules/warp_specialize.rules). Mask elements outside the output first (a
-        ``select`` to the combine's identity in :meth:`fragment_map`)."""
+        ``select`` to the combine's identity in :meth:`fragment_map`).
+
+        ``into``: a float32 register array allocated before (e.g. before a circular-buffered loop whose
+        body reduces every iteration: the rules copy the body into several loops, and an allocation
+        inside would be made twice) to hold the result instead of a new one."""
         where = f"fragment_reduce at {_call_site()}"
         bm, bn, groups = self._mma_fragment(acc, "fragment_reduce")
         if axis not in ("row", "col") or combine not in FRAGMENT_COMBINE:
             raise BuildError(f"{where}: axis {axis!r} / combine {combine!r}: give axis 'row' or 'col' and combine "
                              f"one of {', '.join(FRAGMENT_COMBINE)}")
         blocks, half = bm // groups // MMA_M, bn // 2
-        out = self.alloc(dst or f"{acc.name}_{axis}_{combine}", "register", "float32",
-                         (blocks * 2 if axis == "row" else bn // 4,))
+        size = (blocks * 2 if axis == "row" else bn // 4,)
+        if into is None:
+            out = self.alloc(dst or f"{acc.name}_{axis}_{combine}", "register", "float32", size)
+        else:
+            self._known(into, ("buffer",), "fragment_reduce")
+            if into.space != "register" or into.dtype != "float32" or tuple(into.shape) != size:
+                raise BuildError(f"{where}: into={into.name!r} ({into.space} {into.dtype} {into.shape}) must be a "
+                                 f"float32 register array of shape {size} (one result a {axis} the thread holds)")
+            out = into
         self._reductions[out.name] = (acc.name, axis)
         tmp = self._reg(None, "fragment_reduce")
         identity, op = FRAGMENT_COMBINE[combine]

@@ -55,7 +55,10 @@ PRELUDE_NAMES = frozenset((
     # codegen/mma.py (kernels with mma nodes): the ordering helpers, descriptors, the block's locals and
     # the instruction helper of every N and operand type
     "cb_wgmma_fence", "cb_wgmma_commit", "cb_wgmma_wait", "cb_fence_acc", "cb_wgmma_desc", "cb_a", "cb_b",
-    *(f"cb_wgmma_n{n}_{t}" for n in range(8, 257, 8) for t in ("bf16", "f16")),
+    *(f"cb_wgmma_{form}n{n}_{t}{tb}" for form in ("", "rs_") for n in range(8, 257, 8) for t in ("bf16", "f16")
+      for tb in ("", "_tb")),
+    "cb_pack_bf16x2", "cb_pack_f16x2",  # codegen/mma.py: a register MMA operand's pairs
+    "__shfl_xor_sync", "__shfl_down_sync", "__shfl_up_sync", "__shfl_sync",  # codegen/cuda.py: shfl
 ))
 MATH_FUNCTIONS = frozenset(f + s for f in ("exp", "log", "sqrt", "rsqrt", "fabs", "fma", "tanh", "erf", "exp2", "log2")
                            for s in ("", "f"))

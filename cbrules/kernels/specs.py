@@ -18,6 +18,7 @@ from ..errors import CbrulesError, did_you_mean
 from . import CATALOG
 from ..ir.builder import Kernel
 from ..ir.ops import HALF_DTYPES
+from . import attention as _att
 from . import matmul as _mm
 from . import matmul_tc as _mtc
 from . import pointwise1d as _p1
@@ -59,6 +60,10 @@ class KernelSpec:
     tile_output: bool = False  # its output leaves in whole tiles, one per iteration: it can be TMA-stored
     swizzles: bool = False  # it can read its inputs from swizzled tiles
     seed: bool = True  # one of the seed's test matrix (the CPU differential matrix runs every such kernel)
+    # the spec of the kernel built with these keyword parameters (its inputs and reference follow them),
+    # for kernels that take some on the command line (attention: --head-dim, --causal, --lse, --scale)
+    variant: Optional[Callable[..., "KernelSpec"]] = None
+    float32_outputs: tuple[str, ...] = ()  # outputs that stay float32 whatever the inputs' dtype
 
     def build(self, shape: Optional[tuple] = None, trips: Optional[int] = None, dtype: Optional[str] = None,
               tma_store: bool = False, swizzle: str = "none", **options) -> Kernel:
@@ -98,8 +103,8 @@ class KernelSpec:
         """:attr:`inputs` with every float32 array in ``dtype`` (rounded to nearest even)."""
         args = self.inputs(shape, rng)
         want = np.dtype(NP_DTYPES[dtype])
-        return {k: v.astype(want) if isinstance(v, np.ndarray) and v.dtype == np.float32 else v
-                for k, v in args.items()}
+        return {k: v.astype(want) if isinstance(v, np.ndarray) and v.dtype == np.float32
+                and k not in self.float32_outputs else v for k, v in args.items()}
 
     def expected(self, args: dict) -> dict:
         """:attr:`reference` of ``args``, computed from half-precision inputs widened to float32 (exact)."""
@@ -197,6 +202,61 @@ def _mm_tc_epilogue_reference(epilogue: str, product, a):
     return {"c": _ACTIVATIONS[act](x)}
 
 
+def _attention_inputs(head_dim: int, lse: bool, shape, rng):
+    bh, lq, lk = shape
+    args = {"q": _normal(rng, bh, lq, head_dim), "k": _normal(rng, bh, lk, head_dim),
+            "v": _normal(rng, bh, lk, head_dim), "o": _nan(bh, lq, head_dim)}
+    if lse:
+        args["lse"] = _nan(bh, lq)
+    return args
+
+
+def attention_reference(q, k, v, scale: float, causal: bool, dtype=np.float64,
+                        masked: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
+    """(o, lse) of attention computed in ``dtype``: softmax(scale * q @ k^T) @ v over [BH, L, D] arrays,
+    causal as torch's is_causal (key <= query, top-left aligned), the scores where ``masked`` [Lq, Lk] is
+    True sent to -inf too; lse the natural log of each row's sum."""
+    q, k, v = (np.asarray(x).astype(np.float32).astype(dtype) for x in (q, k, v))
+    s = (q @ k.transpose(0, 2, 1)) * dtype(scale)
+    if causal:
+        lq, lk = s.shape[1:]
+        s = np.where(np.arange(lk)[None, None, :] <= np.arange(lq)[None, :, None], s, -np.inf)
+    if masked is not None:
+        s = np.where(masked[None], -np.inf, s)
+    m = s.max(axis=-1, keepdims=True)
+    p = np.exp(s - m)
+    total = p.sum(axis=-1, keepdims=True)
+    return (p / total) @ v, (m + np.log(total))[..., 0]
+
+
+def _attention_reference(head_dim: int, causal: bool, scale: Optional[float], lse: bool, a):
+    o, row_lse = attention_reference(a["q"], a["k"], a["v"], 1.0 / math.sqrt(head_dim) if scale is None else scale,
+                                     causal)
+    return {"o": o, "lse": row_lse} if lse else {"o": o}
+
+
+def _attention_spec(base: "KernelSpec", head_dim: Optional[int] = None, causal: Optional[bool] = None,
+                    lse: Optional[bool] = None, scale: Optional[float] = None) -> "KernelSpec":
+    """attention built with these parameters (None: the default): its inputs, reference and outputs."""
+    head_dim = 64 if head_dim is None else head_dim
+    causal, lse = bool(causal), bool(lse)
+    bn = _att.default_bn(head_dim)
+    try:
+        _att.check(head_dim, "bfloat16", _att.BM, bn, None, scale)
+    except _att.AttentionError as e:
+        raise UnsupportedVariantError(str(e)) from None
+    if causal:  # the loop of the last query tile runs over every key tile: Lq as long as Lk
+        shape_for_trips = lambda t: (1, bn * t - 8, bn * t - 8)  # noqa: E731
+    else:
+        shape_for_trips = lambda t: (1, 70, bn * t - 8)  # noqa: E731
+    return replace(base, factory=functools.partial(_att.attention, head_dim=head_dim, causal=causal, lse=lse,
+                                                   scale=scale),
+                   inputs=functools.partial(_attention_inputs, head_dim, lse),
+                   reference=functools.partial(_attention_reference, head_dim, causal, scale, lse),
+                   outputs=("o", "lse") if lse else ("o",), shape_for_trips=shape_for_trips,
+                   trips=lambda s: _cdiv(s[2], bn))
+
+
 def _normalize(x):
     x64 = x.astype(np.float64)
     mean = x64.mean(axis=1, keepdims=True)
@@ -258,6 +318,14 @@ _SPECS = [
                (1024, 2048, 4096), ((128, 128, 64), (500, 1000, 304), (1024, 2048, 4096), (129, 264, 72)),
                trips=lambda s: _cdiv(s[2], _mtc.BK), tolerance=lambda s: (1e-4, 3e-6 * s[2]),
                shape_for_trips=lambda t: (130, 136, _mtc.BK * t - 8), dtypes=_mtc.MMA_DTYPES, seed=False),
+    # shape (BH, Lq, Lk), head dim 64 unless --head-dim; P rounded to the inputs' dtype before P @ V
+    KernelSpec("attention", CATALOG["attention"], functools.partial(_att.attention, head_dim=64),
+               functools.partial(_attention_inputs, 64, False),
+               functools.partial(_attention_reference, 64, False, None, False), ("o",),
+               (64, 4096, 4096), ((1, 1, 1), (2, 17, 17), (1, 128, 128), (3, 200, 130), (16, 1024, 1024)),
+               trips=lambda s: _cdiv(s[2], _att.BN), tolerance=lambda s: (2e-3, 1.5e-2),
+               shape_for_trips=lambda t: (1, 70, _att.BN * t - 8), dtypes=_att.MMA_DTYPES, seed=False,
+               float32_outputs=("lse",), variant=lambda **kw: _attention_spec(KERNELS["attention"], **kw)),
 ]
 KERNELS: dict[str, KernelSpec] = {s.name: s for s in _SPECS}
 assert list(KERNELS) == list(CATALOG), "every built-in kernel has one line in the catalog"

@@ -201,13 +201,7 @@ class MmaOps:
             return
         bm, bn, bk = (int(x) for x in a["shape"])
         groups, span, dtype = int(a["groups"]), int(a["swizzle"]), a["dtype"]
-        b_major = a.get("b_major", "k")  # an MN-major B: panels of b_swizzle-byte rows, the transpose bit
-        b_span = int(a.get("b_swizzle", span))
-        if b_major not in TRANSPOSE or (b_major == "mn") != ("b_swizzle" in a) or \
-                b_major == "mn" and b_span not in MN_SPANS:
-            raise MmaIssueError(f"an mma with b_major {b_major!r} and b_swizzle {a.get('b_swizzle')!r}: B is 'k' "
-                                f"(a [BN, BK] tile, no b_swizzle) or 'mn' (a [BK, BN] tile of panels whose rows are "
-                                f"b_swizzle = {' / '.join(map(str, MN_SPANS))} bytes)", self.site())
+        b_major, b_span = self._b_layout(a, span)
         rows = bm // groups
         acc = self.regarrays.get(a["acc"])
         tiles = [self.proto.shared.get(a[k]) for k in ("a", "b")]
@@ -248,14 +242,25 @@ class MmaOps:
                 raise MmaIssueError(str(e), self.site()) from None
             acc[lanes] = frags
 
+    def _b_layout(self, a, span: int) -> tuple[str, int]:
+        """(major-ness, swizzle span) of an mma's B: an MN-major B is panels of b_swizzle-byte rows read
+        through the transpose bit; refused by name where the two disagree (as codegen does)."""
+        b_major = a.get("b_major", "k")
+        b_span = int(a.get("b_swizzle", span))
+        if b_major not in TRANSPOSE or (b_major == "mn") != ("b_swizzle" in a) or \
+                b_major == "mn" and b_span not in MN_SPANS:
+            raise MmaIssueError(f"an mma with b_major {b_major!r} and b_swizzle {a.get('b_swizzle')!r}: B is 'k' "
+                                f"(a [BN, BK] tile, no b_swizzle) or 'mn' (a [BK, BN] tile of panels whose rows are "
+                                f"b_swizzle = {' / '.join(map(str, MN_SPANS))} bytes)", self.site())
+        return b_major, b_span
+
     def _mma_register_a(self, s: Step, mask: np.ndarray) -> None:
         """An mma whose A is packed registers: block j, k-step s reads registers a_offset + j*BK/4 + 4s ..
         + 3 of each thread of the warp group, B as a shared tile in either layout (see :meth:`_mma`)."""
         a = s.attrs
         bm, bn, bk = (int(x) for x in a["shape"])
         groups, span, dtype = int(a["groups"]), int(a["swizzle"]), a["dtype"]
-        b_major = a.get("b_major", "k")
-        b_span = int(a.get("b_swizzle", span))
+        b_major, b_span = self._b_layout(a, span)
         rows = bm // groups
         acc, regs = self.regarrays.get(a["acc"]), self.regarrays.get(a["a"])
         tile_b = self.proto.shared.get(a["b"])

@@ -1,0 +1,125 @@
+"""The attention kernel (cbrules' FlashAttention forward) against torch's SDPA with its cuDNN and flash
+backends, bfloat16, at steady clocks (benchmarks/steady.py: each implementation alone, after 2 s of its
+own sustained load, median of 100 back-to-back launches, 5 s idle between implementations):
+
+    python3 benchmarks/attention.py [--out benchmarks/results/attention] [--quick] [--plain]
+
+Grid: D in 64, 128, 256 x L in 1k, 4k, 16k x causal both; batch x 16 heads with batch * L = 32k tokens (the
+GPU filled at every L). TFLOP/s = 4 * B * H * L^2 * D / time, halved when causal. Every implementation's
+output is checked against cuDNN's first (max abs error printed). ``--plain`` also times the kernel
+without warp specialization; ``--quick`` shortens the sustain and idle phases (for a first look only).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+HEADS, TOKENS = 16, 32768
+DIMS, LENGTHS = (64, 128, 256), (1024, 4096, 16384)
+OURS = {"ours (warp-specialized)": {"warp_specialize": True, "stages": 2}}
+PLAIN = {"ours (plain)": {"stages": 2}}
+
+
+def tflops(b: int, length: int, d: int, causal: bool, seconds: float) -> float:
+    flops = 4 * b * HEADS * length * length * d / (2 if causal else 1)
+    return flops / seconds / 1e12
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", help="folder for results.json and results.md")
+    p.add_argument("--quick", action="store_true", help="sustain 0.5 s, idle 1 s (not steady: a first look)")
+    p.add_argument("--plain", action="store_true", help="also time the kernel without warp specialization")
+    a = p.parse_args(argv)
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from benchmarks.steady import time_each_alone
+    from cbrules import api
+    from cbrules.kernels.attention import attention
+    timing = dict(sustain=0.5, idle=1.0) if a.quick else {}
+    ours = {**OURS, **(PLAIN if a.plain else {})}
+    compiled = {}
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for d in DIMS:
+        for causal in (False, True):
+            for label, opts in ours.items():
+                t0 = time.perf_counter()
+                compiled[(d, causal, label)] = api.compile(attention(head_dim=d, causal=causal, **opts))
+                print(f"compiled {label} D={d} causal={causal} in {time.perf_counter() - t0:.1f} s", flush=True)
+            for length in LENGTHS:
+                b = max(1, TOKENS // length)
+                q, k, v = (torch.randn(b, HEADS, length, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                           for _ in range(3))
+                outs = {}
+
+                def sdpa(backend, out_key):
+                    def launch():
+                        with sdpa_kernel(backend):
+                            outs[out_key] = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    return launch
+                launches = {"cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION, "cuDNN"),
+                            "flash": sdpa(SDPBackend.FLASH_ATTENTION, "flash")}
+                for label in ours:
+                    o = torch.full_like(q, float("nan"))
+                    bound = compiled[(d, causal, label)].bind(q=q.view(b * HEADS, length, d),
+                                                              k=k.view(b * HEADS, length, d),
+                                                              v=v.view(b * HEADS, length, d),
+                                                              o=o.view(b * HEADS, length, d))
+                    outs[label] = o
+                    launches[label] = bound.launch
+                for fn in launches.values():  # once each, then every output against cuDNN's
+                    fn()
+                torch.cuda.synchronize()
+                errs = {lb: float((outs[lb].float() - outs["cuDNN"].float()).abs().max()) for lb in launches}
+                res = time_each_alone(launches, torch, report=lambda s: print("  " + s, flush=True), **timing)
+                row = {"d": d, "length": length, "batch": b, "heads": HEADS, "causal": causal,
+                       **{f"{lb} tflops": tflops(b, length, d, causal, r["seconds"]) for lb, r in res.items()},
+                       **{f"{lb} max_err": errs[lb] for lb in launches},
+                       **{f"{lb} clocks": r["clocks"] for lb, r in res.items()}}
+                rows.append(row)
+                print(_line(row, list(launches)), flush=True)
+    labels = ["cuDNN", "flash", *ours]
+    table = _table(rows, labels)
+    print("\n" + table)
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "steady": not a.quick,
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        (out / "results.md").write_text(f"{meta['device']}, torch {meta['torch']}, "
+                                        f"{'steady clocks' if meta['steady'] else 'quick (not steady)'}; "
+                                        f"{meta['date']}\n\n{table}\n")
+    return 0
+
+
+def _line(row: dict, labels: list) -> str:
+    parts = [f"{lb} {row[f'{lb} tflops']:.0f} (err {row[f'{lb} max_err']:.3g})" for lb in labels]
+    return f"D={row['d']} L={row['length']} causal={row['causal']}: " + ", ".join(parts)
+
+
+def _table(rows: list, labels: list) -> str:
+    ours = [lb for lb in labels if lb.startswith("ours")]
+    head = "| D | L | causal | " + " | ".join(f"{lb} TFLOP/s" for lb in labels) + " | " + \
+        " | ".join(f"{lb} / cuDNN | {lb} / flash" for lb in ours) + " |"
+    lines = [head, "|" + "---|" * (3 + len(labels) + 2 * len(ours))]
+    for r in rows:
+        cells = [str(r["d"]), str(r["length"]), "yes" if r["causal"] else "no"]
+        cells += [f"{r[f'{lb} tflops']:.0f}" for lb in labels]
+        for lb in ours:
+            cells += [f"{r[f'{lb} tflops'] / r['cuDNN tflops']:.2f}", f"{r[f'{lb} tflops'] / r['flash tflops']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

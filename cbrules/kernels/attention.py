@@ -1,0 +1,236 @@
+"""FlashAttention forward ``o = softmax(scale * q @ k^T) @ v`` on the tensor cores, pipelined by the rules.
+
+Tensors are ``[BH, L, D]`` (batch x heads flattened first; queries ``Lq``, keys ``Lk``), bfloat16 or
+float16; the output has the inputs' dtype, the optional log-sum-exp ``lse`` [BH, Lq] is float32 (the
+natural log of each row's sum of ``exp(scale * s)``, as torch's). A block owns ``bm`` query rows of one
+(batch, head): ``bm / 64`` consumer warp groups of 64 rows each. It TMA-loads its Q tile once, before the
+loop (a loop-invariant mma operand: the rules give it its own barrier, rules/mma.rules), then walks the key
+tiles of ``bn`` keys in a circular-buffered loop that TMA-loads K and V ([bn, D] each, V in its natural
+layout):
+
+    S = Q K^T                    (shared A and B, K-major: one wgmma group; the fragment stays in registers)
+    S = -inf past the keys (and, causal, above the diagonal: key > query)   select on the fragment, in
+                                                                            the tiles that cross an edge
+    m_new = max(m, rowmax(S) * scale * log2 e)                              fragment_reduce (2 shuffles)
+    P = exp2(S * scale * log2 e - m_new);  l = l * exp2(m - m_new) + rowsum(P)  (the thread's own columns)
+    O = O * exp2(m - m_new);  O += P V      (P rounded to bf16/f16 in registers: the register-A wgmma;
+                                             V [bn, D] read MN-major through the transpose bit)
+
+and at the end divides O by l (the four lanes of a row sum their partial l by two shuffles) and stores O
+(and lse = (m + log2 l) * ln 2) per thread, rows past Lq not written. Causal (top-left aligned, as torch's
+``is_causal``: key <= query) walks only the key tiles up to the block's last query row; blocks take query
+tiles last-first, so the longest start first. Ragged Lq and Lk: the TMA loads zero-fill past the tensor's
+end, the mask sends those keys to -inf.
+
+``warp_specialize=True``: a producer warp group issues the K/V loads, the consumers (which load Q once
+before their loop) compute; ``registers`` shares the register file (setmaxnreg, default 24 / 240). The
+scores' mma completes before the threads read S; the output's stays in flight into the next iteration
+and completes before the threads rescale O there (rules/mma.rules: mma-wait-read-in-loop,
+mma-wait-before-carried-read). Head dim 256 takes 64-key tiles (``bn`` defaults to 64 there).
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
+
+from ..errors import CbrulesError
+from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer
+from ..ir.builder_mma import MMA_DTYPES, MMA_M
+from ..ir.limits import MAX_SHARED_BYTES
+from ..ir.ops import DTYPE_BYTES
+from ..ir.terms import call, name
+
+HEAD_DIMS = (64, 128, 256)  # 256 with 64-key tiles: its 64 x 256 output fragment is 128 registers a thread
+BM, BN = 128, 128  # query rows a block (two consumer warp groups), keys a tile (64 at D = 256)
+PANEL = 64  # columns of D (and of V) one 128-byte-swizzled TMA box holds
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+NEG_INF = float("-inf")
+
+
+class AttentionError(CbrulesError, ValueError):
+    """An attention kernel asked for with parameters it is not built for."""
+
+
+def check(head_dim, dtype, bm, bn, stages, scale) -> None:
+    """Refuse by name the parameters :func:`attention` is not built for (``stages`` None: not checked)."""
+    if head_dim not in HEAD_DIMS:
+        raise AttentionError(f"attention: head_dim={head_dim!r}: built for {', '.join(map(str, HEAD_DIMS))}")
+    if head_dim == 256 and bn > 64:
+        raise AttentionError(f"attention: head_dim=256 with bn={bn}: the 64 x 256 float32 output fragment is 128 "
+                             f"registers a thread, the {bn}-key scores {bn // 2} more and P {bn // 4}: past the 240 a "
+                             "consumer thread may hold; use bn=64 (the default for D = 256)")
+    if dtype not in MMA_DTYPES:
+        raise AttentionError(f"attention: dtype {dtype!r}: the tensor cores take {' or '.join(MMA_DTYPES)} here")
+    if bm not in (64, 128, 192, 256):
+        raise AttentionError(f"attention: bm={bm!r}: 64 to 256 query rows, 64 (one consumer warp group) a step")
+    if bn not in (64, 128, 192, 256) or bn % PANEL:
+        raise AttentionError(f"attention: bn={bn!r}: 64, 128, 192 or 256 keys a tile (whole 64-column V panels)")
+    if isinstance(stages, int) and not isinstance(stages, bool):
+        need = stages * 2 * bn * head_dim * DTYPE_BYTES[dtype] + bm * head_dim * DTYPE_BYTES[dtype]
+        if need + 2048 > MAX_SHARED_BYTES:
+            raise AttentionError(f"attention: {stages} stages of K and V tiles [{bn}, {head_dim}] and a Q tile "
+                                 f"[{bm}, {head_dim}] need {need} bytes of shared memory, more than the "
+                                 f"{MAX_SHARED_BYTES} a block may have; use fewer stages or a smaller bn")
+    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                  and math.isfinite(scale) and scale > 0):
+        raise AttentionError(f"attention: scale={scale!r}: give a positive finite number (default 1/sqrt(D))")
+
+
+def attention(stages: int = 2, prefetch=None, war: Optional[str] = None, warp_specialize: bool = False,
+              registers=None, dtype: str = "bfloat16", head_dim: int = 64, causal: bool = False,
+              scale: Optional[float] = None, lse: bool = False, bm: int = BM, bn: Optional[int] = None,
+              mask_mod: Optional[Callable] = None, key_blocks: Optional[Callable] = None) -> Kernel:
+    """The attention forward over ``q [BH, Lq, D]``, ``k, v [BH, Lk, D]`` into ``o [BH, Lq, D]`` (and
+    ``lse [BH, Lq]`` with ``lse=True``); ``scale`` defaults to ``1 / sqrt(head_dim)``. See the module doc.
+
+    Variants (examples/sliding_window_attention.py): ``mask_mod(e)`` returns the predicate that keeps a
+    score element (``e.row`` its query, ``e.col`` its key; False sends it to -inf), on top of the keys'
+    end and ``causal``; ``key_blocks(row0, key_tiles)`` returns ``(first, stop, partial)``: the key
+    tiles [first, stop) the query tile from row ``row0`` visits (``key_tiles`` the ones it would
+    visit otherwise) and ``partial(key0)``, the predicate of a tile that ``mask_mod`` may cut (the mask
+    pass runs on those only; default: every tile, when ``mask_mod`` is given). A row none of whose keys
+    is kept gets NaN, as in torch."""
+    bn = default_bn(head_dim) if bn is None else bn
+    check(head_dim, dtype, bm, bn, stages, scale)
+    d = head_dim
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    c = scale * LOG2E  # scores in the log2 domain: exp(scale * s - m) = exp2(c * s - m')
+    groups = bm // MMA_M
+    panels = d // PANEL
+    k = Kernel("attention", block=128 * groups)
+    bh, lq, lk = k.symbol("BH"), k.symbol("Lq"), k.symbol("Lk")
+    q, kt, vt = (k.tensor(nm, (bh, ln, d), dtype) for nm, ln in (("q", lq), ("k", lk), ("v", lk)))
+    o = k.tensor("o", (bh, lq, d), dtype)
+    lse_out = k.tensor("lse", (bh, lq), "float32") if lse else None
+    q_map = k.tensor_map(q, box=(1, bm, PANEL), swizzle="128B")
+    k_map = k.tensor_map(kt, box=(1, bn, PANEL), swizzle="128B")
+    v_map = k.tensor_map(vt, box=(1, bn, PANEL), swizzle="128B")
+    # Q and K in 64-column panels (a K-major row is one 128-byte span): S = sum over panels of Q_p K_p^T
+    q_t = [k.alloc(f"q_t{p}", "shared", dtype, (bm, PANEL), align=1024) for p in range(panels)]
+    k_t = [k.alloc(f"k_t{p}", "shared", dtype, (bn, PANEL), align=1024) for p in range(panels)]
+    v_t = k.alloc("v_t", "shared", dtype, (bn, d), align=1024)  # [bn, D] as D/64 panels [bn, 64], MN-major B
+
+    tiles_q = ceil_div(lq, bm)
+    k.grid(tiles_q, bh)
+    # causal: the longest query tiles (the last) first
+    tile = (tiles_q - 1 - blockIdx.x) if causal else blockIdx.x
+    head, row0 = name("blockIdx.y"), tile * bm
+    key_tiles = ceil_div(lk, bn)
+    if causal:  # keys up to the block's last query row
+        key_tiles = call("min", key_tiles, ceil_div(row0 + bm, bn))
+    first, partial = 0, None
+    if key_blocks is not None:
+        first, key_tiles, partial = key_blocks(row0, key_tiles)
+
+    s = k.mma_accumulator(bm, bn, acc="s", groups=groups)
+    out = k.mma_accumulator(bm, d, acc="o_acc", groups=groups)
+    p_regs = k.mma_operand(s, dtype, dst="p")
+    rows = (bm // groups // MMA_M) * 2  # rows a thread holds: two a 64-row block
+    m_run = k.alloc("m_run", "register", "float32", (rows,))
+    l_run = k.alloc("l_run", "register", "float32", (rows,))
+    alpha = k.alloc("alpha", "register", "float32", (rows,))
+    m_use = k.alloc("m_use", "register", "float32", (rows,))  # m, or 0 while a row has kept no key
+    tile_max = k.alloc("s_max", "register", "float32", (rows,))
+    with k.loop("r0", rows, kind="unroll") as r:
+        k.store(m_run, r, NEG_INF)
+        k.store(l_run, r, 0.0)
+
+    for p in range(panels):  # once, before the loop: the rules give these loads their own barrier
+        k.tma_load(q_map, (head, row0, p * PANEL), q_t[p])
+    if warp_specialize and registers is None:  # the consumers hold S, O and P: give them the producer's share
+        registers = ws_registers(groups)
+    cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
+    with k.loop("t", key_tiles - first, circular_buffer=cb) as t:
+        key0 = (first + t) * bn
+        for p in range(panels):
+            k.tma_load(k_map, (head, key0, p * PANEL), k_t[p])
+        for p in range(panels):
+            k.tma_load(v_map, (head, key0, p * PANEL), v_t, offset=p * bn * PANEL)
+        for p in range(panels):
+            k.mma(s, q_t[p], k_t[p], scale_d=0 if p == 0 else 1)
+
+        def masked(e):
+            keep = e.col.lt(lk)
+            if causal:
+                keep = keep.and_(e.col.le(e.row))
+            if mask_mod is not None:
+                keep = keep.and_(mask_mod(e))
+            return k.select(keep, e.value, NEG_INF)
+        # only the tiles that reach past the keys (the last) or above a query row (causal: the diagonal's)
+        edge = (key0 + bn).gt(lk)
+        if causal:
+            edge = edge.or_((key0 + bn - 1).gt(row0))
+        if mask_mod is not None:
+            edge = edge.or_(partial(key0)) if partial is not None else None
+        with (k.if_(edge) if edge is not None else _always()):
+            k.fragment_map(s, masked, origin=(row0, key0))
+        k.fragment_reduce(s, "row", "max", into=tile_max)
+        with k.loop("r1", rows, kind="unroll") as r:
+            old = k.load(m_run, r)
+            new = k.max(old, k.mul(k.load(tile_max, r), c))
+            # a row with no kept key yet (-inf): its exponents stay -inf (0), not -inf - -inf (NaN)
+            use = k.select(new.eq(NEG_INF), 0.0, new)
+            k.store(alpha, r, k.exp2(k.sub(old, use)))
+            k.store(m_run, r, new)
+            k.store(m_use, r, use)
+        k.fragment_map(s, lambda e: k.exp2(k.sub(k.mul(e.value, c), k.load(m_use, _row_slot(e)))))
+        _own_row_sums(k, s, l_run, alpha, bn, rows)
+        k.fragment_map(out, lambda e: k.mul(e.value, k.load(alpha, _row_slot(e))))
+        k.fragment_convert(s, p_regs)
+        k.mma(out, p_regs, v_t, b_layout="kn")
+
+    # the four lanes of a row hold its partial sums: two shuffles give each the row's l
+    with k.loop("r2", rows, kind="unroll") as r:
+        part = k.load(l_run, r)
+        for lane in (1, 2):
+            part = k.add(part, k.shfl(part, lane, "xor"))
+        k.store(l_run, r, part)
+    with k.fragment_elements(out, origin=(row0, 0)) as e:
+        with k.if_(e.row.lt(lq)):
+            k.store(o, (head * lq + e.row) * d + e.col, k.div(e.value, k.load(l_run, _row_slot(e))))
+            if lse_out is not None:
+                with k.if_(e.tile_col.eq(0)):  # one thread and register a row (lane % 4 == 0, column 0)
+                    slot = _row_slot(e)
+                    k.store(lse_out, head * lq + e.row,
+                            k.mul(k.add(k.load(m_run, slot), k.log2(k.load(l_run, slot))), LN2))
+    return k
+
+
+@contextmanager
+def _always() -> Iterator[None]:
+    yield
+
+
+def default_bn(head_dim) -> int:
+    """Keys a tile: 128, or 64 at D = 256 (the registers of its output fragment)."""
+    return 64 if head_dim == 256 else BN
+
+
+def ws_registers(groups: int) -> tuple[int, int]:
+    """(producer, consumer) registers a thread when warp-specialized: the producer warp group keeps 24
+    (it only issues TMA loads), the ``groups`` consumer groups share the rest of the 65536, at most 240
+    each (setmaxnreg takes multiples of 8)."""
+    consumer = min(240, (65536 // 128 - 24) // groups // 8 * 8)
+    return 24, consumer
+
+
+def _row_slot(e):
+    """The thread's row slot of a fragment element: two rows a 64-row block (the half (r / 2) % 2 of
+    register r), where fragment_reduce keeps a row's result too."""
+    return e.block * 2 + (e.register / 2) % 2
+
+
+def _own_row_sums(k: Kernel, s, l_run, alpha, bn: int, rows: int) -> None:
+    """``l = l * alpha + the sum of the thread's own elements of each row of s``: the four lanes of a row
+    each keep their partial sum, combined once after the loop (no shuffles per key tile)."""
+    half = bn // 2
+    with k.loop("ls_r", rows, kind="unroll") as r:
+        total = "ls_total"
+        k.assign(0.0, dst=total)
+        with k.loop("ls_c", bn // 8, kind="unroll") as cc:
+            with k.loop("ls_p", 2, kind="unroll") as pp:
+                j, h = r / 2, r % 2
+                k.reduce(k.load(s, j * half + cc * 4 + h * 2 + pp), kind="serial", combine="sum", dst=total)
+        k.store(l_run, r, k.add(k.mul(k.load(l_run, r), k.load(alpha, r)), total))

@@ -1,0 +1,75 @@
+"""The attention kernel on a Hopper GPU: L in 1, 17, 128, 1000, 4096 x D in 64, 128, 256 x causal both x warp
+specialization both, bfloat16 (and float16, queries and keys of different lengths, a softmax scale), outputs
+poisoned first, against a float32 reference (torch's SDPA in float32 when torch is importable, else numpy)."""
+import numpy as np
+import pytest
+
+from cbrules import api
+from cbrules.kernels import KERNELS
+from cbrules.kernels.attention import attention
+from cbrules.kernels.specs import attention_reference
+from gpucheck import poisoned_run
+
+pytestmark = pytest.mark.gpu
+SPEC = KERNELS["attention"]
+LENGTHS = (1, 17, 128, 1000, 4096)
+TOL = {"bfloat16": 1.5e-2, "float16": 4e-3}
+
+
+def _compiled(cache={}, **kw):
+    key = tuple(sorted(kw.items()))
+    if key not in cache:
+        cache[key] = api.compile(attention(**kw))
+    return cache[key]
+
+
+def _reference(args, scale, causal):
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        torch = None
+    if torch is not None and torch.cuda.is_available():
+        q, k, v = (torch.from_numpy(np.asarray(args[n]).astype(np.float32)).cuda() for n in ("q", "k", "v"))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        s = (q @ k.transpose(1, 2)) * scale
+        if causal:
+            lq, lk = s.shape[1:]
+            s = s.masked_fill(torch.ones(lq, lk, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+        return {"o": o.double().cpu().numpy(), "lse": torch.logsumexp(s, dim=-1).double().cpu().numpy()}
+    o, lse = attention_reference(args["q"], args["k"], args["v"], scale, causal, dtype=np.float32)
+    return {"o": o.astype(np.float64), "lse": lse.astype(np.float64)}
+
+
+def _run(shape, d, causal, dtype="bfloat16", scale=None, seed=0, **options):
+    ck = _compiled(head_dim=d, causal=causal, dtype=dtype, lse=True, scale=scale, **options)
+    spec = SPEC.variant(head_dim=d, causal=causal, lse=True, scale=scale)
+    args = spec.make_inputs(shape, np.random.default_rng(seed), dtype)
+    want = _reference(args, d ** -0.5 if scale is None else scale, causal)
+    failures = poisoned_run(ck, args, want, ("o", "lse"), TOL[dtype], TOL[dtype], shape)  # both poisoned
+    got_lse = np.asarray(args["lse"]).astype(np.float64)
+    if not np.allclose(got_lse, want["lse"], rtol=1e-4, atol=1e-4):  # float32 statistics: tighter
+        failures.append(f"shape {shape}: lse differs (max error {np.nanmax(np.abs(got_lse - want['lse'])):.3g})")
+    return failures
+
+
+@pytest.mark.parametrize("ws", [False, True], ids=["plain", "warp-specialized"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_lengths(d, causal, ws):
+    failures = [f for n in LENGTHS for f in _run((3 if n < 4096 else 2, n, n), d, causal, stages=2,
+                                                    warp_specialize=ws, seed=n)]
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_float16_three_stages(d):
+    failures = [f for n in (17, 1000) for f in _run((2, n, n), d, True, "float16", stages=3, warp_specialize=True)]
+    assert not failures, "\n".join(failures)
+
+
+def test_queries_and_keys_of_other_lengths_and_a_scale():
+    failures = [f for shape in ((2, 100, 3000), (2, 3000, 100), (1, 333, 777))
+                for causal in (False, True)
+                for f in _run(shape, 64, causal, scale=0.2, stages=2, warp_specialize=True)]
+    assert not failures, "\n".join(failures)
