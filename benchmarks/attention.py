@@ -36,7 +36,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="folder for results.json and results.md")
     p.add_argument("--quick", action="store_true", help="sustain 0.5 s, idle 1 s (not steady: a first look)")
     p.add_argument("--plain", action="store_true", help="also time the kernel without warp specialization")
+    p.add_argument("--dims", default=",".join(map(str, DIMS)), help="head dims, e.g. 64,128")
+    p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="sequence lengths, e.g. 4096,16384")
+    p.add_argument("--causal", choices=("both", "no", "yes"), default="both")
+    p.add_argument("--samples", type=int, default=100, help="launches whose median is the figure")
     a = p.parse_args(argv)
+    dims, lengths = (tuple(int(x) for x in t.split(",")) for t in (a.dims, a.lengths))
+    causals = {"both": (False, True), "no": (False,), "yes": (True,)}[a.causal]
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -44,18 +50,18 @@ def main(argv=None) -> int:
     from benchmarks.steady import time_each_alone
     from cbrules import api
     from cbrules.kernels.attention import attention
-    timing = dict(sustain=0.5, idle=1.0) if a.quick else {}
+    timing = dict(sustain=0.5, idle=1.0, samples=a.samples) if a.quick else dict(samples=a.samples)
     ours = {**OURS, **(PLAIN if a.plain else {})}
     compiled = {}
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for d in DIMS:
-        for causal in (False, True):
+    for d in dims:
+        for causal in causals:
             for label, opts in ours.items():
                 t0 = time.perf_counter()
                 compiled[(d, causal, label)] = api.compile(attention(head_dim=d, causal=causal, **opts))
                 print(f"compiled {label} D={d} causal={causal} in {time.perf_counter() - t0:.1f} s", flush=True)
-            for length in LENGTHS:
+            for length in lengths:
                 b = max(1, TOKENS // length)
                 q, k, v = (torch.randn(b, HEADS, length, d, device="cuda", dtype=torch.bfloat16, generator=gen)
                            for _ in range(3))

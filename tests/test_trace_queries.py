@@ -68,7 +68,9 @@ def test_why_not_respects_phases(mbar):
     (["history", "--node", "999"], "no node #999 in any graph of the trace"),
     (["log", "--node", "999"], "no node #999 in any graph of the trace"),
     (["graph", "--step", "999"], "no step 999"),
-    (["why-not", "--rule", "cb-prologue", "--node", "2"], "#2 is not in the final graph: it was erased at step"),
+    # without --step why-not asks the last graph that holds the node; a step after its erasure is refused
+    (["why-not", "--rule", "cb-prologue", "--node", "2", "--step", "20"],
+     "#2 is not in the graph after step 20: it was erased at step 18"),
     (["counts", "--stop-after-phase", "cb-stag"], "no phase 'cb-stag' to stop after (did you mean 'cb-stage'?)"),
 ])
 def test_queries_about_what_is_not_there_exit_non_zero(argv, needle, capsys):
