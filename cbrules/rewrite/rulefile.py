@@ -83,6 +83,12 @@ class RuleSet:
     phase_pos: dict[str, Pos] = field(default_factory=dict)  # where each phase is declared
     _order: dict = field(default_factory=dict, repr=False, compare=False)  # phase -> (stamp, rules)
 
+    def copy(self) -> "RuleSet":
+        """A rule set whose lists and tables can change without changing this one (the rules, frozen,
+        are shared)."""
+        return RuleSet(list(self.rules), list(self.phases), list(self.egg_forms), dict(self.disabled),
+                       list(self.files), dict(self.phase_pos), dict(self._order))
+
     def active(self) -> list[GraphRule]:
         return [r for r in self.rules if r.name not in self.disabled]
 
@@ -208,15 +214,40 @@ def rule_set(rules: Union[None, "RuleSet", Sequence[str | os.PathLike]] = None) 
 
 def load(dirs: Optional[Sequence[str | os.PathLike]] = None, *, check_egglog: bool = False) -> RuleSet:
     """Read and check every ``*.rules`` file under ``dirs`` (default: :func:`rule_dirs`)."""
-    rs = RuleSet()
-    errors: list[RuleError] = []
+    sources: list[tuple[Path, str]] = []
     seen: set[str] = set()
     for d in (rule_dirs() if dirs is None else dirs):
         for f in rule_files(d):
             real = os.path.realpath(f)
             if real not in seen:  # a folder named twice (e.g. the shipped one) is read once
                 seen.add(real)
-                _read_file(rs, f, errors)
+                sources.append((f, read_file(f)))
+    # Files are read every time (an edit shows at once), but the same texts parse to the same rules,
+    # and parsing and checking them is most of a small kernel's lowering time.
+    key = tuple((str(f), text) for f, text in sources)
+    rs = _LOADED.get(key)
+    if rs is None:
+        rs = _parsed(sources)
+        if len(_LOADED) >= _LOADED_MAX:
+            del _LOADED[next(iter(_LOADED))]
+        _LOADED[key] = rs
+    rs = rs.copy()
+    if check_egglog:
+        from .eggload import load_check
+        load_check(rs.egg_forms)
+    return rs
+
+
+_LOADED: dict = {}  # the (path, text) of every file read -> the checked RuleSet they gave
+_LOADED_MAX = 8
+
+
+def _parsed(sources: list[tuple[Path, str]]) -> RuleSet:
+    """The checked rule set of the files' texts (every error in one :class:`RuleError`)."""
+    rs = RuleSet()
+    errors: list[RuleError] = []
+    for f, text in sources:
+        _read_text(rs, text, f, errors)
     _check_names(rs, errors)
     for phase in rs.phases:
         try:
@@ -224,9 +255,6 @@ def load(dirs: Optional[Sequence[str | os.PathLike]] = None, *, check_egglog: bo
         except RuleError as e:
             errors.append(e)
     _raise_all(errors)
-    if check_egglog:
-        from .eggload import load_check
-        load_check(rs.egg_forms)
     return rs
 
 
@@ -239,12 +267,6 @@ def from_texts(texts: dict[str, str]) -> RuleSet:
         _read_text(rs, text, Path(path), errors)
     _raise_all(errors)
     return rs
-
-
-def _read_file(rs: RuleSet, path: Path, errors: list[RuleError]) -> None:
-    """Read one file into ``rs``; every error of a form goes to ``errors`` and reading goes on
-    with the next form (a syntax error ends the file)."""
-    _read_text(rs, read_file(path), path, errors)
 
 
 def _read_text(rs: RuleSet, text: str, path: Path, errors: list[RuleError]) -> None:
