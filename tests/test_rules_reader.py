@@ -189,3 +189,20 @@ def test_thousand_inert_rules_load_and_order_quickly(tmp_path):
     order = [r.name for r in rs.in_phase("p")]
     assert time.perf_counter() - start < 10  # generous bound; about 0.1 s on a laptop, was minutes
     assert order == [f"r{i}" for i in reversed(range(1000))]
+
+
+def test_reloading_the_same_texts_gives_an_independent_copy_and_an_edit_is_read(tmp_path):
+    # load() reuses the parsed rules of texts it has read before: a change to one loaded set must not
+    # reach the next load, and an edited file must be parsed again
+    path = write_rules(tmp_path / "r", GOOD)
+    first = rulefile.load([tmp_path / "r"])
+    first.disabled["r1"] = first.rules[0].pos
+    first.rules.clear()
+    again = rulefile.load([tmp_path / "r"])
+    assert [r.name for r in again.rules] == ["r1"] and not again.disabled
+    assert [r.name for r in again.in_phase("tag")] == ["r1"]
+    path.write_text(GOOD.replace("r1", "r2"))
+    assert [r.name for r in rulefile.load([tmp_path / "r"]).rules] == ["r2"]
+    path.write_text(GOOD.replace(":phase tag", ":phase nowhere"))
+    with pytest.raises(RuleError):
+        rulefile.load([tmp_path / "r"])
