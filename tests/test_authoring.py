@@ -420,6 +420,24 @@ def test_a_hazard_names_the_users_rule_that_erased_the_wait(tmp_path):
     assert "mbarrier_wait(barrier=cb_full_3) at step " in res.detail
 
 
+def test_a_hazard_names_the_users_rule_that_moved_the_wait_after_the_read(tmp_path):
+    path = write_rules(tmp_path / "late", """
+        (phase late :after cb-pipeline)
+        (graph-rule wait-after-read
+          :phase late
+          :match ((for ?L :part "main")
+                  (mbarrier_wait ?w :stage "consumer" :child-of ?L)
+                  (for ?r :child-of ?L)
+                  (next ?w ?r)
+                  (syncthreads ?s :stage "war" :child-of ?L))
+          :rewrite ((remove-edge ?w ?r) (add-edge ?r ?w) (move ?w :before ?s)))
+    """)
+    res = Checker(blocks="sample", rules=[tmp_path / "late"]).check(get("pointwise"), 4, 3)
+    assert res.status == "FAIL" and res.detail.startswith("RawHazard: ")
+    assert f"moved by a rule of yours (a likely cause): rule wait-after-read @ {path}:2 moved #" in res.detail
+    assert "mbarrier_wait(barrier=cb_full_3) (now in #" in res.detail and "erased by" not in res.detail
+
+
 # ---------------------------------------------------------------- issue 32: the issue's other authoring tasks
 def test_a_repeated_wait_peephole_from_a_rule_file_checks_clean_and_runs(tmp_path, capsys):
     from test_rule_language import PEEPHOLE as REPEATED

@@ -124,6 +124,7 @@ class Application:
     changed: list
     seconds: float
     egg: Optional[dict] = None  # egglog report: rule -> matches, for simplification steps
+    moved: list = field(default_factory=list)  # nodes given a new place (move, wrap, wrap-body)
 
 
 @dataclass
@@ -536,7 +537,8 @@ def _apply(kg: KernelGraph, rule: GraphRule, at: str, b: dict, step: int, phase:
                             f"{what}; lowering stopped and the kernel as built is unchanged") from e
     if trace is not None:
         trace.records.append(Application(step, rule.name, at, phase, {k: _show(v) for k, v in rw.b.items()},
-                                         rw.created, rw.erased, sorted(set(rw.changed)), time.perf_counter() - t0))
+                                         rw.created, rw.erased, sorted(set(rw.changed)), time.perf_counter() - t0,
+                                         moved=sorted(set(rw.moved))))
         trace.graphs[step] = work  # never changed again: the next step works on a copy
     return work, rw.touched_ops()
 
