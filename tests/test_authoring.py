@@ -473,6 +473,30 @@ def test_a_pattern_literal_no_value_can_equal_is_refused_at_its_position(tmp_pat
                                    '"normal", not "evict_frist" (did you mean \'evict_first\'?)')
 
 
+def test_rules_check_refuses_bad_literals_inside_one_of_and_bad_literal_names(tmp_path, capsys):
+    path = write_rules(tmp_path / "bad", """
+        (phase p :after cb-pipeline)
+        (graph-rule a :phase p :match ((mbarrier_wait ?w :backoff (one-of 32 2000000))) :rewrite ((erase ?w)))
+        (graph-rule b :phase p :match ((tma_load ?t :cache_hint (one-of "normal" "evict_fist"))) :rewrite ((erase ?t)))
+        (graph-rule c :phase p :match ((load ?l)) :rewrite ((set ?l :dst "int")))
+        (graph-rule d :phase p :match ((for ?L)) :rewrite ((insert-at-entry ?L
+          (alloc :buf "my tile" :space "shared" :dtype "float32" :shape (4)))))
+        (graph-rule e :phase p :match ((load ?l :src (not "__x"))) :rewrite ((erase ?l)))
+        (graph-rule ok :phase p :match ((load ?l :src (one-of "x_tile" "y_tile") :dst "v0"))
+          :rewrite ((set ?l :dst "v0_again")))
+    """)
+    assert main(["rules", "check", str(tmp_path / "bad")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert [x.removeprefix("cbrules: RuleErrors: ").split(": ")[0] for x in err] == \
+        [f"{path}:{n}" for n in ("2:70", "3:74", "4:66", "6:15", "7:51")]
+    assert "mbarrier_wait :backoff takes an int in 0..1000000 or a term: 2000000 is above 1000000" in err[0]
+    assert 'not "evict_fist" (did you mean \'evict_first\'?)' in err[1]
+    assert "load :dst is a name the CUDA uses: 'int' is a C/C++/CUDA keyword or reserved word; rename it, " \
+           "e.g. 'int_'" in err[2]
+    assert "alloc :buf is a name the CUDA uses: 'my tile' is not a C identifier" in err[3] and "'my_tile'" in err[3]
+    assert "load :src is a name the CUDA uses: '__x' is reserved by C++" in err[4]
+
+
 def test_the_cache_hint_benchmarks_rule_folders_set_what_they_say():
     """benchmarks/cache_hints.py measures these folders on the GPU; here: each sets its hint (no compile)."""
     from pathlib import Path

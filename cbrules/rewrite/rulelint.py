@@ -1,5 +1,6 @@
-"""What ``cbrules rules check`` says beyond errors: literal values checked against their attribute's
-type and range (an error, at the literal's position), and two warnings about rules that load but
+"""What ``cbrules rules check`` says beyond errors: literal values (also each of a ``(one-of ...)``
+or ``(not ...)``) checked against their attribute's type and range, and literal names against what
+may reach CUDA (an error, at the literal's position), and two warnings about rules that load but
 probably do not do what their author meant:
 
 * two patterns of one op that may bind the same node (nothing says they differ), and
@@ -14,7 +15,7 @@ import difflib
 import os
 from typing import TYPE_CHECKING, Optional
 
-from ..ir.attributes import ENUM_ATTRS, INT_HIGH, TERM_OR_INT, _INT_ATTR, attribute_problem
+from ..ir.attributes import ENUM_ATTRS, INT_HIGH, TERM_OR_INT, _INT_ATTR, attribute_problem, ident_keys
 from ..ir.ops import OPS
 from .schema import split_keys
 from .sexpr import Atom, Expr, RuleError, SList
@@ -41,8 +42,15 @@ def literal_problem(op: str, key: str, value: Expr) -> Optional[RuleError]:
     is wrong), at the literal's position; None for a fine literal or a computed value."""
     if op not in OPS:
         return None
+    if isinstance(value, SList) and value.head() in ("one-of", "not"):  # each alternative is a literal to check
+        return next((p for p in (literal_problem(op, key, x) for x in value.items[1:]) if p), None)
     is_lit, v = _literal(value)
-    if not is_lit or ((op, key) not in _INT_ATTR and (op, key) not in ENUM_ATTRS):
+    if not is_lit:
+        return None
+    if key in ident_keys(op):  # a name codegen prints: the check a rule action makes when it sets one
+        why = attribute_problem(op, key, v)
+        return RuleError(value.pos, f"{op} :{key} is a name the CUDA uses: {why}") if why else None
+    if (op, key) not in _INT_ATTR and (op, key) not in ENUM_ATTRS:
         return None
     if isinstance(v, str) and (op, key) in _INT_ATTR:
         hint = f"; write {v} without quotes" if v.strip().lstrip("-").isdigit() else ""
