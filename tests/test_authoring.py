@@ -329,7 +329,18 @@ def test_a_policy_phase_after_the_validations_is_warned_of_and_before_them_is_va
     assert main(["rules", "check", str(tmp_path / "late")]) == 0
     out = capsys.readouterr().out
     assert f"{late}:7:13: warning: rule prefetch-s-minus-2 (phase my-prefetch) sets :annotations of a for after " \
-           "phase cb-check validated it" in out and "declare the phase (phase my-prefetch :before cb-check)" in out
+           "phase cb-check validated it" in out and "so the engine runs those checks again after phase " \
+           "my-prefetch; declare the phase (phase my-prefetch :before cb-check)" in out
+    # placed after cb-check, the policy is checked again after its phase: refused by name, not compiled
+    with pytest.raises(LoweringError) as e:
+        api.lower(get("single_dim").build(stages=4, warp_specialize=True), rules=[tmp_path / "late"])
+    assert "prefetch=2 does not apply to a warp-specialized loop" in str(e.value) and e.value.rule == \
+        "cb-ws-reject-prefetch" and str(e.value).endswith(
+            "(checked again after phase my-prefetch, whose rule prefetch-s-minus-2 set what phase cb-check had "
+            "validated; declare the phase before it: (phase my-prefetch :before cb-check))")
+    # a value the checks accept is applied as before
+    late_kg = api.lower(get("single_dim").build(stages=4), rules=[tmp_path / "late"])
+    assert options.effective(late_kg)[0][1]["prefetch"] == 2
     # placed where the warning says, the policy applies and the shipped check refuses what it must
     write_rules(tmp_path / "early", PREFETCH_POLICY)
     assert main(["rules", "check", str(tmp_path / "early")]) == 0

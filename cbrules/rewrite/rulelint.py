@@ -176,9 +176,9 @@ def validation_phases(rs: "RuleSet", shipped: str) -> set[str]:
     return {p for p, rules in by_phase.items() if all(map(_validates, rules))}
 
 
-def placement_warnings(rs: "RuleSet", shipped: str) -> list[str]:
-    """User rules that set what a shipped validation phase read, from a phase that runs after it:
-    the validation never sees the value (e.g. a prefetch policy placed after ``cb-check``)."""
+def late_settings(rs: "RuleSet", shipped: str) -> list[tuple["GraphRule", str, str, Expr, list]]:
+    """(rule, op, key, where, checks) for each user rule that sets ``op`` ``:key`` from a phase that
+    runs after a shipped validation phase whose rules ``checks`` read it (at most one key a rule)."""
     order = {p: i for i, p in enumerate(rs.phases)}
     checks: dict[tuple[str, str], list] = {}  # (op, key) -> shipped validating rules that read it
     validating = validation_phases(rs, shipped)
@@ -194,12 +194,30 @@ def placement_warnings(rs: "RuleSet", shipped: str) -> list[str]:
             earlier = [c for c in checks.get((op, key), []) + checks.get(("_", key), [])
                        if order.get(c.phase, len(order)) < order[r.phase]]
             if earlier:
-                c = earlier[0]
-                out.append(f"{where.pos}: warning: rule {r.name} (phase {r.phase}) sets :{key} of a {op} after phase "
-                           f"{c.phase} validated it (rule {c.name} at {c.at} reads it{_more(earlier)}), so no "
-                           f"check sees the value it sets; declare the phase (phase {r.phase} :before {c.phase})")
+                out.append((r, op, key, where, earlier))
                 break
     return out
+
+
+def rechecks(rs: "RuleSet", shipped: str) -> dict[str, list["GraphRule"]]:
+    """Per user phase: the shipped validation rules the engine runs again after it, because a rule of
+    the phase sets what they read after they ran (in the order the rule set holds them)."""
+    again: dict[str, dict[str, "GraphRule"]] = {}
+    for r, _, _, _, earlier in late_settings(rs, shipped):
+        again.setdefault(r.phase, {}).update((c.name, c) for c in earlier)
+    names = {p: set(cs) for p, cs in again.items()}
+    return {p: [c for c in rs.active() if c.name in names[p]] for p in again}
+
+
+def placement_warnings(rs: "RuleSet", shipped: str) -> list[str]:
+    """User rules that set what a shipped validation phase read, from a phase that runs after it:
+    the engine runs those checks again after the phase (e.g. a prefetch policy placed after
+    ``cb-check``), but the phase is better declared before the validation."""
+    return [f"{where.pos}: warning: rule {r.name} (phase {r.phase}) sets :{key} of a {op} after phase "
+            f"{earlier[0].phase} validated it (rule {earlier[0].name} at {earlier[0].at} reads it{_more(earlier)}), "
+            f"so the engine runs those checks again after phase {r.phase}; declare the phase "
+            f"(phase {r.phase} :before {earlier[0].phase})"
+            for r, op, key, where, earlier in late_settings(rs, shipped)]
 
 
 def _more(rules: list) -> str:
