@@ -286,9 +286,10 @@ class _Run:
             kg, stopped = self._fixpoint(kg, phase, ordered, most)
             if stopped:
                 return self._done(kg)
-            again = self.rules.rechecks().get(phase) if self.per_rule else None
-            if again:
-                kg, stopped = self._recheck(kg, phase, again, most)
+            setters, again = self.rules.rechecks().get(phase, ((), ()))
+            fired = sorted(n for n in setters if self.per_rule[n])
+            if fired:
+                kg, stopped = self._recheck(kg, phase, fired, list(again), most)
                 if stopped:
                     return self._done(kg)
             if self.verify_phases and not self.verified:  # a pure check: an unchanged graph passes it again
@@ -339,12 +340,11 @@ class _Run:
                 if self.stop_after is not None and self.step >= self.stop_after:
                     return kg, True
 
-    def _recheck(self, kg: KernelGraph, phase: str, checks: list[GraphRule], most: int
+    def _recheck(self, kg: KernelGraph, phase: str, setters: list[str], checks: list[GraphRule], most: int
                  ) -> tuple[KernelGraph, bool]:
-        """Run the shipped validation rules ``checks`` again after user phase ``phase``, whose rules
-        (which fired) set what they read after they ran: a value they refuse is refused now, named
-        with the phase and how to place it, instead of reaching the CUDA unchecked."""
-        setters = sorted(n for n in self.per_rule if n not in {c.name for c in checks})
+        """Run the shipped validation rules ``checks`` again after ``phase``, whose user rules
+        ``setters`` fired and set what the checks read after they ran: a value they refuse is refused
+        now, named with the phase and how to place it, instead of reaching the CUDA unchecked."""
         self.by_name.update((c.name, c) for c in checks)
         try:
             return self._fixpoint(kg, phase, checks, most)

@@ -102,9 +102,10 @@ class RuleSet:
             cached = self._order[phase] = (stamp, _topological([r for r in self.active() if r.phase == phase]))
         return list(cached[1])
 
-    def rechecks(self) -> dict[str, list[GraphRule]]:
-        """Per user phase placed after a shipped validation phase and setting what it read: the
-        validation rules the engine runs again after that phase (:func:`.rulelint.rechecks`)."""
+    def rechecks(self) -> dict[str, tuple[frozenset, list[GraphRule]]]:
+        """Per phase holding user rules that set what a shipped validation phase read before them:
+        those rules' names and the validation rules the engine runs again after the phase
+        (:func:`.rulelint.rechecks`)."""
         stamp = (tuple(self.rules), tuple(self.disabled), tuple(self.phases))
         if not self._rechecks or self._rechecks[0][0] != stamp:
             self._rechecks[:] = [(stamp, rechecks(self, SHIPPED))]

@@ -199,14 +199,15 @@ def late_settings(rs: "RuleSet", shipped: str) -> list[tuple["GraphRule", str, s
     return out
 
 
-def rechecks(rs: "RuleSet", shipped: str) -> dict[str, list["GraphRule"]]:
-    """Per user phase: the shipped validation rules the engine runs again after it, because a rule of
-    the phase sets what they read after they ran (in the order the rule set holds them)."""
-    again: dict[str, dict[str, "GraphRule"]] = {}
+def rechecks(rs: "RuleSet", shipped: str) -> dict[str, tuple[frozenset, list["GraphRule"]]]:
+    """Per phase holding user rules that set what a shipped validation rule read before it: (those
+    rules' names, the validation rules the engine runs again after the phase, in rule-set order)."""
+    setters: dict[str, set] = {}
+    again: dict[str, set] = {}
     for r, _, _, _, earlier in late_settings(rs, shipped):
-        again.setdefault(r.phase, {}).update((c.name, c) for c in earlier)
-    names = {p: set(cs) for p, cs in again.items()}
-    return {p: [c for c in rs.active() if c.name in names[p]] for p in again}
+        setters.setdefault(r.phase, set()).add(r.name)
+        again.setdefault(r.phase, set()).update(c.name for c in earlier)
+    return {p: (frozenset(setters[p]), [c for c in rs.active() if c.name in again[p]]) for p in again}
 
 
 def placement_warnings(rs: "RuleSet", shipped: str) -> list[str]:
