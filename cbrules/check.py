@@ -276,7 +276,8 @@ class Checker:
 
     def _erasures(self, kg: Program, e: InterpError) -> list[str]:
         """The sync nodes (of ``e``'s barrier, where it names one) that rules of the user's folders
-        erased, from a debug lowering of the same kernel: a missing wait or arrive is a likely cause."""
+        erased or moved, from a debug lowering of the same kernel: a missing wait or arrive, or one
+        in a new place, is a likely cause."""
         from .ir.ops import OPS
         from .rewrite.rulefile import SHIPPED
         from .trace import graph_at
@@ -289,17 +290,21 @@ class Checker:
         except LoweringError:
             return []
         shipped = os.path.realpath(SHIPPED) + os.sep
-        found = []
+        found = {"erased": [], "moved": []}
         for r in trace.records:
             rule = trace.rules.get(r.rule)
-            if not r.erased or rule is None or os.path.realpath(rule.pos.file).startswith(shipped):
+            if not (r.erased or r.moved) or rule is None or os.path.realpath(rule.pos.file).startswith(shipped):
                 continue
-            g = graph_at(trace, r.step - 1)
-            for n in r.erased:
-                if n in g and OPS[g.op(n)].category == "sync" and \
-                        (e.barrier is None or g[n].get("barrier") in (None, e.barrier)):
-                    found.append(f"rule {r.rule} @ {r.at} erased {g.describe(n).split(' [')[0]} at step {r.step}")
-        return [f"erased by a rule of yours (a likely cause): {'; '.join(found[:3])}"] if found else []
+            # an erased node is seen in the graph before its step, a moved one in its new place after it
+            for what, nodes, g in (("erased", r.erased, graph_at(trace, r.step - 1) if r.erased else None),
+                                   ("moved", r.moved, graph_at(trace, r.step) if r.moved else None)):
+                for n in nodes:
+                    if n in g and OPS[g.op(n)].category == "sync" and \
+                            (e.barrier is None or g[n].get("barrier") in (None, e.barrier)):
+                        where = f" (now in {g.describe(g.parent(n)).split(' [')[0]})" if what == "moved" else ""
+                        found[what].append(f"rule {r.rule} @ {r.at} {what} {g.describe(n).split(' [')[0]}"
+                                           f"{where} at step {r.step}")
+        return [f"{what} by a rule of yours (a likely cause): {'; '.join(f[:3])}" for what, f in found.items() if f]
 
 
 def _runs(bad: np.ndarray) -> str:

@@ -255,14 +255,18 @@ RECORD_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "changed": (_int_list, "a list of node ids (ints >= 0)"),
     "seconds": (lambda v: _is(v, float), "a duration (a finite number >= 0)"),
     "egg": (_count_dict, "null or a dictionary of egglog rule -> matches (ints >= 0)"),
+    "moved": (_int_list, "a list of node ids (ints >= 0)"),
 }
+# fields a trace written before they existed lacks: such a file reads back with the default
+OPTIONAL_FIELDS = {"moved"}
 
 
 def _record(i: int, fields: Any) -> Application:
-    if not isinstance(fields, dict) or set(fields) != {f.name for f in dataclasses.fields(Application)}:
+    names = {f.name for f in dataclasses.fields(Application)}
+    if not isinstance(fields, dict) or not names - OPTIONAL_FIELDS <= set(fields) <= names:
         raise _Invalid(f"record {i}: not a rule application (the fields are {', '.join(RECORD_FIELDS)})")
     for key, (ok, what) in RECORD_FIELDS.items():
-        if not ok(fields[key]):
+        if key in fields and not ok(fields[key]):
             raise _Invalid(f"record {i}: field {key!r} is {_shown(fields[key])}, not {what}")
     return Application(**fields)
 

@@ -329,7 +329,18 @@ def test_a_policy_phase_after_the_validations_is_warned_of_and_before_them_is_va
     assert main(["rules", "check", str(tmp_path / "late")]) == 0
     out = capsys.readouterr().out
     assert f"{late}:7:13: warning: rule prefetch-s-minus-2 (phase my-prefetch) sets :annotations of a for after " \
-           "phase cb-check validated it" in out and "declare the phase (phase my-prefetch :before cb-check)" in out
+           "phase cb-check validated it" in out and "so the engine runs those checks again after phase " \
+           "my-prefetch; declare the phase (phase my-prefetch :before cb-check)" in out
+    # placed after cb-check, the policy is checked again after its phase: refused by name, not compiled
+    with pytest.raises(LoweringError) as e:
+        api.lower(get("single_dim").build(stages=4, warp_specialize=True), rules=[tmp_path / "late"])
+    assert "prefetch=2 does not apply to a warp-specialized loop" in str(e.value) and e.value.rule == \
+        "cb-ws-reject-prefetch" and str(e.value).endswith(
+            "(checked again after phase my-prefetch, whose rule prefetch-s-minus-2 set what phase cb-check had "
+            "validated; declare the phase before it: (phase my-prefetch :before cb-check))")
+    # a value the checks accept is applied as before
+    late_kg = api.lower(get("single_dim").build(stages=4), rules=[tmp_path / "late"])
+    assert options.effective(late_kg)[0][1]["prefetch"] == 2
     # placed where the warning says, the policy applies and the shipped check refuses what it must
     write_rules(tmp_path / "early", PREFETCH_POLICY)
     assert main(["rules", "check", str(tmp_path / "early")]) == 0
@@ -420,6 +431,24 @@ def test_a_hazard_names_the_users_rule_that_erased_the_wait(tmp_path):
     assert "mbarrier_wait(barrier=cb_full_3) at step " in res.detail
 
 
+def test_a_hazard_names_the_users_rule_that_moved_the_wait_after_the_read(tmp_path):
+    path = write_rules(tmp_path / "late", """
+        (phase late :after cb-pipeline)
+        (graph-rule wait-after-read
+          :phase late
+          :match ((for ?L :part "main")
+                  (mbarrier_wait ?w :stage "consumer" :child-of ?L)
+                  (for ?r :child-of ?L)
+                  (next ?w ?r)
+                  (syncthreads ?s :stage "war" :child-of ?L))
+          :rewrite ((remove-edge ?w ?r) (add-edge ?r ?w) (move ?w :before ?s)))
+    """)
+    res = Checker(blocks="sample", rules=[tmp_path / "late"]).check(get("pointwise"), 4, 3)
+    assert res.status == "FAIL" and res.detail.startswith("RawHazard: ")
+    assert f"moved by a rule of yours (a likely cause): rule wait-after-read @ {path}:2 moved #" in res.detail
+    assert "mbarrier_wait(barrier=cb_full_3) (now in #" in res.detail and "erased by" not in res.detail
+
+
 # ---------------------------------------------------------------- issue 32: the issue's other authoring tasks
 def test_a_repeated_wait_peephole_from_a_rule_file_checks_clean_and_runs(tmp_path, capsys):
     from test_rule_language import PEEPHOLE as REPEATED
@@ -453,6 +482,30 @@ def test_a_pattern_literal_no_value_can_equal_is_refused_at_its_position(tmp_pat
         load(rule_dirs([tmp_path / "bad"]))
     assert str(e.value).startswith(f'{path}:2:58: tma_load :cache_hint takes one of "evict_first", "evict_last", '
                                    '"normal", not "evict_frist" (did you mean \'evict_first\'?)')
+
+
+def test_rules_check_refuses_bad_literals_inside_one_of_and_bad_literal_names(tmp_path, capsys):
+    path = write_rules(tmp_path / "bad", """
+        (phase p :after cb-pipeline)
+        (graph-rule a :phase p :match ((mbarrier_wait ?w :backoff (one-of 32 2000000))) :rewrite ((erase ?w)))
+        (graph-rule b :phase p :match ((tma_load ?t :cache_hint (one-of "normal" "evict_fist"))) :rewrite ((erase ?t)))
+        (graph-rule c :phase p :match ((load ?l)) :rewrite ((set ?l :dst "int")))
+        (graph-rule d :phase p :match ((for ?L)) :rewrite ((insert-at-entry ?L
+          (alloc :buf "my tile" :space "shared" :dtype "float32" :shape (4)))))
+        (graph-rule e :phase p :match ((load ?l :src (not "__x"))) :rewrite ((erase ?l)))
+        (graph-rule ok :phase p :match ((load ?l :src (one-of "x_tile" "y_tile") :dst "v0"))
+          :rewrite ((set ?l :dst "v0_again")))
+    """)
+    assert main(["rules", "check", str(tmp_path / "bad")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert [x.removeprefix("cbrules: RuleErrors: ").split(": ")[0] for x in err] == \
+        [f"{path}:{n}" for n in ("2:70", "3:74", "4:66", "6:15", "7:51")]
+    assert "mbarrier_wait :backoff takes an int in 0..1000000 or a term: 2000000 is above 1000000" in err[0]
+    assert 'not "evict_fist" (did you mean \'evict_first\'?)' in err[1]
+    assert "load :dst is a name the CUDA uses: 'int' is a C/C++/CUDA keyword or reserved word; rename it, " \
+           "e.g. 'int_'" in err[2]
+    assert "alloc :buf is a name the CUDA uses: 'my tile' is not a C identifier" in err[3] and "'my_tile'" in err[3]
+    assert "load :src is a name the CUDA uses: '__x' is reserved by C++" in err[4]
 
 
 def test_the_cache_hint_benchmarks_rule_folders_set_what_they_say():

@@ -191,14 +191,23 @@ def test_var_yields_only_bound_names(tmp_path):
         _lower(_rule(tmp_path, '(set ?L :stop (var (str "else" "where")))'))
 
 
-@pytest.mark.parametrize("match, rewrite, expected", [
+HOSTILE_SETS = [
     ('(alloc ?a :buf "tile")', '(set ?a :buf "tile[0]; asm(\\"trap;\\"); float* t")', "not a C identifier"),
     ('(exp ?e :dst ?d)', '(set ?e :dst "v0 = 0; } __global__ void f() {")', "not a C identifier"),
-])
+]
+
+
+@pytest.mark.parametrize("match, rewrite, expected", HOSTILE_SETS)
 def test_rules_cannot_set_hostile_names(tmp_path, match, rewrite, expected):
-    """A name codegen could not print is refused by the action that sets it, at the rule's text."""
+    """A literal name codegen could not print is refused when the rules load, at the literal; one
+    the rule computes, by the action that sets it, at the rule's text."""
+    with pytest.raises(RuleError) as e:
+        _lower(_rule(tmp_path / "literal", rewrite, match))
+    assert re.search(r"test\.rules:5:\d+: \w+ :\w+ is a name the CUDA uses: ", str(e.value)) and expected in str(e.value)
+    computed = re.sub(r'(:\w+) (".*")\)$', r'\1 (str "" \2))', rewrite)
+    assert computed != rewrite
     with pytest.raises(LoweringError) as e:
-        _lower(_rule(tmp_path, rewrite, match))
+        _lower(_rule(tmp_path / "computed", computed, match))
     assert "rule hostile" in str(e.value) and "test.rules:" in str(e.value) and expected in str(e.value)
 
 

@@ -78,7 +78,7 @@ BAD_FIELDS = {
     "records a dict": (lambda d: d.update(records={}), "field 'records' is {} (dict), not list"),
     "options with a newline": (lambda d: d.update(options="a\nb"), "one line of text"),
     "graphs without step 0": (lambda d: d["graphs"].pop("0"), "graphs keyed by step numbers from 0"),
-    "a record with a missing field": (lambda d: d["records"][0]["dict"].pop(), "not a rule application"),
+    "a record with a missing field": (lambda d: d["records"][0]["dict"].pop(0), "not a rule application"),
 }
 
 

@@ -86,6 +86,30 @@ def test_a_hostile_trace_file_is_a_named_error(saved, tmp_path, change, needle):
     assert needle in str(e.value)
 
 
+def first_record_with(doc, key):
+    return next(r["dict"] for r in doc["records"] if any(k == key and v for k, v in r["dict"]))
+
+
+def test_moves_are_recorded_and_a_trace_without_them_still_reads(saved, tmp_path):
+    live, path = saved
+    moves = [r for r in live.records if r.moved]
+    assert moves and all(set(r.moved) <= set(r.changed) for r in moves)  # wrap moves a load under elect_one
+    # a trace written before moves were recorded has no "moved" field: it reads back with none
+    old = tracefile.load(hostile(saved, tmp_path, lambda d: [r["dict"].__delitem__(
+        next(i for i, (k, _) in enumerate(r["dict"]) if k == "moved")) for r in d["records"]]))[0]
+    assert all(r.moved == [] for r in old.records) and len(old.records) == len(live.records)
+
+
+@pytest.mark.parametrize("bad", [["3"], -1, [-2], None, [True]])
+def test_a_bad_moved_field_is_refused_by_name(saved, tmp_path, bad):
+    def change(d):
+        rec = first_record_with(d, "moved")
+        rec[[k for k, _ in rec].index("moved")][1] = bad
+    with pytest.raises(tracefile.TraceFileError) as e:
+        tracefile.load(hostile(saved, tmp_path, change))
+    assert "field 'moved' is" in str(e.value) and "not a list of node ids" in str(e.value)
+
+
 def test_garbage_and_deep_nesting_are_named_errors(tmp_path, capsys):
     for text in ("not json", "[" * 100_000 + "]" * 100_000, '{"format": "cbrules-trace-1"}', "\udcff"):
         path = tmp_path / "junk.cbtrace"

@@ -124,6 +124,7 @@ class Application:
     changed: list
     seconds: float
     egg: Optional[dict] = None  # egglog report: rule -> matches, for simplification steps
+    moved: list = field(default_factory=list)  # nodes given a new place (move, wrap, wrap-body)
 
 
 @dataclass
@@ -282,37 +283,15 @@ class _Run:
             self.phase, self.per_rule, self.grown = phase, Counter(), Counter()
             PROGRESS.phase, PROGRESS.rule = phase, ""
             self.by_name = {r.name: r for r in ordered}
-            start_nodes = len(kg)
-            bound = rule_bound(start_nodes)
-            while True:
-                found = self._next_batch(kg, ordered)
-                if found is None:
-                    break
-                rule, batch = found
-                at = rule.at  # a path made relative: once a batch, not per application
-                for key, b in batch:
-                    self._check_time()
-                    still = self._still_matches(kg, rule, b, key)
-                    if still is None:
-                        continue  # an earlier application of the batch changed what this one matched
-                    key, b = still
-                    if self.per_rule[rule.name] >= bound:
-                        raise self._bound_error(rule, bound, start_nodes)
-                    self.fired.add(key)
-                    self.step += 1
-                    PROGRESS.step, PROGRESS.rule = self.step, rule.name
-                    self.per_rule[rule.name] += 1
-                    kg.log_touches(self.step)
-                    before = len(kg)
-                    kg, ops = _apply(kg, rule, at, b, self.step, phase, self.trace, self.debug)
-                    self.grown[rule.name] += len(kg) - before
-                    if len(kg) > most:
-                        raise self._size_error(rule, len(kg), most)
-                    self.touched.update(dict.fromkeys(ops, self.step))
-                    self.changes.record(kg, self.step, frozenset(ops))
-                    self.verified = False
-                    if self.stop_after is not None and self.step >= self.stop_after:
-                        return self._done(kg)
+            kg, stopped = self._fixpoint(kg, phase, ordered, most)
+            if stopped:
+                return self._done(kg)
+            setters, again = self.rules.rechecks().get(phase, ((), ()))
+            fired = sorted(n for n in setters if self.per_rule[n])
+            if fired:
+                kg, stopped = self._recheck(kg, phase, fired, list(again), most)
+                if stopped:
+                    return self._done(kg)
             if self.verify_phases and not self.verified:  # a pure check: an unchanged graph passes it again
                 self._verify(kg, f"after phase {phase!r} the graph is invalid")
                 self.verified = True
@@ -324,6 +303,58 @@ class _Run:
         if self.trace is not None:
             self.trace.complete = True
         return self._done(kg)
+
+    def _fixpoint(self, kg: KernelGraph, phase: str, ordered: list[GraphRule], most: int
+                  ) -> tuple[KernelGraph, bool]:
+        """Apply ``ordered`` (the rules of ``phase``) until none matches anything new: the graph, and
+        whether ``stop_after`` stopped it."""
+        start_nodes = len(kg)
+        bound = rule_bound(start_nodes)
+        while True:
+            found = self._next_batch(kg, ordered)
+            if found is None:
+                return kg, False
+            rule, batch = found
+            at = rule.at  # a path made relative: once a batch, not per application
+            for key, b in batch:
+                self._check_time()
+                still = self._still_matches(kg, rule, b, key)
+                if still is None:
+                    continue  # an earlier application of the batch changed what this one matched
+                key, b = still
+                if self.per_rule[rule.name] >= bound:
+                    raise self._bound_error(rule, bound, start_nodes)
+                self.fired.add(key)
+                self.step += 1
+                PROGRESS.step, PROGRESS.rule = self.step, rule.name
+                self.per_rule[rule.name] += 1
+                kg.log_touches(self.step)
+                before = len(kg)
+                kg, ops = _apply(kg, rule, at, b, self.step, phase, self.trace, self.debug)
+                self.grown[rule.name] += len(kg) - before
+                if len(kg) > most:
+                    raise self._size_error(rule, len(kg), most)
+                self.touched.update(dict.fromkeys(ops, self.step))
+                self.changes.record(kg, self.step, frozenset(ops))
+                self.verified = False
+                if self.stop_after is not None and self.step >= self.stop_after:
+                    return kg, True
+
+    def _recheck(self, kg: KernelGraph, phase: str, setters: list[str], checks: list[GraphRule], most: int
+                 ) -> tuple[KernelGraph, bool]:
+        """Run the shipped validation rules ``checks`` again after ``phase``, whose user rules
+        ``setters`` fired and set what the checks read after they ran: a value they refuse is refused
+        now, named with the phase and how to place it, instead of reaching the CUDA unchecked."""
+        self.by_name.update((c.name, c) for c in checks)
+        try:
+            return self._fixpoint(kg, phase, checks, most)
+        except LoweringError as e:
+            if e.timed_out or e.rule not in {c.name for c in checks}:
+                raise
+            e.args = (f"{e.args[0]} (checked again after phase {phase}, whose rule {', '.join(setters)} set "
+                      f"what phase {self.by_name[e.rule].phase} had validated; declare the phase before it: "
+                      f"(phase {phase} :before {self.by_name[e.rule].phase}))", *e.args[1:])
+            raise
 
     def _done(self, kg: KernelGraph) -> Lowered:
         kg.keep_derived(False)  # the caller may change the graph it gets without telling it
@@ -536,7 +567,8 @@ def _apply(kg: KernelGraph, rule: GraphRule, at: str, b: dict, step: int, phase:
                             f"{what}; lowering stopped and the kernel as built is unchanged") from e
     if trace is not None:
         trace.records.append(Application(step, rule.name, at, phase, {k: _show(v) for k, v in rw.b.items()},
-                                         rw.created, rw.erased, sorted(set(rw.changed)), time.perf_counter() - t0))
+                                         rw.created, rw.erased, sorted(set(rw.changed)), time.perf_counter() - t0,
+                                         moved=sorted(set(rw.moved))))
         trace.graphs[step] = work  # never changed again: the next step works on a copy
     return work, rw.touched_ops()
 

@@ -24,6 +24,7 @@ from typing import Optional, Sequence, Union
 from ..shipped import RULES, shown
 from ..userio import printable
 from .rulecheck import Suggester, key_pos, check_rule, did_you_mean
+from .rulelint import rechecks
 from .schema import EGGLOG_FORMS, EGGLOG_REFUSED, EggForm, split_keys
 from .sexpr import Atom, Expr, Pos, RuleError, RulePathError, SList, read, read_file, source_text
 
@@ -82,6 +83,7 @@ class RuleSet:
     files: list[str] = field(default_factory=list)
     phase_pos: dict[str, Pos] = field(default_factory=dict)  # where each phase is declared
     _order: dict = field(default_factory=dict, repr=False, compare=False)  # phase -> (stamp, rules)
+    _rechecks: list = field(default_factory=list, repr=False, compare=False)  # [(stamp, phase -> rules)]
 
     def copy(self) -> "RuleSet":
         """A rule set whose lists and tables can change without changing this one (the rules, frozen,
@@ -105,6 +107,15 @@ class RuleSet:
         if cached is None or cached[0] != stamp:
             cached = self._order[phase] = (stamp, _topological([r for r in self.active() if r.phase == phase]))
         return list(cached[1])
+
+    def rechecks(self) -> dict[str, tuple[frozenset, list[GraphRule]]]:
+        """Per phase holding user rules that set what a shipped validation phase read before them:
+        those rules' names and the validation rules the engine runs again after the phase
+        (:func:`.rulelint.rechecks`)."""
+        stamp = (tuple(self.rules), tuple(self.disabled), tuple(self.phases))
+        if not self._rechecks or self._rechecks[0][0] != stamp:
+            self._rechecks[:] = [(stamp, rechecks(self, SHIPPED))]
+        return self._rechecks[0][1]
 
 
 def _topological(rules: list[GraphRule]) -> list[GraphRule]:

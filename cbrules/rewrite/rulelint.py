@@ -1,5 +1,6 @@
-"""What ``cbrules rules check`` says beyond errors: literal values checked against their attribute's
-type and range (an error, at the literal's position), and two warnings about rules that load but
+"""What ``cbrules rules check`` says beyond errors: literal values (also each of a ``(one-of ...)``
+or ``(not ...)``) checked against their attribute's type and range, and literal names against what
+may reach CUDA (an error, at the literal's position), and two warnings about rules that load but
 probably do not do what their author meant:
 
 * two patterns of one op that may bind the same node (nothing says they differ), and
@@ -14,7 +15,7 @@ import difflib
 import os
 from typing import TYPE_CHECKING, Optional
 
-from ..ir.attributes import ENUM_ATTRS, INT_HIGH, TERM_OR_INT, _INT_ATTR, attribute_problem
+from ..ir.attributes import ENUM_ATTRS, INT_HIGH, TERM_OR_INT, _INT_ATTR, attribute_problem, ident_keys
 from ..ir.ops import OPS
 from .schema import split_keys
 from .sexpr import Atom, Expr, RuleError, SList
@@ -41,8 +42,15 @@ def literal_problem(op: str, key: str, value: Expr) -> Optional[RuleError]:
     is wrong), at the literal's position; None for a fine literal or a computed value."""
     if op not in OPS:
         return None
+    if isinstance(value, SList) and value.head() in ("one-of", "not"):  # each alternative is a literal to check
+        return next((p for p in (literal_problem(op, key, x) for x in value.items[1:]) if p), None)
     is_lit, v = _literal(value)
-    if not is_lit or ((op, key) not in _INT_ATTR and (op, key) not in ENUM_ATTRS):
+    if not is_lit:
+        return None
+    if key in ident_keys(op):  # a name codegen prints: the check a rule action makes when it sets one
+        why = attribute_problem(op, key, v)
+        return RuleError(value.pos, f"{op} :{key} is a name the CUDA uses: {why}") if why else None
+    if (op, key) not in _INT_ATTR and (op, key) not in ENUM_ATTRS:
         return None
     if isinstance(v, str) and (op, key) in _INT_ATTR:
         hint = f"; write {v} without quotes" if v.strip().lstrip("-").isdigit() else ""
@@ -168,9 +176,9 @@ def validation_phases(rs: "RuleSet", shipped: str) -> set[str]:
     return {p for p, rules in by_phase.items() if all(map(_validates, rules))}
 
 
-def placement_warnings(rs: "RuleSet", shipped: str) -> list[str]:
-    """User rules that set what a shipped validation phase read, from a phase that runs after it:
-    the validation never sees the value (e.g. a prefetch policy placed after ``cb-check``)."""
+def late_settings(rs: "RuleSet", shipped: str) -> list[tuple["GraphRule", str, str, Expr, list]]:
+    """(rule, op, key, where, checks) for each user rule that sets ``op`` ``:key`` from a phase that
+    runs after a shipped validation phase whose rules ``checks`` read it (at most one key a rule)."""
     order = {p: i for i, p in enumerate(rs.phases)}
     checks: dict[tuple[str, str], list] = {}  # (op, key) -> shipped validating rules that read it
     validating = validation_phases(rs, shipped)
@@ -186,12 +194,31 @@ def placement_warnings(rs: "RuleSet", shipped: str) -> list[str]:
             earlier = [c for c in checks.get((op, key), []) + checks.get(("_", key), [])
                        if order.get(c.phase, len(order)) < order[r.phase]]
             if earlier:
-                c = earlier[0]
-                out.append(f"{where.pos}: warning: rule {r.name} (phase {r.phase}) sets :{key} of a {op} after phase "
-                           f"{c.phase} validated it (rule {c.name} at {c.at} reads it{_more(earlier)}), so no "
-                           f"check sees the value it sets; declare the phase (phase {r.phase} :before {c.phase})")
+                out.append((r, op, key, where, earlier))
                 break
     return out
+
+
+def rechecks(rs: "RuleSet", shipped: str) -> dict[str, tuple[frozenset, list["GraphRule"]]]:
+    """Per phase holding user rules that set what a shipped validation rule read before it: (those
+    rules' names, the validation rules the engine runs again after the phase, in rule-set order)."""
+    setters: dict[str, set] = {}
+    again: dict[str, set] = {}
+    for r, _, _, _, earlier in late_settings(rs, shipped):
+        setters.setdefault(r.phase, set()).add(r.name)
+        again.setdefault(r.phase, set()).update(c.name for c in earlier)
+    return {p: (frozenset(setters[p]), [c for c in rs.active() if c.name in again[p]]) for p in again}
+
+
+def placement_warnings(rs: "RuleSet", shipped: str) -> list[str]:
+    """User rules that set what a shipped validation phase read, from a phase that runs after it:
+    the engine runs those checks again after the phase (e.g. a prefetch policy placed after
+    ``cb-check``), but the phase is better declared before the validation."""
+    return [f"{where.pos}: warning: rule {r.name} (phase {r.phase}) sets :{key} of a {op} after phase "
+            f"{earlier[0].phase} validated it (rule {earlier[0].name} at {earlier[0].at} reads it{_more(earlier)}), "
+            f"so the engine runs those checks again after phase {r.phase}; declare the phase "
+            f"(phase {r.phase} :before {earlier[0].phase})"
+            for r, op, key, where, earlier in late_settings(rs, shipped)]
 
 
 def _more(rules: list) -> str:
