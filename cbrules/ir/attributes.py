@@ -56,12 +56,10 @@ def attribute_problem(op: str, key: str, value: Any) -> str | None:
     entry = _INT_ATTR.get((op, key))
     if entry is None:
         return None
-    if (op, key) in TERM_INTS and isinstance(value, Term):  # evaluated where it runs (range-checked there)
-        return term_problem(value)
     low, many = entry
     if (op, key) in TERM_OR_INT and isinstance(value, Term):
-        if value.op != "const":
-            return None  # computed on the device: its terms are checked as every term is
+        if value.op != "const":  # computed where it runs (range-checked there); it must print as C
+            return term_problem(value)
         value = value.value
     if many and not isinstance(value, tuple):
         return f"{value!r} is not a tuple of ints"
@@ -91,8 +89,6 @@ INT_ATTRS = (("alloc", "shape", 1, True), ("alloc", "align", 1, False), ("mbarri
              ("mbarrier_wait", "backoff_max", 1, False),
              ("mbarrier_wait", "spin", 0, False), ("mbarrier_wait", "suspend_hint", 1, False),
              ("mbarrier_wait", "timeout", 1, False))
-# int attributes that may be a term instead: a warp group's own named barrier (base + its index)
-TERM_INTS = frozenset({("bar_sync", "id"), ("bar_arrive", "id")})
 # block_stats n: the merge weighs with n as a float32, exact up to 2**24 (a thread holds a few hundred)
 INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16, ("block_stats", "n"): 1 << 24,
             ("mbarrier_wait", "backoff_max"): MAX_BACKOFF_NS, ("mbarrier_wait", "spin"): (1 << 31) - 1,
@@ -100,8 +96,9 @@ INT_HIGH = {("mbarrier_wait", "backoff"): MAX_BACKOFF_NS, ("copy", "count"): 16,
             ("bar_arrive", "id"): 15,
             ("shfl", "width"): WARP_SIZE}
 POWERS_OF_TWO = {("shfl", "width"): "a shuffle's segments of lanes tile the warp"}
-# int attributes that may also hold a term computed on the device (a constant term is checked as an int)
-TERM_OR_INT = {("mbarrier_wait", "backoff")}
+# int attributes that may also hold a term computed on the device (a constant term is checked as an
+# int): a wait's backoff, a warp group's own named barrier (base + its index)
+TERM_OR_INT = frozenset({("mbarrier_wait", "backoff"), ("bar_sync", "id"), ("bar_arrive", "id")})
 # attributes that hold one of a few words (codegen picks a form by them)
 ENUM_ATTRS = {("tma_load", "cache_hint"): CACHE_HINTS, ("tma_store", "cache_hint"): CACHE_HINTS,
               ("tma_load", "l2_promotion"): L2_PROMOTIONS, ("tma_store", "l2_promotion"): L2_PROMOTIONS,
