@@ -449,3 +449,22 @@ def test_a_kernel_file_named_like_a_placeholder_stays_text_in_the_viewer(tmp_pat
     assert cli.main(["trace", str(kernel), "--stop-after", "2", "--html", str(page)]) == 0, capsys.readouterr().err
     html = page.read_text()
     assert html.count('"steps":') == 1 and "<title>cbrules trace {{DATA}}: 2 steps</title>" in html
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["compile", "attention", "--scale", "nan"], "scale=nan: give a positive finite number"),
+    (["compile", "attention", "--scale", "1e400"], "scale=inf: give a positive finite number"),
+    (["compile", "attention", "--head-dim", "-1"], "head_dim=-1: built for 64, 128, 256"),
+    (["check", "attention", "--head-dim", "9" * 25], "built for 64, 128, 256"),
+    (["compile", "matmul_tc", "--epilogue", "\x1b[2J\nok"], "is not one of none, bias"),
+    (["compile", "single_dim", "--pingpong"], "--pingpong applies to the built-in matmul_tc only"),
+    (["compile", "attention", "--pingpong"], "--pingpong applies to the built-in matmul_tc only"),
+    (["compile", "matmul_tc", "--head-dim", "64"], "takes no such parameters"),  # a wrong command line: 2
+])
+def test_the_tensor_core_options_refuse_hostile_values_by_name(argv, needle, capsys):
+    """The options of the attention, epilogue and ping-pong kernels: one escaped line, exit 1 (a
+    refused variant) or 2 (an option the kernel does not take), fast."""
+    with within(10):
+        assert cli.main(argv) == (2 if needle == "takes no such parameters" else 1)
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "\x1b" not in err, err
