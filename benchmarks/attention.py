@@ -1,5 +1,5 @@
 """The attention kernel (cbrules' FlashAttention forward) against torch's SDPA with its cuDNN and flash
-backends, bfloat16, at steady clocks (benchmarks/steady.py: each implementation alone, after 2 s of its
+backends and a Triton FlashAttention (benchmarks/triton_attention.py), bfloat16, at steady clocks (benchmarks/steady.py: each implementation alone, after 2 s of its
 own sustained load, median of 100 back-to-back launches, 5 s idle between implementations):
 
     python3 benchmarks/attention.py [--out benchmarks/results/attention] [--quick] [--plain]
@@ -22,8 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 HEADS, TOKENS = 16, 32768
 DIMS, LENGTHS = (64, 128, 256), (1024, 4096, 16384)
-OURS = {"ours (warp-specialized)": {"warp_specialize": True, "stages": 2}}
-PLAIN = {"ours (plain)": {"stages": 2}}
+OURS = {"ours": {"warp_specialize": True}}  # stages, tiles: the kernel's defaults for each D
+PLAIN = {"ours (plain)": {}}
 
 
 def tflops(b: int, length: int, d: int, causal: bool, seconds: float) -> float:
@@ -40,6 +40,8 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="sequence lengths, e.g. 4096,16384")
     p.add_argument("--causal", choices=("both", "no", "yes"), default="both")
     p.add_argument("--samples", type=int, default=100, help="launches whose median is the figure")
+    p.add_argument("--idle", type=float, default=5.0, help="seconds idle before each implementation")
+    p.add_argument("--no-triton", action="store_true", help="leave the Triton peer out")
     a = p.parse_args(argv)
     dims, lengths = (tuple(int(x) for x in t.split(",")) for t in (a.dims, a.lengths))
     causals = {"both": (False, True), "no": (False,), "yes": (True,)}[a.causal]
@@ -50,7 +52,13 @@ def main(argv=None) -> int:
     from benchmarks.steady import time_each_alone
     from cbrules import api
     from cbrules.kernels.attention import attention
-    timing = dict(sustain=0.5, idle=1.0, samples=a.samples) if a.quick else dict(samples=a.samples)
+    timing = dict(sustain=0.5, idle=1.0, samples=a.samples) if a.quick else dict(samples=a.samples, idle=a.idle)
+    triton_attention = None
+    if not a.no_triton:
+        try:
+            from benchmarks.triton_attention import attention as triton_attention
+        except ImportError as e:  # no Triton here: the other peers still run
+            print(f"Triton peer left out: {e}", flush=True)
     ours = {**OURS, **(PLAIN if a.plain else {})}
     compiled = {}
     rows = []
@@ -74,6 +82,10 @@ def main(argv=None) -> int:
                     return launch
                 launches = {"cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION, "cuDNN"),
                             "flash": sdpa(SDPBackend.FLASH_ATTENTION, "flash")}
+                if triton_attention is not None:
+                    def triton_launch():
+                        outs["Triton"] = triton_attention(q, k, v, causal=causal)
+                    launches["Triton"] = triton_launch
                 for label in ours:
                     o = torch.full_like(q, float("nan"))
                     bound = compiled[(d, causal, label)].bind(q=q.view(b * HEADS, length, d),
@@ -82,8 +94,15 @@ def main(argv=None) -> int:
                                                               o=o.view(b * HEADS, length, d))
                     outs[label] = o
                     launches[label] = bound.launch
-                for fn in launches.values():  # once each, then every output against cuDNN's
-                    fn()
+                for lb, fn in list(launches.items()):  # once each, then every output against cuDNN's
+                    try:
+                        fn()
+                    except Exception as e:  # a peer that fails here is reported and left out, not fatal
+                        if lb != "Triton":
+                            raise
+                        print(f"Triton peer failed and is left out: {type(e).__name__}: {e}", flush=True)
+                        del launches[lb]
+                        triton_attention = None
                 torch.cuda.synchronize()
                 errs = {lb: float((outs[lb].float() - outs["cuDNN"].float()).abs().max()) for lb in launches}
                 res = time_each_alone(launches, torch, report=lambda s: print("  " + s, flush=True), **timing)
@@ -93,7 +112,7 @@ def main(argv=None) -> int:
                        **{f"{lb} clocks": r["clocks"] for lb, r in res.items()}}
                 rows.append(row)
                 print(_line(row, list(launches)), flush=True)
-    labels = ["cuDNN", "flash", *ours]
+    labels = [lb for lb in ("cuDNN", "flash", "Triton") if rows and f"{lb} tflops" in rows[0]] + list(ours)
     table = _table(rows, labels)
     print("\n" + table)
     if a.out:
@@ -115,14 +134,15 @@ def _line(row: dict, labels: list) -> str:
 
 def _table(rows: list, labels: list) -> str:
     ours = [lb for lb in labels if lb.startswith("ours")]
+    peers = [lb for lb in labels if not lb.startswith("ours")]
     head = "| D | L | causal | " + " | ".join(f"{lb} TFLOP/s" for lb in labels) + " | " + \
-        " | ".join(f"{lb} / cuDNN | {lb} / flash" for lb in ours) + " |"
-    lines = [head, "|" + "---|" * (3 + len(labels) + 2 * len(ours))]
+        " | ".join(f"{lb} / {peer}" for lb in ours for peer in peers) + " |"
+    lines = [head, "|" + "---|" * (3 + len(labels) + len(peers) * len(ours))]
     for r in rows:
         cells = [str(r["d"]), str(r["length"]), "yes" if r["causal"] else "no"]
         cells += [f"{r[f'{lb} tflops']:.0f}" for lb in labels]
         for lb in ours:
-            cells += [f"{r[f'{lb} tflops'] / r['cuDNN tflops']:.2f}", f"{r[f'{lb} tflops'] / r['flash tflops']:.2f}"]
+            cells += [f"{r[f'{lb} tflops'] / r[f'{peer} tflops']:.2f}" for peer in peers]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

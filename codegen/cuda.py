@@ -37,6 +37,10 @@ _ROLE_HELPERS = ("cb_elect_warp(", "cb_block_reduce_named<")
 HANDOVER_PRELUDE = """__device__ __forceinline__ void cb_bar_arrive(unsigned id, unsigned count) {
   asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(count) : "memory");
 }"""
+# ex2.approx.ftz.f32 (op exp2_approx); its own prelude, so kernels without it keep their text
+EX2_PRELUDE = """__device__ __forceinline__ float cb_ex2_approx(float x) {
+  float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
+}"""
 # only kernels that use float16/bfloat16 carry these (every other kernel's text stays as it was)
 HALF_PRELUDE = (Path(__file__).with_name("prelude_half.cu")).read_text()
 STORE_PRELUDE = (Path(__file__).with_name("prelude_store.cu")).read_text()  # ... and bulk-group TMA stores
@@ -301,6 +305,7 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
         + ([TMA5_PRELUDE] if any(p.kind == "tmap" and len(p.box) > 3 for p in k["params"]) else []) \
         + ([PRELUDE_ROLES] if roles else []) \
         + ([HANDOVER_PRELUDE] if any("cb_bar_arrive(" in line for line in e.lines) else []) \
+        + ([EX2_PRELUDE] if any("cb_ex2_approx(" in line for line in e.lines) else []) \
         + (_mma.helpers(e.mmas) if e.mmas else []) \
         + ([_mma.PACK_PRELUDE] if any("cb_pack_" in line for line in e.lines) else []) \
         + ([_stats.STATS_PRELUDE] if any(_stats.HELPER in line for line in e.lines) else [])
@@ -461,6 +466,7 @@ _STATEMENTS = {
     "select": lambda o, a, e: "{} = ({}) ? ({}) : ({});".format(a["dst"], *_args(a)),
     "shfl": lambda o, a, e: _shfl(a),
     "sigmoid": lambda o, a, e: _sigmoid(a),
+    "exp2_approx": lambda o, a, e: f"{a['dst']} = cb_ex2_approx({_args(a)[0]});",
     "reduce": _reduce,
     "tma_load": lambda o, a, e: _hints.tma_load(a, _bar(a), _coords(a), _c_term(a["offset"]))
     if a.get("cache_hint") is not None else (f"cb_tma_load(cb_smem_addr({a['dst']} + {_c_term(a['offset'])}), &{a['tmap']}, "

@@ -167,6 +167,36 @@ def test_ordering_mutations_are_caught(tmp_path, mutation, error):
         run(kg, args)
 
 
+RELEASE_BEFORE_THE_WAIT = """
+(phase mut :after cb-stage)
+(graph-rule release-before-the-wait
+  :doc "mutation: the previous slot released before the wait that completes the previous iteration's groups"
+  :phase mut
+  :match ((for ?L :annotations (:circular_buffer (:warp_specialize true)))
+          (if ?r :child-of ?L :tag "cb-mma-release-prev")
+          (wgmma_wait ?w :pending 0 :child-of ?L)
+          (next ?w ?r))
+  :rewrite ((move ?r :before ?w)))
+"""
+
+
+def test_the_previous_slot_is_released_at_the_scores_wait_and_not_before_it(tmp_path):
+    text = _program(head_dim=64, stages=2, warp_specialize=True)
+    consumer = text[text.index("part=consumer"):]
+    loop = [ln.strip() for ln in consumer[:consumer.index("post-epilogue")].splitlines()]
+    wait = loop.index("wgmma_wait pending=0 tag=cb-mma")  # the scores' wait, right after their commit
+    assert loop[wait - 1] == "wgmma_commit tag=cb-mma-waited"
+    assert loop[wait + 1:wait + 3] == ["if pred=t > 0 stage=war tag=cb-mma-release-prev",
+                                       "mbarrier_arrive barrier=cb_empty_20 slot=(t + 1) % 2"]
+    # released one statement earlier, while the previous P V may still read V: the producer's refill races it
+    write_rules(tmp_path / "mut", RELEASE_BEFORE_THE_WAIT)
+    spec = SPEC.variant(head_dim=64)
+    args = spec.make_inputs((1, 64, 390), np.random.default_rng(1), "bfloat16")
+    kg = api.lower(attention(head_dim=64, stages=2, warp_specialize=True), rules=[str(tmp_path / "mut")])
+    with pytest.raises(InterpError, match="refills v_t"), np.errstate(divide="ignore", invalid="ignore"):
+        run(kg, args)
+
+
 def test_the_checker_passes_a_few_trip_counts():
     spec = SPEC.variant(head_dim=64)
     checker = Checker(dtype="bfloat16")

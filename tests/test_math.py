@@ -176,3 +176,39 @@ def test_codegen_calls_cuda_math_and_nvrtc_compiles_every_op():
         assert f" = {fn}f(v" in text and f" = {fn}(v" in text
     assert " = 1.0f / (1.0f + expf(-(v" in text and " = 1.0 / (1.0 + exp(-(v" in text
     api.compile(k)  # NVRTC has the math functions without headers
+
+
+def _flushed_exp2(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """exp2_approx's exact value and where it is due: 2**x, 0 where that is below 2**-126 (the flush)."""
+    want = reference("exp2", x)
+    low = want < 2.0 ** -126
+    return np.where(low, 0.0, want), low
+
+
+def test_exp2_approx_rounds_once_and_flushes_results_below_the_normals():
+    x = inputs("exp2", n=400, seed=5)
+    got = run(elementwise("exp2_approx"), {"x": x, "out": np.zeros_like(x)})["out"]
+    want, low = _flushed_exp2(x)
+    assert low.any() and (got[low] == 0).all() and not np.signbit(got[low]).any()
+    assert ulps(got[~low], want[~low]).max() <= 0.5001
+    # exp2 keeps the denormals that exp2_approx flushes
+    exact = run(elementwise("exp2"), {"x": x, "out": np.zeros_like(x)})["out"]
+    assert (exact[low & (x > -149)] > 0).all()
+
+
+def test_exp2_approx_is_a_float32_instruction():
+    k = Kernel("f64", block=32)
+    with pytest.raises(BuildError, match="exp2_approx at .*dtype 'float64'; exp2_approx is a float32 instruction"):
+        k.exp2_approx(1.0, dtype="float64")
+    k = elementwise("exp2_approx")
+    k.graph[k.graph.nodes("exp2_approx")[0]]["dtype"] = "float64"  # as a rule could set it
+    with pytest.raises(GraphError, match="exp2_approx into a 'float64' register; it is a float32 instruction"):
+        api.generate(k)
+
+
+def test_exp2_approx_emits_the_sfu_instruction_and_compiles():
+    text = api.generate(elementwise("exp2_approx")).text
+    assert 'asm("ex2.approx.ftz.f32 %0, %1;"' in text and "cb_ex2_approx(v" in text
+    assert "cb_ex2_approx" not in api.generate(elementwise("exp2")).text  # the helper only where used
+    assert "ulp" in MATH_ERRORS["exp2_approx"] and MATH_ERRORS["exp2_approx"] in OP_DOCS["exp2_approx"]
+    api.compile(elementwise("exp2_approx"))  # NVRTC takes the inline PTX

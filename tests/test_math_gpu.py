@@ -55,3 +55,16 @@ def test_bfloat16_tensors_on_the_gpu(op):
         want = reference(op, x).astype(np.float32).astype(NP_DTYPES["bfloat16"]).astype(np.float64)
     keep = sigmoid_flushed(x, got, want) if op == "sigmoid" else slice(None)
     assert ulps(got[keep], want[keep], bits=8, tiny=2.0 ** -133).max() <= 1
+
+
+def test_exp2_approx_within_exp2s_bound_and_flushed_below_the_normals():
+    from test_math import _flushed_exp2
+    x = inputs("exp2", n=20000, seed=14)
+    k = elementwise("exp2_approx")
+    got = launched(k, x)
+    want, low = _flushed_exp2(x)
+    assert low.any() and (got[low] == 0).all()
+    d = ulps(got[~low], want[~low])
+    assert d.max() <= F32_ULP["exp2"], (x[~low][np.argmax(d)], d.max())
+    interp = run(k, {"x": x, "out": np.zeros_like(x)})["out"]
+    assert ulps(got, interp.astype(np.float64)).max() <= F32_ULP["exp2"] + 0.5

@@ -35,7 +35,7 @@ from .coverage import PartialTileError  # noqa: F401  (public via the builder)
 from .graph import KernelGraph, Param
 from .limits import SWIZZLE_SPAN, SwizzleError, TmaBoxError, swizzle_repeat  # noqa: F401  (public via the builder)
 from .names import IdentifierError, NameClashError  # noqa: F401  (public via the builder)
-from .ops import (BINARY, BUILT_SCOPE_DEPTH, DTYPE_BYTES, DTYPES, FLOAT_REGISTERS, HALF_DTYPES, LOOP_KINDS, MATH,
+from .ops import (BINARY, BUILT_SCOPE_DEPTH, DTYPE_BYTES, DTYPES, FLOAT32_ONLY, FLOAT_REGISTERS, HALF_DTYPES, LOOP_KINDS, MATH,
                   MATH_ERRORS, OPS, REDUCE_COMBINE, SHFL_MODES, SPACES, UNARY, WARP_SIZE,
                   DependenceTracker,
                   compute_dtype)
@@ -410,6 +410,9 @@ def _subterms(t: Term) -> Iterator[Term]:
 
 def _make_elementwise(op: str):
     def method(self: Kernel, *args: TermLike, dst: Optional[str] = None, dtype: str = "float32") -> Term:
+        if op in FLOAT32_ONLY and dtype != "float32":
+            raise BuildError(f"{op} at {_call_site()}: dtype {dtype!r}; {op} is a float32 instruction: "
+                             "use dtype='float32' (or exp2 for float64)")
         if op in MATH and dtype not in FLOAT_REGISTERS:
             raise BuildError(f"{op} at {_call_site()}: dtype {dtype!r}; {op} computes in a float register: "
                              "use dtype='float32' or 'float64'")

@@ -45,6 +45,7 @@ PRELUDE_NAMES = frozenset((
     "cb_tma_store", "cb_tma_store_wait", "cb_block_reduce", "CbSum", "CbMax", "CbMin", "CB_WAIT",
     "cb_elect_warp", "cb_block_reduce_named",  # prelude_roles.cu (warp-specialized kernels)
     "cb_bar_arrive",  # cbrules.codegen.cuda.HANDOVER_PRELUDE (ping-pong hand-overs)
+    "cb_ex2_approx",  # cbrules.codegen.cuda.EX2_PRELUDE (op exp2_approx)
     "cb_block_stats", "cb_block_stats_named", "cb_block_stats_warps", "cb_block_stats_merge_warps",
     "cb_stats_merge",  # codegen/prelude_stats.cu (block_stats)
     "cb_mbar_wait_backoff",  # cbrules.codegen.cuda.BACKOFF_WAIT (waits with a :backoff)

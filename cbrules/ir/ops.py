@@ -35,7 +35,9 @@ def compute_dtype(dtype: str) -> str:
 # the transcendental functions added for epilogues and softmax (issue 29): float registers only
 MATH = ("tanh", "erf", "exp2", "log2", "sigmoid")
 FLOAT_REGISTERS = ("float32", "float64")
-UNARY = ("exp", "log", "sqrt", "rsqrt", "neg", "abs") + MATH
+UNARY = ("exp", "log", "sqrt", "rsqrt", "neg", "abs") + MATH + ("exp2_approx",)
+# ops that compute in float32 registers only (a PTX instruction of that type, no double form)
+FLOAT32_ONLY = ("exp2_approx",)
 # What each math op computes in CUDA and how far from the exact result it may land (float32; float64
 # registers call the double function). The bounds are the CUDA C Programming Guide's (appendix
 # "Mathematical Functions", without --use_fast_math, which cbrules never passes; NVIDIA found them by
@@ -50,6 +52,10 @@ MATH_ERRORS = {
     "erf": "erff(x): at most 2 ulp (double erf: 2 ulp); erf(+-inf) = +-1",
     "exp2": "exp2f(x) = 2**x: at most 2 ulp (double exp2: 1 ulp); overflows to inf from 128, "
             "underflows through the denormals to 0 from -150",
+    "exp2_approx": "ex2.approx.ftz.f32 (float32 registers only): the special function unit's 2**x, the "
+                   "instruction exp2f wraps without its rescaling of denormal results: at most 2 ulp (exp2f's bound) "
+                   "where the result is at least 2**-126; below -126 the result flushes to +0 (exp2f: denormals to "
+                   "-150); inf from 128",
     "log2": "log2f(x): at most 1 ulp (double log2: 1 ulp); log2(0) = -inf, log2(x < 0) = NaN",
     "sigmoid": "1.0f / (1.0f + expf(-x)): at most 5.5 ulp as bounded from expf's 2 ulp and the IEEE add and "
                "division (a relative error r costs up to r * 2**24 ulp); 1 above about 16.6, and 0 below -88.72, "

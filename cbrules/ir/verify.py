@@ -13,7 +13,7 @@ from ..errors import CbrulesError
 from .attributes import (ARG_COUNTS, ENUM_KEYS, INT_HIGH, INT_KEYS, attribute_problem, ident_keys, register_count,
                          term_problem)
 from .names import BUILTINS, RULES, problem
-from .ops import (DTYPES, FLOAT_REGISTERS, HALF_DTYPES, LOOP_KINDS, MATH, MAX_SCOPE_DEPTH, OPS, REDUCE_COMBINE, SCOPES,
+from .ops import (DTYPES, FLOAT32_ONLY, FLOAT_REGISTERS, HALF_DTYPES, LOOP_KINDS, MATH, MAX_SCOPE_DEPTH, OPS, REDUCE_COMBINE, SCOPES,
                   SHFL_MODES, SPACES, WARP_SIZE, term_values)
 from .order import CONTAINS, DEPENDS, ScheduleError, order_among, sibling_order
 from .terms import Term
@@ -174,6 +174,9 @@ def _attributes(kg: KernelGraph) -> None:
         if op == "shfl" and (d["mode"] not in SHFL_MODES or d["dtype"] in HALF_DTYPES + ("mbarrier",)):
             raise GraphError("attributes", f"{kg.describe(n)}: shuffle mode {d['mode']!r} / dtype {d['dtype']!r}; "
                              f"expected one of {', '.join(SHFL_MODES)} and a register type (float32, int32, ...)", n)
+        if op in FLOAT32_ONLY and d["dtype"] != "float32":
+            raise GraphError("attributes", f"{kg.describe(n)}: {op} into a {d['dtype']!r} register; it is a "
+                             "float32 instruction", n)
         if op in MATH and d["dtype"] not in FLOAT_REGISTERS:
             raise GraphError("attributes", f"{kg.describe(n)}: {op} into a {d['dtype']!r} register; it computes in "
                              f"{' or '.join(FLOAT_REGISTERS)}", n)

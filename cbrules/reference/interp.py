@@ -65,9 +65,17 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return one / (one + _rounded(np.exp)(-x))
 
 
+def _exp2_flushed(x: np.ndarray) -> np.ndarray:
+    """ex2.approx.ftz.f32 as the interpreter computes it: 2**x rounded to float32, results below 2**-126
+    (a denormal) flushed to +0 (the GPU's lies within ops.MATH_ERRORS of it)."""
+    y = _rounded(np.exp2)(x)
+    return np.where(y < np.float32(2.0 ** -126), np.float32(0), y).astype(x.dtype)
+
+
 _UNARY_NP = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: x.dtype.type(1) / np.sqrt(x),
              "abs": np.abs, "neg": np.negative, "tanh": _rounded(np.tanh), "erf": _rounded(_ERF),
-             "exp2": _rounded(np.exp2), "log2": _rounded(np.log2), "sigmoid": _sigmoid}
+             "exp2": _rounded(np.exp2), "log2": _rounded(np.log2), "sigmoid": _sigmoid,
+             "exp2_approx": _exp2_flushed}
 assert set(_UNARY_NP) == set(UNARY), "every unary op needs its meaning"
 _ARITH = {"add": "+", "sub": "-", "mul": "*"}
 # after these a role yields: another role may run next (and may now be able to)
