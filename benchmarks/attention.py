@@ -1,6 +1,7 @@
 """The attention kernel (cbrules' FlashAttention forward) against torch's SDPA with its cuDNN and flash
-backends and a Triton FlashAttention (benchmarks/triton_attention.py), bfloat16, at steady clocks (benchmarks/steady.py: each implementation alone, after 2 s of its
-own sustained load, median of 100 back-to-back launches, 5 s idle between implementations):
+backends and a Triton FlashAttention (benchmarks/triton_attention.py), bfloat16, at steady clocks
+(benchmarks/steady.py: each implementation alone, after 2 s of its own sustained load, median of 100
+back-to-back launches, 5 s idle between implementations, ``--idle`` to change it):
 
     python3 benchmarks/attention.py [--out benchmarks/results/attention] [--quick] [--plain]
 

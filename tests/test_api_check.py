@@ -10,7 +10,7 @@ from rulekit import write_rules
 W = 256
 
 
-def _scaled_exp(stages=3, war=None):
+def _scaled_exp(stages=3, war=None, strict=False):
     """out[m, n] = 2 exp(x[m, n]): one circular-buffered loop over tiles of a row."""
     k = Kernel("scaled_exp", block=W)
     m, n = k.symbol("M"), k.symbol("N")
@@ -18,7 +18,8 @@ def _scaled_exp(stages=3, war=None):
     x_map = k.tensor_map(x, box=(1, W))
     k.grid(m)
     tile = k.alloc("tile", "shared", "float32", (1, W))
-    with k.loop("j", ceil_div(n, W), circular_buffer=circular_buffer(stages=stages, war=war)) as j:
+    with k.loop("j", ceil_div(n, W), circular_buffer=circular_buffer(stages=stages, war=war,
+                                                                           strict_trip_count=strict)) as j:
         k.tma_load(x_map, (blockIdx.x, j * W), tile)
         col = j * W + threadIdx.x
         with k.if_(col.lt(n)):
@@ -42,6 +43,22 @@ def test_every_trip_count_of_a_kernel_you_built():
     assert report.cases[3].shape == (3, 3 * W - 8) and report.cases[3].err_numpy < 1e-5
     assert report.cases[0].err_numpy is None  # trip count 0: compared with the kernel before lowering only
     assert "9 trip counts: 9 ok, 0 failed" in str(report)
+
+
+def test_a_strict_trip_count_refusal_below_the_stages_is_the_expected_answer():
+    report = api.check(_scaled_exp(stages=3, strict=True), _inputs, _reference, trips=[0, 1, 2, 3, 5])
+    assert report.ok, str(report)
+    assert [c.status for c in report.cases] == ["refused"] * 3 + ["ok"] * 2
+    assert all(c.code == "short-loop" for c in report.cases[:3])
+    # without strict_trip_count the same short loops run, predicated, and are checked against numpy
+    assert [c.status for c in api.check(_scaled_exp(stages=3), _inputs, _reference, trips=[1, 2]).cases] == ["ok"] * 2
+
+
+def test_a_short_loop_that_runs_although_the_kernel_asks_strict_trip_count_fails(tmp_path):
+    write_rules(tmp_path / "lax", "(disable cb-reject-short-loop cb-require-trip-count)\n")
+    report = api.check(_scaled_exp(stages=3, strict=True), _inputs, _reference, trips=[2, 3], rules=[tmp_path / "lax"])
+    assert [c.status for c in report.cases] == ["FAIL", "ok"]
+    assert "trip count 2 < stages 3 ran instead of being refused with code short-loop" in report.cases[0].detail
 
 
 def test_one_case_from_launch_arguments_and_a_wrong_reference_fails():

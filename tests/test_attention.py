@@ -252,7 +252,7 @@ def test_a_window_narrower_than_a_tile_masks_whole_tiles_of_some_rows():
 def _decaying_sum(ws=True):
     """o = sum over t of 0.5^(T-1-t) a_t b_t^T: o halved at the top of each iteration, before its mma (a
     loop-carried accumulator: the mma of iteration t is in flight until the halving of t + 1)."""
-    from cbrules.ir.builder import Kernel, blockIdx, ceil_div, circular_buffer
+    from cbrules.ir.builder import Kernel, ceil_div, circular_buffer
     k = Kernel("decay", block=128)
     n = k.symbol("N")
     a, b = k.tensor("a", (n, 64), "bfloat16"), k.tensor("b", (n, 64), "bfloat16")

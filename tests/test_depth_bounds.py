@@ -125,7 +125,12 @@ def test_scopes_at_the_builders_bound_lower_and_compile():
             nest.enter_context(k.loop(f"i{i}", 2))
         v = k.load(x, threadIdx.x)
         k.store(out, threadIdx.x, v)
-    assert api.compile(k) is not None
+    compiled = api.compile(k)
+    text = compiled.source.text
+    # every loop of the nest reaches the CUDA, each inside the one before, and ptxas builds it
+    heads = [text.index(f"for (int i{i} = 0; i{i} < 2; i{i} += 1)") for i in range(BUILT_SCOPE_DEPTH - 1)]
+    assert heads == sorted(heads)
+    assert compiled.cubin.name == "deep" and compiled.cubin.resources.registers > 0 and compiled.cubin.cubin
 
 
 def graph_with(depth_of_term: int = 0, depth_of_scopes: int = 0) -> KernelGraph:

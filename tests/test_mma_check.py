@@ -22,7 +22,7 @@ from cbrules.reference.hazards import Site
 from cbrules.reference.interp import run
 from cbrules.reference.interp_mma import MmaIssueError
 from cbrules.reference.mma_groups import AccumulatorInFlight, MissingWgmmaFence, MmaInFlight, SwizzleMismatch
-from rulekit import write_mutations
+from rulekit import Mutation, assert_caught, lower_case, mutation_folders
 
 SPEC = KERNELS["matmul_tc"]
 STAGES, TRIPS = 3, 7  # more trips than stages: every slot is refilled while earlier tiles are in use
@@ -60,42 +60,36 @@ ONE_GROUP = """
   :rewrite ((set ?m :groups 1)))
 """
 
+WS = {"warp_specialize": True, "registers": (40, 232)}
 MUTATIONS = {
-    # name: (rule text, warp-specialized, failures that count as caught)
-    "control": ("", False, ()),
-    "control-ws": ("", True, ()),
-    "no-fence": (NO_FENCE, False, (MissingWgmmaFence,)),
-    "no-fence-ws": (NO_FENCE, True, (MissingWgmmaFence,)),
-    "wrong-swizzle": (WRONG_SWIZZLE, False, (SwizzleMismatch,)),
+    "control": Mutation(""),
+    "control-ws": Mutation("", (), WS),
+    "no-fence": Mutation(NO_FENCE, (MissingWgmmaFence,)),
+    "no-fence-ws": Mutation(NO_FENCE, (MissingWgmmaFence,), WS),
+    "wrong-swizzle": Mutation(WRONG_SWIZZLE, (SwizzleMismatch,)),
     # the slot is released (block sync / empty-barrier arrive at the end of the iteration) while the
     # group reading it is still in flight: no wait_group before the release
-    "release-before-complete": ("(disable mma-wait-each-group)\n", False, (protocol.WarHazard,)),
-    "release-before-complete-ws": ("(disable mma-release-after-completion)\n", True, (protocol.WarHazard,)),
-    "one-group": (ONE_GROUP, False, ()),  # not a protocol failure: see its own test
+    "release-before-complete": Mutation("(disable mma-wait-each-group)\n", (protocol.WarHazard,)),
+    "release-before-complete-ws": Mutation("(disable mma-release-after-completion)\n", (protocol.WarHazard,), WS),
+    "one-group": Mutation(ONE_GROUP),  # not a protocol failure: see its own test
 }
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    return write_mutations(tmp_path_factory.mktemp("mma-mutations"), MUTATIONS)
+    return mutation_folders(tmp_path_factory.mktemp("mma-mutations"), MUTATIONS)
 
 
 def _lower_and_run(mutation, folders, blocks="sample"):
-    _, ws, _ = MUTATIONS[mutation]
-    shape = SPEC.shape_for_trips(TRIPS)
-    kernel = SPEC.build(shape, trips=TRIPS, dtype="bfloat16", stages=STAGES, warp_specialize=ws,
-                        registers=(40, 232) if ws else None)
-    kg = api.lower(kernel, rules=[folders / mutation])
-    args = SPEC.make_inputs(shape, np.random.default_rng(0), "bfloat16")
+    shape, kg, args = lower_case(SPEC, TRIPS, folders / mutation, "bfloat16", stages=STAGES,
+                                 **MUTATIONS[mutation].build)
     return shape, args, run(kg, args, blocks=blocks)
 
 
-@pytest.mark.parametrize("mutation", [m for m in MUTATIONS if MUTATIONS[m][2]])
+@pytest.mark.parametrize("mutation", [m for m in MUTATIONS if MUTATIONS[m].caught])
 def test_mma_mutation_is_caught_with_its_named_failure(mutation, folders):
-    with pytest.raises(protocol.ProtocolError) as e:
-        _lower_and_run(mutation, folders)
-    assert isinstance(e.value, MUTATIONS[mutation][2]), f"{type(e.value).__name__}: {e.value}"
-    assert f"#{e.value.node}" in str(e.value) and "iteration" in str(e.value)
+    e = assert_caught(lambda: _lower_and_run(mutation, folders), MUTATIONS[mutation].caught)
+    assert "iteration" in str(e)
 
 
 def test_an_mma_node_that_does_not_fit_its_warp_groups_is_refused_by_name(folders):

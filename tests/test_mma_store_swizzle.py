@@ -15,7 +15,7 @@ from cbrules.kernels import KERNELS
 from cbrules.kernels.matmul_tc import MatmulTileError, matmul_tc
 from cbrules.reference.hazards import InterpError
 from cbrules.reference.interp import run
-from rulekit import write_rules
+from rulekit import lower_case, write_rules
 
 WS = dict(warp_specialize=True, registers=(40, 232))
 SWIZZLE_SPANS = {"32B": 32, "64B": 64, "128B": 128}
@@ -85,10 +85,10 @@ def _lower_and_run(shape, rules=(), out_dtype=None, persistent=0, ws=True, seed=
     spec = KERNELS["matmul_tc"]
     kernel = matmul_tc(stages=3, store_swizzle=True, out_dtype=out_dtype, persistent=persistent,
                        **(WS if ws else {}))
-    args = spec.make_inputs(shape, np.random.default_rng(seed), "bfloat16")
+    _, kg, args = lower_case(spec, rules=list(rules), dtype="bfloat16", seed=seed, shape=shape, kernel=kernel)
     if out_dtype == "float32":
         args["c"] = args["c"].astype(np.float32)
-    got = run(api.lower(kernel, rules=list(rules)), args)
+    got = run(kg, args)
     return spec, args, got["c"].astype(np.float64)
 
 

@@ -16,7 +16,7 @@ from cbrules.kernels.matmul_tc import MatmulTileError, matmul_tc
 from cbrules.reference import protocol
 from cbrules.reference.interp import SCHEDULES, prepare, run
 from cbrules.rewrite.engine import LoweringError
-from rulekit import write_mutations
+from rulekit import Mutation, mutation_folders
 
 SPEC = KERNELS["matmul_tc"]
 SHAPE = (300, 64, 120)  # three 128x64 tiles on one block: group 0 takes two, group 1 one; two k steps
@@ -66,7 +66,8 @@ MUTATIONS = {  # name: (rule text, failures that count as caught, words the mess
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    return write_mutations(tmp_path_factory.mktemp("pp-mutations"), {k: v[:1] for k, v in MUTATIONS.items()})
+    return mutation_folders(tmp_path_factory.mktemp("pp-mutations"),
+                            {k: Mutation(text, caught) for k, (text, caught, _) in MUTATIONS.items()})
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from cbrules.ir.terms import call
 from cbrules.kernels import KERNELS
 from cbrules.reference import protocol
 from cbrules.reference.interp import run
-from rulekit import write_mutations
+from rulekit import Mutation, mutation_folders
 
 TRIPS, STAGES = 3, 2
 
@@ -82,7 +82,8 @@ IDS = [f"{n}-{o['dtype']}{'-ws' if o['warp_specialize'] else ''}{'-' + o['swizzl
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """Each mutation's rules, read once (with the shipped rules)."""
-    base = write_mutations(tmp_path_factory.mktemp("proxy-mutations"), MUTATIONS)
+    base = mutation_folders(tmp_path_factory.mktemp("proxy-mutations"),
+                            {m: Mutation(v[0]) for m, v in MUTATIONS.items()})
     return {m: api.load_rules([base / m]) for m in MUTATIONS}
 
 
@@ -252,7 +253,7 @@ def test_a_thread_written_tile_is_rewritten_only_after_the_mma_reading_it(rewrit
 
 def test_cli_check_names_the_unfenced_write(tmp_path, capsys):
     from cbrules.cli import main
-    folder = write_mutations(tmp_path, {"no-fence": MUTATIONS["no-fence"]}) / "no-fence"
+    folder = mutation_folders(tmp_path, {"no-fence": Mutation(MUTATIONS["no-fence"][0])}) / "no-fence"
     assert main(["check", "single_dim", "--stages", "2", "--tma-store", "--rules", str(folder)]) == 1
     out = capsys.readouterr().out
     assert "UnfencedProxyWrite: " in out and "no fence.proxy.async followed in that thread" in out

@@ -8,13 +8,12 @@ import sys
 import numpy as np
 import pytest
 
-from cbrules import api
 from cbrules.reference import protocol
 from cbrules.check import Checker, trip_counts
 from cbrules.reference.interp import SCHEDULES, run
 from cbrules.reference.interp_roles import UnknownSchedule
 from cbrules.kernels import KERNELS, SEED_MATRIX
-from rulekit import write_rules
+from rulekit import Mutation, assert_caught, lower_case, mutation_folders
 
 STAGES, TRIPS = 3, 7  # more trips than stages: every slot is refilled after its first use
 
@@ -36,29 +35,23 @@ SKIP_EMPTY_WAIT = """
   :rewrite ((erase ?w)))
 """
 MUTATIONS = {
-    # name: (rule text, failures that count as caught)
-    "drop-empty-arrive": (DROP_EMPTY_ARRIVE, (protocol.Deadlock,)),
-    "block-wide-consumer-sync": ("(disable cb-ws-consumer-syncs cb-ws-consumer-reductions)\n",
-                                 (protocol.Deadlock, protocol.DivergentSync)),
+    "drop-empty-arrive": Mutation(DROP_EMPTY_ARRIVE, (protocol.Deadlock,)),
+    "block-wide-consumer-sync": Mutation("(disable cb-ws-consumer-syncs cb-ws-consumer-reductions)\n",
+                                         (protocol.Deadlock, protocol.DivergentSync)),
     # eager: the producer re-arms a slot whose load is still in flight; otherwise it refills a slot being read
-    "skip-empty-wait": (SKIP_EMPTY_WAIT, (protocol.WarHazard, protocol.TooManyArrivals)),
+    "skip-empty-wait": Mutation(SKIP_EMPTY_WAIT, (protocol.WarHazard, protocol.TooManyArrivals)),
 }
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    base = tmp_path_factory.mktemp("ws-mutations")
-    for name, (text, _) in MUTATIONS.items():
-        write_rules(base / name, text)
-    return base
+    return mutation_folders(tmp_path_factory.mktemp("ws-mutations"), MUTATIONS)
 
 
 def lowered(kernel_name, rules=None, trips=TRIPS, stages=STAGES, registers=None):
     spec = KERNELS[kernel_name]
-    shape = spec.shape_for_trips(trips)
-    kg = api.lower(spec.build(shape, trips=trips, stages=stages, warp_specialize=True, registers=registers),
-                   rules=rules)
-    return spec, shape, kg, spec.inputs(shape, np.random.default_rng(0))
+    shape, kg, args = lower_case(spec, trips, rules, stages=stages, warp_specialize=True, registers=registers)
+    return spec, shape, kg, args
 
 
 @pytest.mark.parametrize("kernel", SEED_MATRIX)
@@ -66,10 +59,7 @@ def lowered(kernel_name, rules=None, trips=TRIPS, stages=STAGES, registers=None)
 def test_mutation_is_caught_under_every_schedule(kernel, mutation, folders):
     _, _, kg, args = lowered(kernel, rules=[folders / mutation])
     for schedule in SCHEDULES:
-        with pytest.raises(protocol.ProtocolError) as e:
-            run(kg, args, schedule=schedule, seed=3)
-        assert isinstance(e.value, MUTATIONS[mutation][1]), f"{schedule}: {type(e.value).__name__}: {e.value}"
-        assert e.value.node is not None and f"#{e.value.node}" in str(e.value)
+        assert_caught(lambda: run(kg, args, schedule=schedule, seed=3), MUTATIONS[mutation].caught)
 
 
 def test_sync_left_block_wide_deadlocks_with_both_roles_named(folders):
