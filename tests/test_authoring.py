@@ -18,9 +18,8 @@ MBARRIER_DEFAULT = """
     (graph-rule my-war-mbarrier
       :doc "loops that do not choose a WAR protection get empty barriers"
       :phase my-defaults
-      :match ((for ?L :annotations ?ann) (for ?L :annotations (:circular_buffer (:war (absent)))))
-      :rewrite ((set ?L :annotations (assoc ?ann "circular_buffer"
-                                       (assoc (get ?ann "circular_buffer") "war" "mbarrier")))))
+      :match ((for ?L :annotations (:circular_buffer (:war (absent)))))
+      :rewrite ((set-option ?L "circular_buffer" :war "mbarrier")))
 """
 
 
@@ -45,6 +44,46 @@ def test_a_user_folder_changes_a_default_and_an_explicit_option_still_wins(tmp_p
     explicit = api.lower(get("single_dim").build(stages=3, war="sync"), rules=rules)
     assert options.effective(explicit)[0][1]["war"] == "sync"
     assert not any(explicit.op(n) == "mbarrier_arrive" for n in explicit.nodes())
+
+
+def test_set_option_sets_keys_of_one_annotation_and_keeps_the_rest(tmp_path):
+    write_rules(tmp_path / "opt", """
+        (phase mine :before cb-check)
+        (graph-rule opt-two-keys
+          :doc "prefetch and war of every circular-buffered loop, and a note in an annotation of its own"
+          :phase mine
+          :match ((for ?L :annotations (:circular_buffer (:stages ?S :war (absent)))))
+          :rewrite ((set-option ?L "circular_buffer" :war "mbarrier" :prefetch (- ?S 2))
+                    (set-option ?L "note" :by "opt-two-keys")))
+    """)
+    kg = api.lower(get("single_dim").build(stages=4), rules=[tmp_path / "opt"])
+    loop = next(n for n in kg.nodes("for") if (kg[n].get("annotations") or {}).get("note"))
+    ann = kg[loop]["annotations"]
+    assert ann["note"] == {"by": "opt-two-keys"}  # made where absent
+    assert list(ann["circular_buffer"])[:3] == ["stages", "war", "prefetch"]  # given first, then in order
+    assert ann["circular_buffer"]["prefetch"] == 2 and options.effective(kg)[0][1]["war"] == "mbarrier"
+
+
+@pytest.mark.parametrize("target,annotation,message", [
+    ("?K", '"circular_buffer"', "is not a loop; options are a for node's annotations"),  # at lowering
+    ("?L", "3", "the annotation is named by a string, got 3"),  # at lowering
+    ("?L", '"circular_buffer" :x 1 :y', "test.rules:6:51: keyword :y has no value"),  # when the file loads
+], ids=["not-a-loop", "name-not-a-string", "odd-keys"])
+def test_set_option_refuses_by_name(tmp_path, target, annotation, message):
+    write_rules(tmp_path / "bad", f"""
+        (phase mine :before cb-check)
+        (graph-rule bad-option
+          :doc "a set-option a rule should not make"
+          :phase mine
+          :match ((kernel ?K) (for ?L :annotations (:circular_buffer (:stages ?S :war (absent)))))
+          :rewrite ((set-option {target} {annotation})))
+    """)
+    from cbrules.rewrite.engine import LoweringError
+    with pytest.raises((RuleError, LoweringError)) as e:
+        api.lower(get("single_dim").build(stages=3), rules=[tmp_path / "bad"])
+    assert message in str(e.value)
+    if isinstance(e.value, LoweringError):  # the rule and its place, and nothing half-rewritten
+        assert "rule bad-option" in str(e.value) and "the kernel as built is unchanged" in str(e.value)
 
 
 def test_lower_and_check_print_the_effective_options(tmp_path, capsys):

@@ -274,13 +274,41 @@ class Rewriter(Cloning):
         self._set_attrs(self.node(target), kv)
 
     def _set_attrs(self, n: int, kv) -> None:
-        spec = OPS[self.kg.op(n)]
         _, keys = split_keys(kv, 0)
         for k, v in keys.items():
             _settable(k, v)
-            self.kg[n][k] = _coerce(spec, k, self.value(v))
-            _bounded(k, self.kg[n][k], v, len(self.kg))
-            _printable(self.kg.op(n), k, self.kg[n][k], v)
+            self._set_value(n, k, self.value(v), v)
+        self.kg.touch(n)
+        if n not in self.created:
+            self.changed.append(n)
+
+    def _set_value(self, n: int, k: str, value: Any, at) -> None:
+        """Attribute ``k`` of ``n`` becomes ``value`` (what the expression ``at`` gave), checked as set's."""
+        self.kg[n][k] = _coerce(OPS[self.kg.op(n)], k, value)
+        _bounded(k, self.kg[n][k], at, len(self.kg))
+        _printable(self.kg.op(n), k, self.kg[n][k], at)
+
+    def _set_option(self, a, target, annotation, *kv) -> None:
+        """``(set-option ?L "circular_buffer" :key V ...)``: those keys of the loop's annotation dictionary
+        ``circular_buffer`` (made if absent) become the values, the others kept, in order."""
+        n = self.node(target)
+        if self.kg.op(n) != "for":
+            raise RuleError(a.pos, f"set-option {target}: {self.kg.describe(n)} is not a loop; options are a "
+                                   "for node's annotations")
+        name = self.value(annotation)
+        if not isinstance(name, str) or not name:
+            raise RuleError(annotation.pos, f"set-option: the annotation is named by a string, got {name!r}")
+        _, keys = split_keys(kv, 0)
+        annotations = dict(self.kg[n].get("annotations") or {})
+        options = annotations.get(name) or {}
+        if not isinstance(options, dict):
+            raise RuleError(annotation.pos, f"set-option: annotation {name!r} of {self.kg.describe(n)} is "
+                                            f"{options!r}, not a dictionary of options")
+        options = dict(options)
+        for k, v in keys.items():
+            options[k] = self.value(v)
+        annotations[name] = options
+        self._set_value(n, "annotations", annotations, a)
         self.kg.touch(n)
         if n not in self.created:
             self.changed.append(n)

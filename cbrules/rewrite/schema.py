@@ -43,7 +43,8 @@ VARIADIC_RELATIONS = ("distinct",)  # take their count of positional arguments o
 ACTIONS: dict[str, tuple[int, Optional[int], tuple[str, ...], Optional[int]]] = {
     "insert-before": (2, None, (), 1), "insert-after": (2, None, (), 1),
     "insert-at-entry": (2, None, (), 1), "insert-at-exit": (2, None, (), 1),
-    "erase": (1, 1, (), None), "set": (1, 1, None, None), "replace": (2, 2, (), 1), "wrap": (2, 2, (), 1),
+    "erase": (1, 1, (), None), "set": (1, 1, None, None), "set-option": (2, 2, None, None),
+    "replace": (2, 2, (), 1), "wrap": (2, 2, (), 1),
     "wrap-body": (2, 2, (), 1),
     "move": (1, 1, ("into", "at", "before"), None), "clone": (1, 1, ("as", "set", "keep", "substitute"), None),
     "add-edge": (2, 2, (), None), "remove-edge": (2, 2, (), None), "let": (2, 2, (), None),
