@@ -563,3 +563,81 @@ def test_the_cache_hint_benchmarks_rule_folders_set_what_they_say():
                                  rules=[folder / "mm-a-first-b-last"]))).text
     loads = [x for x in mm.splitlines() if x.lstrip().startswith("cb_tma_load_hint(")]
     assert {("&b_tmap" in x, "evict_last" in x) for x in loads} == {(True, True), (False, False)}
+
+
+TYPO_TAG = """
+    (phase mine :after cb-stage)
+    (graph-rule drop-a-commit
+      :doc "a handle spelled wrong: it names no word any rule writes"
+      :phase mine
+      :match ((wgmma_commit ?c :tag "cb-mma-wated"))
+      :rewrite ((erase ?c)))
+"""
+
+
+def test_a_handle_no_rule_writes_is_an_error_at_its_position(tmp_path, capsys):
+    path = write_rules(tmp_path / "typo", TYPO_TAG)
+    with pytest.raises(RuleError) as e:
+        load(rule_dirs([tmp_path / "typo"]))
+    assert str(e.value).startswith(f"{path}:5:33: rule drop-a-commit: no rule writes :tag \"cb-mma-wated\"")
+    assert "did you mean 'cb-mma-waited'?" in str(e.value)
+    assert main(["rules", "check", str(tmp_path / "typo")]) == 1
+    assert "no rule writes :tag \"cb-mma-wated\"" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pattern,word", [
+    ('(for ?L :part (not "consumr"))', "consumr"),  # under not: always true
+    ('(if ?p :tag (one-of "cb-store" "cb-stor"))', "cb-stor"),
+    ('(for ?L :stage "producr")', "producr"),
+], ids=["not", "one-of", "stage"])
+def test_each_literal_of_a_handle_pattern_is_checked(tmp_path, pattern, word):
+    write_rules(tmp_path / "w", f"""
+        (phase mine :after cb-stage)
+        (graph-rule w
+          :doc "reads a handle"
+          :phase mine
+          :match ({pattern})
+          :rewrite ((fail "never")))
+    """)
+    with pytest.raises(RuleError, match=f'no rule writes :[a-z]+ "{word}"'):
+        load(rule_dirs([tmp_path / "w"]))
+
+
+def test_a_clone_filter_reads_and_a_users_own_words_are_known(tmp_path):
+    write_rules(tmp_path / "filter", """
+        (phase mine :after cb-stage)
+        (graph-rule copy-producer
+          :doc "a clone keeping producer nodes, spelled wrong"
+          :phase mine
+          :match ((for ?L :part "consumer"))
+          :rewrite ((clone ?L :keep (_ :stage "producr"))))
+    """)
+    with pytest.raises(RuleError, match='no rule writes :stage "producr"'):
+        load(rule_dirs([tmp_path / "filter"]))
+    write_rules(tmp_path / "own", """
+        (vocabulary tag "from-my-builder")
+        (phase mine :after cb-stage)
+        (graph-rule mark
+          :doc "writes a word of its own"
+          :phase mine
+          :match ((wgmma_commit ?c :tag (not "mine")))
+          :rewrite ((set ?c :tag "mine")))
+        (graph-rule read-them
+          :doc "reads it, and a declared one"
+          :phase mine
+          :match ((wgmma_commit ?c :tag (one-of "mine" "from-my-builder")))
+          :rewrite ((fail "not reached in this test")))
+    """)
+    rs = load(rule_dirs([tmp_path / "own"]))
+    assert "from-my-builder" in rs.vocabulary.declared["tag"]
+
+
+@pytest.mark.parametrize("form,message", [
+    ('(vocabulary colour "red")', "declares words of tag, stage, part; got colour"),
+    ("(vocabulary tag mine)", 'takes words in quotes, got mine'),
+    ("(vocabulary)", "got nothing"),
+])
+def test_a_malformed_vocabulary_form_is_refused(tmp_path, form, message):
+    write_rules(tmp_path / "v", form + "\n")
+    with pytest.raises(RuleError, match=message):
+        load(rule_dirs([tmp_path / "v"]))

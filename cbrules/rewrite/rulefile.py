@@ -27,10 +27,11 @@ from .rulecheck import Suggester, key_pos, check_rule, did_you_mean
 from .rulelint import rechecks
 from .schema import EGGLOG_FORMS, EGGLOG_REFUSED, EggForm, split_keys
 from .sexpr import Atom, Expr, Pos, RuleError, RulePathError, SList, read, read_file, source_text
+from .vocabulary import Vocabulary, check as check_vocabulary
 
 SHIPPED = RULES
 ENV_VAR = "CBRULES_RULES"
-OWN_HEADS = ("graph-rule", "phases", "phase", "disable")
+OWN_HEADS = ("graph-rule", "phases", "phase", "disable", "vocabulary")
 MAX_PHASES = 1000  # the shipped rules use 5; placing a phase scans the list
 RULE_KEYS = ("doc", "phase", "after", "match", "where", "rewrite")
 
@@ -82,6 +83,7 @@ class RuleSet:
     disabled: dict[str, Pos] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     phase_pos: dict[str, Pos] = field(default_factory=dict)  # where each phase is declared
+    vocabulary: Vocabulary = field(default_factory=Vocabulary)  # words declared by (vocabulary ...)
     _order: dict = field(default_factory=dict, repr=False, compare=False)  # phase -> (stamp, rules)
     _rechecks: list = field(default_factory=list, repr=False, compare=False)  # [(stamp, phase -> rules)]
 
@@ -89,7 +91,7 @@ class RuleSet:
         """A rule set whose lists and tables can change without changing this one (the rules, frozen,
         are shared)."""
         return RuleSet(list(self.rules), list(self.phases), list(self.egg_forms), dict(self.disabled),
-                       list(self.files), dict(self.phase_pos), dict(self._order))
+                       list(self.files), dict(self.phase_pos), self.vocabulary.copy(), dict(self._order))
 
     def active(self) -> list[GraphRule]:
         return [r for r in self.rules if r.name not in self.disabled]
@@ -260,6 +262,7 @@ def _parsed(sources: list[tuple[Path, str]]) -> RuleSet:
     for f, text in sources:
         _read_text(rs, text, f, errors)
     _check_names(rs, errors)
+    check_vocabulary(rs.rules, rs.vocabulary, errors)
     for phase in rs.phases:
         try:
             rs.in_phase(phase)  # refuses :after cycles now, and caches each phase's order
@@ -315,6 +318,8 @@ def _read_form(rs: RuleSet, form: Expr, text: str, path: Path, errors: list[Rule
     elif head == "disable":
         for a in form.items[1:]:
             rs.disabled[_name(a)] = a.pos
+    elif head == "vocabulary":
+        rs.vocabulary.declare(form)
     else:
         raise RuleError(form.pos, f"unknown top-level form {head!r}" + did_you_mean(
             head, tuple(EGGLOG_FORMS) + OWN_HEADS))
