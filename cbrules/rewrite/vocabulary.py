@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from .schema import split_keys
 from .sexpr import Atom, Expr, RuleError, SList
 from ..errors import did_you_mean
 
