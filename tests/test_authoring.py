@@ -633,7 +633,7 @@ def test_a_clone_filter_reads_and_a_users_own_words_are_known(tmp_path):
 
 
 @pytest.mark.parametrize("form,message", [
-    ('(vocabulary colour "red")', "declares words of tag, stage, part; got colour"),
+    ('(vocabulary colour "red")', "declares words of tag, stage, part, circular_buffer, tma_store; got colour"),
     ("(vocabulary tag mine)", 'takes words in quotes, got mine'),
     ("(vocabulary)", "got nothing"),
 ])
@@ -641,3 +641,26 @@ def test_a_malformed_vocabulary_form_is_refused(tmp_path, form, message):
     write_rules(tmp_path / "v", form + "\n")
     with pytest.raises(RuleError, match=message):
         load(rule_dirs([tmp_path / "v"]))
+
+
+def test_an_option_key_no_rule_writes_is_an_error_and_set_option_declares_one(tmp_path):
+    write_rules(tmp_path / "key", """
+        (phase mine :before cb-check)
+        (graph-rule my-prefetch
+          :doc "an option key spelled wrong"
+          :phase mine
+          :match ((for ?L :annotations (:circular_buffer (:stages ?S :prefetc (absent)))))
+          :rewrite ((set-option ?L "circular_buffer" :prefetch 1)))
+    """)
+    with pytest.raises(RuleError, match=r"test.rules:5:62: rule my-prefetch: no rule writes option :prefetc of "
+                                        r"circular_buffer .*did you mean 'prefetch'"):
+        load(rule_dirs([tmp_path / "key"]))
+    write_rules(tmp_path / "own", """
+        (phase mine :before cb-check)
+        (graph-rule mark
+          :doc "a key of its own, written and read"
+          :phase mine
+          :match ((for ?L :annotations (:circular_buffer (:stages ?S :seen (absent)))))
+          :rewrite ((set-option ?L "circular_buffer" :seen true)))
+    """)
+    assert load(rule_dirs([tmp_path / "own"]))

@@ -126,7 +126,7 @@ def test_rule_that_doubles_the_graph_stops_at_the_size_bound(tmp_path):
     assert not e.value.timed_out
 
 
-@pytest.mark.parametrize("kind", ["disable", "after"])
+@pytest.mark.parametrize("kind", ["disable", "after", "tag"])
 def test_thousands_of_unknown_names_get_their_errors_in_linear_time(tmp_path, kind, monkeypatch):
     """Every unknown name is an error; only the first SUGGESTIONS look for a close name, each among
     at most SUGGESTION_CHOICES choices (difflib on all pairs took 98 s for 9,000 :after names)."""
@@ -135,6 +135,10 @@ def test_thousands_of_unknown_names_get_their_errors_in_linear_time(tmp_path, ki
     n = 3000 if kind == "disable" else 1000
     if kind == "disable":
         text = "".join(f"(disable no-such-rule-{i:05d})\n" for i in range(n))
+    elif kind == "tag":  # handles no rule writes (rewrite.vocabulary), with thousands of words that some do
+        text = "(vocabulary tag " + " ".join(f'"w{i:05d}"' for i in range(5000)) + ")\n" + "".join(
+            f'(graph-rule r{i:05d} :phase cb-rotate :match ((if ?p :tag "t{i:05d}")) :rewrite ((erase ?p)))\n'
+            for i in range(n))
     else:
         text = "".join(f"(graph-rule r{i:05d} :phase cb-rotate :after (missing-{i:05d}) :match ((for ?L)) "
                        ":where ((= 1 2)) :rewrite ((erase ?L)))\n" for i in range(n))

@@ -1,10 +1,14 @@
-"""The words rules hand each other: the values of the ``:tag``, ``:stage`` and ``:part`` attributes.
+"""The words rules hand each other: the values of the ``:tag``, ``:stage`` and ``:part`` attributes, and
+the option keys of a loop's annotations (``circular_buffer``, ``tma_store``).
 
 Rules mark nodes for later rules with these words (a wgmma_commit tagged ``cb-mma-waited``, a loop of
 part ``consumer``). A rule *writes* a word when a template, a ``set`` or a ``clone :set`` gives it, and
 *reads* it when a pattern pins the attribute to it (``:tag "cb-mma"``, ``(one-of ...)``, ``(not ...)``,
 a clone's ``:keep`` or ``:substitute`` filter). Words written outside the rules (by the builder) are
-declared in a rule file with ``(vocabulary KIND "word" ...)``.
+declared in a rule file with ``(vocabulary KIND "word" ...)``. An option key is read where a pattern
+names it (``:annotations (:circular_buffer (:prefetch ?P))``) and written by ``set-option`` or a
+``(dict "circular_buffer" (dict "key" ...))``; the builder's keys are declared
+(``(vocabulary circular_buffer "stages" ...)``).
 
 A word a pattern reads that no rule writes and no file declares can never match (or, under ``not``,
 always holds): :func:`check` reports it at its position with the closest known word, when the rule
@@ -15,10 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from .rulecheck import Suggester
 from .sexpr import Atom, Expr, RuleError, SList
-from ..errors import did_you_mean
 
-KINDS = ("tag", "stage", "part")
+WORDS = ("tag", "stage", "part")  # attributes whose values are handles
+ANNOTATIONS = ("circular_buffer", "tma_store")  # a loop's annotations whose keys are options
+KINDS = WORDS + ANNOTATIONS
 FORM = "vocabulary"
 _FILTERS = ("keep", "substitute")  # clone keys whose values are node patterns: reads
 
@@ -67,21 +73,40 @@ def _uses(e: Expr, read: bool) -> Iterator[tuple[str, str, Expr, bool]]:
         if i in values:
             continue
         if isinstance(x, Atom) and x.kind == "kw" and i + 1 < len(items):
-            if x.value in KINDS:
+            if x.value in WORDS:
                 values.add(i + 1)
                 yield from ((x.value, w, at, read) for w, at in _words(items[i + 1], read))
+            elif x.value in ANNOTATIONS and read and isinstance(items[i + 1], SList):
+                values.add(i + 1)  # (:circular_buffer (:stages ?S ...)): the keys a pattern names
+                for k in items[i + 1].items:
+                    if isinstance(k, Atom) and k.kind == "kw":
+                        yield x.value, k.value, k, True
             elif x.value in _FILTERS:  # a node pattern, whatever the context
                 values.add(i + 1)
                 yield from _uses(items[i + 1], True)
         elif isinstance(x, SList):
+            yield from _option_writes(x) if not read else ()
             yield from _uses(x, read)
+
+
+def _option_writes(e: SList) -> Iterator[tuple[str, str, Expr, bool]]:
+    """Option keys an action or value writes: (set-option ?L "NAME" :key V ...), and the keys of a
+    (dict "k" V ...) given as annotation NAME in (dict "NAME" ...) or (assoc X "NAME" ...)."""
+    head, items = e.head(), e.items
+    if head == "set-option" and len(items) > 2 and isinstance(items[2], Atom) and items[2].value in ANNOTATIONS:
+        yield from ((items[2].value, k.value, k, False) for k in items[3:] if isinstance(k, Atom) and k.kind == "kw")
+    pairs = items[1:] if head == "dict" else items[2:4] if head == "assoc" else ()
+    for name, value in zip(pairs[::2], pairs[1::2]):
+        if isinstance(name, Atom) and name.value in ANNOTATIONS and isinstance(value, SList) \
+                and value.head() == "dict":
+            yield from ((name.value, k.value, k, False) for k in value.items[1::2] if isinstance(k, Atom))
 
 
 def uses(rule) -> list[tuple[str, str, Expr, bool]]:
     """(kind, word, where, read) of a graph rule's words: its :match reads, its :rewrite writes (but
     for the filters of a clone, which read)."""
     out = [u for el in rule.match for u in _uses(el, True)]
-    return out + [u for a in rule.rewrite for u in _uses(a, False)]
+    return out + [u for a in rule.rewrite if isinstance(a, SList) for u in (*_option_writes(a), *_uses(a, False))]
 
 
 def check(rules, vocabulary: Vocabulary, errors: list) -> None:
@@ -91,8 +116,10 @@ def check(rules, vocabulary: Vocabulary, errors: list) -> None:
     for _, (kind, word, _, read) in found:
         if not read:
             known[kind].add(word)
+    suggest, choices = Suggester(), {k: sorted(v) for k, v in known.items()}  # bounded: thousands of typos load fast
     for r, (kind, word, at, read) in found:
         if read and word not in known[kind]:
-            errors.append(RuleError(at.pos, f"rule {r.name}: no rule writes :{kind} {at} and no (vocabulary "
+            what = f":{kind} {at}" if kind in WORDS else f"option :{word} of {kind}"
+            errors.append(RuleError(at.pos, f"rule {r.name}: no rule writes {what} and no (vocabulary "
                                             f"{kind} ...) declares it, so this pattern never matches (or, under "
-                                            f"not, always does)" + did_you_mean(word, sorted(known[kind]))))
+                                            f"not, always does)" + suggest(word, choices[kind])))
