@@ -281,17 +281,17 @@ def test_a_rule_doubling_a_term_ends_in_a_named_error(tmp_path):
 def test_a_value_too_deep_is_refused_also_on_counted_subterms():
     """Terms are counted once (their size and height remembered): a value built on a counted term
     is refused past MAX_VALUE_DEPTH levels as one counted from scratch."""
-    from cbrules.rewrite.action_values import MAX_VALUE_DEPTH, _bounded
+    from cbrules.rewrite.action_values import MAX_VALUE_DEPTH, check_bounded
     from cbrules.rewrite.sexpr import RuleError, read
     from cbrules.ir.terms import Term, const, name
     expr = read("(+ ?n 1)")[0]
     t = name("N")
     for _ in range(MAX_VALUE_DEPTH):
         t = Term("+", (t, const(1)))
-    _bounded("stop", t, expr, 10)  # counted, and just within the bound
+    check_bounded("stop", t, expr, 10)  # counted, and just within the bound
     for deeper in (Term("+", (t, const(1))), (1, Term("-", (t,)))):
         with pytest.raises(RuleError, match=f"nested more than {MAX_VALUE_DEPTH} deep"):
-            _bounded("stop", deeper, expr, 10)
+            check_bounded("stop", deeper, expr, 10)
 
 
 def test_remove_edge_never_removes_a_contains_edge(tmp_path):

@@ -261,7 +261,7 @@ def _questions(monkeypatch, kernel) -> tuple:
 
     def spy(terms, ranges, forms):
         asked.append((set(terms), dict(ranges)))
-        simplifier._SIMPLIFIED.clear()
+        simplifier.SIMPLIFIED.clear()
         return real(terms, ranges, forms)
     monkeypatch.setattr(simplifier, "_simplify_cached", spy)
     text = api.generate(kernel).text

@@ -17,7 +17,7 @@ VALUE_PARTS_PER_NODE = 16
 MAX_VALUE_DEPTH = MAX_TERM_DEPTH  # what verify takes
 
 
-def _replace(t: Any, frm: Term, to: Term) -> Any:
+def replace_term(t: Any, frm: Term, to: Term) -> Any:
     """``t`` with every occurrence of the subterm ``frm`` replaced by ``to``."""
     if not isinstance(t, Term):
         return t
@@ -25,21 +25,21 @@ def _replace(t: Any, frm: Term, to: Term) -> Any:
         return to
     if not t.args:
         return t
-    args = [_replace(x, frm, to) for x in t.args]
+    args = [replace_term(x, frm, to) for x in t.args]
     for a, b in zip(args, t.args):
         if a is not b:
             return Term(t.op, tuple(args), t.value)
     return t  # unchanged: the same object, so that the caller's comparison costs nothing
 
 
-def _coerce(spec, key: str, value: Any) -> Any:
+def coerce(spec, key: str, value: Any) -> Any:
     """Values of term attributes become terms (tuples of them for coordinates)."""
     if key not in spec.terms:
         return value
     return tuple(as_term(x) for x in value) if isinstance(value, tuple) else as_term(value)
 
 
-def _printable(op: str, key: str, value: Any, expr) -> None:
+def check_printable(op: str, key: str, value: Any, expr) -> None:
     """Refuse, at the rule's own text, a name or number codegen could not print safely (verify
     would catch it after the phase, but could name only the node, not the action that set it)."""
     bad = attribute_problem(op, key, value)
@@ -47,7 +47,7 @@ def _printable(op: str, key: str, value: Any, expr) -> None:
         raise RuleError(expr.pos, f"{op} :{key}: {bad}")
 
 
-def _bounded(key: str, value: Any, expr, nodes: int) -> None:
+def check_bounded(key: str, value: Any, expr, nodes: int) -> None:
     """Refuse a value a rule built that is too large to print, hash or simplify: a rule that feeds
     its own output back (``(set ?L :stop (+ ?n ?n))`` once a new node) doubles it each time."""
     if value is None or isinstance(value, (bool, int, float)):
@@ -105,5 +105,5 @@ def _size(v: Any, depth: int, sizes: dict[int, int], too_deep: _TooDeep) -> int:
     return sizes[id(v)]
 
 
-def _show(v: Any, kg: KernelGraph) -> str:
+def show_value(v: Any, kg: KernelGraph) -> str:
     return kg.describe(v.id) if isinstance(v, NodeRef) and v.id in kg else str(v)

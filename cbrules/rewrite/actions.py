@@ -43,8 +43,8 @@ from .schema import ACTIONS, settable as _settable, split_keys, split_keys_once 
 from .sexpr import Atom, RuleError, SList
 from ..ir.terms import Term, as_term, extent
 from .values import Env, NodeRef, compiled
-from .action_values import (MAX_VALUE_DEPTH, MAX_VALUE_SIZE, VALUE_PARTS_PER_NODE, _bounded,  # noqa: F401
-                            _coerce, _printable, _replace, _show)
+from .action_values import (MAX_VALUE_DEPTH, MAX_VALUE_SIZE, VALUE_PARTS_PER_NODE, check_bounded,  # noqa: F401
+                            coerce, check_printable, replace_term, show_value)
 from .cloning import Cloning
 
 
@@ -205,9 +205,9 @@ class Rewriter(Cloning):
                 attrs[k] = known[k]
             elif k != "as":
                 _settable(k, v)
-                attrs[k] = _coerce(spec, k, self.value(v))
-                _bounded(k, attrs[k], v, len(self.kg))
-                _printable(op, k, attrs[k], v)
+                attrs[k] = coerce(spec, k, self.value(v))
+                check_bounded(k, attrs[k], v, len(self.kg))
+                check_printable(op, k, attrs[k], v)
                 if isinstance(v, Atom) and v.kind != "var" and _small(attrs[k]):
                     _remember_literal(t, k, attrs[k])
         n = self.kg.add(op, parent, origin=self.origin, **attrs)
@@ -284,9 +284,9 @@ class Rewriter(Cloning):
 
     def _set_value(self, n: int, k: str, value: Any, at) -> None:
         """Attribute ``k`` of ``n`` becomes ``value`` (what the expression ``at`` gave), checked as set's."""
-        self.kg[n][k] = _coerce(OPS[self.kg.op(n)], k, value)
-        _bounded(k, self.kg[n][k], at, len(self.kg))
-        _printable(self.kg.op(n), k, self.kg[n][k], at)
+        self.kg[n][k] = coerce(OPS[self.kg.op(n)], k, value)
+        check_bounded(k, self.kg[n][k], at, len(self.kg))
+        check_printable(self.kg.op(n), k, self.kg[n][k], at)
 
     def _set_option(self, a, target, annotation, *kv) -> None:
         """``(set-option ?L "circular_buffer" :key V ...)``: those keys of the loop's annotation dictionary
@@ -436,7 +436,7 @@ class Rewriter(Cloning):
 
     def _rewrite_terms(self, a, scope, old, new) -> None:
         frm, to = as_term(self.value(old)), as_term(self.value(new))
-        _printable("assign", "value", to, new)
+        check_printable("assign", "value", to, new)
         needs = next(frm.names(), None)  # a term that does not mention it cannot hold FROM
         for n in self.kg.descendants(self.scope(scope, "rewrite-terms")):
             attrs = self.kg[n]
@@ -445,8 +445,8 @@ class Rewriter(Cloning):
                 names = v.__dict__.get("_names") if isinstance(v, Term) else None  # only where read already
                 if needs is not None and names is not None and needs not in names:
                     continue
-                nv = tuple(_replace(x, frm, to) for x in v) if isinstance(v, tuple) else \
-                    _replace(v, frm, to) if isinstance(v, Term) else v
+                nv = tuple(replace_term(x, frm, to) for x in v) if isinstance(v, tuple) else \
+                    replace_term(v, frm, to) if isinstance(v, Term) else v
                 if nv is not v and nv != v:
                     attrs[key] = nv
                     self.kg.touch(n)
@@ -454,12 +454,12 @@ class Rewriter(Cloning):
 
     def _let(self, a, var, expr) -> None:
         value = self.value(expr)
-        _bounded(var.value, value, expr, len(self.kg))  # a let chain doubling a tuple grows as a set would
+        check_bounded(var.value, value, expr, len(self.kg))  # a let chain doubling a tuple grows as a set would
         self.b[var.value] = value
 
     def _fail(self, a, *args) -> None:
         pos, keys = split_keys(args, 0)
-        text = re.sub(r"\{(\?[\w-]+)\}", lambda m: _show(self.b.get(m.group(1), m.group(1)), self.kg),
+        text = re.sub(r"\{(\?[\w-]+)\}", lambda m: show_value(self.b.get(m.group(1), m.group(1)), self.kg),
                       str(self.value(pos[0])))
         code = str(self.value(keys["code"])) if "code" in keys else None
         raise RuleFailure(printable(text), code)  # the rule's own text: one line, no terminal escapes

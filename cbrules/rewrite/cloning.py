@@ -8,7 +8,7 @@ from typing import Optional
 from ..ir.ops import OPS
 from ..ir.order import sibling_order
 from ..ir.terms import Term, as_term, substitute
-from .action_values import _bounded
+from .action_values import check_bounded
 from .match import Matcher
 from .schema import split_keys
 from .sexpr import RuleError, SList
@@ -82,7 +82,7 @@ class Cloning:
                     changed[k] = substitute(v, mapping)
                 elif isinstance(v, tuple):
                     changed[k] = tuple(substitute(x, mapping) if isinstance(x, Term) else x for x in v)
-                _bounded(k, changed.get(k, v), at, len(self.kg))
+                check_bounded(k, changed.get(k, v), at, len(self.kg))
         first = kg[n]["origin"]
         source = first.get("source") or (f"{first['rule']} @ {first['at']}" if first.get("rule")
                                          else f"build @ {first.get('where', '?')}")

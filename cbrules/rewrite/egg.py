@@ -27,7 +27,7 @@ from egglog import bindings as eb
 
 from ..ir.terms import Term, call, const, name
 from ..shipped import RULES
-from .eggload import (EGGLOG_ALLOWED, EggRuleError, _EggPanic, _fatal, _load, _Loaded,  # noqa: F401 (public here too)
+from .eggload import (EGGLOG_ALLOWED, EggRuleError, EggPanic, fatal, load_forms, Loaded,  # noqa: F401 (public here too)
                       forms_from_file, load_check)
 from .schema import EGGLOG_REFUSED, EggForm  # noqa: F401  (public here too)
 
@@ -330,7 +330,7 @@ def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence
     except EggRuleError:
         raise
     except BaseException as e:
-        if _fatal(e):
+        if fatal(e):
             raise
         return _failed(result, e, start)
     try:
@@ -352,7 +352,7 @@ def simplify(terms: Sequence[Term], ranges: Mapping[str, Range], forms: Sequence
         eg.run_program(eb.Pop(_SPAN, 1))
     except BaseException as e:  # pyo3's PanicException derives from BaseException
         _BASES.pop(key, None)  # a run that failed may have left the e-graph in any state
-        if _fatal(e):
+        if fatal(e):
             raise
         return _failed(result, e, start)
     result.seconds = time.perf_counter() - start
@@ -363,15 +363,15 @@ _BASES: dict = {}  # forms -> (e-graph holding just the loaded declarations, wha
 _BASES_MAX = 4
 
 
-def _base(forms: tuple) -> tuple[eb.EGraph, _Loaded]:
+def _base(forms: tuple) -> tuple[eb.EGraph, Loaded]:
     """An e-graph with ``forms`` loaded, kept between calls: loading (about 20 ms for the shipped
     rules) costs more than simplifying a kernel's terms, so each call pushes, works, and pops."""
     if forms not in _BASES:
         eg = eb.EGraph()
         try:
-            info = _load(eg, forms)
+            info = load_forms(eg, forms)
             eg.run_program(*eg.parse_program(f"(function {_ROOT} (i64) {SORT} :merge old) (ruleset {_SEED})", None))
-        except _EggPanic as e:
+        except EggPanic as e:
             raise RuntimeError(str(e)) from e
         _BASES[forms] = (eg, info)
         while len(_BASES) > _BASES_MAX:

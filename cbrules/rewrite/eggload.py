@@ -53,7 +53,7 @@ class EggRuleError(CbrulesError):
         self.egglog_message = egglog_message
 
 
-class _EggPanic(Exception):
+class EggPanic(Exception):
     """egglog panicked (a Rust panic) while loading ``form``."""
 
     def __init__(self, form: EggForm, panic: BaseException):
@@ -61,7 +61,7 @@ class _EggPanic(Exception):
         self.form, self.panic = form, panic
 
 
-def _fatal(e: BaseException) -> bool:
+def fatal(e: BaseException) -> bool:
     return isinstance(e, (KeyboardInterrupt, SystemExit))
 
 
@@ -105,7 +105,7 @@ def _rule_keys(cmd: object) -> list[tuple[str, str]]:
 
 
 @dataclass
-class _Loaded:
+class Loaded:
     costs: dict[str, int] = field(default_factory=dict)  # constructor -> declared :cost
     rulesets: list[str] = field(default_factory=list)  # in declaration order; "" = default
     rule_keys: set = field(default_factory=set)
@@ -129,8 +129,8 @@ class _Loaded:
         self.rulesets += [rs for rs in new if rs not in self.rulesets]
 
 
-def _load(eg: eb.EGraph, forms: Sequence[EggForm]) -> _Loaded:
-    info = _Loaded()
+def load_forms(eg: eb.EGraph, forms: Sequence[EggForm]) -> Loaded:
+    info = Loaded()
     for form in forms:
         _check_nesting(form)  # egglog's parser recurses per level: deep text crashes the process
         try:
@@ -149,9 +149,9 @@ def _load(eg: eb.EGraph, forms: Sequence[EggForm]) -> _Loaded:
         except eb.EggSmolError as e:
             raise _rule_error(form, e.context) from None
         except BaseException as e:
-            if _fatal(e):
+            if fatal(e):
                 raise
-            raise _EggPanic(form, e) from e
+            raise EggPanic(form, e) from e
         for cmd in cmds:
             info.note(cmd)
         if _rule_keys(cmds[0]) and "(Name" in form.text:
@@ -247,8 +247,8 @@ def load_check(forms: Sequence[EggForm]) -> None:
 
     Only declarations load (see :data:`EGGLOG_ALLOWED`), so this runs no rules and ends quickly."""
     try:
-        _load(eb.EGraph(), forms)
-    except _EggPanic as e:
+        load_forms(eb.EGraph(), forms)
+    except EggPanic as e:
         raise EggRuleError(e.form.file, e.form.line, e.form.col, f"egglog panicked: {e.panic}") from None
 
 

@@ -48,7 +48,7 @@ from .plan import absent_requirement, watched_ops
 from .rulefile import GraphRule, RuleSet
 from ..ir.order import ScheduleError
 from .sexpr import RuleError
-from .simplifier import _SIMPLIFIED, _oracle, simplify_terms, term_ranges  # noqa: F401  (public here too)
+from .simplifier import SIMPLIFIED, oracle_for, simplify_terms, term_ranges  # noqa: F401  (public here too)
 from ..ir.terms import Term
 from .values import NodeRef
 from ..ir.verify import GraphError
@@ -258,7 +258,7 @@ class _Run:
         self.tables_step = 0
         self.verified = False  # the graph is unchanged since it last passed verify()
         self.verify_phases = True  # verify() after each phase that changed the graph, not only at the end
-        self.oracle = _oracle(tuple(rules.egg_forms)) if rules.egg_forms else None
+        self.oracle = oracle_for(tuple(rules.egg_forms)) if rules.egg_forms else None
 
     def _decider(self, kg: KernelGraph):
         """The ``provably-*`` guards' oracle for this graph: egglog under the graph's range facts

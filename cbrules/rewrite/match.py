@@ -21,7 +21,7 @@ from ..ir.terms import Term
 from .schema import RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS, split_keys  # noqa: F401  (public here too)
 from .plan import AttrIndex, join_order, joined, known_values, pattern_parts, read_once
 from .relations import Relations
-from .value_patterns import MISSING, _first_miss, _short, compiled, match_value  # noqa: F401  (public here too)
+from .value_patterns import MISSING, first_miss, short_text, compiled, match_value  # noqa: F401  (public here too)
 from .values import Env, NodeRef, evaluate, holds
 
 # an op with at most this many nodes is looked up inside a scope through the op index (each node's
@@ -248,7 +248,7 @@ class Matcher(Relations):
         if not isinstance(where, SList):
             return why
         if where.head() in RELATIONS or idx >= 0 and why == "guard is false":
-            shown = [f"{v}={_short(b[v])}" for v in dict.fromkeys(_vars(where)) if v in b]
+            shown = [f"{v}={short_text(b[v])}" for v in dict.fromkeys(_vars(where)) if v in b]
             return why + (f" with {', '.join(shown)}" if shown else "")
         return self._explain_pattern(where, b)
 
@@ -259,7 +259,7 @@ class Matcher(Relations):
         if var in b and isinstance(b[var], NodeRef) and b[var].id in self.kg:
             n = b[var].id
             if op != "_" and self.kg.op(n) != op:
-                return f"{var}={_short(b[var])} is a {self.kg.op(n)} node, the pattern wants a {op}"
+                return f"{var}={short_text(b[var])} is a {self.kg.op(n)} node, the pattern wants a {op}"
             pool = [n]
         else:
             pool = list(self.by_op().get(op, ()))
@@ -277,7 +277,7 @@ class Matcher(Relations):
                     got = self.kg[n].get(k, MISSING)
                     nb = match_value(p, got, b2)
                     ok, b2 = nb is not None, nb if nb is not None else b2
-                    miss = f"#{n} " + _first_miss(f":{k}", p, got, b2)
+                    miss = f"#{n} " + first_miss(f":{k}", p, got, b2)
                 if not ok:
                     if i > best[0]:
                         best = (i, miss)

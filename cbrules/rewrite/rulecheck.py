@@ -10,7 +10,6 @@ import heapq
 import re
 from typing import TYPE_CHECKING, Iterable
 
-from ..errors import did_you_mean  # noqa: F401  (the rule reader's and the trace's too)
 from ..ir.ops import OPS, SCOPES
 from .schema import (ACTIONS, FUNCTIONS, NODE_FUNCTIONS, RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS,
                      split_keys)

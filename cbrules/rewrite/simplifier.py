@@ -40,13 +40,13 @@ def term_ranges(kg: KernelGraph) -> dict:
 
 
 @functools.lru_cache(maxsize=8)
-def _oracle(forms: tuple):
+def oracle_for(forms: tuple):
     """One oracle per rule set, so its answers are shared by every lowering with those rules."""
     from .egg import Oracle
     return Oracle(forms)
 
 
-_SIMPLIFIED: dict = {}  # (terms, ranges, forms) -> SimplifyResult, most recent last
+SIMPLIFIED: dict = {}  # (terms, ranges, forms) -> SimplifyResult, most recent last
 _SIMPLIFIED_MAX = 256
 
 
@@ -72,14 +72,14 @@ def _simplify_cached(terms: list, ranges: dict, forms: tuple):
     or failed are not kept, so their warning shows every time."""
     from .egg import simplify
     key = _Key((tuple(dict.fromkeys(terms)), tuple(sorted(ranges.items())), tuple(forms)))
-    if key in _SIMPLIFIED:
-        _SIMPLIFIED[key] = _SIMPLIFIED.pop(key)
-        return _SIMPLIFIED[key]
+    if key in SIMPLIFIED:
+        SIMPLIFIED[key] = SIMPLIFIED.pop(key)
+        return SIMPLIFIED[key]
     result = simplify(terms, ranges, forms)
     if result.error is None and result.budget is None:
-        _SIMPLIFIED[key] = result
-        while len(_SIMPLIFIED) > _SIMPLIFIED_MAX:
-            del _SIMPLIFIED[next(iter(_SIMPLIFIED))]
+        SIMPLIFIED[key] = result
+        while len(SIMPLIFIED) > _SIMPLIFIED_MAX:
+            del SIMPLIFIED[next(iter(SIMPLIFIED))]
     return result
 
 

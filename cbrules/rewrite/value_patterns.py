@@ -12,17 +12,17 @@ from .sexpr import Atom, Expr, SList
 
 MISSING = object()
 
-def _short(v: Any, limit: int = 80) -> str:
+def short_text(v: Any, limit: int = 80) -> str:
     if isinstance(v, str):
         text = f'"{v}"'
     elif isinstance(v, dict):
-        text = "{" + ", ".join(f"{k}: {_short(x, limit)}" for k, x in v.items()) + "}"
+        text = "{" + ", ".join(f"{k}: {short_text(x, limit)}" for k, x in v.items()) + "}"
     else:
         text = str(v)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _first_miss(path: str, p: Expr, value: Any, b: dict) -> str:
+def first_miss(path: str, p: Expr, value: Any, b: dict) -> str:
     """Expected vs actual at the innermost key of a (:key P ...) pattern that fails."""
     if isinstance(p, SList) and p.items and isinstance(p.items[0], Atom) and p.items[0].kind == "kw" \
             and isinstance(value, dict):
@@ -31,9 +31,9 @@ def _first_miss(path: str, p: Expr, value: Any, b: dict) -> str:
             got = value.get(k, MISSING)
             nb = match_value(sub, got, b)
             if nb is None:
-                return _first_miss(f"{path} :{k}", sub, got, b)
+                return first_miss(f"{path} :{k}", sub, got, b)
             b = nb
-    return f"{path}: wants {p}, has {'nothing' if value is MISSING else _short(value)}"
+    return f"{path}: wants {p}, has {'nothing' if value is MISSING else short_text(value)}"
 
 
 def _equal(a: Any, b: Any) -> bool:
