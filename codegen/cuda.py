@@ -5,7 +5,7 @@ Shared buffers are carved out of one dynamic shared-memory block at aligned offs
 declared once at the top of the kernel; PTX comes from ``prelude.cu``.
 
 Nothing reaches the text unchecked, even though the graph was verified: names pass through
-:func:`_ident`, numbers through :func:`_int`, terms through :func:`_c_term` (calls only from the
+:func:`ident`, numbers through :func:`as_int`, terms through :func:`c_term` (calls only from the
 device-function table) and comment text through :func:`_comment`.
 """
 from __future__ import annotations
@@ -15,16 +15,16 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..ir.graph import Param
-from ..ir.names import BUILTINS, RULES, problem
 from ..ir.limits import MAX_SHARED_BYTES
 from ..ir.ops import DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS, SHFL_MODES, UNARY, WARP_SIZE
 from ..schedule import Step
-from ..ir.terms import BINARY_OPS, DEVICE_FUNCTIONS, UNARY_OPS, Term, call_problem, to_c
+from ..ir.terms import Term
 
 from . import hints as _hints
 from . import mma as _mma
 from . import registers as _registers
 from . import stats as _stats
+from .ctext import as_int, c_term, ident
 from .errors import CodegenError
 
 PRELUDE = (Path(__file__).with_name("prelude.cu")).read_text()
@@ -54,13 +54,6 @@ _UNARY_C = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "abs":
 _BINARY_C = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _COMBINE = {"sum": ("CbSum", "0"), "max": ("CbMax", "-__int_as_float(0x7f800000)"),
             "min": ("CbMin", "__int_as_float(0x7f800000)")}
-# CUDA's builtins are unsigned; index arithmetic is signed int (C's mixed-sign rules would bite)
-_BUILTIN_C = {f"{b}.{a}": f"(int){b}.{a}" for b in ("threadIdx", "blockIdx", "blockDim", "gridDim") for a in "xyz"}
-# the prelude helper of every device function a term may call (cbrules.ir.terms.DEVICE_FUNCTIONS)
-_CALL_C = {"elect_one": "cb_elect_one", "elect_warp": "cb_elect_warp", "ceil_div": "cb_ceil_div", "min": "cb_min",
-           "max": "cb_max", "swizzle": "cb_swizzle"}
-assert set(_CALL_C) == set(DEVICE_FUNCTIONS), "every device function needs its prelude helper"
-_INT_LITERAL_BOUND = 2 ** 63
 # emitted only when a wait has a :backoff, so kernels without one keep their exact source
 BACKOFF_WAIT = r"""// mbarrier_wait :backoff NS: sleep NS nanoseconds between polls of the barrier
 __device__ __forceinline__ void cb_mbar_wait_backoff(unsigned bar, unsigned parity, unsigned ns) {
@@ -88,50 +81,6 @@ class KernelSource:
     aligned: tuple = ()  # (tensor, bytes): its vector accesses need its address aligned so (the launcher checks)
     setmaxnreg: tuple = ()  # (count, threads) of each setmaxnreg: what it asks of the block's register pool
     l2_promotion: tuple = ()  # (tensor map, none|64B|128B|256B) the copies ask its encoding for
-
-
-def _ident(name: Any) -> str:
-    """``name`` as it goes into the source, if it is a valid identifier (the rules' namespace: the
-    builder already kept users out of cbrules' prefixes), else :class:`CodegenError`."""
-    why = problem(name, RULES)
-    if why:
-        raise CodegenError(f"refusing to print the name {name!r} into CUDA: it {why[0]}; {why[1]}")
-    return name
-
-
-def _int(v: Any, what: str, low: int = 0) -> int:
-    """An int attribute as it goes into the source (a bool, float or text is a CodegenError)."""
-    if isinstance(v, bool) or not isinstance(v, int) or not low <= v < _INT_LITERAL_BOUND:
-        raise CodegenError(f"refusing to print {what} {v!r} into CUDA: it must be an int in {low}..2**63-1")
-    return v
-
-
-def _check_term(t: Any) -> None:
-    if not isinstance(t, Term):
-        raise CodegenError(f"refusing to print {t!r} into CUDA: not a term")
-    if t.op == "const":
-        v = t.value
-        # infinities and NaN print as bit patterns (terms.to_c), which NVRTC takes without headers
-        if not isinstance(v, (bool, int, float)) \
-                or (isinstance(v, int) and not -_INT_LITERAL_BOUND < v < _INT_LITERAL_BOUND):
-            raise CodegenError(f"refusing to print the constant {v!r} into CUDA: not a number in range")
-    elif t.op == "name":
-        if t.value not in BUILTINS:
-            _ident(t.value)
-    elif t.op == "call":
-        why = call_problem(t.value, len(t.args))
-        if why:
-            raise CodegenError(f"refusing to print a call into CUDA: {why}")
-    elif not ((len(t.args) == 1 and t.op in UNARY_OPS) or (len(t.args) == 2 and t.op in BINARY_OPS)):
-        raise CodegenError(f"refusing to print operator {t.op!r} with {len(t.args)} operand(s) into CUDA")
-    for a in t.args:
-        _check_term(a)
-
-
-def _c_term(t: Term) -> str:
-    """C text of a checked term, mapping calls onto prelude helpers."""
-    _check_term(t)
-    return to_c(t, _CALL_C, _BUILTIN_C)
 
 
 def _comment(text: Any) -> str:
@@ -178,15 +127,15 @@ class _Emitter:
             if s.op == "alloc" and a["space"] == "shared":
                 ctype, n = _dtype(a["dtype"]), DTYPE_BYTES[a["dtype"]]
                 for d in a["shape"]:
-                    n *= _int(d, f"a dimension of buffer {a['buf']!r}", 1)
-                align = _int(a.get("align") or 16, "an alignment", 1)
-                self.shared.append((_ident(a["buf"]), ctype, self._carve(n, align)))
+                    n *= as_int(d, f"a dimension of buffer {a['buf']!r}", 1)
+                align = as_int(a.get("align") or 16, "an alignment", 1)
+                self.shared.append((ident(a["buf"]), ctype, self._carve(n, align)))
             elif s.op == "alloc" and a["space"] == "register":
-                self.reg_arrays[_ident(a["buf"])] = s
+                self.reg_arrays[ident(a["buf"])] = s
             elif "dst" in a and s.op not in ("store", "copy", "tma_load", "alloc"):
-                self.registers.setdefault(_ident(a["dst"]), a.get("dtype", "float32"))
+                self.registers.setdefault(ident(a["dst"]), a.get("dtype", "float32"))
                 if s.op == "block_stats":
-                    self.registers.setdefault(_ident(a["dst_m2"]), "float32")
+                    self.registers.setdefault(ident(a["dst_m2"]), "float32")
             if _stats.uses_scratch(s):
                 self.uses_reduce = True
             if s.op == "mma":
@@ -200,11 +149,11 @@ class _Emitter:
         for p in self.k["params"]:
             if p.kind == "tensor":
                 const = "" if p.written else "const "
-                out.append(f"{const}{_dtype(p.dtype)}* __restrict__ {_ident(p.name)}")
+                out.append(f"{const}{_dtype(p.dtype)}* __restrict__ {ident(p.name)}")
             elif p.kind == "tmap":
-                out.append(f"const __grid_constant__ CUtensorMap {_ident(p.name)}")
+                out.append(f"const __grid_constant__ CUtensorMap {ident(p.name)}")
             else:  # a symbol: int32, or a scalar of another dtype (k.scalar)
-                out.append(f"{_dtype(p.dtype)} {_ident(p.name)}")
+                out.append(f"{_dtype(p.dtype)} {ident(p.name)}")
         return ", ".join(out)
 
     # -------------------------------------------------------------- statements
@@ -216,7 +165,7 @@ class _Emitter:
             self._for(s, pad, note, depth)
             return
         if s.op == "if":
-            self.lines.append(f"{pad}if ({_c_term(a['pred'])}) {{{note}")
+            self.lines.append(f"{pad}if ({c_term(a['pred'])}) {{{note}")
             for c in s.body:
                 if c.op != "else":
                     self.emit(c, depth + 1)
@@ -247,7 +196,7 @@ class _Emitter:
 
     def _for(self, s: Step, pad: str, note: str, depth: int) -> None:
         a = s.attrs
-        v, start, stop, step = _ident(a["var"]), _c_term(a["start"]), _c_term(a["stop"]), _c_term(a["step"])
+        v, start, stop, step = ident(a["var"]), c_term(a["start"]), c_term(a["stop"]), c_term(a["step"])
         part = f"  // {_comment(a['part'])}" if a.get("part") else ""
         kind = a["kind"]
         if kind not in LOOP_KINDS:
@@ -270,7 +219,7 @@ class _Emitter:
     def statement(self, s: Step) -> Optional[str]:
         """The C statement of a non-scope step (None for declarations hoisted to the top)."""
         if s.op == "block_stats":  # its closing sync depends on where it is
-            return _stats.statement(s, _Checked(s.op, s.attrs), self, _ident, _int, _c_term)
+            return _stats.statement(s, _Checked(s.op, s.attrs), self)
         self.node = s.node  # for the forms that name their node in the kernel (a wait's timeout message)
         form = _STATEMENTS.get(s.op) or (_unary if s.op in _UNARY_C else _binary if s.op in _BINARY_C else None)
         if form is None:
@@ -289,11 +238,11 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
     for c in program.body:
         e.emit(c, 1)
     k = program.attrs
-    bx, by, bz = (_int(d, "a block dimension", 1) for d in k["block"])
+    bx, by, bz = (as_int(d, "a block dimension", 1) for d in k["block"])
     decls = ["  extern __shared__ __align__(1024) unsigned char cb_smem[];"]
     decls += [f"  {t}* {n} = reinterpret_cast<{t}*>(cb_smem + {off});" for n, t, off in e.shared]
     decls += [f"  {_dtype(t)} {r} = 0;" for r, t in e.registers.items()]
-    bounds = f"{bx * by * bz}" + (f", {_int(k['min_blocks'], 'min_blocks', 1)}" if k.get("min_blocks") else "")
+    bounds = f"{bx * by * bz}" + (f", {as_int(k['min_blocks'], 'min_blocks', 1)}" if k.get("min_blocks") else "")
     roles = any(h in line for line in e.lines for h in _ROLE_HELPERS)
     dtypes = {p.dtype for p in k["params"]} | {s.attrs["dtype"] for s in program.walk() if s.op == "alloc"}
     async_stores = any(s.op == "tma_store_wait" or (s.op == "tma_store" and s.attrs.get("wait", "read") != "read")
@@ -312,7 +261,7 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
     text = "\n".join([
         *preludes, e.elect_one(), *([BACKOFF_WAIT] if any("cb_mbar_wait_backoff(" in line for line in e.lines) else []),
         *_hints.helpers(program.walk(), e.lines), "",
-        f'extern "C" __global__ void __launch_bounds__({bounds}) {_ident(k["name"])}({e.signature()}) {{',
+        f'extern "C" __global__ void __launch_bounds__({bounds}) {ident(k["name"])}({e.signature()}) {{',
         *decls, *e.lines, "}", ""])
     if e.smem_bytes > MAX_SHARED_BYTES:
         raise CodegenError(f"kernel {k['name']}: {e.smem_bytes} bytes of shared memory, more than the "
@@ -324,8 +273,8 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
 
 # ------------------------------------------------------------------------------ statement table
 class _Checked(dict):
-    """A step's attributes as the statement forms read them: names come out through :func:`_ident`,
-    counts through :func:`_int`, dtypes only when known."""
+    """A step's attributes as the statement forms read them: names come out through :func:`ident`,
+    counts through :func:`as_int`, dtypes only when known."""
 
     _NAMES = ("dst", "src", "tmap", "barrier", "buf")
     _INTS = {"count": 1, "bytes": 0, "id": 0}
@@ -337,24 +286,24 @@ class _Checked(dict):
     def __getitem__(self, key: str) -> Any:
         v = super().__getitem__(key)
         if key in self._NAMES and not (key == "src" and self.op == "reduce"):  # a reduce's src is a term
-            return _ident(v)
+            return ident(v)
         if key in self._INTS:
-            return _int(v, f"{key}", self._INTS[key])
+            return as_int(v, f"{key}", self._INTS[key])
         if key == "dtype":
             _dtype(v)
         return v
 
 
 def _args(a) -> list[str]:
-    return [_c_term(t) for t in a["args"]]
+    return [c_term(t) for t in a["args"]]
 
 
 def _bar(a) -> str:
-    return f"cb_smem_addr(&{a['barrier']}[{_c_term(a['slot'])}])"
+    return f"cb_smem_addr(&{a['barrier']}[{c_term(a['slot'])}])"
 
 
 def _coords(a) -> str:
-    return ", ".join(_c_term(c) for c in reversed(a["coords"]))  # TMA wants innermost first
+    return ", ".join(c_term(c) for c in reversed(a["coords"]))  # TMA wants innermost first
 
 
 def _unary(o, a, e) -> str:
@@ -375,7 +324,7 @@ assert set(_SHFL_C) == set(SHFL_MODES)
 def _shfl(a) -> str:
     """A full-mask warp shuffle; the value is cast to the register's type so that the intrinsic's
     overload is the register's (a literal would pick double)."""
-    width = _int(a["width"], "a shuffle width", 1)
+    width = as_int(a["width"], "a shuffle width", 1)
     if a["mode"] not in _SHFL_C or width > WARP_SIZE or width & (width - 1) or a["dtype"] in HALF_DTYPES:
         raise CodegenError(f"shfl into {a['dst']}: mode {a['mode']!r}, width {width}, dtype {a['dtype']!r}; expected "
                            f"{', '.join(SHFL_MODES)}, a power of two up to {WARP_SIZE} and a register type")
@@ -395,10 +344,10 @@ def _register_array(a) -> Optional[str]:
         return None  # shared buffers are carved out of dynamic shared memory at the top
     size = 1
     for d in a["shape"]:
-        size *= _int(d, f"a dimension of register array {a['buf']}", 1)
+        size *= as_int(d, f"a dimension of register array {a['buf']}", 1)
     # only an alignment above the element's own is printed (a vector copy's register array)
     align = a.get("align") or 1
-    align = f"__align__({_int(align, 'an alignment', 1)}) " if align > DTYPE_BYTES[a["dtype"]] else ""
+    align = f"__align__({as_int(align, 'an alignment', 1)}) " if align > DTYPE_BYTES[a["dtype"]] else ""
     return f"{align}{DTYPES[a['dtype']]} {a['buf']}[{size}];"
 
 
@@ -408,12 +357,12 @@ def _reduce(o, a, e) -> str:
     functor, identity = _COMBINE[a["combine"]]
     ctype = DTYPES[a["dtype"]]
     if a["kind"] == "serial":
-        return f"{a['dst']} = {functor}()({a['dst']}, {_c_term(a['src'])});"
+        return f"{a['dst']} = {functor}()({a['dst']}, {c_term(a['src'])});"
     if a.get("bar_id") is not None:  # over the threads before `count` only, through a named barrier
-        return (f"{a['dst']} = cb_block_reduce_named<{ctype}>({_c_term(a['src'])}, ({ctype}){identity}, "
-                f"{functor}(), reinterpret_cast<{ctype}*>(cb_smem + {e.reduce_offset}), {_int(a['bar_id'], 'a named barrier id', 1)}, "
-                f"{_int(a['count'], 'a named barrier thread count', 32)});")
-    return (f"{a['dst']} = cb_block_reduce<{ctype}>({_c_term(a['src'])}, ({ctype}){identity}, "
+        return (f"{a['dst']} = cb_block_reduce_named<{ctype}>({c_term(a['src'])}, ({ctype}){identity}, "
+                f"{functor}(), reinterpret_cast<{ctype}*>(cb_smem + {e.reduce_offset}), {as_int(a['bar_id'], 'a named barrier id', 1)}, "
+                f"{as_int(a['count'], 'a named barrier thread count', 32)});")
+    return (f"{a['dst']} = cb_block_reduce<{ctype}>({c_term(a['src'])}, ({ctype}){identity}, "
             f"{functor}(), reinterpret_cast<{ctype}*>(cb_smem + {e.reduce_offset}));")
 
 
@@ -434,7 +383,7 @@ def _copy(a, e) -> str:
     for side in ("dst", "src"):
         if a[side] in tensors:
             e.vector_tensors[a[side]] = max(e.vector_tensors.get(a[side], 0), nbytes)
-    return f"cb_vcopy<{nbytes}>(&{a['dst']}[{_c_term(a['dst_index'])}], &{a['src']}[{_c_term(a['src_index'])}]);"
+    return f"cb_vcopy<{nbytes}>(&{a['dst']}[{c_term(a['dst_index'])}], &{a['src']}[{c_term(a['src_index'])}]);"
 
 
 def _flag(v: Any, what: str) -> bool:
@@ -449,16 +398,16 @@ def _tma_store(a) -> str:
         raise CodegenError(f"tma_store from {a['src']}: wait {wait!r} is not 'read' or 'none'")
     fn = "cb_tma_store" if wait == "read" else "cb_tma_store_async"
     if a.get("cache_hint") is not None:
-        return _hints.tma_store(a, fn, _coords(a), _c_term(a["offset"]))
-    return f"{fn}(&{a['tmap']}, cb_smem_addr({a['src']} + {_c_term(a['offset'])}), {_coords(a)});"
+        return _hints.tma_store(a, fn, _coords(a), c_term(a["offset"]))
+    return f"{fn}(&{a['tmap']}, cb_smem_addr({a['src']} + {c_term(a['offset'])}), {_coords(a)});"
 
 
 _STATEMENTS = {
     "alloc": lambda o, a, e: _register_array(a),
-    "load": lambda o, a, e: f"{a['dst']} = {a['src']}[{_c_term(a['index'])}];",
-    "store": lambda o, a, e: f"{a['dst']}[{_c_term(a['index'])}] = {_c_term(a['value'])};",
+    "load": lambda o, a, e: f"{a['dst']} = {a['src']}[{c_term(a['index'])}];",
+    "store": lambda o, a, e: f"{a['dst']}[{c_term(a['index'])}] = {c_term(a['value'])};",
     "copy": lambda o, a, e: _copy(a, e),
-    "assign": lambda o, a, e: f"{a['dst']} = {_c_term(a['value'])};",
+    "assign": lambda o, a, e: f"{a['dst']} = {c_term(a['value'])};",
     "neg": lambda o, a, e: f"{a['dst']} = -({_args(a)[0]});",
     "max": lambda o, a, e: f"{a['dst']} = cb_max({', '.join(_args(a))});",
     "min": lambda o, a, e: f"{a['dst']} = cb_min({', '.join(_args(a))});",
@@ -468,16 +417,16 @@ _STATEMENTS = {
     "sigmoid": lambda o, a, e: _sigmoid(a),
     "exp2_approx": lambda o, a, e: f"{a['dst']} = cb_ex2_approx({_args(a)[0]});",
     "reduce": _reduce,
-    "tma_load": lambda o, a, e: _hints.tma_load(a, _bar(a), _coords(a), _c_term(a["offset"]))
-    if a.get("cache_hint") is not None else (f"cb_tma_load(cb_smem_addr({a['dst']} + {_c_term(a['offset'])}), &{a['tmap']}, "
+    "tma_load": lambda o, a, e: _hints.tma_load(a, _bar(a), _coords(a), c_term(a["offset"]))
+    if a.get("cache_hint") is not None else (f"cb_tma_load(cb_smem_addr({a['dst']} + {c_term(a['offset'])}), &{a['tmap']}, "
                               f"{_bar(a)}, {_coords(a)});"),
     "tma_store": lambda o, a, e: _tma_store(a),
     "tma_store_wait": lambda o, a, e: (f"cb_bulk_wait{'_read' if _flag(a['read'], 'read') else ''}"
-                                    f"<{_int(a['pending'], 'pending', 0)}>();"),
+                                    f"<{as_int(a['pending'], 'pending', 0)}>();"),
     "mbarrier_init": lambda o, a, e: f"cb_mbar_init({_bar(a)}, {a['count']});",
     "mbarrier_arrive": lambda o, a, e: f"cb_mbar_arrive({_bar(a)});",
     "mbarrier_arrive_expect_tx": lambda o, a, e: f"cb_mbar_arrive_expect_tx({_bar(a)}, {a['bytes']});",
-    "mbarrier_wait": lambda o, a, e: _hints.wait(a, e.node, _bar(a), _c_term(a["parity"]), _int, _c_term),
+    "mbarrier_wait": lambda o, a, e: _hints.wait(a, e.node, _bar(a), c_term(a["parity"])),
     "mbarrier_inval": lambda o, a, e: f"cb_mbar_inval({_bar(a)});",
     "syncthreads": lambda o, a, e: "__syncthreads();",
     "fence_proxy_async": lambda o, a, e: "cb_fence_proxy_async();",
@@ -485,14 +434,14 @@ _STATEMENTS = {
     "bar_sync": lambda o, a, e: f"cb_bar_sync({_bar_id(a)}, {a['count']});",
     "bar_arrive": lambda o, a, e: f"cb_bar_arrive({_bar_id(a)}, {a['count']});",
     "setmaxnreg": lambda o, a, e: _setmaxnreg(a),
-    "mma": lambda o, a, e: _mma.statement(a, _ident, _int, _c_term),
-    "cvt_pack": lambda o, a, e: _mma.pack_statement(a, _ident, _c_term),
+    "mma": lambda o, a, e: _mma.statement(a),
+    "cvt_pack": lambda o, a, e: _mma.pack_statement(a),
     "wgmma_fence": lambda o, a, e: "cb_wgmma_fence();",
     "wgmma_commit": lambda o, a, e: "cb_wgmma_commit();",
     # once no group is pending the accumulators are final: fence them so no read moves above the wait
     # (a fence while a group is in flight would make ptxas serialize the MMA)
-    "wgmma_wait": lambda o, a, e: f"cb_wgmma_wait<{_int(a['pending'], 'pending', 0)}>();"
-                                  + (_mma.acc_fences(e.mmas, _ident) if a["pending"] == 0 else ""),
+    "wgmma_wait": lambda o, a, e: f"cb_wgmma_wait<{as_int(a['pending'], 'pending', 0)}>();"
+                                  + (_mma.acc_fences(e.mmas) if a["pending"] == 0 else ""),
 }
 
 assert set(UNARY) <= set(_UNARY_C) | set(_STATEMENTS), "every unary op needs its C form"
@@ -502,8 +451,8 @@ def _bar_id(a) -> str:
     """A named barrier's id: an int 0..15, or a term (a warp group's own barrier, evaluated on the device)."""
     v = dict.__getitem__(a, "id")
     if isinstance(v, Term) and not (v.op == "const" and isinstance(v.value, int) and not isinstance(v.value, bool)):
-        return f"(unsigned)({_c_term(v)})"
-    bar = _int(v.value if isinstance(v, Term) else v, "a named barrier id", 0)
+        return f"(unsigned)({c_term(v)})"
+    bar = as_int(v.value if isinstance(v, Term) else v, "a named barrier id", 0)
     if bar > 15:
         raise CodegenError(f"named barrier {bar}: the ids are 0..15")
     return str(bar)

@@ -3,15 +3,16 @@ map's L2 promotion, and an mbarrier wait's mode (backoff, exponential backoff, s
 try_wait suspend-time hint, a timeout that traps).
 
 Only kernels that use one of these get the helpers (generated here for the ranks and policies they
-use), so the source of every other kernel stays as it was. Statement forms take codegen's checked
-printers (``_int``, ``_c_term``) as arguments, as :mod:`cbrules.codegen.mma` does.
+use), so the source of every other kernel stays as it was. What they print of an attribute goes
+through the checked printers of :mod:`cbrules.codegen.ctext`.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from ..ir.ops import CACHE_HINTS, L2_PROMOTIONS
 from ..ir.terms import Term
+from .ctext import as_int, c_term
 from .errors import CodegenError
 
 # :cache_hint -> the createpolicy primary priority (a fraction of 1.0: the whole access)
@@ -114,23 +115,23 @@ __device__ __forceinline__ void cb_mbar_wait_mode(unsigned bar, unsigned parity,
 }"""
 
 
-def wait(a, node: int, bar: str, parity: str, to_int: Callable[..., int], c_term: Callable[[Term], str]) -> str:
+def wait(a, node: int, bar: str, parity: str) -> str:
     """The statement of an mbarrier_wait: the plain poll loop, the fixed-backoff helper (as before
     any other mode existed, so those kernels keep their source) or ``cb_mbar_wait_mode``."""
     backoff = a.get("backoff")
     if isinstance(backoff, Term) and backoff.op == "const":
         backoff = backoff.value
     constant = backoff is None or not isinstance(backoff, Term)
-    ns = "0u" if backoff is None else (f"{to_int(backoff, 'a wait backoff', 0)}u" if constant
+    ns = "0u" if backoff is None else (f"{as_int(backoff, 'a wait backoff', 0)}u" if constant
                                        else f"(unsigned)({c_term(backoff)})")
     if all(a.get(k) is None for k in WAIT_MODE_KEYS) and constant:
         if ns == "0u":  # no sleep between polls: the plain wait (not a loop around __nanosleep(0))
             return f"cb_mbar_wait({bar}, {parity});"
         return f"cb_mbar_wait_backoff({bar}, {parity}, {ns});"
-    vals = {k: to_int(a[k], f"a wait's {k}", 1 if k != "spin" else 0) if a.get(k) is not None else 0
+    vals = {k: as_int(a[k], f"a wait's {k}", 1 if k != "spin" else 0) if a.get(k) is not None else 0
             for k in WAIT_MODE_KEYS}
     return (f"cb_mbar_wait_mode({bar}, {parity}, {ns}, {vals['backoff_max']}u, {vals['spin']}u, "
-            f"{vals['suspend_hint']}u, {vals['timeout']}ull, {to_int(node, 'a node id', 0)});")
+            f"{vals['suspend_hint']}u, {vals['timeout']}ull, {as_int(node, 'a node id', 0)});")
 
 
 def helpers(steps: Iterable[Any], lines: list[str]) -> list[str]:

@@ -11,9 +11,10 @@ nothing else changes for other kernels.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from ..ir.mma_layout import MN_SPANS, TRANSPOSE, b_tile_descriptor, tma_tile_descriptor
+from .ctext import as_int, c_term, ident
 from .errors import CodegenError
 
 _PTX_TYPE = {"bfloat16": "bf16", "float16": "f16"}
@@ -107,7 +108,7 @@ __device__ __forceinline__ unsigned cb_pack_f16x2(float lo, float hi) {
 }"""
 
 
-def pack_statement(a: Any, ident: Callable[[Any], str], c_term: Callable) -> str:
+def pack_statement(a: Any) -> str:
     """The C statement of a cvt_pack node."""
     if a["to"] not in _PTX_TYPE or len(a["args"]) != 2:
         raise CodegenError(f"cvt_pack into {a['dst']}: to {a['to']!r} with {len(a['args'])} operand(s); expected "
@@ -116,7 +117,7 @@ def pack_statement(a: Any, ident: Callable[[Any], str], c_term: Callable) -> str
     return f"{ident(a['dst'])} = cb_pack_{_PTX_TYPE[a['to']]}x2({lo}, {hi});"
 
 
-def check(a: Any, as_int: Callable[..., int]) -> tuple[int, int, int, int, int, str]:
+def check(a: Any) -> tuple[int, int, int, int, int, str]:
     """(BM, BN, BK, groups, swizzle, dtype) of an mma node, each checked before it reaches the text."""
     shape = a["shape"]
     if not (isinstance(shape, tuple) and len(shape) == 3):
@@ -136,7 +137,7 @@ def check(a: Any, as_int: Callable[..., int]) -> tuple[int, int, int, int, int, 
     return bm, bn, bk, groups, swizzle, dtype
 
 
-def b_operand(a: Any, as_int: Callable[..., int]) -> tuple[str, int]:
+def b_operand(a: Any) -> tuple[str, int]:
     """(major-ness, swizzle span) of an mma node's B tile: K-major with the A rows' span unless the node
     says ``b_major`` "mn" with its ``b_swizzle``, each checked before it reaches the text."""
     major = a.get("b_major", "k")
@@ -155,12 +156,12 @@ def b_operand(a: Any, as_int: Callable[..., int]) -> tuple[str, int]:
     return major, span
 
 
-def statement(a: Any, ident: Callable[[Any], str], as_int: Callable[..., int], c_term: Callable) -> str:
+def statement(a: Any) -> str:
     """The C block of one mma node."""
-    bm, bn, bk, groups, swizzle, dtype = check(a, as_int)
+    bm, bn, bk, groups, swizzle, dtype = check(a)
     if a.get("a_space") is not None:
-        return _register_a_statement(a, (bm, bn, bk, groups, swizzle, dtype), ident, as_int, c_term)
-    b_major, b_span = b_operand(a, as_int)
+        return _register_a_statement(a, (bm, bn, bk, groups, swizzle, dtype))
+    b_major, b_span = b_operand(a)
     acc, at, bt = ident(a["acc"]), ident(a["a"]), ident(a["b"])
     rows = bm // groups
     fields_a = descriptor_fields(bm, swizzle)
@@ -182,14 +183,13 @@ def statement(a: Any, ident: Callable[[Any], str], as_int: Callable[..., int], c
     return "\n".join(lines) + " }"
 
 
-def _register_a_statement(a: Any, shape: tuple, ident: Callable[[Any], str], as_int: Callable[..., int],
-                          c_term: Callable) -> str:
+def _register_a_statement(a: Any, shape: tuple) -> str:
     """An mma whose A is a packed register operand: block j, k-step s reads its registers
     a_offset + j * BK/4 + 4 s .. + 3 (the thread's own rows: no warp-group offset); B as in :func:`statement`."""
     bm, bn, bk, groups, swizzle, dtype = shape
     if a["a_space"] != "register":
         raise CodegenError(f"mma into {a['acc']}: a_space {a['a_space']!r} is not 'register'")
-    b_major, b_span = b_operand(a, as_int)
+    b_major, b_span = b_operand(a)
     acc, at, bt = ident(a["acc"]), ident(a["a"]), ident(a["b"])
     fields_b = b_tile_descriptor(0, bn, bk, b_span, b_major).encode()
     fn = register_a_name(bn, dtype, b_major)
@@ -216,7 +216,7 @@ def helpers(mmas: list[Any]) -> list[str]:
         + [register_a_helper(n, d, b) for n, d, b in register_a]
 
 
-def acc_fences(mmas: list[Any], ident: Callable[[Any], str]) -> str:
+def acc_fences(mmas: list[Any]) -> str:
     """Operand fences over every accumulator the kernel's mma nodes write."""
     sizes = {}
     for a in mmas:

@@ -5,7 +5,9 @@ scratch against the next reduction, is left out where no reduction can follow.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
+
+from .ctext import as_int, c_term, ident
 
 STATS_PRELUDE = (Path(__file__).with_name("prelude_stats.cu")).read_text()
 HELPER = "cb_block_stats"
@@ -33,13 +35,13 @@ def last_scratch_user(program) -> Optional[int]:
     return found[-1][0].node
 
 
-def statement(step, a, e, ident: Callable, integer: Callable, c_term: Callable) -> str:
+def statement(step, a, e) -> str:
     """``block_stats``: the block's merge of the thread's (mean, M2) = args into dst and dst_m2."""
     mean, m2 = (c_term(t) for t in a["args"])
-    n = integer(a["n"], "block_stats n (elements a thread's pair covers)", 1)
+    n = as_int(a["n"], "block_stats n (elements a thread's pair covers)", 1)
     last = "true" if step.node == e.stats_last else "false"
     head = f"{mean}, {m2}, {ident(a['dst'])}, {ident(a['dst_m2'])}, reinterpret_cast<float*>(cb_smem + {e.reduce_offset})"
     if a.get("bar_id") is not None:  # over the threads before `count` only, through a named barrier
-        return (f"{HELPER}_named<{n}, {last}>({head}, {integer(a['bar_id'], 'a named barrier id', 1)}, "
-                f"{integer(a['count'], 'a named barrier thread count', 32)});")
+        return (f"{HELPER}_named<{n}, {last}>({head}, {as_int(a['bar_id'], 'a named barrier id', 1)}, "
+                f"{as_int(a['count'], 'a named barrier thread count', 32)});")
     return f"{HELPER}<{n}, {last}>({head});"
