@@ -4,8 +4,8 @@ Owns the s-expression reader (:mod:`.sexpr`), the rule language's schema (:mod:`
 values (:mod:`.values`), the rule-file reader (:mod:`.rulefile`) and its static checks of each
 rule (:mod:`.rulecheck`), the matcher (:mod:`.match`: node patterns and joins, with value patterns in
 :mod:`.value_patterns`, relations in :mod:`.relations` and join plans and indexes in :mod:`.plan`), the
-actions (:mod:`.actions`, with the clone primitive in :mod:`.cloning` and the checks on the values they set
-in :mod:`.action_values`), the engine that fires rules phase by phase (:mod:`.engine`, matching the rules
+actions (:mod:`.actions`, the clone primitive among them, with the checks on the values they set
+in :mod:`.action_values`), the words rules hand each other (:mod:`.vocabulary`), the engine that fires rules phase by phase (:mod:`.engine`, matching the rules
 whose matches read one node's subtree again only where the graph changed: :mod:`.anchors`), the loading of
 egglog forms (:mod:`.eggload`), the egglog bridge that simplifies index terms (:mod:`.egg`) and the
 lowering's simplification step that uses it (:mod:`.simplifier`).

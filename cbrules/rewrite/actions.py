@@ -6,11 +6,12 @@
 | ``(insert-at-entry ?s T...)`` / ``(insert-at-exit ?s T...)`` | new nodes first/last in scope ?s |
 | ``(erase ?n)`` | remove ?n and its subtree, keeping the order of what ran around it |
 | ``(set ?n :key V ...)`` | set attributes (term attributes take terms) |
+| ``(set-option ?L NAME :key V ...)`` | set keys of loop ?L's annotation dictionary NAME (made if absent) |
 | ``(replace ?n T)`` | a new node where ?n was; ?n is erased |
 | ``(wrap ?n T)`` | a new scope from template T where ?n was, with ?n moved inside it |
 | ``(wrap-body ?s T)`` | a new scope from template T (no children) becomes ?s's only child, holding ?s's former body |
 | ``(move ?n :into ?s [:at entry|exit])`` | re-parent ?n |
-| ``(clone ?L [:as ?M] [:set (:k V ...)] [:keep P] [:substitute (P NAME TERM)])`` | copy scope ?L right before it, keeping the leaves matching P, substituting NAME by TERM in the kept nodes matching P |
+| ``(clone ?L [:as ?M] [:set (:k V ...)] [:keep P] [:substitute (P NAME TERM)])`` | copy scope ?L right before it, keeping the leaves matching P, substituting NAME by TERM in the kept nodes matching P: the generic clone-by-schedule primitive the pipeline rules build the prologue, main loop and epilogue with |
 | ``(add-edge ?a ?b)`` / ``(remove-edge ?a ?b)`` | depends edges between siblings |
 | ``(rewrite-terms ?s FROM TO)`` | every occurrence of term FROM in the terms of the nodes inside ?s becomes TO |
 | ``(let ?x V)`` | bind a value for later actions |
@@ -41,11 +42,11 @@ from ..ir.ops import OPS, conflicts, nearest_conflicts_among
 from ..ir.order import kept_order, sibling_order, sibling_pairs
 from .schema import ACTIONS, settable as _settable, split_keys, split_keys_once  # noqa: F401  (ACTIONS: public)
 from .sexpr import Atom, RuleError, SList
-from ..ir.terms import Term, as_term, extent
+from ..ir.terms import Term, as_term, extent, substitute
+from .match import Matcher
 from .values import Env, NodeRef, compiled
 from .action_values import (MAX_VALUE_DEPTH, MAX_VALUE_SIZE, VALUE_PARTS_PER_NODE, check_bounded,  # noqa: F401
                             coerce, check_printable, replace_term, show_value)
-from .cloning import Cloning
 
 
 # a template's literal attribute values (a string, number or symbol in the rule's text), coerced and
@@ -85,7 +86,7 @@ class RuleFailure(Exception):
         self.code = code
 
 
-class Rewriter(Cloning):
+class Rewriter:
     """Applies one rule application's actions to a graph (the engine hands it a copy)."""
 
     def __init__(self, kg: KernelGraph, bindings: dict, origin: dict):
@@ -463,3 +464,84 @@ class Rewriter(Cloning):
                       str(self.value(pos[0])))
         code = str(self.value(keys["code"])) if "code" in keys else None
         raise RuleFailure(printable(text), code)  # the rule's own text: one line, no terminal escapes
+
+    # ------------------------------------------------------------------ clone: the clone-by-schedule primitive
+    def _clone(self, a, target, *kv) -> None:
+        src = self.node(target)
+        self.not_root(target, src, "clone")
+        _, keys = split_keys(kv, 0)
+        matcher = Matcher(self.kg)
+        leaves = {n for n in self.kg.descendants(src) if not self.kg.is_scope(n)}
+        kept = leaves if "keep" not in keys else matcher.select(keys["keep"], self.b, src) & leaves
+        mapping: dict[str, Term] = {}
+        shifted: set[int] = set()
+        if "substitute" in keys:
+            if len(keys["substitute"]) != 3:
+                raise RuleError(keys["substitute"].pos, ":substitute takes (FILTER NAME TERM)")
+            pat, var, term = keys["substitute"].items
+            mapping = {str(self.value(var)): as_term(self.value(term))}
+            shifted = matcher.select(pat, self.b, src) & kept
+        parent = self.kg.parent(src)
+        holds, mixed = self._holding(src, kept, shifted)
+        new = self._copy(src, kept, mapping, shifted, keys.get("substitute"), holds, mixed, root=True)
+        if "set" in keys:  # before the copy joins the graph: it is placed by its own effects, read once
+            if not isinstance(keys["set"], SList):
+                raise RuleError(keys["set"].pos, "clone :set takes a list (:key value ...)")
+            self._set_attrs(new, keys["set"].items)
+        self.place(new, parent, "before", src)
+        if "as" in keys:
+            self.b[keys["as"].value] = NodeRef(new)
+
+    def _holding(self, src: int, kept: set, shifted: set) -> tuple[set, set]:
+        """The scopes inside ``src`` (``src`` too) that hold a kept leaf, and those that hold a kept
+        leaf not in ``shifted``: one walk up from each kept leaf, not one walk down from each scope."""
+        holds: set[int] = set()
+        mixed: set[int] = set()
+        kg = self.kg
+        for leaf in kept:
+            plain = leaf not in shifted
+            s = kg.parent(leaf)
+            while s is not None and (s not in holds or plain and s not in mixed):
+                holds.add(s)
+                if plain:
+                    mixed.add(s)
+                if s == src:
+                    break
+                s = kg.parent(s)
+        return holds, mixed
+
+    def _copy(self, n: int, kept: set, mapping: dict, shifted: set, at: Optional[SList], holds: set, mixed: set,
+              root: bool = False) -> Optional[int]:
+        """Copy ``n``'s subtree: kept leaves, and the scopes holding some (the root always); ``holds``
+        and ``mixed`` as :meth:`_holding` gives them."""
+        kg = self.kg
+        scope = kg.is_scope(n)
+        if not root and (n not in kept if not scope else n not in holds):
+            return None
+        # a leaf in the substituted set, or an inner scope holding only such leaves, sees the new value
+        substituted = n in shifted or (not root and scope and n not in mixed)
+        changed = {}
+        if substituted:
+            attrs = kg[n]
+            for k in OPS[attrs["op"]].terms:
+                v = attrs.get(k)
+                if isinstance(v, Term):
+                    changed[k] = substitute(v, mapping)
+                elif isinstance(v, tuple):
+                    changed[k] = tuple(substitute(x, mapping) if isinstance(x, Term) else x for x in v)
+                check_bounded(k, changed.get(k, v), at, len(self.kg))
+        first = kg[n]["origin"]
+        source = first.get("source") or (f"{first['rule']} @ {first['at']}" if first.get("rule")
+                                         else f"build @ {first.get('where', '?')}")
+        new = kg.copy_node(n, {**self.origin, "from": n, "source": source}, changed)
+        self.created.append(new)
+        if not scope:
+            return new
+        seq = []
+        for c in sibling_order(kg, n):
+            cc = self._copy(c, kept, mapping, shifted, at, holds, mixed)
+            if cc is not None:  # the copy is not in the graph's tree yet: nothing around it to tell
+                kg.contain(new, cc)
+                seq.append(cc)
+        kg.order_by_effects(seq)  # the copies keep the original's order wherever effects conflict
+        return new
