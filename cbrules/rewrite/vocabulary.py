@@ -25,7 +25,6 @@ from .sexpr import Atom, Expr, RuleError, SList
 WORDS = ("tag", "stage", "part")  # attributes whose values are handles
 ANNOTATIONS = ("circular_buffer", "tma_store")  # a loop's annotations whose keys are options
 KINDS = WORDS + ANNOTATIONS
-FORM = "vocabulary"
 _FILTERS = ("keep", "substitute")  # clone keys whose values are node patterns: reads
 
 
@@ -65,7 +64,8 @@ def _words(v: Expr, read: bool) -> Iterator[tuple[str, Expr]]:
 
 
 def _uses(e: Expr, read: bool) -> Iterator[tuple[str, str, Expr, bool]]:
-    """(kind, word, where, read) of every :tag / :stage / :part value inside ``e``."""
+    """(kind, word, where, read) of every :tag / :stage / :part value inside ``e``, and (read) of every
+    option key a pattern of a loop's annotations names."""
     if not isinstance(e, SList):
         return
     items, values = e.items, set()
