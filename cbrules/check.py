@@ -22,6 +22,7 @@ from .ir.bind import BlocksLike, LaunchError
 from .ir.terms import call, const
 from .rewrite import engine, rulefile
 from .rewrite.engine import LoweringError
+from . import options
 from .errors import CbrulesError
 from .reference.interp import SCHEDULES, Program, prepare, run
 from .kernels import KernelSpec
@@ -200,7 +201,7 @@ class Checker:
             res.status, res.detail = ("refused" if refused else "FAIL"), f"{type(e).__name__}: {e}"
             res.code = getattr(e, "code", None)
             return
-        short = below and asks_strict_trip_count(self._kernels[id(kg)])
+        short = below and options.strict_trip_count(self._kernels[id(kg)])
         args = self.inputs(spec, res.shape)
         results = []
         for schedule in (SCHEDULES if res.warp_specialize else SCHEDULES[:1]):  # one role: one schedule
@@ -377,12 +378,6 @@ def table_row(r: CaseResult) -> str:
 def summary_table(results: list[CaseResult]) -> str:
     """The results as a fixed-width table, one line per trip count."""
     return "\n".join([TABLE_HEADER, *(table_row(r) for r in results)])
-
-
-def asks_strict_trip_count(graph) -> bool:
-    """Whether a circular-buffered loop of the kernel (before lowering) asks ``strict_trip_count``."""
-    loops = ((graph[n].get("annotations") or {}).get("circular_buffer") for n in graph.nodes("for"))
-    return any(isinstance(cb, dict) and cb.get("strict_trip_count") is True for cb in loops)
 
 
 def summary_line(results: list[CaseResult]) -> str:

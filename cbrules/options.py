@@ -8,20 +8,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from .ir.builder_values import CB_OPTION_KEYS as OPTION_KEYS
 from .ir.graph import KernelGraph
 
-OPTION_KEYS = ("stages", "prefetch", "war", "warp_specialize", "registers", "strict_trip_count", "pingpong")
 
-
-def requested(kg: KernelGraph) -> set[str]:
-    """The option names given anywhere in the kernel as built (on a loop or on a TMA load)."""
-    keys: set[str] = set()
+def _given(kg: KernelGraph):
+    """The circular_buffer dictionaries of the kernel as built (on a loop or on a TMA load)."""
     for n in kg.nodes():
         d = kg[n]
         cb = (d.get("annotations") or {}).get("circular_buffer") if d["op"] == "for" else d.get("circular_buffer")
         if isinstance(cb, dict):
-            keys |= {k for k in OPTION_KEYS if cb.get(k) is not None}
-    return keys
+            yield cb
+
+
+def requested(kg: KernelGraph) -> set[str]:
+    """The option names given anywhere in the kernel as built (on a loop or on a TMA load)."""
+    return {k for cb in _given(kg) for k in OPTION_KEYS if cb.get(k) is not None}
+
+
+def strict_trip_count(kg: KernelGraph) -> bool:
+    """Whether the kernel as built asks ``strict_trip_count`` (a trip count below S is refused)."""
+    return any(cb.get("strict_trip_count") is True for cb in _given(kg))
 
 
 def effective(kg: KernelGraph) -> list[tuple[str, dict[str, Any]]]:

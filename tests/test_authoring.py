@@ -65,17 +65,19 @@ def test_set_option_sets_keys_of_one_annotation_and_keeps_the_rest(tmp_path):
 
 
 @pytest.mark.parametrize("target,annotation,message", [
-    ("?K", '"circular_buffer"', "is not a loop; options are a for node's annotations"),  # at lowering
+    ("?K", '"circular_buffer"', "test.rules:6:25: set-option ?K: ?K is bound to a kernel node; options are "
+                                "a loop's (for) annotations"),  # when the file loads: ?K's op is known
+    ("?s", '"circular_buffer"', "is not a loop; options are a for node's annotations"),  # at lowering
     ("?L", "3", "the annotation is named by a string, got 3"),  # at lowering
     ("?L", '"circular_buffer" :x 1 :y', "test.rules:6:51: keyword :y has no value"),  # when the file loads
-], ids=["not-a-loop", "name-not-a-string", "odd-keys"])
+], ids=["bound-to-the-kernel", "not-a-loop", "name-not-a-string", "odd-keys"])
 def test_set_option_refuses_by_name(tmp_path, target, annotation, message):
     write_rules(tmp_path / "bad", f"""
         (phase mine :before cb-check)
         (graph-rule bad-option
           :doc "a set-option a rule should not make"
           :phase mine
-          :match ((kernel ?K) (for ?L :annotations (:circular_buffer (:stages ?S :war (absent)))))
+          :match ((kernel ?K) (for ?L :annotations (:circular_buffer (:stages ?S :war (absent)))) (nearest ?s (_) :around ?K))
           :rewrite ((set-option {target} {annotation})))
     """)
     from cbrules.rewrite.engine import LoweringError

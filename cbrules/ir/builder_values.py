@@ -142,6 +142,10 @@ def _cb_options(options: Any, where: str) -> dict:
 AUTO = "auto"  # stages/prefetch chosen by the rules (cb-auto-stages, cb-auto-prefetch)
 
 
+# the keys circular_buffer(...) may record (the rules add the rest of a loop's dictionary themselves)
+CB_OPTION_KEYS = ("stages", "prefetch", "war", "warp_specialize", "registers", "strict_trip_count", "pingpong")
+
+
 def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = None, war: Optional[str] = None,
                     warp_specialize: bool = False, registers: Optional[tuple[int, int]] = None,
                     strict_trip_count: bool = False, pingpong: Union[bool, int] = False) -> dict:

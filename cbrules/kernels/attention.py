@@ -70,8 +70,8 @@ def check(head_dim, dtype, bm, bn, stages, scale) -> None:
     if bn not in (64, 128, 192, 256) or bn % PANEL:
         raise AttentionError(f"attention: bn={bn!r}: 64, 128, 192 or 256 keys a tile (whole 64-column V panels)")
     if isinstance(stages, int) and not isinstance(stages, bool):
-        need = stages * 2 * bn * head_dim * DTYPE_BYTES[dtype] + bm * head_dim * DTYPE_BYTES[dtype]
-        if need + 2048 > MAX_SHARED_BYTES:
+        need = _tile_bytes(stages, head_dim, dtype, bm, bn)
+        if need + 2048 > MAX_SHARED_BYTES:  # + the barriers and the tiles' 1024-byte alignment
             raise AttentionError(f"attention: {stages} stages of K and V tiles [{bn}, {head_dim}] and a Q tile "
                                  f"[{bm}, {head_dim}] need {need} bytes of shared memory, more than the "
                                  f"{MAX_SHARED_BYTES} a block may have; use fewer stages or a smaller bn")
@@ -211,8 +211,12 @@ def default_stages(head_dim, dtype, bm, bn) -> int:
     """Slots of the K/V ring: 3 where they fit beside the Q tile (D = 64 and 128), else 2 (D = 256). A third
     slot lets the producer run a whole iteration ahead (measured on the H200 at D = 128: 494 -> 513 TFLOP/s
     at L = 4k, 529 -> 569 at 16k; causal 420 -> 453 and 473 -> 529)."""
-    fits = 3 * 2 * bn * head_dim * DTYPE_BYTES[dtype] + bm * head_dim * DTYPE_BYTES[dtype] + 2048 <= MAX_SHARED_BYTES
-    return 3 if fits else 2
+    return 3 if _tile_bytes(3, head_dim, dtype, bm, bn) + 2048 <= MAX_SHARED_BYTES else 2
+
+
+def _tile_bytes(stages, head_dim, dtype, bm, bn) -> int:
+    """Shared bytes of ``stages`` slots of the K and V tiles [bn, D] and the Q tile [bm, D]."""
+    return (stages * 2 * bn + bm) * head_dim * DTYPE_BYTES[dtype]
 
 
 def default_bm(head_dim) -> int:

@@ -279,9 +279,7 @@ class Rewriter:
         for k, v in keys.items():
             _settable(k, v)
             self._set_value(n, k, self.value(v), v)
-        self.kg.touch(n)
-        if n not in self.created:
-            self.changed.append(n)
+        self._touched(n)
 
     def _set_value(self, n: int, k: str, value: Any, at) -> None:
         """Attribute ``k`` of ``n`` becomes ``value`` (what the expression ``at`` gave), checked as set's."""
@@ -310,6 +308,10 @@ class Rewriter:
             options[k] = self.value(v)
         annotations[name] = options
         self._set_value(n, "annotations", annotations, a)
+        self._touched(n)
+
+    def _touched(self, n: int) -> None:
+        """``n``'s attributes changed: the engine matches it again (a node this step made is new anyway)."""
         self.kg.touch(n)
         if n not in self.created:
             self.changed.append(n)

@@ -322,6 +322,10 @@ def _check_action(a: Expr, bound: set[str]) -> None:
                 raise RuleError(key_pos(a, k), f"action {head} has no key :{k}" + did_you_mean(k, allowed))
     if head == "set":
         _check_set_keys(a, pos[0], keys, bound)
+    if head == "set-option" and isinstance(bound, _Bound) and isinstance(pos[0], Atom) \
+            and bound.ops.get(pos[0].value, "_") not in ("_", "for"):
+        raise RuleError(pos[0].pos, f"set-option {pos[0]}: {pos[0]} is bound to a {bound.ops[pos[0].value]} node; "
+                                    "options are a loop's (for) annotations")
     if head == "fail":
         _check_message(pos[0], bound)
     for i, p in enumerate(pos):

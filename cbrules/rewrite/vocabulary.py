@@ -7,8 +7,8 @@ part ``consumer``). A rule *writes* a word when a template, a ``set`` or a ``clo
 a clone's ``:keep`` or ``:substitute`` filter). Words written outside the rules (by the builder) are
 declared in a rule file with ``(vocabulary KIND "word" ...)``. An option key is read where a pattern
 names it (``:annotations (:circular_buffer (:prefetch ?P))``) and written by ``set-option`` or a
-``(dict "circular_buffer" (dict "key" ...))``; the builder's keys are declared
-(``(vocabulary circular_buffer "stages" ...)``).
+``(dict "circular_buffer" (dict "key" ...))``; the keys the builder's ``circular_buffer(...)`` records
+(:data:`cbrules.ir.builder_values.CB_OPTION_KEYS`) are known from the start.
 
 A word a pattern reads that no rule writes and no file declares can never match (or, under ``not``,
 always holds): :func:`check` reports it at its position with the closest known word, when the rule
@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from ..ir.builder_values import CB_OPTION_KEYS
 from .rulecheck import Suggester
 from .sexpr import Atom, Expr, RuleError, SList
 
@@ -32,7 +33,8 @@ _FILTERS = ("keep", "substitute")  # clone keys whose values are node patterns: 
 class Vocabulary:
     """The words of each kind: declared by ``(vocabulary ...)`` forms, or written by rules."""
 
-    declared: dict[str, set] = field(default_factory=lambda: {k: set() for k in KINDS})
+    declared: dict[str, set] = field(default_factory=lambda: {k: set() for k in KINDS} | {
+        "circular_buffer": set(CB_OPTION_KEYS)})
 
     def copy(self) -> "Vocabulary":
         return Vocabulary({k: set(v) for k, v in self.declared.items()})
