@@ -276,6 +276,12 @@ def test_a_rule_doubling_a_term_ends_in_a_named_error(tmp_path):
             + rule("grow", "(for ?L) (syncthreads ?s :child-of ?L)", "(insert-after ?s (syncthreads))"))
     with within(20), pytest.raises(engine.LoweringError, match=r"rule double .*:tag would be a value of \d+ parts"):
         run_rules(tmp_path, kernel(), body)
+    # the same through set-option: the annotations it sets are bounded as set's values are
+    grown = '(get (get (attr ?L annotations) "note") "v" "x")'
+    body = (rule("double", "(for ?L) (syncthreads ?s :child-of ?L)", f'(set-option ?L "note" :v (str {grown} {grown}))')
+            + rule("grow", "(for ?L) (syncthreads ?s :child-of ?L)", "(insert-after ?s (syncthreads))"))
+    with within(20), pytest.raises(engine.LoweringError, match=r"rule double .*:annotations would be a value of \d+ parts"):
+        run_rules(tmp_path, kernel(), body)
 
 
 def test_a_value_too_deep_is_refused_also_on_counted_subterms():
