@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Optional, Sequence
 from . import __version__, cli_output
 from .errors import CbrulesError, CliError
 from .ir.limits import MAX_CHECK_STAGES
-from .ir.ops import HALF_DTYPES
+from .ir.ops import STORAGE_DTYPES
 from .rewrite import rulefile
 from .userio import printable, write_text
 from .cli_check import cmd_check
@@ -287,9 +287,9 @@ def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
                        "of trip counts 0..4S")
     else:
         p.add_argument("--shape", help="problem shape, e.g. 1048576 or 500,1024 (also picks build-time sizes)")
-    p.add_argument("--dtype", choices=["float32", *HALF_DTYPES], help="type of the kernel's tensors (default "
-                   "float32, or the kernel's first: bfloat16 for matmul_tc; float16/bfloat16 are stored as such and "
-                   "computed in float32)")
+    p.add_argument("--dtype", choices=["float32", *STORAGE_DTYPES], help="type of the kernel's tensors (default "
+                   "float32, or the kernel's first: bfloat16 for matmul_tc; float16/bfloat16/float8 are stored as such "
+                   "and computed in float32; float8_e4m3/float8_e5m2: matmul_tc's operands, c in bfloat16)")
     p.add_argument("--tma-store", action="store_true", help="write each output tile with one TMA store from a "
                    "shared staging buffer (kernels whose output leaves in whole tiles)")
     p.add_argument("--swizzle", choices=["none", "32B", "64B", "128B"], help="shared-memory layout of the input "
@@ -297,6 +297,10 @@ def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
     p.add_argument("--epilogue", metavar="NAME", help="matmul_tc: what the epilogue computes on the accumulator "
                    "before the store: none, bias, bias_relu, bias_gelu, bias_gelu_tanh, bias_silu, residual, "
                    "alpha_beta (docs/fragments.md)")
+    p.add_argument("--scaling", choices=["none", "tensor", "rowcol", "block"], help="matmul_tc: the operands' "
+                   "scales applied to the product: tensor (float32 scalars scale_a, scale_b; the FP8 default), rowcol "
+                   "(float32 vectors scale_a[M], scale_b[N]), block (FP8: scale_a[M, K/128] a 1x128 run of A, "
+                   "scale_b[N/128, K/128] a 128x128 block of B) or none (the default otherwise)")
     p.add_argument("--b-layout", choices=["nk", "kn"], help="matmul_tc: B given as [N, K] (nk, the default: "
                    "c = a @ b^T) or as [K, N] row-major (kn: c = a @ b, read MN-major through the transpose bit)")
     p.add_argument("--pingpong", action="store_true", help="matmul_tc: persistent and warp-specialized, 128x128 "

@@ -47,7 +47,8 @@ def cmd_check(a) -> int:
     asked = " ".join(f"--{k} {v}" for k, v in (("stages", a.stages), ("prefetch", a.prefetch), ("war", a.war),
                                                 ("registers", a.registers), ("dtype", a.dtype),
                                                 ("swizzle", a.swizzle), ("b-layout", a.b_layout),
-                                                ("epilogue", a.epilogue), ("head-dim", a.head_dim),
+                                                ("epilogue", a.epilogue), ("scaling", a.scaling),
+                                                ("head-dim", a.head_dim),
                                                 ("scale", a.scale)) if v is not None)
     asked += (" --warp-specialize" if ws["warp_specialize"] else "") + (" --tma-store" if a.tma_store else "")
     asked += (" --causal" if a.causal else "") + (" --lse" if a.lse else "")

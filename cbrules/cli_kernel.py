@@ -22,8 +22,8 @@ VARIANT_OPTIONS = ("head_dim", "causal", "lse", "scale")  # a built-in kernel's 
 
 def load_spec(a) -> KernelSpec:
     """The kernel the command line names (:func:`cbrules.kernelfile.load_kernel`), with its B operand in
-    the layout ``--b-layout`` asks for and its ``--epilogue`` (built-in matmul_tc only: its inputs and
-    reference change too), as the ping-pong kernel with ``--pingpong`` (matmul_tc only), and with the
+    the layout ``--b-layout`` asks for, its ``--epilogue`` and ``--scaling`` (built-in matmul_tc only: its
+    inputs and reference change too), in the ``--dtype`` asked for (:meth:`KernelSpec.for_dtype`), as the ping-pong kernel with ``--pingpong`` (matmul_tc only), and with the
     parameters of :data:`VARIANT_OPTIONS` (``--head-dim``, ``--causal``, ``--lse``, ``--scale``) for a
     kernel that takes them (attention)."""
     spec = load_kernel(a.kernel)
@@ -34,14 +34,14 @@ def load_spec(a) -> KernelSpec:
             flags = " ".join(f"--{k.replace('_', '-')}" for k in asked)
             raise CliError(f"{spec.name}: {flags}: this kernel takes no such parameters (attention does)")
         spec = spec.variant(**asked)
-    layout, epilogue = getattr(a, "b_layout", None), getattr(a, "epilogue", None)
-    if layout is not None or epilogue is not None:
+    layout, epilogue, scaling = (getattr(a, k, None) for k in ("b_layout", "epilogue", "scaling"))
+    if layout is not None or epilogue is not None or scaling is not None:
         from .kernels.specs import matmul_tc_variant
-        spec = matmul_tc_variant(spec, layout or "nk", epilogue or "none")
+        spec = matmul_tc_variant(spec, layout or "nk", epilogue or "none", scaling)
     if getattr(a, "pingpong", False):
         from .kernels.specs import with_pingpong
         spec = with_pingpong(spec, PINGPONG_CHECK_BLOCKS if getattr(a, "command", "") == "check" else PINGPONG_BLOCKS)
-    return spec
+    return spec.for_dtype(getattr(a, "dtype", None))
 
 
 # --pingpong: one persistent block per SM of the H200; the checker's small problems run on one block, so that

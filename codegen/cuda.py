@@ -16,7 +16,8 @@ from typing import Any, Optional
 
 from ..ir.graph import Param
 from ..ir.limits import MAX_SHARED_BYTES
-from ..ir.ops import DTYPE_BYTES, DTYPES, HALF_DTYPES, LOOP_KINDS, SHFL_MODES, UNARY, WARP_SIZE
+from ..ir.ops import (DTYPE_BYTES, DTYPES, FP8_DTYPES, HALF_DTYPES, LOOP_KINDS, SHFL_MODES, STORAGE_DTYPES, UNARY,
+                      WARP_SIZE)
 from ..schedule import Step
 from ..ir.terms import Term
 
@@ -43,6 +44,7 @@ EX2_PRELUDE = """__device__ __forceinline__ float cb_ex2_approx(float x) {
 }"""
 # only kernels that use float16/bfloat16 carry these (every other kernel's text stays as it was)
 HALF_PRELUDE = (Path(__file__).with_name("prelude_half.cu")).read_text()
+FP8_PRELUDE = (Path(__file__).with_name("prelude_fp8.cu")).read_text()  # ... and float8_e4m3/e5m2
 STORE_PRELUDE = (Path(__file__).with_name("prelude_store.cu")).read_text()  # ... and bulk-group TMA stores
 SWIZZLE_PRELUDE = (Path(__file__).with_name("prelude_swizzle.cu")).read_text()  # ... and swizzled tiles
 VECTOR_PRELUDE = (Path(__file__).with_name("prelude_vector.cu")).read_text()  # ... and vector accesses
@@ -248,6 +250,7 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
     async_stores = any(s.op == "tma_store_wait" or (s.op == "tma_store" and s.attrs.get("wait", "read") != "read")
                        for s in program.walk())
     preludes = [PRELUDE] + ([HALF_PRELUDE] if dtypes & set(HALF_DTYPES) else []) \
+        + ([FP8_PRELUDE] if dtypes & set(FP8_DTYPES) else []) \
         + ([STORE_PRELUDE] if async_stores else []) \
         + ([SWIZZLE_PRELUDE] if any("cb_swizzle(" in line for line in e.lines) else []) \
         + ([VECTOR_PRELUDE] if any("cb_vcopy<" in line for line in e.lines) else []) \
@@ -325,7 +328,7 @@ def _shfl(a) -> str:
     """A full-mask warp shuffle; the value is cast to the register's type so that the intrinsic's
     overload is the register's (a literal would pick double)."""
     width = as_int(a["width"], "a shuffle width", 1)
-    if a["mode"] not in _SHFL_C or width > WARP_SIZE or width & (width - 1) or a["dtype"] in HALF_DTYPES:
+    if a["mode"] not in _SHFL_C or width > WARP_SIZE or width & (width - 1) or a["dtype"] in STORAGE_DTYPES:
         raise CodegenError(f"shfl into {a['dst']}: mode {a['mode']!r}, width {width}, dtype {a['dtype']!r}; expected "
                            f"{', '.join(SHFL_MODES)}, a power of two up to {WARP_SIZE} and a register type")
     fn, lane_type = _SHFL_C[a["mode"]]

@@ -1,8 +1,9 @@
 """CUDA for the warpgroup-MMA nodes (mma, wgmma_fence, wgmma_commit, wgmma_wait).
 
 An ``mma`` node is a whole tile step; it becomes, for each 64-row block j of the warp group's rows and
-each k-step s of 16, one ``wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{bf16|f16}`` whose shared-memory
-matrix descriptors point at A + (rows of the warp group + 64 j) rows + 32 s bytes and B + 32 s bytes
+each k-step s of 16 (FP8: 32), one ``wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{bf16|f16}`` (FP8:
+``m64n{BN}k32.f32.{e4m3|e5m2}.{e4m3|e5m2}``) whose shared-memory matrix descriptors point at A + (rows of
+the warp group + 64 j) rows + 32 s bytes and B + 32 s bytes
 (K-major tiles whose rows are one swizzle span: REFERENCE §7). An MN-major B (``b_major`` "mn": a
 [BK, BN] tile of panels) takes the model's descriptor of it (:func:`cbrules.ir.mma_layout.b_tile_descriptor`:
 LBO steps panels along N, SBO 8 K rows, a k-step 16 K rows) and a helper with the tnspB immediate set. The
@@ -13,11 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ir.mma_layout import MN_SPANS, TRANSPOSE, b_tile_descriptor, tma_tile_descriptor
+from ..ir.mma_layout import MN_SPANS, TRANSPOSE, b_tile_descriptor, k_step, tma_tile_descriptor
+from ..ir.ops import DTYPE_BYTES, FP8_DTYPES
 from .ctext import as_int, c_term, ident
 from .errors import CodegenError
 
-_PTX_TYPE = {"bfloat16": "bf16", "float16": "f16"}
+_PTX_TYPE = {"bfloat16": "bf16", "float16": "f16", "float8_e4m3": "e4m3", "float8_e5m2": "e5m2"}
+_HALF_PTX = ("bf16", "f16")  # the types a register A and the transpose immediates take
 _SPANS = (32, 64, 128)  # the swizzle spans a K-major tile row may have (one row = one span)
 MMA_M, MMA_K = 64, 16
 
@@ -54,23 +57,27 @@ def start_offset(first_row: int, swizzle: int, rows: int, kstep: int) -> int:
     return tma_tile_descriptor(first_row * swizzle, rows, swizzle, "k", kstep).start
 
 
-def helper_name(n: int, dtype: str, b_major: str = "k") -> str:
-    """The prelude function of one m64n{n}k16 wgmma with B ``b_major`` (``_tb``: B transposed, MN-major)."""
-    return f"cb_wgmma_n{n}_{_PTX_TYPE[dtype]}" + ("_tb" if TRANSPOSE[b_major] else "")
+def helper_name(n: int, dtype: str, b_major: str = "k", b_dtype: str | None = None) -> str:
+    """The prelude function of one m64n{n}k16 (FP8: k32) wgmma with B ``b_major`` (``_tb``: B transposed,
+    MN-major) and B of ``b_dtype`` where it differs from A's ``dtype`` (a mixed FP8 pair: ``_e4m3_e5m2``)."""
+    mixed = f"_{_PTX_TYPE[b_dtype]}" if b_dtype not in (None, dtype) else ""
+    return f"cb_wgmma_n{n}_{_PTX_TYPE[dtype]}{mixed}" + ("_tb" if TRANSPOSE[b_major] else "")
 
 
-def instruction_helper(n: int, dtype: str, b_major: str = "k") -> str:
+def instruction_helper(n: int, dtype: str, b_major: str = "k", b_dtype: str | None = None) -> str:
     """``cb_wgmma_n{n}_{type}[_tb](d, desc_a, desc_b, scale_d)``: one m64n{n}k16 wgmma into the n/2 floats
-    at d; its tnspB immediate is B's major-ness (:data:`cbrules.ir.mma_layout.TRANSPOSE`), tnspA 0."""
-    t = _PTX_TYPE[dtype]
+    at d; its tnspB immediate is B's major-ness (:data:`cbrules.ir.mma_layout.TRANSPOSE`), tnspA 0. FP8
+    (``b_dtype`` B's type, default A's): m64n{n}k32 with no transpose immediates (FP8 is K-major only)."""
+    ta, tb = _PTX_TYPE[dtype], _PTX_TYPE[b_dtype or dtype]
     regs = n // 2
     outs = ", ".join(f"%{i}" for i in range(regs))
     operands = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
-    return (f"__device__ __forceinline__ void {helper_name(n, dtype, b_major)}(float* d, unsigned long long da, "
-            f"unsigned long long db, int scale_d) {{\n"
+    transpose = f", {TRANSPOSE['k']}, {TRANSPOSE[b_major]}" if ta in _HALF_PTX else ""
+    return (f"__device__ __forceinline__ void {helper_name(n, dtype, b_major, b_dtype)}(float* d, "
+            f"unsigned long long da, unsigned long long db, int scale_d) {{\n"
             f'  asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
-            f'               " wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{outs}}}, %{regs}, '
-            f'%{regs + 1}, p, 1, 1, {TRANSPOSE["k"]}, {TRANSPOSE[b_major]};\\n}}\\n"\n'
+            f'               " wgmma.mma_async.sync.aligned.m64n{n}k{k_step(dtype)}.f32.{ta}.{tb} {{{outs}}}, %{regs}, '
+            f'%{regs + 1}, p, 1, 1{transpose};\\n}}\\n"\n'
             f"               : {operands}\n"
             f'               : "l"(da), "l"(db), "r"(scale_d) : "memory");\n}}')
 
@@ -128,12 +135,19 @@ def check(a: Any) -> tuple[int, int, int, int, int, str]:
     dtype = a["dtype"]
     if dtype not in _PTX_TYPE:
         raise CodegenError(f"mma into {a['acc']}: dtype {dtype!r} is not one of {', '.join(_PTX_TYPE)}")
+    b_dtype = a.get("b_dtype")
+    if b_dtype is not None and not (b_dtype in FP8_DTYPES and dtype in FP8_DTYPES and b_dtype != dtype):
+        raise CodegenError(f"mma into {a['acc']}: b_dtype {b_dtype!r} with dtype {dtype!r}; only a mixed FP8 pair "
+                           f"({' x '.join(FP8_DTYPES)}) names B's type apart")
+    if dtype in FP8_DTYPES and (a.get("a_space") is not None or a.get("b_major", "k") != "k"):
+        raise CodegenError(f"mma into {a['acc']}: an FP8 mma reads both operands K-major from shared memory "
+                           "(no register A, no transposed B)")
     # a register A with an MN-major B has no K-major shared row: its K is any number of k16 steps
     k_rows = a.get("a_space") is None or a.get("b_major", "k") == "k"
-    if bm % (MMA_M * groups) or bn % 8 or not 8 <= bn <= 256 or bk % MMA_K or (k_rows and bk * 2 != swizzle) \
-            or swizzle not in _SPANS:
+    if bm % (MMA_M * groups) or bn % 8 or not 8 <= bn <= 256 or bk % k_step(dtype) \
+            or (k_rows and bk * DTYPE_BYTES[dtype] != swizzle) or swizzle not in _SPANS:
         raise CodegenError(f"mma into {a['acc']}: tile {shape} over {groups} warp groups with swizzle {swizzle} is "
-                           "not a whole number of m64nNk16 instructions on one-span rows")
+                           f"not a whole number of m64nNk{k_step(dtype)} instructions on one-span rows")
     return bm, bn, bk, groups, swizzle, dtype
 
 
@@ -166,7 +180,7 @@ def statement(a: Any) -> str:
     rows = bm // groups
     fields_a = descriptor_fields(bm, swizzle)
     fields_b = b_tile_descriptor(0, bn, bk, b_span, b_major).encode()
-    fn = helper_name(bn, dtype, b_major)
+    fn = helper_name(bn, dtype, b_major, a.get("b_dtype"))
     scale = c_term(a["scale_d"])
     # the warp group's place among the tile's groups: its index in the block, less group0 where the block
     # runs several tiles at once (ping-pong), so the generated text of other kernels stays as it was
@@ -175,7 +189,7 @@ def statement(a: Any) -> str:
              f"({group}) * {rows * swizzle};",
              f"  const unsigned cb_b = cb_smem_addr({bt} + {c_term(a['b_offset'])});"]
     for j in range(rows // MMA_M):
-        for s in range(bk // MMA_K):
+        for s in range(bk // k_step(dtype)):
             sd = scale if s == 0 else "1"
             da = f"cb_wgmma_desc(cb_a + {start_offset(j * MMA_M, swizzle, bm, s)}, {_halves(fields_a)})"
             db = f"cb_wgmma_desc(cb_b + {b_tile_descriptor(0, bn, bk, b_span, b_major, s).start}, {_halves(fields_b)})"
@@ -209,10 +223,11 @@ def _halves(bits: int) -> str:
 
 def helpers(mmas: list[Any]) -> list[str]:
     """The prelude text a kernel with these mma nodes (attribute mappings) needs."""
-    shapes = sorted({(a["shape"][1], a["dtype"], a.get("b_major", "k")) for a in mmas if a.get("a_space") is None})
+    shapes = sorted({(a["shape"][1], a["dtype"], a.get("b_major", "k"), a.get("b_dtype") or "")
+                     for a in mmas if a.get("a_space") is None})
     register_a = sorted({(a["shape"][1], a["dtype"], a.get("b_major", "k")) for a in mmas
                          if a.get("a_space") is not None})
-    return [FENCE_PRELUDE] + [instruction_helper(n, d, b) for n, d, b in shapes] \
+    return [FENCE_PRELUDE] + [instruction_helper(n, d, b, bd or None) for n, d, b, bd in shapes] \
         + [register_a_helper(n, d, b) for n, d, b in register_a]
 
 

@@ -217,13 +217,18 @@ _capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c
 _DL_CUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged
 
 
+# DLPack's codes of the ml_dtypes types (dlpack.h 1.1: kDLBfloat, kDLFloat8_e4m3fn, kDLFloat8_e5m2)
+_DL_ML_DTYPES = {(4, 16): "bfloat16", (10, 8): "float8_e4m3fn", (12, 8): "float8_e5m2"}
+
+
 def _dl_dtype(code: int, bits: int, lanes: int) -> np.dtype:
-    if lanes == 1 and code == 4 and bits == 16:
+    ml_name = _DL_ML_DTYPES.get((code, bits)) if lanes == 1 else None
+    if ml_name is not None:
         try:
             import ml_dtypes
         except ImportError:
-            raise TypeError("bfloat16 DLPack tensors need the ml_dtypes package") from None
-        return np.dtype(ml_dtypes.bfloat16)
+            raise TypeError(f"{ml_name} DLPack tensors need the ml_dtypes package") from None
+        return np.dtype(getattr(ml_dtypes, ml_name))
     kind = {0: "i", 1: "u", 2: "f", 5: "c", 6: "b"}.get(code)
     if lanes != 1 or kind is None:
         raise TypeError(f"unsupported DLPack dtype code={code} bits={bits} lanes={lanes}")
@@ -305,6 +310,23 @@ def _opaque_typestr(cai: Any) -> bool:
         return False  # malformed: _from_cai says so
 
 
+# torch's FP8 tensors: neither their __cuda_array_interface__ nor (torch 2.11) their DLPack export names the
+# type, so they are borrowed through their byte view and typed as ml_dtypes' type of the same bits
+_TORCH_FP8 = {"torch.float8_e4m3fn": "float8_e4m3fn", "torch.float8_e5m2": "float8_e5m2"}
+
+
+def _retyped(obj: Any, ml_name: str) -> DeviceArray:
+    """``obj`` (a torch FP8 tensor) borrowed in place as an array of ml_dtypes' ``ml_name``."""
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.Tensor):
+        raise TypeError(f"a {type(obj).__name__} of dtype {obj.dtype}: only torch tensors of it are taken")
+    import ml_dtypes
+    raw = as_device_array(obj.view(torch.uint8))
+    return DeviceArray(raw.ptr, raw.shape, np.dtype(getattr(ml_dtypes, ml_name)), raw.strides, owner=(obj, raw),
+                       readonly=raw.readonly)
+
+
 def as_device_array(obj: Any) -> DeviceArray:
     """Wrap ``obj`` as a DeviceArray.
 
@@ -315,6 +337,9 @@ def as_device_array(obj: Any) -> DeviceArray:
     """
     if isinstance(obj, DeviceArray):
         return obj
+    fp8 = _TORCH_FP8.get(str(getattr(obj, "dtype", "")))
+    if fp8 is not None and hasattr(obj, "view"):
+        return _retyped(obj, fp8)
     try:
         cai = getattr(obj, "__cuda_array_interface__", None)
     except TypeError:  # some producers raise for bfloat16, which the interface cannot describe

@@ -16,6 +16,9 @@ _TMA_DTYPES = {np.dtype(t): n for t, n in [
     (np.uint8, "UINT8"), (np.uint16, "UINT16"), (np.uint32, "UINT32"), (np.int32, "INT32"),
     (np.uint64, "UINT64"), (np.int64, "INT64"), (np.float16, "FLOAT16"),
     (np.float32, "FLOAT32"), (np.float64, "FLOAT64")]}
+# ml_dtypes' types by name: bfloat16 has its own TMA type; FP8 has none, and TMA copies bytes, so it moves
+# as UINT8 (what the tensor cores then read as e4m3 / e5m2)
+_FLOAT_NAMES = {"bfloat16": "BFLOAT16", "float8_e4m3fn": "UINT8", "float8_e5m2": "UINT8"}
 _L2 = {"none": "NONE", "64B": "L2_64B", "128B": "L2_128B", "256B": "L2_256B"}
 _SWIZZLE = {"none": "NONE", "32B": "32B", "64B": "64B", "128B": "128B"}
 
@@ -34,10 +37,10 @@ def encode_tensor_map(name: str, array: DeviceArray, box: Sequence[int], *,
     if isinstance(array, np.ndarray):
         raise TypeError("encode_tensor_map needs device memory, not a numpy array")
     array = as_device_array(array)
-    kind = "BFLOAT16" if array.dtype.name == "bfloat16" else _TMA_DTYPES.get(array.dtype)
+    kind = _FLOAT_NAMES.get(array.dtype.name) or _TMA_DTYPES.get(array.dtype)
     if kind is None:
         raise TmaLimitError(name, "dtype", array.dtype, "TMA has no such element type",
-                            f"use one of {sorted(str(d) for d in _TMA_DTYPES)} or bfloat16")
+                            f"use one of {sorted(str(d) for d in _TMA_DTYPES)} or {', '.join(_FLOAT_NAMES)}")
     if l2_promotion not in _L2:
         raise ValueError(f"l2_promotion must be one of {list(_L2)}, got {l2_promotion!r}")
     box = [int(b) for b in box]

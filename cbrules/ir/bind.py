@@ -22,7 +22,8 @@ from .tma_view import checked_view
 from .terms import evaluate
 
 NP_DTYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64,
-             "uint32": np.uint32, "uint64": np.uint64, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+             "uint32": np.uint32, "uint64": np.uint64, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
+             "float8_e4m3": ml_dtypes.float8_e4m3fn, "float8_e5m2": ml_dtypes.float8_e5m2}
 BlocksLike = Union[None, str, Iterable[Union[int, tuple]]]
 INT32_LIMIT = 2**31  # kernels index with C int and take symbols as int
 GRID_LIMITS = (2**31 - 1, 65535, 65535)  # cuLaunchKernel's gridDim.x, .y, .z

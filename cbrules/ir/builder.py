@@ -35,10 +35,10 @@ from .coverage import PartialTileError  # noqa: F401  (public via the builder)
 from .graph import KernelGraph, Param
 from .limits import SWIZZLE_SPAN, SwizzleError, TmaBoxError, swizzle_repeat  # noqa: F401  (public via the builder)
 from .names import IdentifierError, NameClashError  # noqa: F401  (public via the builder)
-from .ops import (BINARY, BUILT_SCOPE_DEPTH, DTYPE_BYTES, DTYPES, FLOAT32_ONLY, FLOAT_REGISTERS, HALF_DTYPES, LOOP_KINDS, MATH,
+from .ops import (BINARY, BUILT_SCOPE_DEPTH, DTYPE_BYTES, DTYPES, FLOAT32_ONLY, FLOAT_REGISTERS, LOOP_KINDS, MATH,
                   MATH_ERRORS, OPS, REDUCE_COMBINE, SHFL_MODES, SPACES, UNARY, WARP_SIZE,
                   DependenceTracker,
-                  compute_dtype)
+                  STORAGE_DTYPES, compute_dtype)
 from .terms import BUILT_TERM_DEPTH, BUILT_TERM_PARTS, ELECT_ONE, Term, TermLike, as_term, fits, name
 
 
@@ -103,9 +103,9 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
     def scalar(self, sname: str, dtype: str = "float32", finite: bool = True) -> Term:
         """A scalar parameter of ``dtype`` (``eps``, a scale) passed at launch like a symbol
         (``kernel(x=..., eps=1e-5)``); the launcher checks its type and range, and with ``finite``
-        (floats) refuses infinities and NaN. Half types are refused: registers compute in float32."""
+        (floats) refuses infinities and NaN. Storage types (half, 8-bit float) are refused: registers compute in float32."""
         where = f"scalar({sname!r}) at {_call_site()}"
-        _choice(dtype, where, "dtype", [d for d in DTYPES if d not in ("mbarrier",) + HALF_DTYPES])
+        _choice(dtype, where, "dtype", [d for d in DTYPES if d not in ("mbarrier",) + STORAGE_DTYPES])
         if not isinstance(finite, bool):
             raise BuildError(f"{where}: finite must be True or False, got {finite!r}")
         self._add_param(Param(sname, "symbol", dtype, finite=finite), "symbol", f"scalar({sname!r})")
@@ -203,9 +203,9 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
         where = f"alloc({buf!r}) at {_call_site()}"
         _choice(space, where, "space", [s for s in SPACES if s != "global"])
         _choice(dtype, where, "dtype", list(DTYPES))
-        if space == "register" and dtype in HALF_DTYPES:
-            raise BuildError(f"{where}: a register array of {dtype}; registers compute in float32 (half types "
-                             "are storage types of tensors and shared buffers): allocate it as float32")
+        if space == "register" and dtype in STORAGE_DTYPES:
+            raise BuildError(f"{where}: a register array of {dtype}; registers compute in float32 (half and 8-bit "
+                             "float types are storage types of tensors and shared buffers): allocate it as float32")
         shape = _ints(shape, where, "shape")
         if not shape:
             raise BuildError(f"{where}: shape must have at least one dimension")
@@ -223,7 +223,7 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
         if dtype is not None:
             where = f"{call} at {_call_site()}"
             _choice(dtype, where, "dtype", [d for d in DTYPES if d != "mbarrier"])
-            if dtype in HALF_DTYPES:
+            if dtype in STORAGE_DTYPES:
                 raise BuildError(f"{where}: a {dtype} register; registers compute in float32 (a load of a "
                                  f"{dtype} buffer converts, a store rounds): use dtype='float32'")
         if dst is None:
@@ -244,7 +244,7 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
 
     def load(self, src: Buffer, index: TermLike, dst: Optional[str] = None) -> Term:
         """Read one element ``src[index]`` (flat index) into a register; returns the register.
-        A float16/bfloat16 element arrives as float32."""
+        A float16/bfloat16/float8 element arrives as float32."""
         src_name = self._known(src, _MEMORY, "load")
         self._check_read(src, as_term(index))
         dst = self._reg(dst, "load")
@@ -254,7 +254,7 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
     def store(self, dst: Buffer, index: TermLike, value: TermLike,
               tile: Optional[tuple[TensorMap, Sequence[TermLike], TermLike]] = None, clip: bool = False) -> None:
         """Write ``dst[index] = value`` (flat index); a float16/bfloat16 buffer gets the value rounded to
-        nearest even.
+        nearest even, a float8 buffer rounded to nearest even and saturated to its largest finite value.
 
         ``tile=(tmap, coords, element)`` says the element is element ``element`` (row-major) of the box
         of ``tmap`` (a tensor map over ``dst``) at ``coords``: the rules then write the tile to a shared

@@ -10,7 +10,9 @@ A kernel author writes a tile step ``C[BM, BN] += A[BM, BK] @ B[BK, BN]`` as
     k.mma_store(acc, c_map, (row0, col0))            # c_map's box: [BM, W], BN / W chunks TMA-stored
 
 Both operands are K-major (K contiguous, as the tensor cores read bfloat16/float16 without a
-transpose): B is given as ``[N, K]``, i.e. ``B^T`` row-major. Or B is given as a row-major ``[K, N]``
+transpose, and FP8 only so): B is given as ``[N, K]``, i.e. ``B^T`` row-major. FP8 tiles (float8_e4m3,
+float8_e5m2, or one of each) have rows of 128 elements (BK = 128: one 128-byte swizzle span) and are
+multiplied k32 at a time. Or B is given as a row-major ``[K, N]``
 (``k.mma(..., b_layout="kn")``, MN-major, read through the instruction's transpose bit): the b tile is
 [BK, BN] as BN / W panels [BK, W] (W = 64 columns at BN a multiple of 64), each one TMA box:
 
@@ -29,13 +31,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from .builder_values import Buffer, BuildError, _call_site, _int
-from .mma_layout import B_LAYOUTS, MmaLayoutError, mn_major_span
-from .ops import DTYPE_BYTES
+from .mma_layout import B_LAYOUTS, HALF_MMA_DTYPES, MMA_DTYPES, MmaLayoutError, mn_major_span
+from .ops import DTYPE_BYTES, FP8_DTYPES
 from .terms import Term, TermLike, as_term, call, name
 
-MMA_DTYPES = ("bfloat16", "float16")  # operand types of wgmma with float32 accumulators (here)
 MMA_M = 64  # rows of one wgmma (m64nNk16)
-MMA_K = 16  # K of one wgmma
+MMA_K = 16  # K of one wgmma of 2-byte inputs (FP8: 32, mma_layout.k_step)
 MMA_MAX_N = 256
 WARPGROUP = 128  # threads
 
@@ -217,9 +218,15 @@ class MmaBuilder:
         for t, nm in ((a, "a"), (b, "b")):
             if t.space != "shared" or t.dtype not in MMA_DTYPES or len(t.shape) != 2:
                 raise BuildError(f"{where}: operand {nm} ({t.name!r}, {t.space} {t.dtype} {t.shape}) must be a "
-                                 f"two-dimensional shared tile of {' or '.join(MMA_DTYPES)}")
-        if a.dtype != b.dtype:
-            raise BuildError(f"{where}: operands of different types ({a.dtype}, {b.dtype}); give both one type")
+                                 f"two-dimensional shared tile of {', '.join(MMA_DTYPES)}")
+        fp8 = a.dtype in FP8_DTYPES
+        if a.dtype != b.dtype and not (fp8 and b.dtype in FP8_DTYPES):
+            raise BuildError(f"{where}: operands of different types ({a.dtype}, {b.dtype}); give both one type "
+                             "(only the FP8 types mix: e4m3 with e5m2)")
+        if fp8 and b_layout != "nk":
+            raise BuildError(f"{where}: an FP8 ({a.dtype}) mma with b_layout={b_layout!r}: the tensor cores read FP8 "
+                             "operands K-major only (no transposed read); give B as [N, K] (b_layout='nk'), "
+                             "transposing it beforehand")
         bk = a.shape[1]
         want_b = (bn, bk) if b_layout == "nk" else (bk, bn)
         if a.shape != (bm, bk) or b.shape != want_b:
@@ -231,9 +238,13 @@ class MmaBuilder:
                              f"given as {'[N, K]' if b_layout == 'nk' else '[K, N]'}){hint}")
         row_bytes = bk * DTYPE_BYTES[a.dtype]
         if row_bytes not in (32, 64, 128):
+            size = DTYPE_BYTES[a.dtype]
             raise BuildError(f"{where}: BK={bk} makes tile rows of {row_bytes} bytes; a row must be one swizzle "
-                             f"span (32, 64 or 128 bytes): use BK = 16, 32 or 64 for {a.dtype}")
+                             f"span (32, 64 or 128 bytes): use BK = {32 // size}, {64 // size} or {128 // size} "
+                             f"for {a.dtype}")
         extra = {}  # K-major B keeps the node as it was (unchanged graphs); MN-major names its layout and span
+        if b.dtype != a.dtype:
+            extra["b_dtype"] = b.dtype
         if b_layout == "kn":
             try:
                 extra = {"b_major": B_LAYOUTS[b_layout], "b_swizzle": mn_major_span(bn)}
@@ -281,8 +292,10 @@ class MmaBuilder:
         loops that convert into it). It is a uint32 register array, BN/4 a thread for each 64-row block."""
         where = f"mma_operand at {_call_site()}"
         bm, bn, groups = self._mma_fragment(acc, "mma_operand")
-        if dtype not in MMA_DTYPES:
-            raise BuildError(f"{where}: dtype {dtype!r}: a register MMA operand is {' or '.join(MMA_DTYPES)}")
+        if dtype not in HALF_MMA_DTYPES:
+            raise BuildError(f"{where}: dtype {dtype!r}: a register MMA operand is {' or '.join(HALF_MMA_DTYPES)}"
+                             + (" (an FP8 A operand from registers is not supported: stage it in shared memory)"
+                                if dtype in FP8_DTYPES else ""))
         if bn % MMA_K:
             raise BuildError(f"{where}: {acc.name!r} has {bn} columns; an A operand is whole k16 chunks: convert a "
                              f"fragment of a multiple of {MMA_K} columns")

@@ -12,7 +12,10 @@ code generation and the CPU model share.
   (:func:`fragment_coords`, :func:`fragment_slot`).
 
 Sources: the PTX ISA (asynchronous warpgroup MMA: shared memory matrix layout, matrix descriptor,
-register fragments) and REFERENCE.md §7. Only 2-byte inputs (bfloat16, float16) are described.
+register fragments) and REFERENCE.md §7-8. Inputs are 2-byte (bfloat16, float16: m64nNk16) or 1-byte
+(float8 e4m3 / e5m2: m64nNk32); either way one instruction reads 32 bytes of each K-major row, so
+descriptors and k-steps are the same in bytes. FP8 operands are K-major only (the hardware has no
+transposed FP8 read).
 """
 from __future__ import annotations
 
@@ -21,12 +24,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import CbrulesError
+from .ops import DTYPE_BYTES, FP8_DTYPES
 from .terms import swizzle_index
 
 MMA_M = 64  # rows of A and of the accumulator per instruction (one warp group)
 MMA_K = 16  # K per instruction for 2-byte inputs
+K_STEP_BYTES = 32  # bytes of a K-major row one instruction reads: k16 of 2-byte, k32 of 1-byte inputs
 WARPGROUP = 128  # threads that issue one wgmma together
-MMA_DTYPES = ("bfloat16", "float16")
+HALF_MMA_DTYPES = ("bfloat16", "float16")
+MMA_DTYPES = HALF_MMA_DTYPES + FP8_DTYPES
 ELEMENT_BYTES = 2
 CHUNK = 16  # bytes of one core-matrix row
 CORE_ROWS = 8  # rows of one core matrix
@@ -51,6 +57,13 @@ class DescriptorError(MmaLayoutError):
 
 class FragmentError(MmaLayoutError):
     """An accumulator shape, thread or register outside the m64nNk16 fragment."""
+
+
+def k_step(dtype: str) -> int:
+    """K of one wgmma with ``dtype`` inputs: 16 for the 2-byte types, 32 for FP8."""
+    if dtype not in MMA_DTYPES:
+        raise MmaLayoutError(f"wgmma input dtype {dtype!r}: one of {', '.join(MMA_DTYPES)}")
+    return K_STEP_BYTES // DTYPE_BYTES[dtype]
 
 
 def check_n(n: int) -> int:
@@ -121,16 +134,18 @@ def _check_major(major: str) -> None:
                              "instruction's transpose bit 0) or 'mn' (contiguous along M or N, transpose bit 1)")
 
 
-def operand_address(desc: MatrixDescriptor, mn, k, major: str):
+def operand_address(desc: MatrixDescriptor, mn, k, major: str, element_bytes: int = ELEMENT_BYTES):
     """The shared byte address wgmma reads for element (``mn``, ``k``) of an operand (``mn`` the row
-    of A or the column of B, ``k`` in 0..15) described by ``desc``; ints or numpy arrays.
+    of A or the column of B, ``k`` in 0..15, or 0..31 for 1-byte elements) described by ``desc``; ints
+    or numpy arrays.
 
-    Before the swizzle, element (mn, k) lies at ``start`` plus (``W`` = the swizzle span, E = 2 bytes):
+    Before the swizzle, element (mn, k) lies at ``start`` plus (``W`` = the swizzle span, E =
+    ``element_bytes``, C = 16 / E elements of a core-matrix row: 8 of a 2-byte type, 16 of FP8):
 
-    * K-major, no swizzle: ``(mn // 8) * SBO + (mn % 8) * 16 + (k // 8) * LBO + (k % 8) * E``
+    * K-major, no swizzle: ``(mn // 8) * SBO + (mn % 8) * 16 + (k // C) * LBO + (k % C) * E``
       (core matrices of 8 rows x 16 bytes; SBO steps along M/N, LBO along K);
-    * K-major, swizzled: ``(mn // 8) * SBO + (mn % 8) * W + (k // 8) * 16 + (k % 8) * E``
-      (rows W bytes apart; the 32 bytes of one k16 step always fit in a row, so LBO is unused);
+    * K-major, swizzled: ``(mn // 8) * SBO + (mn % 8) * W + (k // C) * 16 + (k % C) * E``
+      (rows W bytes apart; the 32 bytes of one k-step always fit in a row, so LBO is unused);
     * MN-major, no swizzle: ``(mn // 8) * SBO + (mn % 8) * E + (k // 8) * LBO + (k % 8) * 16``;
     * MN-major, swizzled: ``(mn // (W/E)) * LBO + (mn % (W/E)) * E + (k // 8) * SBO + (k % 8) * W``
       (note that LBO and SBO trade roles with the unswizzled MN-major layout).
@@ -143,13 +158,17 @@ def operand_address(desc: MatrixDescriptor, mn, k, major: str):
         raise DescriptorError(f"matrix descriptor base offset {desc.base_offset}: only swizzle patterns that "
                               f"start on their {8 * desc.swizzle}-byte repeat (base offset 0) are modelled; "
                               "align the tile to the repeat")
+    if element_bytes not in (1, 2) or element_bytes == 1 and major != "k":
+        raise MmaLayoutError(f"a {major.upper()}-major operand of {element_bytes!r}-byte elements: wgmma reads "
+                             "2-byte elements in either major-ness and 1-byte (FP8) elements K-major only")
     mn, k = np.asarray(mn, np.int64), np.asarray(k, np.int64)
-    e, w = ELEMENT_BYTES, desc.swizzle
+    e, w = element_bytes, desc.swizzle
+    per = CHUNK // e
     if major == "k":
         if w:
-            off = (mn // 8) * desc.sbo + (mn % 8) * w + (k // 8) * CHUNK + (k % 8) * e
+            off = (mn // 8) * desc.sbo + (mn % 8) * w + (k // per) * CHUNK + (k % per) * e
         else:
-            off = (mn // 8) * desc.sbo + (mn % 8) * CHUNK + (k // 8) * desc.lbo + (k % 8) * e
+            off = (mn // 8) * desc.sbo + (mn % 8) * CHUNK + (k // per) * desc.lbo + (k % per) * e
     elif w:
         per = w // e
         off = (mn // per) * desc.lbo + (mn % per) * e + (k // 8) * desc.sbo + (k % 8) * w
@@ -173,8 +192,9 @@ def _tile_geometry(box_rows: int, span: int, major: str) -> int:
 
 
 def tma_tile_descriptor(start: int, box_rows: int, span: int, major: str, kstep: int = 0) -> MatrixDescriptor:
-    """The descriptor of k-step ``kstep`` (elements ``16*kstep .. 16*kstep+15`` of K) of a tile that
-    TMA loads wrote at shared byte address ``start`` as consecutive boxes ``[box_rows, inner]``.
+    """The descriptor of k-step ``kstep`` (bytes ``32*kstep .. 32*kstep+31`` of each row: elements
+    ``16*kstep ..`` of a 2-byte type, ``32*kstep ..`` of FP8) of a tile that TMA loads wrote at shared
+    byte address ``start`` as consecutive boxes ``[box_rows, inner]``.
 
     ``inner`` is the swizzle span in bytes (16 bytes, 8 elements, without a swizzle: a core-matrix
     row); each box is dense row-major in that span and swizzled by the TMA unit. A K-major tile
@@ -191,7 +211,7 @@ def tma_tile_descriptor(start: int, box_rows: int, span: int, major: str, kstep:
         raise MmaLayoutError(f"k-step {kstep!r}: a non-negative int")
     k0 = MMA_K * int(kstep)
     if major == "k":
-        panel, within = divmod(k0 * ELEMENT_BYTES, inner)
+        panel, within = divmod(K_STEP_BYTES * int(kstep), inner)
         first = start + panel * box_bytes + within
         lbo, sbo = (CHUNK, CORE_ROWS * inner) if span else (box_bytes, CORE_ROWS * CHUNK)
     else:

@@ -52,12 +52,14 @@ PRELUDE_NAMES = frozenset((
     # cbrules.codegen.hints (copies with a :cache_hint, waits with a wait mode)
     "cb_tma_load_hint", "cb_tma_store_hint", "cb_tma_store_async_hint", "cb_l2_evict_first", "cb_l2_evict_last",
     "cb_l2_evict_normal", "cb_mbar_wait_mode", "cb_globaltimer",
-    "cb_half", "cb_bf16", "cb_tma_store_async", "cb_bulk_wait_read", "cb_bulk_wait", "cb_swizzle",
+    "cb_half", "cb_bf16", "cb_e4m3", "cb_e5m2", "cb_tma_store_async", "cb_bulk_wait_read", "cb_bulk_wait", "cb_swizzle",
     # codegen/mma.py (kernels with mma nodes): the ordering helpers, descriptors, the block's locals and
     # the instruction helper of every N and operand type
     "cb_wgmma_fence", "cb_wgmma_commit", "cb_wgmma_wait", "cb_fence_acc", "cb_wgmma_desc", "cb_a", "cb_b",
     *(f"cb_wgmma_{form}n{n}_{t}{tb}" for form in ("", "rs_") for n in range(8, 257, 8) for t in ("bf16", "f16")
       for tb in ("", "_tb")),
+    *(f"cb_wgmma_n{n}_{t}" for n in range(8, 257, 8)
+      for t in ("e4m3", "e5m2", "e4m3_e5m2", "e5m2_e4m3")),  # FP8 (K-major only), a mixed pair names B's type
     "cb_pack_bf16x2", "cb_pack_f16x2",  # codegen/mma.py: a register MMA operand's pairs
     "__shfl_xor_sync", "__shfl_down_sync", "__shfl_up_sync", "__shfl_sync",  # codegen/cuda.py: shfl
 ))

@@ -21,17 +21,23 @@ LOOP_KINDS = ("serial", "unroll", "unswitch", "vectorize",
 SPACES = ("global", "shared", "register")
 DTYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long long",
           "uint32": "unsigned", "uint64": "unsigned long long", "mbarrier": "unsigned long long",
-          "float16": "cb_half", "bfloat16": "cb_bf16"}
+          "float16": "cb_half", "bfloat16": "cb_bf16", "float8_e4m3": "cb_e4m3", "float8_e5m2": "cb_e5m2"}
 DTYPE_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint32": 4, "uint64": 8, "mbarrier": 8,
-               "float16": 2, "bfloat16": 2}
+               "float16": 2, "bfloat16": 2, "float8_e4m3": 1, "float8_e5m2": 1}
 # Storage-only types: tensors and shared buffers hold them, registers compute in float32 (a load
 # converts up, a store rounds to nearest even), as the tensor cores' neighbours do on Hopper.
 HALF_DTYPES = ("float16", "bfloat16")
+# The 8-bit floats of Hopper's FP8 tensor cores (OCP FP8: e4m3 without infinities, largest 448; e5m2
+# with them, largest 57344). A store rounds to nearest even and saturates to the largest finite value
+# (cvt.rn.satfinite), so an out-of-range result never becomes NaN or infinity; NaN stays NaN.
+FP8_DTYPES = ("float8_e4m3", "float8_e5m2")
+FP8_MAX = {"float8_e4m3": 448.0, "float8_e5m2": 57344.0}
+STORAGE_DTYPES = HALF_DTYPES + FP8_DTYPES
 
 
 def compute_dtype(dtype: str) -> str:
-    """The register type a load of ``dtype`` produces: float32 for the half types, else ``dtype``."""
-    return "float32" if dtype in HALF_DTYPES else dtype
+    """The register type a load of ``dtype`` produces: float32 for the storage types, else ``dtype``."""
+    return "float32" if dtype in STORAGE_DTYPES else dtype
 # the transcendental functions added for epilogues and softmax (issue 29): float registers only
 MATH = ("tanh", "erf", "exp2", "log2", "sigmoid")
 FLOAT_REGISTERS = ("float32", "float64")
@@ -177,8 +183,10 @@ OPS: dict[str, OpSpec] = {
     # a_space "register": A is a packed register fragment (fragment_convert: uint32 pairs of 2-byte values in
     # the accumulator's thread/row map, a 64 x 16 chunk = 4 registers a thread), a_offset a register index;
     # absent: the shared tile above
+    # dtype is A's type and B's unless b_dtype (absent: dtype) says otherwise: a mixed FP8 pair (e4m3 x e5m2);
+    # FP8 tiles are K-major and one instruction covers k32 (32 bytes of a row, as k16 of a 2-byte type)
     "mma": OpSpec(("acc", "a", "b", "shape", "groups", "dtype", "swizzle"),
-                  ("a_offset", "b_offset", "scale_d", "b_major", "b_swizzle", "a_space", "group0"),
+                  ("a_offset", "b_offset", "scale_d", "b_major", "b_swizzle", "a_space", "group0", "b_dtype"),
                   ("a_offset", "b_offset", "scale_d", "group0"), "memory", {"a_offset": 0, "b_offset": 0, "scale_d": 1}),
     # wgmma.fence.sync.aligned: register and shared-memory writes before it are seen by the mma after it
     "wgmma_fence": OpSpec((), (), (), "sync"),
@@ -251,7 +259,8 @@ OP_DOCS: dict[str, str] = {
            "consumer warp groups, A [BM, BK] and B [BN, BK] K-major shared tiles (+ a_offset / b_offset) with "
            "swizzle bytes a row, acc a float32 register fragment; scale_d 0 overwrites; done at a wgmma_wait; "
            "b_major mn: B a [BK, BN] MN-major tile of panels [BK, b_swizzle / 2] (the transpose bit); group0: "
-           "the block's warp group that computes the tile's first rows (absent: 0)",
+           "the block's warp group that computes the tile's first rows (absent: 0); FP8 dtypes: m64nNk32, K-major "
+           "only, b_dtype B's type where it differs from A's",
     "wgmma_fence": "order earlier register and shared writes before the warp group's next mma",
     "wgmma_commit": "close the group of mma this warp group issued since its last commit",
     "wgmma_wait": "wait until at most pending of this warp group's committed mma groups are incomplete",

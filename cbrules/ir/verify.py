@@ -14,7 +14,7 @@ from .attributes import (ARG_COUNTS, ENUM_KEYS, INT_HIGH, INT_KEYS, attribute_pr
                          term_problem)
 from .names import BUILTINS, RULES, problem
 from .ops import (DTYPES, FLOAT32_ONLY, FLOAT_REGISTERS, HALF_DTYPES, LOOP_KINDS, MATH, MAX_SCOPE_DEPTH, OPS, REDUCE_COMBINE, SCOPES,
-                  SHFL_MODES, SPACES, WARP_SIZE, term_values)
+                  SHFL_MODES, SPACES, STORAGE_DTYPES, WARP_SIZE, term_values)
 from .order import CONTAINS, DEPENDS, ScheduleError, order_among, sibling_order
 from .terms import Term
 from .tma_view import TmaSplitError, normalize_split
@@ -171,7 +171,7 @@ def _attributes(kg: KernelGraph) -> None:
         if op == "block_stats" and d["dst"] == d["dst_m2"]:  # one variable for both results: one is lost
             raise GraphError("attributes", f"{kg.describe(n)}: dst and dst_m2 are both {d['dst']!r}; the mean "
                              "and the M2 need a register each", n)
-        if op == "shfl" and (d["mode"] not in SHFL_MODES or d["dtype"] in HALF_DTYPES + ("mbarrier",)):
+        if op == "shfl" and (d["mode"] not in SHFL_MODES or d["dtype"] in STORAGE_DTYPES + ("mbarrier",)):
             raise GraphError("attributes", f"{kg.describe(n)}: shuffle mode {d['mode']!r} / dtype {d['dtype']!r}; "
                              f"expected one of {', '.join(SHFL_MODES)} and a register type (float32, int32, ...)", n)
         if op in FLOAT32_ONLY and d["dtype"] != "float32":

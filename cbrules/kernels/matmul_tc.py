@@ -1,4 +1,4 @@
-"""Tensor-core matmul ``c[M, N] = a[M, K] @ b[N, K]^T`` (bfloat16/float16 in, float32 accumulate).
+"""Tensor-core matmul ``c[M, N] = a[M, K] @ b[N, K]^T`` (bfloat16/float16 or FP8 in, float32 accumulate).
 
 B is given K-major, as ``[N, K]`` (``B^T`` row-major: what the tensor cores read without a transpose,
 cuBLAS's "TN"), or with ``b_layout="kn"`` as a row-major ``[K, N]`` (MN-major: ``c = a @ b``, read through
@@ -11,17 +11,23 @@ rounded to the output dtype. Ragged M, N and K are zero-filled by the TMA loads 
 
 ``epilogue=`` computes on the accumulator fragment before the store (:meth:`Kernel.fragment_map`, see
 docs/fragments.md): a bias over N, an activation, a residual or ``alpha * acc + beta * c_in`` (:data:`EPILOGUES`).
+
+FP8 (``dtype="float8_e4m3"`` or ``"float8_e5m2"``, ``b_dtype`` the other for a mixed pair): the same kernel
+and the same rules with 128 elements of K a stage (one 128-byte swizzled row) and k32 instructions; the
+operands' scales are applied to the accumulator before the epilogue (:data:`SCALINGS`): ``"tensor"`` two
+float32 scalars ``scale_a`` and ``scale_b`` (and ``scale_c``, a multiplier, when c is FP8), ``"rowcol"``
+float32 vectors ``scale_a[M]`` and ``scale_b[N]``.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 from ..errors import CbrulesError
-from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer
-from ..ir.builder_mma import MMA_DTYPES
+from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer, threadIdx
+from ..ir.builder_mma import fragment_coords
 from ..ir.limits import MAX_SHARED_BYTES, MAX_THREAD_REGISTERS, REGISTERS_PER_BLOCK
-from ..ir.mma_layout import MmaLayoutError, mn_major_span
-from ..ir.ops import DTYPE_BYTES
+from ..ir.mma_layout import MMA_DTYPES, MmaLayoutError, mn_major_span
+from ..ir.ops import DTYPE_BYTES, FP8_DTYPES
 from ..ir.terms import Term, call
 
 # epilogue -> what it adds to the product, then the activation applied to the sum (None: none)
@@ -34,6 +40,16 @@ _GELU_TANH_C0, _GELU_TANH_C1 = 0.7978845608028654, 0.7978845608028654 * 0.044715
 
 BM, BN, BK, GROUPS, GROUP_M = 128, 256, 64, 2, 8
 OUT_DTYPES = MMA_DTYPES + ("float32",)
+# How the operands' scales reach the product (applied to the float32 accumulator, before the epilogue):
+# none; "tensor": c = acc * scale_a * scale_b (float32 scalars; an FP8 c also * scale_c); "rowcol":
+# c[i, j] = acc[i, j] * scale_a[i] * scale_b[j] (float32 vectors [M] and [N], torch's row-wise scaling)
+# "block" (DeepGEMM's): scale_a [M, ceil(K/128)] one a 1x128 run of A, scale_b [ceil(N/128), ceil(K/128)]
+# one a 128x128 block of B, applied as each K stage's part is promoted into the sum (needs promote)
+SCALINGS = ("none", "tensor", "rowcol", "block")
+SCALE_BLOCK = 128  # K (and N) elements of one block scale
+# the default bn where the K stages are promoted (two accumulators a consumer thread): 192 measured 8-17 %
+# faster than 128 on the H200 (benchmarks/results/fp8_matmul); block scales take one column block a tile: 128
+PROMOTED_BN, BLOCK_SCALED_BN = 192, 128
 _SWIZZLE = {32: "32B", 64: "64B", 128: "128B"}
 
 
@@ -70,12 +86,12 @@ def register_limit(threads: int, consumer_registers: Optional[int] = None) -> in
     return min(MAX_THREAD_REGISTERS, REGISTERS_PER_BLOCK // threads // 8 * 8)
 
 
-def _accumulator_need(bm: int, bn: int, groups: int) -> int:
+def _accumulator_need(bm: int, bn: int, groups: int, copies: int = 1) -> int:
     blocks = bm // groups // 64
-    return blocks * (bn // 2) + WGMMA_EXTRA_REGISTERS + WGMMA_EXTRA_PER_BLOCK * (blocks - 1)
+    return copies * blocks * (bn // 2) + WGMMA_EXTRA_REGISTERS + WGMMA_EXTRA_PER_BLOCK * (blocks - 1)
 
 
-def _check_registers(bm: int, bn: int, groups: int, warp_specialize: bool, registers) -> None:
+def _check_registers(bm: int, bn: int, groups: int, warp_specialize: bool, registers, copies: int = 1) -> None:
     """Refuse, before NVRTC, a tile whose accumulator a consumer thread cannot hold (ptxas would end
     in C7602 "Insufficient registers", or spill the accumulator), naming what fits."""
     if not all(isinstance(x, int) and not isinstance(x, bool) for x in (bm, bn, groups)) or bm % (64 * groups):
@@ -85,17 +101,18 @@ def _check_registers(bm: int, bn: int, groups: int, warp_specialize: bool, regis
 
     def limit(g: int) -> int:
         return register_limit(128 * (g + (1 if warp_specialize else 0)), consumer if warp_specialize else None)
-    need, have = _accumulator_need(bm, bn, groups), limit(groups)
+    need, have = _accumulator_need(bm, bn, groups, copies), limit(groups)
     if need <= have:
         return
     blocks = bm // groups // 64
-    widest = max((n for n in range(8, 257, 8) if _accumulator_need(bm, n, groups) <= have), default=None)
-    groups_ok = [g for g in range(1, 5) if bm % (64 * g) == 0 and _accumulator_need(bm, bn, g) <= limit(g)]
+    widest = max((n for n in range(8, 257, 8) if _accumulator_need(bm, n, groups, copies) <= have), default=None)
+    groups_ok = [g for g in range(1, 5) if bm % (64 * g) == 0 and _accumulator_need(bm, bn, g, copies) <= limit(g)]
     fixes = ([f"bn <= {widest}"] if widest else []) + \
         ([f"groups={' or '.join(map(str, groups_ok))}"] if groups_ok else []) + ["a smaller bm"]
     raise MatmulTileError(
         f"matmul_tc: a {bm}x{bn} tile on {groups} consumer warp group(s){' (warp-specialized)' if warp_specialize else ''} "
-        f"gives each consumer thread {blocks} x {bn // 2} accumulator floats, {need} registers with what a wgmma needs "
+        f"gives each consumer thread {copies * blocks} x {bn // 2} accumulator floats"
+        f"{' (the promoted sum and the k-step part)' if copies > 1 else ''}, {need} registers with what a wgmma needs "
         f"besides, more than the {have} a thread gets ({'its setmaxnreg count' if consumer and warp_specialize else f'65536 / {128 * (groups + warp_specialize)} threads'}); "
         f"ptxas would fail (Insufficient registers) or spill the accumulator: use {' or '.join(fixes)}")
 
@@ -115,6 +132,16 @@ def _b_span(bn) -> int:
         return mn_major_span(bn)
     except MmaLayoutError as e:
         raise MatmulTileError(f"matmul_tc: b_layout='kn' with bn={bn!r}: {e}") from None
+
+
+def _promote(k: Kernel, acc, part, factor) -> None:
+    """``acc += part`` (times the stage's block scale of each element where ``factor`` is given), in float32
+    registers: the K stage's MMAs, summed on the tensor cores, promoted into the full-precision sum. The rules
+    wait for the stage's MMA group before its part is read (rules/mma.rules)."""
+    if factor is None:
+        k.fragment_map(acc, lambda e: k.add(e.value, k.load(part, e.index)))
+    else:
+        k.fragment_map(acc, lambda e: k.fma(k.load(part, e.index), factor(e), e.value))
 
 
 def _grouped_order(pid: Term, tiles_m: Term, tiles_n: Term, group_m: int) -> tuple[Term, Term]:
@@ -147,36 +174,86 @@ def epilogue_inputs(epilogue: str) -> tuple[str, ...]:
             ("alpha_beta",): ("alpha", "beta", "c_in")}[adds]
 
 
-def _epilogue(k: Kernel, epilogue: str, m: Term, n: Term, out_dtype: str):
-    """The epilogue's parameters declared, and its element function (None for none)."""
+def scale_inputs(scaling: str, out_dtype: str) -> tuple[str, ...]:
+    """The parameters ``scaling`` adds after a, b and c (before the epilogue's), in order."""
+    if scaling == "none":
+        return ()
+    return ("scale_a", "scale_b") + (("scale_c",) if scaling == "tensor" and out_dtype in FP8_DTYPES else ())
+
+
+def _block_scales(k: Kernel, m: Term, n: Term, kk: Term, bm: int, bn: int, groups: int):
+    """The block scales declared, and ``load(row0, col0, t)``, which loads K stage ``t``'s factors
+    scale_a[row, t] * scale_b[col0 / 128, t] once for each of the thread's accumulator rows (two a 64-row
+    block; a tile of bn dividing 128 lies in one column block) and returns the factor of a fragment
+    element. Rows past the tensor read its last row's scale (their elements are not stored)."""
+    kt, nt = ceil_div(kk, SCALE_BLOCK), ceil_div(n, SCALE_BLOCK)
+    sa, sb = k.tensor("scale_a", (m, kt), "float32"), k.tensor("scale_b", (nt, kt), "float32")
+    rows = (bm // groups // 64) * 2
+    factors = k.alloc("block_scale", "register", "float32", (rows,))
+
+    def load(row0: Term, col0: Term, t: Term):
+        col_scale = k.load(sb, (col0 / SCALE_BLOCK) * kt + t)
+        with k.loop("block_scale_r", rows, kind="unroll") as r:
+            row, _ = fragment_coords(bn, bm // groups, r / 2, (r % 2) * 2, threadIdx.x)
+            k.store(factors, r, k.mul(k.load(sa, call("min", row0 + row, m - 1) * kt + t), col_scale))
+        return lambda e: k.load(factors, e.block * 2 + (e.register / 2) % 2)  # the element's row slot
+    return load
+
+
+def epilogue_dtype(out_dtype: str) -> str:
+    """The type of an epilogue's tensors (bias, residual, c_in): c's, or bfloat16 where c is FP8."""
+    return "bfloat16" if out_dtype in FP8_DTYPES else out_dtype
+
+
+def _scales(k: Kernel, scaling: str, m: Term, n: Term, out_dtype: str):
+    """The scales' parameters declared, and (function of a fragment element -> the factor before the
+    epilogue, or None; the factor after it, or None). Block scales apply inside the K loop instead."""
+    if scaling in ("none", "block"):
+        return None, None
+    if scaling == "rowcol":
+        sa, sb = k.tensor("scale_a", (m,), "float32"), k.tensor("scale_b", (n,), "float32")
+        return (lambda e: k.mul(e.load_row(sa), e.load_col(sb))), None
+    sa, sb = k.scalar("scale_a"), k.scalar("scale_b")
+    sc = k.scalar("scale_c") if out_dtype in FP8_DTYPES else None
+    return (lambda e: k.mul(sa, sb)), (None if sc is None else (lambda e: sc))
+
+
+def _epilogue(k: Kernel, epilogue: str, m: Term, n: Term, out_dtype: str, scaling: str = "none"):
+    """The scales' and epilogue's parameters declared, and the element function (None for none)."""
+    before, after = _scales(k, scaling, m, n, out_dtype)
     adds, act = EPILOGUES[epilogue]
-    if not adds and act is None:
+    if not adds and act is None and before is None:
         return None
-    bias = k.tensor("bias", (n,), out_dtype) if "bias" in adds else None
-    residual = k.tensor("residual", (m, n), out_dtype) if "residual" in adds else None
+    dtype = epilogue_dtype(out_dtype)
+    bias = k.tensor("bias", (n,), dtype) if "bias" in adds else None
+    residual = k.tensor("residual", (m, n), dtype) if "residual" in adds else None
     if "alpha_beta" in adds:
         alpha, beta = k.scalar("alpha"), k.scalar("beta")
-        c_in = k.tensor("c_in", (m, n), out_dtype)
+        c_in = k.tensor("c_in", (m, n), dtype)
 
     def element(e) -> Term:
-        x = e.value
+        x = e.value if before is None else k.mul(e.value, before(e))
         if bias is not None:
             x = k.add(x, e.load_col(bias))
         if residual is not None:
             x = k.add(x, e.load_tile(residual))
         if "alpha_beta" in adds:
             x = k.fma(alpha, x, k.mul(beta, e.load_tile(c_in)))
-        return _activation(k, act, x)
+        x = _activation(k, act, x)
+        return x if after is None else k.mul(x, after(e))
     return element
 
 
 def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_specialize: bool = False,
-              registers=None, dtype: str = "bfloat16", out_dtype: Optional[str] = None, bm: int = BM, bn: int = BN,
-              bk: int = BK, groups: int = GROUPS, group_m: int = GROUP_M, persistent: int = 0,
+              registers=None, dtype: str = "bfloat16", out_dtype: Optional[str] = None, bm: int = BM,
+              bn: Optional[int] = None,
+              bk: Optional[int] = None, groups: int = GROUPS, group_m: int = GROUP_M, persistent: int = 0,
               store_swizzle: Optional[bool] = None, b_layout: str = "nk", epilogue: str = "none",
-              pingpong: bool = False) -> Kernel:
+              pingpong: bool = False, b_dtype: Optional[str] = None, scaling: Optional[str] = None,
+              promote: Optional[bool] = None) -> Kernel:
     """``c = a @ b^T`` in ``bm`` x ``bn`` tiles on ``groups`` consumer warp groups, ``bk`` of K a stage;
-    ``out_dtype`` (bfloat16, float16, float32; default ``dtype``) is c's type. Blocks take tiles in groups
+    ``out_dtype`` (bfloat16, float16, float32, or an FP8 type; default ``dtype``, bfloat16 for FP8) is c's type;
+    ``bk`` defaults to one 128-byte row (64 of a 2-byte type, 128 of FP8). Blocks take tiles in groups
     of ``group_m`` tile rows, column by column inside a group, so the blocks running at once share
     their A and B panels in L2 (``group_m=1``: row by row). ``persistent=P`` launches at most P blocks
     (e.g. the SM count) that each walk tiles blockIdx.x, blockIdx.x + P, ...; warp-specialized, the
@@ -191,7 +268,19 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
     ``bias[col]`` (a tensor [N] of ``out_dtype``), ``bias_relu`` / ``bias_gelu`` (exact, erf) /
     ``bias_gelu_tanh`` / ``bias_silu`` then apply the activation, ``residual`` adds ``residual[row, col]``
     ([M, N]), ``alpha_beta`` computes ``alpha * acc + beta * c_in[row, col]`` (float32 scalars alpha and
-    beta, ``c_in`` [M, N]); all in float32, rounded once at the store.
+    beta, ``c_in`` [M, N]); all in float32, rounded once at the store (an FP8 c: saturated too; the
+    epilogue's tensors are then bfloat16).
+
+    FP8: ``dtype`` float8_e4m3 or float8_e5m2 is A's type and B's, or ``b_dtype`` the other FP8 type for B
+    (a mixed pair). ``scaling`` (:data:`SCALINGS`; default "tensor" for FP8, "none" otherwise) multiplies
+    the accumulator by the operands' scales before the epilogue; "block" applies one scale a 1x128 run of A
+    and a 128x128 block of B to each K stage's product as it is promoted (see ``promote``).
+
+    ``promote`` (default: True for FP8, where the tensor cores add each k32 step into the accumulator keeping
+    fewer bits than float32): each K stage's MMAs go into a zeroed part accumulator, which the threads then
+    add into the float32 sum (``acc += part``, with the block scales where ``scaling="block"``), so rounding
+    does not build up over K; it holds two accumulators a thread (so bn defaults to 192 then, 128 with block scales). ``promote=False``
+    is the fast accumulation of cuBLASLt's ``use_fast_accum``.
 
     ``pingpong=True`` (persistent and warp-specialized only): the kernel is written for ONE consumer warp
     group that computes whole bm x bn tiles (``groups`` does not apply; bm=128 is two 64-row blocks), and
@@ -204,16 +293,46 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
         raise MatmulTileError("matmul_tc: pingpong=True needs persistent=P and warp_specialize=True: the two "
                               "consumer warp groups take alternate tiles of a persistent block's walk, fed by the "
                               "producer warp group")
-    out_dtype = dtype if out_dtype is None else out_dtype
+    if dtype not in MMA_DTYPES:
+        raise MatmulTileError(f"matmul_tc: dtype {dtype!r}: the tensor cores take {', '.join(MMA_DTYPES)} operands")
+    fp8 = dtype in FP8_DTYPES
+    out_dtype = ("bfloat16" if fp8 else dtype) if out_dtype is None else out_dtype
+    b_dtype = dtype if b_dtype is None else b_dtype
+    scaling = ("tensor" if fp8 else "none") if scaling is None else scaling
     if epilogue not in EPILOGUES:
         raise MatmulTileError(f"matmul_tc: epilogue={epilogue!r}: give one of {', '.join(EPILOGUES)}")
-    if dtype not in MMA_DTYPES or out_dtype not in OUT_DTYPES:
-        raise MatmulTileError(f"matmul_tc: dtype {dtype!r} / out_dtype {out_dtype!r}: the tensor cores take "
-                              f"{' or '.join(MMA_DTYPES)} operands here and write {', '.join(OUT_DTYPES)}")
-    row = bk * DTYPE_BYTES[dtype] if isinstance(bk, int) else None
+    if out_dtype not in OUT_DTYPES:
+        raise MatmulTileError(f"matmul_tc: out_dtype {out_dtype!r}: the tensor cores' product is written as one of "
+                              f"{', '.join(OUT_DTYPES)}")
+    if b_dtype != dtype and not (fp8 and b_dtype in FP8_DTYPES):
+        raise MatmulTileError(f"matmul_tc: b_dtype {b_dtype!r} with dtype {dtype!r}: only the FP8 types mix (e4m3 "
+                              "with e5m2); give B A's type")
+    if scaling not in SCALINGS:
+        raise MatmulTileError(f"matmul_tc: scaling={scaling!r}: give one of {', '.join(SCALINGS)}")
+    if fp8 and b_layout != "nk":
+        raise MatmulTileError(f"matmul_tc: {dtype} with b_layout={b_layout!r}: the tensor cores read FP8 operands "
+                              "K-major only; give b as [N, K] (b_layout='nk'), transposed beforehand")
+    promote = fp8 if promote is None else promote
+    if not isinstance(promote, bool):
+        raise MatmulTileError(f"matmul_tc: promote={promote!r}: give True or False")
+    if scaling == "block" and not promote:
+        raise MatmulTileError("matmul_tc: scaling='block' applies each K stage's scales as its part is promoted; "
+                              "give promote=True (or leave it to the FP8 default)")
+    bk = 128 // DTYPE_BYTES[dtype] if bk is None else bk
+    if bn is None:
+        bn = BLOCK_SCALED_BN if scaling == "block" else PROMOTED_BN if promote else BN
+    if scaling == "block" and bk != SCALE_BLOCK:
+        raise MatmulTileError(f"matmul_tc: scaling='block' with bk={bk}: a K stage must be one scale block of "
+                              f"{SCALE_BLOCK} elements (FP8's 128-byte row); use bk={SCALE_BLOCK}")
+    if scaling == "block" and (pingpong or not isinstance(bn, int) or SCALE_BLOCK % bn):
+        raise MatmulTileError(f"matmul_tc: scaling='block' with bn={bn}{' and pingpong' if pingpong else ''}: a tile "
+                              f"takes one column block's scale of B, so bn must divide {SCALE_BLOCK} (e.g. 128), and "
+                              "the ping-pong kernel does not take block scales; drop pingpong")
+    row = bk * DTYPE_BYTES[dtype] if isinstance(bk, int) and not isinstance(bk, bool) else None
     if row not in _SWIZZLE:
+        size = DTYPE_BYTES[dtype]
         raise MatmulTileError(f"matmul_tc: bk={bk!r}: a tile row of {dtype} must span one swizzle (32, 64 or "
-                              "128 bytes): use bk = 16, 32 or 64")
+                              f"128 bytes): use bk = {32 // size}, {64 // size} or {128 // size}")
     if isinstance(stages, int) and isinstance(bm, int) and isinstance(bn, int):
         need = shared_bytes(stages, bm, bn, bk, dtype, out_dtype, 2 if pingpong is True else 1)
         if need + 1024 > MAX_SHARED_BYTES:  # + the barriers and the 1024-byte alignment of the tiles
@@ -224,7 +343,7 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
                                      if pingpong is True else ""))
     if not isinstance(groups, int) or isinstance(groups, bool) or not 1 <= groups <= 4:
         raise MatmulTileError(f"matmul_tc: groups={groups!r}: use 1 to 4 consumer warp groups")
-    _check_registers(bm, bn, groups, bool(warp_specialize), registers)
+    _check_registers(bm, bn, groups, bool(warp_specialize), registers, 2 if promote else 1)
     if not isinstance(persistent, int) or isinstance(persistent, bool) or persistent < 0:
         raise MatmulTileError(f"matmul_tc: persistent={persistent!r}: give the number of blocks (0: one a tile)")
     if store_swizzle is not None and not isinstance(store_swizzle, bool):
@@ -239,9 +358,9 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
     k = Kernel("matmul_tc", block=128 * groups)
     m, n, kk = k.symbol("M"), k.symbol("N"), k.symbol("K")
     a = k.tensor("a", (m, kk), dtype)
-    b = k.tensor("b", (n, kk) if b_layout == "nk" else (kk, n), dtype)
+    b = k.tensor("b", (n, kk) if b_layout == "nk" else (kk, n), b_dtype)
     c = k.tensor("c", (m, n), out_dtype)
-    element = _epilogue(k, epilogue, m, n, out_dtype)
+    element = _epilogue(k, epilogue, m, n, out_dtype, scaling)
     a_map = k.tensor_map(a, box=(bm, bk), swizzle=_SWIZZLE[row])
     if b_layout == "nk":
         b_map = k.tensor_map(b, box=(bn, bk), swizzle=_SWIZZLE[row])
@@ -256,9 +375,12 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
                               "box must span one swizzle (32, 64 or 128 bytes)")
     c_map = k.tensor_map(c, box=(bm, cols), **({"swizzle": c_swizzle} if c_swizzle else {}))
     a_tile = k.alloc("a_tile", "shared", dtype, (bm, bk), align=1024)
-    b_tile = k.alloc("b_tile", "shared", dtype, (bn, bk) if b_layout == "nk" else (bk, bn), align=1024)
+    b_tile = k.alloc("b_tile", "shared", b_dtype, (bn, bk) if b_layout == "nk" else (bk, bn), align=1024)
     tiles_m, tiles_n = ceil_div(m, bm), ceil_div(n, bn)
     acc = k.mma_accumulator(bm, bn, groups=groups)
+    # promote: each K stage's MMAs overwrite this part (scale_d 0), then the threads add it into acc
+    part = k.mma_accumulator(bm, bn, acc="part", groups=groups) if promote else None
+    block_scales = _block_scales(k, m, n, kk, bm, bn, groups) if scaling == "block" else None
     cb = circular_buffer(stages, prefetch, war, warp_specialize, registers, pingpong=pingpong)
 
     def tile_step(tile):
@@ -271,7 +393,12 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
             else:
                 for p in range(bn // w):
                     k.tma_load(b_map, (t * bk, col0 + p * w), b_tile, offset=p * bk * w)
-            k.mma(acc, a_tile, b_tile, **({} if b_layout == "nk" else {"b_layout": "kn"}))
+            layout = {} if b_layout == "nk" else {"b_layout": "kn"}
+            if part is None:
+                k.mma(acc, a_tile, b_tile, **layout)
+            else:
+                k.mma(part, a_tile, b_tile, scale_d=0, **layout)
+                _promote(k, acc, part, None if block_scales is None else block_scales(row0, col0, t))
         if element is not None:  # computed on the fragment in registers, then stored as the product is
             k.fragment_map(acc, element, origin=(row0, col0))
         k.mma_store(acc, c_map, (row0, col0))  # staged and TMA-stored by the rules, a column chunk at a time

@@ -17,7 +17,7 @@ from ..ir.bind import NP_DTYPES
 from ..errors import CbrulesError, did_you_mean
 from . import CATALOG
 from ..ir.builder import Kernel
-from ..ir.ops import HALF_DTYPES
+from ..ir.ops import FP8_DTYPES, HALF_DTYPES, STORAGE_DTYPES
 from . import attention as _att
 from . import matmul as _mm
 from . import matmul_tc as _mtc
@@ -26,7 +26,9 @@ from . import reductions as _red
 from . import tiled2d as _t2
 from .exp1d import exp1d_tma
 
-UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}  # half an ulp at 1: the rounding of a store
+UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8,  # half an ulp at 1: the rounding of a store
+                 "float8_e4m3": 2.0 ** -4, "float8_e5m2": 2.0 ** -3}
+_STORAGE_NAMES = frozenset(np.dtype(NP_DTYPES[d]).name for d in STORAGE_DTYPES)  # numpy's names of them
 SHAPES_1D = ((128,), (1024,), (2048,), (500 * 1024,))
 SHAPES_2D = tuple((m, n) for m in (128, 500, 1024) for n in (128, 1024, 2048))
 
@@ -63,7 +65,20 @@ class KernelSpec:
     # the spec of the kernel built with these keyword parameters (its inputs and reference follow them),
     # for kernels that take some on the command line (attention: --head-dim, --causal, --lse, --scale)
     variant: Optional[Callable[..., "KernelSpec"]] = None
-    float32_outputs: tuple[str, ...] = ()  # outputs that stay float32 whatever the inputs' dtype
+    float32_outputs: tuple[str, ...] = ()  # arrays (outputs, scale vectors) that stay float32 whatever the dtype
+    # the spec of the kernel in another dtype where more than the tensors' type changes (FP8 matmul_tc: k32
+    # steps, 128 elements of K a stage, scales among the inputs, a bfloat16 output); None: only the type
+    dtype_variant: Optional[Callable[["KernelSpec", str], "KernelSpec"]] = None
+    # where the outputs (and every float array but ``operands``) have another type than the kernel's dtype
+    output_dtype: Optional[str] = None
+    operands: tuple[str, ...] = ()
+    scaling: Optional[str] = None  # matmul_tc: the operands' scales its inputs carry (None: its default)
+
+    def for_dtype(self, dtype: Optional[str]) -> "KernelSpec":
+        """This kernel as built for ``dtype``: :attr:`dtype_variant`'s spec, or itself."""
+        if self.dtype_variant is None or dtype is None:
+            return self
+        return _dtype_spec(self, dtype)
 
     def build(self, shape: Optional[tuple] = None, trips: Optional[int] = None, dtype: Optional[str] = None,
               tma_store: bool = False, swizzle: str = "none", **options) -> Kernel:
@@ -100,22 +115,26 @@ class KernelSpec:
         return self.factory(**opts, **params)
 
     def make_inputs(self, shape: tuple, rng: np.random.Generator, dtype: str = "float32") -> dict:
-        """:attr:`inputs` with every float32 array in ``dtype`` (rounded to nearest even)."""
+        """:attr:`inputs` with every float32 array in ``dtype`` (rounded to nearest even), or, where the
+        spec has an :attr:`output_dtype`, the :attr:`operands` in ``dtype`` and the rest in that."""
         args = self.inputs(shape, rng)
         want = np.dtype(NP_DTYPES[dtype])
-        return {k: v.astype(want) if isinstance(v, np.ndarray) and v.dtype == np.float32
-                and k not in self.float32_outputs else v for k, v in args.items()}
+        other = np.dtype(NP_DTYPES[self.output_dtype]) if self.output_dtype else want
+        return {k: v.astype(want if not self.output_dtype or k in self.operands else other)
+                if isinstance(v, np.ndarray) and v.dtype == np.float32 and k not in self.float32_outputs else v
+                for k, v in args.items()}
 
     def expected(self, args: dict) -> dict:
-        """:attr:`reference` of ``args``, computed from half-precision inputs widened to float32 (exact)."""
-        return self.reference({k: v.astype(np.float32) if isinstance(v, np.ndarray) and v.dtype.name in HALF_DTYPES
+        """:attr:`reference` of ``args``, computed from half-precision and FP8 inputs widened to float32
+        (exact)."""
+        return self.reference({k: v.astype(np.float32) if isinstance(v, np.ndarray) and v.dtype.name in _STORAGE_NAMES
                                else v for k, v in args.items()})
 
     def tolerances(self, shape: tuple, dtype: str = "float32") -> tuple[float, float]:
-        """(rtol, atol) for outputs of ``dtype``: :attr:`tolerance` (float32 arithmetic) plus twice
-        the unit roundoff of the final rounding to a half type."""
+        """(rtol, atol) for outputs of ``dtype`` (or of :attr:`output_dtype`): :attr:`tolerance` (float32
+        arithmetic) plus twice the unit roundoff of the final rounding to a half type."""
         rtol, atol = self.tolerance(shape)
-        return rtol + 2 * UNIT_ROUNDOFF.get(dtype, 0.0), atol
+        return rtol + 2 * UNIT_ROUNDOFF.get(self.output_dtype or dtype, 0.0), atol
 
 
 def _normal(rng, *shape):
@@ -157,8 +176,23 @@ def _mm_tc_inputs(shape, rng):
     return {"a": _normal(rng, m, kk), "b": _normal(rng, n, kk), "c": _nan(m, n)}
 
 
+def _scaled(c: np.ndarray, a: dict) -> np.ndarray:
+    """The product ``c`` times the operands' scales where the inputs carry them (matmul_tc ``scaling``):
+    scalars (per tensor) or vectors over M and N (rows and columns)."""
+    if "scale_a" not in a:
+        return c
+    sa, sb = (np.asarray(a[k], np.float64) for k in ("scale_a", "scale_b"))
+    return c * (sa[:, None] if sa.ndim else sa) * (sb[None, :] if sb.ndim else sb)
+
+
 def _mm_tc_reference(a):
-    return {"c": a["a"].astype(np.float64) @ a["b"].astype(np.float64).T}
+    sa = a.get("scale_a")
+    if isinstance(sa, np.ndarray) and sa.ndim == 2:  # block scales: each 128 of K its own
+        x, y, sb, step = a["a"].astype(np.float64), a["b"].astype(np.float64), a["scale_b"], _mtc.SCALE_BLOCK
+        rows_b = np.arange(y.shape[0]) // step
+        return {"c": sum((x[:, kb * step:(kb + 1) * step] @ y[:, kb * step:(kb + 1) * step].T)
+                         * sa[:, kb, None] * sb[rows_b, kb][None, :] for kb in range(sa.shape[1]))}
+    return {"c": _scaled(a["a"].astype(np.float64) @ a["b"].astype(np.float64).T, a)}
 
 
 def _mm_tc_kn_inputs(shape, rng):
@@ -167,7 +201,55 @@ def _mm_tc_kn_inputs(shape, rng):
 
 
 def _mm_tc_kn_reference(a):
-    return {"c": a["a"].astype(np.float64) @ a["b"].astype(np.float64)}
+    return {"c": _scaled(a["a"].astype(np.float64) @ a["b"].astype(np.float64), a)}
+
+
+def _mm_tc_scaled_inputs(scaling: str, base, shape, rng):
+    """``base``'s inputs and the scales of ``scaling``: float32 scalars, or vectors over M and N, in 0.25..2."""
+    args = base(shape, rng)
+    m, n, _ = shape
+    if scaling == "tensor":
+        args["scale_a"], args["scale_b"] = (float(np.float32(rng.uniform(0.25, 2.0))) for _ in range(2))
+    elif scaling == "rowcol":
+        args["scale_a"] = rng.uniform(0.25, 2.0, m).astype(np.float32)
+        args["scale_b"] = rng.uniform(0.25, 2.0, n).astype(np.float32)
+    elif scaling == "block":
+        kt, nt = _cdiv(shape[2], _mtc.SCALE_BLOCK), _cdiv(n, _mtc.SCALE_BLOCK)
+        args["scale_a"] = rng.uniform(0.25, 2.0, (m, kt)).astype(np.float32)
+        args["scale_b"] = rng.uniform(0.25, 2.0, (nt, kt)).astype(np.float32)
+    return args
+
+
+# FP8 rows are 128 elements a stage and TMA needs 16-byte row pitches: K a multiple of 16
+FP8_BK = 128
+FP8_SHAPES = ((128, 128, 128), (500, 1000, 384), (1024, 2048, 4096), (129, 264, 80))
+
+
+def _fp8_tolerance(shape) -> tuple[float, float]:
+    # the H200 adds each k32 step into the accumulator keeping fewer bits than float32; promoted every 128
+    # of K (matmul_tc's FP8 default) the error grows as sqrt(K): measured at most 7e-4 * sqrt(K) for scales
+    # of 1 (the inputs' scales reach 4) -- docs/fragments.md#fp8
+    return 1e-3, 3e-3 * shape[2] ** 0.5
+
+
+def _matmul_tc_dtype(spec: "KernelSpec", dtype: str) -> "KernelSpec":
+    """matmul_tc in ``dtype``: for FP8, k32 steps of 128-element stages, the scales (per tensor unless the
+    spec asked for others) among the inputs, a bfloat16 c (the epilogue's tensors too)."""
+    if dtype not in FP8_DTYPES:
+        return spec
+    scaling = spec.scaling or "tensor"
+    inputs = spec.inputs if spec.scaling else functools.partial(_mm_tc_scaled_inputs, scaling, spec.inputs)
+    return replace(spec, factory=functools.partial(spec.factory, scaling=scaling), inputs=inputs,
+                   shapes=FP8_SHAPES, trips=lambda s: _cdiv(s[2], FP8_BK), tolerance=_fp8_tolerance,
+                   shape_for_trips=lambda t: (130, 136, FP8_BK * t - 16), output_dtype="bfloat16",
+                   operands=("a", "b"), float32_outputs=spec.float32_outputs + ("scale_a", "scale_b"),
+                   scaling=scaling, dtype_variant=None)
+
+
+@functools.lru_cache(maxsize=256)
+def _dtype_spec(spec: "KernelSpec", dtype: str) -> "KernelSpec":
+    # one spec object per (spec, dtype): the checker's caches key on its factory and inputs
+    return spec.dtype_variant(spec, dtype)
 
 
 _ERF = np.frompyfunc(math.erf, 1, 1)
@@ -317,7 +399,8 @@ _SPECS = [
     KernelSpec("matmul_tc", CATALOG["matmul_tc"], _mtc.matmul_tc, _mm_tc_inputs, _mm_tc_reference, ("c",),
                (1024, 2048, 4096), ((128, 128, 64), (500, 1000, 304), (1024, 2048, 4096), (129, 264, 72)),
                trips=lambda s: _cdiv(s[2], _mtc.BK), tolerance=lambda s: (1e-4, 3e-6 * s[2]),
-               shape_for_trips=lambda t: (130, 136, _mtc.BK * t - 8), dtypes=_mtc.MMA_DTYPES, seed=False),
+               shape_for_trips=lambda t: (130, 136, _mtc.BK * t - 8), dtypes=_mtc.MMA_DTYPES, seed=False,
+               dtype_variant=_matmul_tc_dtype),
     # shape (BH, Lq, Lk), head dim 64 unless --head-dim; P rounded to the inputs' dtype before P @ V
     KernelSpec("attention", CATALOG["attention"], functools.partial(_att.attention, head_dim=64),
                functools.partial(_attention_inputs, 64, False),
@@ -340,30 +423,41 @@ def with_b_layout(spec: KernelSpec, b_layout: str) -> KernelSpec:
     return matmul_tc_variant(spec, b_layout)
 
 
-def matmul_tc_variant(spec: KernelSpec, b_layout: str = "nk", epilogue: str = "none") -> KernelSpec:
+def matmul_tc_variant(spec: KernelSpec, b_layout: str = "nk", epilogue: str = "none",
+                      scaling: Optional[str] = None) -> KernelSpec:
     """``spec`` with its B operand in ``b_layout``: "nk" (b is [N, K], the built-in default) or "kn"
-    (b is [K, N] row-major and c = a @ b: inputs, reference and kernel change together), and with
+    (b is [K, N] row-major and c = a @ b: inputs, reference and kernel change together), with
     ``epilogue`` (:data:`cbrules.kernels.matmul_tc.EPILOGUES`: its inputs, reference and tolerance
-    too). Only the built-in matmul_tc takes them; "nk" without an epilogue returns it unchanged."""
+    too) and with the operands' ``scaling`` (:data:`cbrules.kernels.matmul_tc.SCALINGS`; None: the
+    kernel's default, per tensor for FP8). Only the built-in matmul_tc takes them; "nk" without an
+    epilogue or a scaling returns it unchanged."""
     if b_layout not in B_LAYOUTS:
         raise UnsupportedVariantError(f"B layout {b_layout!r}: one of {', '.join(B_LAYOUTS)}")
     if epilogue not in _mtc.EPILOGUES:
         raise UnsupportedVariantError(f"kernel matmul_tc: epilogue {epilogue!r} is not one of "
                                       f"{', '.join(_mtc.EPILOGUES)}")
+    if scaling is not None and scaling not in _mtc.SCALINGS:
+        raise UnsupportedVariantError(f"kernel matmul_tc: scaling {scaling!r} is not one of {', '.join(_mtc.SCALINGS)}")
     if spec is not KERNELS.get("matmul_tc"):
-        what = "an epilogue (--epilogue)" if epilogue != "none" else "a B layout (--b-layout)"
+        what = "an epilogue (--epilogue)" if epilogue != "none" else "a scaling (--scaling)" if scaling is not None \
+            else "a B layout (--b-layout)"
         raise UnsupportedVariantError(f"kernel {spec.name}: {what} applies to the built-in matmul_tc only; drop it")
-    if b_layout == "nk" and epilogue == "none":
+    if b_layout == "nk" and epilogue == "none" and scaling is None:
         return spec
     inputs, product = (_mm_tc_inputs, _mm_tc_reference) if b_layout == "nk" else (_mm_tc_kn_inputs, _mm_tc_kn_reference)
-    if epilogue == "none":
-        return replace(spec, factory=functools.partial(_mtc.matmul_tc, b_layout=b_layout), inputs=inputs,
-                       reference=product)
-    # alpha scales the product's rounding error, the epilogue adds its own
-    return replace(spec, factory=functools.partial(_mtc.matmul_tc, b_layout=b_layout, epilogue=epilogue),
-                   inputs=functools.partial(_mm_tc_epilogue_inputs, epilogue, inputs),
-                   reference=functools.partial(_mm_tc_epilogue_reference, epilogue, product),
-                   tolerance=lambda s: (1e-4, 6e-6 * s[2] + 1e-5))
+    keywords, changes = {"b_layout": b_layout}, {}
+    if epilogue != "none":
+        keywords["epilogue"] = epilogue
+        # alpha scales the product's rounding error, the epilogue adds its own
+        changes = dict(reference=functools.partial(_mm_tc_epilogue_reference, epilogue, product),
+                       tolerance=lambda s: (1e-4, 6e-6 * s[2] + 1e-5))
+        inputs = functools.partial(_mm_tc_epilogue_inputs, epilogue, inputs)
+    if scaling is not None:
+        keywords["scaling"] = scaling
+        inputs = functools.partial(_mm_tc_scaled_inputs, scaling, inputs)
+        changes["float32_outputs"] = spec.float32_outputs + ("scale_a", "scale_b")
+    return replace(spec, factory=functools.partial(_mtc.matmul_tc, **keywords), inputs=inputs,
+                   reference=changes.pop("reference", product), scaling=scaling, **changes)
 
 
 PINGPONG_TILE = 128  # bm = bn of a ping-pong tile: one warp group's 128 x 128 float32 accumulator, 128 registers

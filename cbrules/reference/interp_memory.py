@@ -13,11 +13,23 @@ import numpy as np
 from .hwsim import inside_box, read_box, swizzled, tensor_view, unswizzled, write_box
 from .interp_roles import Blocked
 from ..ir.limits import SWIZZLE_SPAN
-from ..ir.ops import DTYPE_BYTES, MAX_BACKOFF_NS
+from ..ir.bind import NP_DTYPES
+from ..ir.ops import DTYPE_BYTES, FP8_DTYPES, FP8_MAX, MAX_BACKOFF_NS
 from ..ir.terms import swizzle_index
 from .hazards import DivergentSync, InterpError, TmaIssueError
 from ..schedule import Step
 from ..ir.attributes import attribute_problem
+
+_FP8_LIMITS = {np.dtype(NP_DTYPES[d]): FP8_MAX[d] for d in FP8_DTYPES}
+
+
+def saturated(vals, dtype: np.dtype):
+    """``vals`` as a store into ``dtype`` rounds them: an FP8 store saturates to the largest finite value
+    (cvt.rn.satfinite) where numpy's cast would give NaN (e4m3) or infinity (e5m2); NaN stays NaN."""
+    limit = _FP8_LIMITS.get(np.dtype(dtype))
+    if limit is None:
+        return vals
+    return np.clip(np.asarray(vals, np.float32), -limit, limit).astype(dtype)
 
 
 class OutOfBounds(InterpError):
@@ -97,12 +109,12 @@ class MemoryOps:
             arr[lanes, idx] = vals
         elif kind == "shared":
             self.proto.write(arr, idx, lanes, self.site, s.node)
-            arr.data[idx] = vals
+            arr.data[idx] = saturated(vals, arr.data.dtype)
         else:
             if name not in self.written:
                 raise InterpError(f"stores to tensor {name!r}, which the kernel does not mark written "
                                   "(codegen declares it const)", self.site())
-            arr[idx] = vals
+            arr[idx] = saturated(vals, arr.dtype)
 
     def _copy(self, s: Step, mask: np.ndarray) -> None:
         """A vector access: each thread moves ``count`` contiguous elements at once (element by element

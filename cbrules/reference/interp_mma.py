@@ -9,9 +9,11 @@ fragment array ``[128, N/2]`` (thread of the warp group x register). Because it 
 TMA model wrote, a wrong descriptor field, swizzle mode or start address gives a wrong result here
 just as on the GPU.
 
-Arithmetic: products of 2-byte floats are exact in float64, and one k16 step's sum of 16 of them
-is rounded once to float32 and added to the float32 accumulator; the hardware's internal order and
-rounding differ only in the last bits.
+Arithmetic: products of 2-byte or 1-byte floats are exact in float64, and one k-step's sum of 16 (FP8:
+32) of them is rounded once to float32 and added to the float32 accumulator; the hardware's internal
+order and rounding differ only in the last bits for the 2-byte types. For FP8 the H200 keeps fewer bits
+while it adds a k-step into the accumulator (DeepGEMM's finding, measured here: docs/fragments.md), so
+a GPU result lies within the FP8 tolerance of this model rather than its last bits.
 """
 from __future__ import annotations
 
@@ -21,13 +23,15 @@ import ml_dtypes
 import numpy as np
 
 from ..ir.mma_layout import (MMA_DTYPES, MMA_K, MMA_M, MN_SPANS, TRANSPOSE, WARPGROUP, MatrixDescriptor,
-                             MmaLayoutError, b_tile_descriptor, b_tile_elements, check_n, fragment_slot,
+                             MmaLayoutError, b_tile_descriptor, b_tile_elements, check_n, fragment_slot, k_step,
                              operand_address, tma_tile_descriptor)
+from ..ir.ops import DTYPE_BYTES
 from ..schedule import Step
 from .hazards import DivergentSync, InterpError
 
 Descriptor = Union[int, MatrixDescriptor]
-_STORAGE = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+_STORAGE = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float8_e4m3": ml_dtypes.float8_e4m3fn,
+            "float8_e5m2": ml_dtypes.float8_e5m2}
 
 
 class MmaOperandError(MmaLayoutError):
@@ -44,37 +48,46 @@ def _descriptor(d: Descriptor) -> MatrixDescriptor:
     return d if isinstance(d, MatrixDescriptor) else MatrixDescriptor.decode(d)
 
 
-def operand_addresses(desc: Descriptor, rows: int, trans: int) -> np.ndarray:
-    """Byte addresses [rows, 16] of an operand: A (rows = 64, element (m, k)) or B (rows = N,
-    element (n, k)); ``trans`` is the instruction's transpose immediate (0 K-major, 1 MN-major)."""
+def operand_addresses(desc: Descriptor, rows: int, trans: int, dtype: str = "bfloat16") -> np.ndarray:
+    """Byte addresses [rows, K] of an operand of ``dtype`` (K = 16, or 32 for FP8): A (rows = 64,
+    element (m, k)) or B (rows = N, element (n, k)); ``trans`` is the instruction's transpose immediate
+    (0 K-major, 1 MN-major)."""
     if trans not in (0, 1):
         raise MmaOperandError(f"transpose immediate {trans!r}: 0 (K-major) or 1 (MN-major)")
-    mn, k = np.meshgrid(np.arange(rows), np.arange(MMA_K), indexing="ij")
-    return operand_address(_descriptor(desc), mn, k, "mn" if trans else "k")
+    mn, k = np.meshgrid(np.arange(rows), np.arange(k_step(dtype)), indexing="ij")
+    return operand_address(_descriptor(desc), mn, k, "mn" if trans else "k", DTYPE_BYTES[dtype])
 
 
 def read_operand(smem: np.ndarray, addrs: np.ndarray, dtype: str, what: str) -> np.ndarray:
-    """The 2-byte ``dtype`` elements at byte ``addrs`` of ``smem``, as float32."""
+    """The ``dtype`` elements (2 bytes, or 1 for FP8) at byte ``addrs`` of ``smem``, as float32."""
     if dtype not in MMA_DTYPES:
         raise MmaOperandError(f"wgmma .f32 input dtype {dtype!r}: one of {', '.join(MMA_DTYPES)}")
     raw = as_bytes(smem)
-    bad = (addrs < 0) | (addrs + 2 > raw.size)
+    size = DTYPE_BYTES[dtype]
+    bad = (addrs < 0) | (addrs + size > raw.size)
     if bad.any():
         i = np.argwhere(bad)[0]
         raise MmaOperandError(f"wgmma reads {what} element {tuple(int(x) for x in i)} at shared byte "
                               f"{int(addrs[tuple(i)])}, outside the {raw.size} bytes it has: check the descriptor's "
                               "start address, LBO and SBO")
+    if size == 1:
+        return raw[addrs].view(_STORAGE[dtype]).astype(np.float32)
     u16 = raw[addrs].astype(np.uint16) | (raw[addrs + 1].astype(np.uint16) << 8)  # little-endian
     return u16.view(_STORAGE[dtype]).astype(np.float32)
 
 
 def wgmma(acc: np.ndarray, a_smem: np.ndarray, desc_a: Descriptor, b_smem: np.ndarray, desc_b: Descriptor, *,
           n: int, dtype: str, scale_d: int, scale_a: int = 1, scale_b: int = 1, trans_a: int = 0,
-          trans_b: int = 0) -> np.ndarray:
-    """The accumulator fragments [128, N/2] after ``wgmma.mma_async m64nNk16.f32.<dtype>`` with
-    ``D = scale_d * D + (scale_a * A) @ (scale_b * B)``: A [64, 16] read through ``desc_a`` from
-    ``a_smem``, B [16, N] through ``desc_b`` from ``b_smem`` (the shared buffers, their first byte
-    being the descriptors' address 0). ``scale_d`` 0 overwrites, 1 accumulates."""
+          trans_b: int = 0, b_dtype: str | None = None) -> np.ndarray:
+    """The accumulator fragments [128, N/2] after ``wgmma.mma_async m64nNk16.f32.<dtype>`` (FP8:
+    ``m64nNk32.f32.<dtype>.<b_dtype>``) with ``D = scale_d * D + (scale_a * A) @ (scale_b * B)``: A [64, K]
+    read through ``desc_a`` from ``a_smem``, B [K, N] through ``desc_b`` from ``b_smem`` (the shared
+    buffers, their first byte being the descriptors' address 0). ``scale_d`` 0 overwrites, 1 accumulates.
+    FP8 has no transposed read: a transpose immediate of 1 is refused."""
+    b_dtype = dtype if b_dtype is None else b_dtype
+    if k_step(dtype) != k_step(b_dtype) or k_step(dtype) != MMA_K and (trans_a or trans_b):
+        raise MmaOperandError(f"wgmma with A {dtype} and B {b_dtype}, transpose ({trans_a}, {trans_b}): the two "
+                              "types must be both 2-byte or both FP8, and FP8 operands are K-major")
     n = check_n(n)
     for name, v, allowed in (("scale-d", scale_d, (0, 1)), ("imm-scale-a", scale_a, (1, -1)),
                              ("imm-scale-b", scale_b, (1, -1))):
@@ -84,8 +97,8 @@ def wgmma(acc: np.ndarray, a_smem: np.ndarray, desc_a: Descriptor, b_smem: np.nd
     if acc.shape != (WARPGROUP, n // 2) or acc.dtype != np.float32:
         raise MmaOperandError(f"accumulator fragments of {acc.dtype} {acc.shape}: m64n{n}.f32 holds float32 "
                               f"[{WARPGROUP}, {n // 2}] (thread x register)")
-    a = read_operand(a_smem, operand_addresses(desc_a, MMA_M, trans_a), dtype, "A")
-    b = read_operand(b_smem, operand_addresses(desc_b, n, trans_b), dtype, "B")
+    a = read_operand(a_smem, operand_addresses(desc_a, MMA_M, trans_a, dtype), dtype, "A")
+    b = read_operand(b_smem, operand_addresses(desc_b, n, trans_b, b_dtype), b_dtype, "B")
     prod = ((scale_a * a.astype(np.float64)) @ (scale_b * b.astype(np.float64)).T).astype(np.float32)
     rows, cols = np.meshgrid(np.arange(MMA_M), np.arange(n), indexing="ij")
     thread, reg = fragment_slot(rows, cols, n)
@@ -201,28 +214,33 @@ class MmaOps:
             return
         bm, bn, bk = (int(x) for x in a["shape"])
         groups, span, dtype = int(a["groups"]), int(a["swizzle"]), a["dtype"]
+        b_dtype = a.get("b_dtype") or dtype
         b_major, b_span = self._b_layout(a, span)
         rows = bm // groups
         acc = self.regarrays.get(a["acc"])
         tiles = [self.proto.shared.get(a[k]) for k in ("a", "b")]
-        if acc is None or acc.shape[1] != (rows // MMA_M) * bn // 2 or any(
-                t is None or t.data.dtype.itemsize != 2 for t in tiles):
-            raise MmaIssueError(f"an mma of tile ({bm}, {bn}, {bk}) on {groups} warp group(s) needs a float32 "
+        size = DTYPE_BYTES.get(dtype)  # bytes of an element: 2, or 1 for FP8 (both operands alike)
+        if acc is None or acc.shape[1] != (rows // MMA_M) * bn // 2 or dtype not in MMA_DTYPES or any(
+                t is None or t.data.dtype.itemsize != size for t in tiles):
+            raise MmaIssueError(f"an mma of {dtype} tile ({bm}, {bn}, {bk}) on {groups} warp group(s) needs a float32 "
                                 f"register array {a['acc']!r} of {(rows // MMA_M) * bn // 2} elements a thread and "
-                                f"shared 2-byte tiles {a['a']!r}, {a['b']!r}", self.site())
+                                f"shared {size}-byte tiles {a['a']!r}, {a['b']!r}", self.site())
         tile_a, tile_b = tiles
+        kk = k_step(dtype)
         for wg, g, lanes, a_off, b_off, scale_d in self._issuing_groups(s, mask, groups):
             if not self.p.mma_async:
                 self._mma_logical(acc, lanes, (tile_a, a_off + g * rows * bk), (tile_b, b_off), (rows, bn, bk), scale_d,
-                                  b_tile_elements(bn, bk, b_span, b_major))
+                                  b_tile_elements(bn, bk, b_span, b_major), kk)
                 continue
             try:
-                steps = [(j, ks, tma_tile_descriptor(2 * a_off + (g * rows + MMA_M * j) * span, bm, span, "k", ks),
-                          b_tile_descriptor(2 * b_off, bn, bk, b_span, b_major, ks))
-                         for j in range(rows // MMA_M) for ks in range(bk // MMA_K)]
-                # the elements it reads (2-byte elements: byte address / 2), for the protocol checks
-                reads = [(tile, np.concatenate([operand_addresses(d[w], rows_of, trans).ravel() for d in steps]) // 2)
-                         for tile, w, rows_of, trans in ((tile_a, 2, MMA_M, 0), (tile_b, 3, bn, TRANSPOSE[b_major]))]
+                steps = [(j, ks, tma_tile_descriptor(size * a_off + (g * rows + MMA_M * j) * span, bm, span, "k", ks),
+                          b_tile_descriptor(size * b_off, bn, bk, b_span, b_major, ks))
+                         for j in range(rows // MMA_M) for ks in range(bk // kk)]
+                # the elements it reads (byte address / element size), for the protocol checks
+                reads = [(tile, np.concatenate([operand_addresses(d[w], rows_of, trans, t).ravel()
+                                                for d in steps]) // size)
+                         for tile, w, rows_of, trans, t in ((tile_a, 2, MMA_M, 0, dtype),
+                                                            (tile_b, 3, bn, TRANSPOSE[b_major], b_dtype))]
                 for tile, idx in reads:  # a descriptor that reaches past the tile: named here, before any read
                     out = idx[(idx < 0) | (idx >= tile.data.size)]
                     if out.size:
@@ -237,7 +255,7 @@ class MmaOps:
                     # the 64-bit descriptors codegen prints, decoded again by the instruction
                     frags[:, cols] = wgmma(frags[:, cols], tile_a.data, da.encode(), tile_b.data, db.encode(), n=bn,
                                            dtype=dtype, scale_d=int(bool(scale_d) or ks > 0),
-                                           trans_b=TRANSPOSE[b_major])
+                                           trans_b=TRANSPOSE[b_major], b_dtype=b_dtype)
             except MmaLayoutError as e:
                 raise MmaIssueError(str(e), self.site()) from None
             acc[lanes] = frags
@@ -318,7 +336,8 @@ class MmaOps:
         block[t, r] = tile
         frags[:, cols] = block
 
-    def _mma_logical(self, acc: np.ndarray, lanes: np.ndarray, a, b, shape, scale_d, b_elements: np.ndarray) -> None:
+    def _mma_logical(self, acc: np.ndarray, lanes: np.ndarray, a, b, shape, scale_d, b_elements: np.ndarray,
+                     kk: int = MMA_K) -> None:
         """Before lowering: the tiles lie dense as their TMA boxes (a TMA load without a barrier copies the
         logical box), so the warp group's product of its ``rows`` of A (from element ``a_off``) and B
         (element (n, k) at ``b_off + b_elements[n, k]``: row-major [BN, BK], or MN-major panels) is taken
@@ -336,8 +355,8 @@ class MmaOps:
             at = tile_a.data[r0:r0 + MMA_M * bk].reshape(MMA_M, bk).astype(np.float64)
             cols = slice(j * bn // 2, (j + 1) * bn // 2)
             tile = fragments_to_matrix(frags[:, cols], bn) if scale_d else np.zeros((MMA_M, bn), np.float32)
-            for ks in range(0, bk, MMA_K):
-                tile = tile + (at[:, ks:ks + MMA_K] @ bt[:, ks:ks + MMA_K].T).astype(np.float32)
+            for ks in range(0, bk, kk):  # one instruction's k-step (16, or 32 for FP8) at a time
+                tile = tile + (at[:, ks:ks + kk] @ bt[:, ks:ks + kk].T).astype(np.float32)
             rr, cc = np.meshgrid(np.arange(MMA_M), np.arange(bn), indexing="ij")
             t, r = fragment_slot(rr, cc, bn)
             frags[t, j * bn // 2 + r] = tile

@@ -1,0 +1,197 @@
+"""FP8 on the CPU: the k32 operand layout, the instruction text, FP8 storage (rounding and saturation), the
+builder's and matmul_tc's refusals, matmul_tc checked by the interpreter for every type pair, scaling and
+accumulation mode, and mutations the checker must catch (a wrong k-step, a scale applied twice, a
+missing promotion)."""
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cbrules import api
+from cbrules.check import Checker
+from cbrules.ir.builder import BuildError, Kernel
+from cbrules.ir.mma_layout import MmaLayoutError, k_step, operand_address, tma_tile_descriptor
+from cbrules.ir.names import PRELUDE_NAMES
+from cbrules.ir.terms import swizzle_index
+from cbrules.kernels import KERNELS
+from cbrules.kernels import matmul_tc as mtc
+from cbrules.kernels.matmul_tc import MatmulTileError, matmul_tc
+from cbrules.kernels.specs import matmul_tc_variant
+from cbrules.reference.interp import run
+
+SPEC = KERNELS["matmul_tc"]
+WS = dict(warp_specialize=True, registers=(40, 232))
+
+
+# ----------------------------------------------------------------------------- layout and instruction
+def test_k32_step_reads_32_bytes_of_each_swizzled_row():
+    # a 64 x 128 FP8 tile as TMA writes it (128-byte rows, 128B swizzle): k-step s of the instruction reads
+    # elements 32 s .. 32 s + 31 of each row, at the swizzled byte of the dense offset row * 128 + k
+    assert k_step("float8_e4m3") == 32 and k_step("float8_e5m2") == 32 and k_step("bfloat16") == 16
+    mn, k = np.meshgrid(np.arange(64), np.arange(32), indexing="ij")
+    for s in range(4):
+        desc = tma_tile_descriptor(0, 64, 128, "k", s)
+        got = operand_address(desc, mn, k, "k", element_bytes=1)
+        np.testing.assert_array_equal(got, swizzle_index(mn * 128 + 32 * s + k, 1, 128))
+
+
+def test_fp8_operands_are_k_major_only():
+    desc = tma_tile_descriptor(0, 64, 128, "k", 0)
+    with pytest.raises(MmaLayoutError, match="K-major only"):
+        operand_address(desc, 0, 0, "mn", element_bytes=1)
+
+
+def test_instruction_text_is_k32_without_transpose_immediates():
+    src = api.generate(matmul_tc(dtype="float8_e4m3", b_dtype="float8_e5m2", **WS)).text
+    assert set(re.findall(r"wgmma\.mma_async\S*", src)) == {"wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e5m2"}
+    line = next(x for x in src.splitlines() if "m64n192k32" in x)
+    assert line.rstrip().endswith('p, 1, 1;\\n}\\n"'), line  # scale-d, imm-scale-a/b: no tnspA/tnspB for FP8
+    assert "cb_wgmma_n192_e4m3_e5m2" in PRELUDE_NAMES and "cb_e4m3" in PRELUDE_NAMES
+    assert "struct cb_e4m3" in src  # c's epilogue stores need none, but the tensors' types are declared
+    bf16 = api.generate(matmul_tc(**WS)).text
+    assert "cb_e4m3" not in bf16 and "m64n256k16.f32.bf16.bf16" in bf16
+
+
+# ----------------------------------------------------------------------------- FP8 storage
+def _copy_kernel(dtype):
+    k = Kernel("fp8_copy", block=128)
+    n = k.symbol("N")
+    x, y = k.tensor("x", (n,), dtype), k.tensor("y", (n,), dtype)
+    k.grid(1)
+    from cbrules.ir.builder import threadIdx
+    with k.if_(threadIdx.x.lt(n)):
+        k.store(y, threadIdx.x, k.mul(k.load(x, threadIdx.x), 1000.0))
+    return k
+
+
+@pytest.mark.parametrize("dtype,np_type,largest", [("float8_e4m3", ml_dtypes.float8_e4m3fn, 448.0),
+                                                   ("float8_e5m2", ml_dtypes.float8_e5m2, 57344.0)])
+def test_fp8_store_rounds_and_saturates(dtype, np_type, largest):
+    x = np.array([0.001, -0.002, 1.0, -100.0, np.nan, 0.0], np.float32).astype(np_type)
+    y = np.zeros(6, np_type)
+    got = run(_copy_kernel(dtype), {"x": x, "y": y})["y"].astype(np.float64)
+    want = np.clip(x.astype(np.float64) * 1000, -largest, largest).astype(np.float32).astype(np_type)
+    np.testing.assert_array_equal(got[~np.isnan(got)], want.astype(np.float64)[~np.isnan(got)])
+    assert got[3] == -largest and np.isnan(got[4])  # saturated, not NaN or inf; NaN stays NaN
+    assert api.compile(_copy_kernel(dtype)).cubin is not None  # the prelude's cvt forms pass NVRTC / ptxas
+
+
+# ----------------------------------------------------------------------------- refusals
+@pytest.mark.parametrize("kw,match", [
+    (dict(dtype="float8_e4m3", b_layout="kn"), "K-major only"),
+    (dict(dtype="bfloat16", b_dtype="float8_e4m3"), "only the FP8 types mix"),
+    (dict(dtype="float8_e4m3", scaling="block", promote=False), "give promote=True"),
+    (dict(dtype="float8_e4m3", scaling="block", bn=192), "bn must divide 128"),
+    (dict(dtype="float8_e4m3", scaling="rows"), "scaling='rows'"),
+    (dict(dtype="float8_e4m3", bk=64, promote=False), None),  # 64-byte rows: allowed, k32 x 2
+    (dict(dtype="float8_e4m3", bk=96), "use bk = 32, 64 or 128"),
+    (dict(dtype="float8_e4m3", bn=256), "the promoted sum and the k-step part"),
+])
+def test_matmul_tc_refuses_by_name(kw, match):
+    if match is None:
+        matmul_tc(**kw)
+        return
+    with pytest.raises(MatmulTileError, match=match):
+        matmul_tc(**kw)
+
+
+def test_builder_refuses_fp8_mixes_and_register_operands():
+    k = Kernel("t", block=128)
+    acc = k.mma_accumulator(64, 64)
+    a = k.alloc("a", "shared", "float8_e4m3", (64, 128))
+    b = k.alloc("b", "shared", "bfloat16", (64, 64))
+    with pytest.raises(BuildError, match="only the FP8 types mix"):
+        k.mma(acc, a, b)
+    bt = k.alloc("bt", "shared", "float8_e5m2", (128, 64))
+    with pytest.raises(BuildError, match="K-major only"):
+        k.mma(acc, a, bt, b_layout="kn")
+    with pytest.raises(BuildError, match="FP8 A operand from registers"):
+        k.mma_operand(acc, "float8_e4m3")
+    with pytest.raises(BuildError, match="a register array of float8_e4m3"):
+        k.alloc("r", "register", "float8_e4m3", (4,))
+
+
+# ----------------------------------------------------------------------------- matmul_tc checked on the CPU
+CASES = [("float8_e4m3", None, {}, 2, False), ("float8_e5m2", "tensor", {}, 3, True),
+         ("float8_e4m3", "rowcol", {}, 2, True), ("float8_e4m3", "block", {}, 2, True),
+         ("float8_e4m3", "none", {"promote": False}, 2, False), ("float8_e5m2", "rowcol", {"epilogue": "bias_gelu"}, 2, True)]
+
+
+def _fp8_spec(dtype, scaling, extra):
+    epilogue = extra.get("epilogue", "none")
+    spec = matmul_tc_variant(SPEC, "nk", epilogue, scaling) if scaling or epilogue != "none" else SPEC
+    spec = spec.for_dtype(dtype)
+    if "promote" in extra:
+        import dataclasses
+        import functools
+        spec = dataclasses.replace(spec, factory=functools.partial(spec.factory, promote=extra["promote"]))
+    return spec
+
+
+@pytest.mark.parametrize("dtype,scaling,extra,stages,ws", CASES, ids=lambda v: str(v))
+def test_checker_passes_fp8_matmul(dtype, scaling, extra, stages, ws):
+    checker = Checker(blocks="sample", dtype=dtype)
+    spec = _fp8_spec(dtype, scaling, extra)
+    for trips in (1, stages, stages + 2):
+        res = checker.check(spec, trips, stages, warp_specialize=ws, registers=(40, 232) if ws else None)
+        assert res.ok and res.status == "ok", f"trips {trips}: {res.status} {res.detail}"
+
+
+def test_mixed_pair_on_the_interpreter():
+    # e4m3 A with e5m2 B: each read through its own type, against the float64 product
+    k = matmul_tc(dtype="float8_e4m3", b_dtype="float8_e5m2", stages=2, **WS)
+    rng = np.random.default_rng(3)
+    m, n, kk = 130, 136, 400
+    a = rng.standard_normal((m, kk), dtype=np.float32).astype(ml_dtypes.float8_e4m3fn)
+    b = (4 * rng.standard_normal((n, kk), dtype=np.float32)).astype(ml_dtypes.float8_e5m2)
+    c = np.full((m, n), np.nan, np.float32).astype(ml_dtypes.bfloat16)
+    lowered = api.lower(k)
+    got = run(lowered, {"a": a, "b": b, "c": c, "scale_a": 0.5, "scale_b": 1.0}, blocks="sample")["c"]
+    want = (a.astype(np.float64) @ b.astype(np.float64).T) * 0.5
+    done = ~np.isnan(got.astype(np.float64))
+    assert done.any()
+    np.testing.assert_allclose(got.astype(np.float64)[done], want[done], rtol=2 ** -7, atol=1e-3)
+
+
+def test_spec_inputs_types_and_scales():
+    spec = matmul_tc_variant(SPEC, scaling="block").for_dtype("float8_e5m2")
+    args = spec.make_inputs((130, 300, 272), np.random.default_rng(0), "float8_e5m2")
+    assert args["a"].dtype == ml_dtypes.float8_e5m2 and args["c"].dtype == ml_dtypes.bfloat16
+    assert args["scale_a"].shape == (130, 3) and args["scale_b"].shape == (3, 3) and args["scale_a"].dtype == np.float32
+    assert SPEC.for_dtype("float8_e4m3") is SPEC.for_dtype("float8_e4m3")  # one spec object: the checker's caches
+    assert SPEC.for_dtype("bfloat16") is SPEC
+
+
+# ----------------------------------------------------------------------------- mutations the checker catches
+def _fails(spec, dtype="float8_e4m3", ws=True):
+    res = Checker(blocks="sample", dtype=dtype).check(spec, 3, 2, warp_specialize=ws,
+                                                      registers=(40, 232) if ws else None)
+    return not res.ok
+
+
+def test_mutation_wrong_k_step_is_caught(monkeypatch):
+    # the model stepping k16 through FP8 rows (as for a 2-byte type): wrong elements or past the tile
+    from cbrules.reference import interp_mma
+    real = interp_mma.k_step
+    monkeypatch.setattr(interp_mma, "k_step", lambda dtype: 16 if dtype.startswith("float8") else real(dtype))
+    assert _fails(SPEC.for_dtype("float8_e4m3"))
+
+
+def test_mutation_scale_applied_twice_is_caught(monkeypatch):
+    real = mtc._scales
+
+    def twice(k, scaling, m, n, out_dtype):
+        before, after = real(k, scaling, m, n, out_dtype)
+        return (lambda e: k.mul(before(e), before(e))), after
+    monkeypatch.setattr(mtc, "_scales", twice)
+    assert _fails(SPEC.for_dtype("float8_e4m3"))
+
+
+def test_mutation_missing_promotion_is_caught(monkeypatch):
+    monkeypatch.setattr(mtc, "_promote", lambda k, acc, part, factor: None)
+    assert _fails(SPEC.for_dtype("float8_e4m3"))
+
+
+def test_unmutated_baseline_passes():
+    assert not _fails(SPEC.for_dtype("float8_e4m3"))
