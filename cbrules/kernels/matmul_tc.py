@@ -48,7 +48,8 @@ OUT_DTYPES = MMA_DTYPES + ("float32",)
 SCALINGS = ("none", "tensor", "rowcol", "block")
 SCALE_BLOCK = 128  # K (and N) elements of one block scale
 # the default bn where the K stages are promoted (two accumulators a consumer thread): 192 measured 8-17 %
-# faster than 128 on the H200 (benchmarks/results/fp8_matmul); block scales take one column block a tile: 128
+# faster than 128 on the H200 (benchmarks/results/fp8_matmul) where the consumers' registers hold it (split
+# registers: --registers 40,232), else 128; block scales take one column block a tile: 128
 PROMOTED_BN, BLOCK_SCALED_BN = 192, 128
 _SWIZZLE = {32: "32B", 64: "64B", 128: "128B"}
 
@@ -91,16 +92,26 @@ def _accumulator_need(bm: int, bn: int, groups: int, copies: int = 1) -> int:
     return copies * blocks * (bn // 2) + WGMMA_EXTRA_REGISTERS + WGMMA_EXTRA_PER_BLOCK * (blocks - 1)
 
 
+def _consumer_count(registers) -> Optional[int]:
+    return registers[1] if isinstance(registers, (tuple, list)) and len(registers) == 2 and \
+        isinstance(registers[1], int) else None
+
+
+def _consumer_limit(groups: int, warp_specialize: bool, registers) -> int:
+    """Registers a consumer thread of ``groups`` consumer warp groups gets (see :func:`register_limit`)."""
+    return register_limit(128 * (groups + (1 if warp_specialize else 0)),
+                          _consumer_count(registers) if warp_specialize else None)
+
+
 def _check_registers(bm: int, bn: int, groups: int, warp_specialize: bool, registers, copies: int = 1) -> None:
     """Refuse, before NVRTC, a tile whose accumulator a consumer thread cannot hold (ptxas would end
     in C7602 "Insufficient registers", or spill the accumulator), naming what fits."""
     if not all(isinstance(x, int) and not isinstance(x, bool) for x in (bm, bn, groups)) or bm % (64 * groups):
         return  # the builder names a tile that does not split
-    consumer = registers[1] if isinstance(registers, (tuple, list)) and len(registers) == 2 and \
-        isinstance(registers[1], int) else None
+    consumer = _consumer_count(registers)
 
     def limit(g: int) -> int:
-        return register_limit(128 * (g + (1 if warp_specialize else 0)), consumer if warp_specialize else None)
+        return _consumer_limit(g, warp_specialize, registers)
     need, have = _accumulator_need(bm, bn, groups, copies), limit(groups)
     if need <= have:
         return
@@ -279,7 +290,8 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
     ``promote`` (default: True for FP8, where the tensor cores add each k32 step into the accumulator keeping
     fewer bits than float32): each K stage's MMAs go into a zeroed part accumulator, which the threads then
     add into the float32 sum (``acc += part``, with the block scales where ``scaling="block"``), so rounding
-    does not build up over K; it holds two accumulators a thread (so bn defaults to 192 then, 128 with block scales). ``promote=False``
+    does not build up over K; it holds two accumulators a thread (so bn defaults to 192 then where the consumer's registers hold
+    two of it, else 128; 128 with block scales). ``promote=False``
     is the fast accumulation of cuBLASLt's ``use_fast_accum``.
 
     ``pingpong=True`` (persistent and warp-specialized only): the kernel is written for ONE consumer warp
@@ -319,8 +331,12 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
         raise MatmulTileError("matmul_tc: scaling='block' applies each K stage's scales as its part is promoted; "
                               "give promote=True (or leave it to the FP8 default)")
     bk = 128 // DTYPE_BYTES[dtype] if bk is None else bk
+    if bn is None and promote and scaling != "block":  # 192 where two accumulators of it fit, else 128
+        fits = isinstance(groups, int) and isinstance(bm, int) and groups >= 1 and bm % (64 * groups) == 0 and \
+            _accumulator_need(bm, PROMOTED_BN, groups, 2) <= _consumer_limit(groups, bool(warp_specialize), registers)
+        bn = PROMOTED_BN if fits else BLOCK_SCALED_BN
     if bn is None:
-        bn = BLOCK_SCALED_BN if scaling == "block" else PROMOTED_BN if promote else BN
+        bn = BLOCK_SCALED_BN if scaling == "block" else BN
     if scaling == "block" and bk != SCALE_BLOCK:
         raise MatmulTileError(f"matmul_tc: scaling='block' with bk={bk}: a K stage must be one scale block of "
                               f"{SCALE_BLOCK} elements (FP8's 128-byte row); use bk={SCALE_BLOCK}")
