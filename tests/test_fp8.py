@@ -48,7 +48,7 @@ def test_instruction_text_is_k32_without_transpose_immediates():
     line = next(x for x in src.splitlines() if "m64n192k32" in x)
     assert line.rstrip().endswith('p, 1, 1;\\n}\\n"'), line  # scale-d, imm-scale-a/b: no tnspA/tnspB for FP8
     assert "cb_wgmma_n192_e4m3_e5m2" in PRELUDE_NAMES and "cb_e4m3" in PRELUDE_NAMES
-    assert "struct cb_e4m3" in src  # c's epilogue stores need none, but the tensors' types are declared
+    assert "CB_FP8_TYPE(cb_e4m3" in src  # the operand tensors' type is declared (the prelude defines both)
     bf16 = api.generate(matmul_tc(**WS)).text
     assert "cb_e4m3" not in bf16 and "m64n256k16.f32.bf16.bf16" in bf16
 
@@ -195,3 +195,16 @@ def test_mutation_missing_promotion_is_caught(monkeypatch):
 
 def test_unmutated_baseline_passes():
     assert not _fails(SPEC.for_dtype("float8_e4m3"))
+
+
+# ----------------------------------------------------------------------------- the issue's acceptance commands
+def test_cli_compile_and_check_fp8():
+    import subprocess
+    import sys
+    cmd = [sys.executable, "-m", "cbrules.cli"]
+    out = subprocess.run(cmd + ["compile", "matmul_tc", "--dtype", "float8_e4m3"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3", out.stdout)
+    chk = subprocess.run(cmd + ["check", "matmul_tc", "--dtype", "float8_e4m3", "--stages", "3", "--sample"],
+                         capture_output=True, text=True)
+    assert chk.returncode == 0 and "13 trip counts: 13 ok, 0 failed" in chk.stdout, chk.stdout + chk.stderr

@@ -52,7 +52,7 @@ PRELUDE_NAMES = frozenset((
     # cbrules.codegen.hints (copies with a :cache_hint, waits with a wait mode)
     "cb_tma_load_hint", "cb_tma_store_hint", "cb_tma_store_async_hint", "cb_l2_evict_first", "cb_l2_evict_last",
     "cb_l2_evict_normal", "cb_mbar_wait_mode", "cb_globaltimer",
-    "cb_half", "cb_bf16", "cb_e4m3", "cb_e5m2", "cb_tma_store_async", "cb_bulk_wait_read", "cb_bulk_wait", "cb_swizzle",
+    "cb_half", "cb_bf16", "cb_e4m3", "cb_e5m2", "CB_FP8_TYPE", "cb_tma_store_async", "cb_bulk_wait_read", "cb_bulk_wait", "cb_swizzle",
     # codegen/mma.py (kernels with mma nodes): the ordering helpers, descriptors, the block's locals and
     # the instruction helper of every N and operand type
     "cb_wgmma_fence", "cb_wgmma_commit", "cb_wgmma_wait", "cb_fence_acc", "cb_wgmma_desc", "cb_a", "cb_b",
