@@ -23,8 +23,8 @@ VARIANT_OPTIONS = ("head_dim", "causal", "lse", "scale")  # a built-in kernel's 
 def load_spec(a) -> KernelSpec:
     """The kernel the command line names (:func:`cbrules.kernelfile.load_kernel`), with its B operand in
     the layout ``--b-layout`` asks for, its ``--epilogue`` and ``--scaling`` (built-in matmul_tc only: its
-    inputs and reference change too), in the ``--dtype`` asked for (:meth:`KernelSpec.for_dtype`), as the ping-pong kernel with ``--pingpong`` (matmul_tc only), and with the
-    parameters of :data:`VARIANT_OPTIONS` (``--head-dim``, ``--causal``, ``--lse``, ``--scale``) for a
+    inputs and reference change too), in the ``--dtype`` asked for (:meth:`KernelSpec.for_dtype`), as the
+    ping-pong kernel with ``--pingpong`` (matmul_tc only), and with the parameters of :data:`VARIANT_OPTIONS` (``--head-dim``, ``--causal``, ``--lse``, ``--scale``) for a
     kernel that takes them (attention)."""
     spec = load_kernel(a.kernel)
     asked = {k: getattr(a, k, None) for k in VARIANT_OPTIONS}

@@ -72,7 +72,7 @@ def load_kernel(ref: str) -> KernelSpec:
 
     A kernel file that fails (a syntax error, any exception while it runs or builds, no ``build``)
     is a :class:`CliError` naming the file, the line and the exception."""
-    from .ir.ops import HALF_DTYPES
+    from .ir.ops import HALF_DTYPES, STORAGE_DTYPES
     from .kernels import get
     if ref.endswith(".py") or Path(ref).is_file():
         path = Path(ref)
@@ -94,8 +94,8 @@ def load_kernel(ref: str) -> KernelSpec:
         tolerance = _tolerance(ref, ns.get("TOLERANCE", (1e-5, 1e-6)))
         dtypes = ns.get("DTYPES", ("float32", *HALF_DTYPES))
         if not isinstance(dtypes, (tuple, list)) or not dtypes or \
-                any(d not in ("float32", *HALF_DTYPES) for d in dtypes):
-            raise CliError(f"{ref}: DTYPES must be a tuple of tensor types from float32, {', '.join(HALF_DTYPES)} "
+                any(d not in ("float32", *STORAGE_DTYPES) for d in dtypes):
+            raise CliError(f"{ref}: DTYPES must be a tuple of tensor types from float32, {', '.join(STORAGE_DTYPES)} "
                            f"(the first is the default), got {dtypes!r}")
         inputs, reference, trips_shape = ns.get("inputs"), ns.get("reference"), ns.get("shape_for_trips")
         takes = _takes(build)

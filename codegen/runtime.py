@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import math
 import operator
+import sys
 import threading
 from typing import Any, Callable, Mapping, Sequence
 
@@ -317,8 +318,7 @@ _TORCH_FP8 = {"torch.float8_e4m3fn": "float8_e4m3fn", "torch.float8_e5m2": "floa
 
 def _retyped(obj: Any, ml_name: str) -> DeviceArray:
     """``obj`` (a torch FP8 tensor) borrowed in place as an array of ml_dtypes' ``ml_name``."""
-    import sys
-    torch = sys.modules.get("torch")
+    torch = sys.modules.get("torch")  # a torch tensor's module is loaded; nothing else is taken
     if torch is None or not isinstance(obj, torch.Tensor):
         raise TypeError(f"a {type(obj).__name__} of dtype {obj.dtype}: only torch tensors of it are taken")
     import ml_dtypes

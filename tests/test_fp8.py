@@ -208,3 +208,76 @@ def test_cli_compile_and_check_fp8():
     chk = subprocess.run(cmd + ["check", "matmul_tc", "--dtype", "float8_e4m3", "--stages", "3", "--sample"],
                          capture_output=True, text=True)
     assert chk.returncode == 0 and "13 trip counts: 13 ok, 0 failed" in chk.stdout, chk.stdout + chk.stderr
+
+
+# ----------------------------------------------------------------------------- hostile inputs: named refusals
+@pytest.fixture(scope="module")
+def fp8_kernels():
+    return {s: api.compile(matmul_tc(dtype="float8_e4m3", scaling=s, **WS)) for s in ("tensor", "block")}
+
+
+def _fp8_args(m=130, n=136, k=256, **over):
+    args = {"a": np.zeros((m, k), ml_dtypes.float8_e4m3fn), "b": np.zeros((n, k), ml_dtypes.float8_e4m3fn),
+            "c": np.zeros((m, n), ml_dtypes.bfloat16), "scale_a": 1.0, "scale_b": 1.0}
+    return {**args, **over}
+
+
+@pytest.mark.parametrize("over,match", [
+    (dict(a=np.zeros((130, 256), ml_dtypes.float8_e5m2)), "float8_e4m3"),  # the other FP8 type
+    (dict(b=np.zeros((136, 256), np.float32)), "float8_e4m3"),  # not dequantized by the launcher
+    (dict(scale_a=float("nan")), "scale_a"),
+    (dict(scale_b="2"), "scale_b"),
+])
+def test_launch_refuses_bad_fp8_arguments_by_name(fp8_kernels, over, match):
+    from cbrules.ir.bind import LaunchError
+    with pytest.raises(LaunchError, match=match):
+        fp8_kernels["tensor"].check(**_fp8_args(**over))
+    fp8_kernels["tensor"].check(**_fp8_args())  # the same arguments without the bad one pass
+
+
+def test_launch_refuses_block_scales_of_the_wrong_shape(fp8_kernels):
+    from cbrules.ir.bind import LaunchError
+    good = dict(scale_a=np.ones((130, 2), np.float32), scale_b=np.ones((2, 2), np.float32))
+    fp8_kernels["block"].check(**_fp8_args(**good))
+    with pytest.raises(LaunchError, match="scale_a"):  # K = 256 is two blocks of 128, not one
+        fp8_kernels["block"].check(**_fp8_args(**{**good, "scale_a": np.ones((130, 1), np.float32)}))
+
+
+def test_an_object_posing_as_a_torch_fp8_tensor_is_refused(fp8_kernels):
+    from cbrules.ir.bind import LaunchError
+
+    class Posing:
+        dtype = "torch.float8_e4m3fn"
+
+        def view(self, _):
+            raise AssertionError("never viewed: only torch tensors are")
+    with pytest.raises(LaunchError, match="only torch tensors"):
+        fp8_kernels["tensor"].check(**_fp8_args(a=Posing()))
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["compile", "single_dim", "--dtype", "float8_e4m3"], "float8_e4m3"),
+    (["compile", "matmul_tc", "--dtype", "bfloat16", "--scaling", "block"], "scaling='block'"),
+    (["compile", "attention", "--scaling", "rowcol"], "built-in matmul_tc only"),
+    (["compile", "matmul_tc", "--scaling", "per-row"], "invalid choice"),
+])
+def test_cli_refuses_fp8_options_by_name(argv, match):
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "cbrules.cli", *argv], capture_output=True, text=True)
+    assert out.returncode != 0 and match in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_kernel_file_may_declare_fp8_dtypes(tmp_path):
+    from cbrules.errors import CliError
+    from cbrules.kernelfile import load_kernel
+    body = ("from cbrules.ir.builder import Kernel\nDTYPES = {dtypes}\n"
+            "def build(dtype='float8_e4m3'):\n    k = Kernel('k', block=32)\n    k.tensor('x', (4,), dtype)\n"
+            "    k.grid(1)\n    return k\n")
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text(body.format(dtypes=("float8_e4m3", "float8_e5m2")))
+    bad.write_text(body.format(dtypes=("float8",)))
+    assert load_kernel(str(good)).dtypes == ("float8_e4m3", "float8_e5m2")
+    with pytest.raises(CliError, match="DTYPES must be a tuple of tensor types from float32, float16, bfloat16, "
+                                       "float8_e4m3, float8_e5m2"):
+        load_kernel(str(bad))

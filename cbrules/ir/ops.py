@@ -31,7 +31,6 @@ HALF_DTYPES = ("float16", "bfloat16")
 # with them, largest 57344). A store rounds to nearest even and saturates to the largest finite value
 # (cvt.rn.satfinite), so an out-of-range result never becomes NaN or infinity; NaN stays NaN.
 FP8_DTYPES = ("float8_e4m3", "float8_e5m2")
-FP8_MAX = {"float8_e4m3": 448.0, "float8_e5m2": 57344.0}
 STORAGE_DTYPES = HALF_DTYPES + FP8_DTYPES
 
 

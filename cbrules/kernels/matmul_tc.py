@@ -185,13 +185,6 @@ def epilogue_inputs(epilogue: str) -> tuple[str, ...]:
             ("alpha_beta",): ("alpha", "beta", "c_in")}[adds]
 
 
-def scale_inputs(scaling: str, out_dtype: str) -> tuple[str, ...]:
-    """The parameters ``scaling`` adds after a, b and c (before the epilogue's), in order."""
-    if scaling == "none":
-        return ()
-    return ("scale_a", "scale_b") + (("scale_c",) if scaling == "tensor" and out_dtype in FP8_DTYPES else ())
-
-
 def _block_scales(k: Kernel, m: Term, n: Term, kk: Term, bm: int, bn: int, groups: int):
     """The block scales declared, and ``load(row0, col0, t)``, which loads K stage ``t``'s factors
     scale_a[row, t] * scale_b[col0 / 128, t] once for each of the thread's accumulator rows (two a 64-row
@@ -211,7 +204,7 @@ def _block_scales(k: Kernel, m: Term, n: Term, kk: Term, bm: int, bn: int, group
     return load
 
 
-def epilogue_dtype(out_dtype: str) -> str:
+def _epilogue_dtype(out_dtype: str) -> str:
     """The type of an epilogue's tensors (bias, residual, c_in): c's, or bfloat16 where c is FP8."""
     return "bfloat16" if out_dtype in FP8_DTYPES else out_dtype
 
@@ -235,7 +228,7 @@ def _epilogue(k: Kernel, epilogue: str, m: Term, n: Term, out_dtype: str, scalin
     adds, act = EPILOGUES[epilogue]
     if not adds and act is None and before is None:
         return None
-    dtype = epilogue_dtype(out_dtype)
+    dtype = _epilogue_dtype(out_dtype)
     bias = k.tensor("bias", (n,), dtype) if "bias" in adds else None
     residual = k.tensor("residual", (m, n), dtype) if "residual" in adds else None
     if "alpha_beta" in adds:
@@ -290,9 +283,9 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
     ``promote`` (default: True for FP8, where the tensor cores add each k32 step into the accumulator keeping
     fewer bits than float32): each K stage's MMAs go into a zeroed part accumulator, which the threads then
     add into the float32 sum (``acc += part``, with the block scales where ``scaling="block"``), so rounding
-    does not build up over K; it holds two accumulators a thread (so bn defaults to 192 then where the consumer's registers hold
-    two of it, else 128; 128 with block scales). ``promote=False``
-    is the fast accumulation of cuBLASLt's ``use_fast_accum``.
+    does not build up over K; it holds two accumulators a thread (so bn defaults to 192 then where the
+    consumer's registers hold two of it, else 128; 128 with block scales). ``promote=False`` is the fast
+    accumulation of cuBLASLt's ``use_fast_accum``.
 
     ``pingpong=True`` (persistent and warp-specialized only): the kernel is written for ONE consumer warp
     group that computes whole bm x bn tiles (``groups`` does not apply; bm=128 is two 64-row blocks), and

@@ -26,8 +26,7 @@ from . import reductions as _red
 from . import tiled2d as _t2
 from .exp1d import exp1d_tma
 
-UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8,  # half an ulp at 1: the rounding of a store
-                 "float8_e4m3": 2.0 ** -4, "float8_e5m2": 2.0 ** -3}
+UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}  # half an ulp at 1: the rounding of a store
 _STORAGE_NAMES = frozenset(np.dtype(NP_DTYPES[d]).name for d in STORAGE_DTYPES)  # numpy's names of them
 SHAPES_1D = ((128,), (1024,), (2048,), (500 * 1024,))
 SHAPES_2D = tuple((m, n) for m in (128, 500, 1024) for n in (128, 1024, 2048))
@@ -228,7 +227,7 @@ FP8_SHAPES = ((128, 128, 128), (500, 1000, 384), (1024, 2048, 4096), (129, 264, 
 def _fp8_tolerance(shape) -> tuple[float, float]:
     # the H200 adds each k32 step into the accumulator keeping fewer bits than float32; promoted every 128
     # of K (matmul_tc's FP8 default) the error grows as sqrt(K): measured at most 7e-4 * sqrt(K) for scales
-    # of 1 (the inputs' scales reach 4) -- docs/fragments.md#fp8
+    # of 1 (the inputs' scales reach 4) -- docs/fp8.md
     return 1e-3, 3e-3 * shape[2] ** 0.5
 
 

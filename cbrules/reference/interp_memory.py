@@ -8,19 +8,20 @@ from __future__ import annotations
 
 from typing import Optional
 
+import ml_dtypes
 import numpy as np
 
 from .hwsim import inside_box, read_box, swizzled, tensor_view, unswizzled, write_box
 from .interp_roles import Blocked
 from ..ir.limits import SWIZZLE_SPAN
 from ..ir.bind import NP_DTYPES
-from ..ir.ops import DTYPE_BYTES, FP8_DTYPES, FP8_MAX, MAX_BACKOFF_NS
+from ..ir.ops import DTYPE_BYTES, FP8_DTYPES, MAX_BACKOFF_NS
 from ..ir.terms import swizzle_index
 from .hazards import DivergentSync, InterpError, TmaIssueError
 from ..schedule import Step
 from ..ir.attributes import attribute_problem
 
-_FP8_LIMITS = {np.dtype(NP_DTYPES[d]): FP8_MAX[d] for d in FP8_DTYPES}
+_FP8_LIMITS = {np.dtype(NP_DTYPES[d]): float(ml_dtypes.finfo(NP_DTYPES[d]).max) for d in FP8_DTYPES}
 
 
 def saturated(vals, dtype: np.dtype):

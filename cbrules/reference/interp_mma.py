@@ -12,7 +12,7 @@ just as on the GPU.
 Arithmetic: products of 2-byte or 1-byte floats are exact in float64, and one k-step's sum of 16 (FP8:
 32) of them is rounded once to float32 and added to the float32 accumulator; the hardware's internal
 order and rounding differ only in the last bits for the 2-byte types. For FP8 the H200 keeps fewer bits
-while it adds a k-step into the accumulator (DeepGEMM's finding, measured here: docs/fragments.md), so
+while it adds a k-step into the accumulator (DeepGEMM's finding, measured here: docs/fp8.md), so
 a GPU result lies within the FP8 tolerance of this model rather than its last bits.
 """
 from __future__ import annotations
