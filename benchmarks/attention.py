@@ -25,6 +25,7 @@ HEADS, TOKENS = 16, 32768
 DIMS, LENGTHS = (64, 128, 256), (1024, 4096, 16384)
 OURS = {"ours": {"warp_specialize": True}}  # stages, tiles: the kernel's defaults for each D
 PLAIN = {"ours (plain)": {}}
+PERSISTENT = {"ours persistent": {"warp_specialize": True, "persistent": 132}}  # non-causal: a block an SM
 
 
 def tflops(b: int, length: int, d: int, causal: bool, seconds: float) -> float:
@@ -37,6 +38,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="folder for results.json and results.md")
     p.add_argument("--quick", action="store_true", help="sustain 0.5 s, idle 1 s (not steady: a first look)")
     p.add_argument("--plain", action="store_true", help="also time the kernel without warp specialization")
+    p.add_argument("--persistent", action="store_true", help="also time the persistent kernel (non-causal)")
     p.add_argument("--dims", default=",".join(map(str, DIMS)), help="head dims, e.g. 64,128")
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="sequence lengths, e.g. 4096,16384")
     p.add_argument("--causal", choices=("both", "no", "yes"), default="both")
@@ -60,13 +62,15 @@ def main(argv=None) -> int:
             from benchmarks.triton_attention import attention as triton_attention
         except ImportError as e:  # no Triton here: the other peers still run
             print(f"Triton peer left out: {e}", flush=True)
-    ours = {**OURS, **(PLAIN if a.plain else {})}
+    ours = {**OURS, **(PLAIN if a.plain else {}), **(PERSISTENT if a.persistent else {})}
     compiled = {}
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
     for d in dims:
         for causal in causals:
             for label, opts in ours.items():
+                if causal and "persistent" in opts:
+                    continue
                 t0 = time.perf_counter()
                 compiled[(d, causal, label)] = api.compile(attention(head_dim=d, causal=causal, **opts))
                 print(f"compiled {label} D={d} causal={causal} in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -88,6 +92,8 @@ def main(argv=None) -> int:
                         outs["Triton"] = triton_attention(q, k, v, causal=causal)
                     launches["Triton"] = triton_launch
                 for label in ours:
+                    if (d, causal, label) not in compiled:
+                        continue
                     o = torch.full_like(q, float("nan"))
                     bound = compiled[(d, causal, label)].bind(q=q.view(b * HEADS, length, d),
                                                               k=k.view(b * HEADS, length, d),
@@ -129,7 +135,8 @@ def main(argv=None) -> int:
 
 
 def _line(row: dict, labels: list) -> str:
-    parts = [f"{lb} {row[f'{lb} tflops']:.0f} (err {row[f'{lb} max_err']:.3g})" for lb in labels]
+    parts = [f"{lb} {row[f'{lb} tflops']:.0f} (err {row[f'{lb} max_err']:.3g})" for lb in labels
+             if f"{lb} tflops" in row]
     return f"D={row['d']} L={row['length']} causal={row['causal']}: " + ", ".join(parts)
 
 
@@ -141,9 +148,10 @@ def _table(rows: list, labels: list) -> str:
     lines = [head, "|" + "---|" * (3 + len(labels) + len(peers) * len(ours))]
     for r in rows:
         cells = [str(r["d"]), str(r["length"]), "yes" if r["causal"] else "no"]
-        cells += [f"{r[f'{lb} tflops']:.0f}" for lb in labels]
-        for lb in ours:
-            cells += [f"{r[f'{lb} tflops'] / r[f'{peer} tflops']:.2f}" for peer in peers]
+        cells += [f"{r[f'{lb} tflops']:.0f}" if f"{lb} tflops" in r else "-" for lb in labels]
+        for lb in ours:  # "-": a variant not built for this row (persistent: non-causal only)
+            cells += [f"{r[f'{lb} tflops'] / r[f'{peer} tflops']:.2f}" if f"{lb} tflops" in r else "-"
+                      for peer in peers]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -312,6 +312,8 @@ def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
     p.add_argument("--lse", action="store_true", default=None, help="attention: also write the log-sum-exp of each "
                    "query row (float32 [BH, Lq])")
     p.add_argument("--scale", type=float, metavar="X", help="attention: the softmax scale (default 1/sqrt(D))")
+    p.add_argument("--persistent", type=int, metavar="N", help="attention: N blocks (one an SM: 132 on an H200) "
+                   "walk the query tiles, the producer loading each tile's Q too; non-causal, with --warp-specialize")
 
 
 def _rule_options(p: argparse.ArgumentParser, debug: bool = False) -> None:

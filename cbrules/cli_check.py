@@ -48,8 +48,8 @@ def cmd_check(a) -> int:
                                                 ("registers", a.registers), ("dtype", a.dtype),
                                                 ("swizzle", a.swizzle), ("b-layout", a.b_layout),
                                                 ("epilogue", a.epilogue), ("scaling", a.scaling),
-                                                ("head-dim", a.head_dim),
-                                                ("scale", a.scale)) if v is not None)
+                                                ("head-dim", a.head_dim), ("scale", a.scale),
+                                                ("persistent", a.persistent)) if v is not None)
     asked += (" --warp-specialize" if ws["warp_specialize"] else "") + (" --tma-store" if a.tma_store else "")
     asked += (" --causal" if a.causal else "") + (" --lse" if a.lse else "")
     asked += " --pingpong" if a.pingpong else ""

@@ -17,14 +17,14 @@ if TYPE_CHECKING:
 MAX_ELEMENTS = 2 ** 31  # the launcher refuses tensors past 2**31 elements: refuse such shapes up front
 
 
-VARIANT_OPTIONS = ("head_dim", "causal", "lse", "scale")  # a built-in kernel's own parameters (KernelSpec.variant)
+VARIANT_OPTIONS = ("head_dim", "causal", "lse", "scale", "persistent")  # a built-in kernel's own parameters (KernelSpec.variant)
 
 
 def load_spec(a) -> KernelSpec:
     """The kernel the command line names (:func:`cbrules.kernelfile.load_kernel`), with its B operand in
     the layout ``--b-layout`` asks for, its ``--epilogue`` and ``--scaling`` (built-in matmul_tc only: its
     inputs and reference change too), in the ``--dtype`` asked for (:meth:`KernelSpec.for_dtype`), as the
-    ping-pong kernel with ``--pingpong`` (matmul_tc only), and with the parameters of :data:`VARIANT_OPTIONS` (``--head-dim``, ``--causal``, ``--lse``, ``--scale``) for a
+    ping-pong kernel with ``--pingpong`` (matmul_tc only), and with the parameters of :data:`VARIANT_OPTIONS` (``--head-dim``, ``--causal``, ``--lse``, ``--scale``, ``--persistent``) for a
     kernel that takes them (attention)."""
     spec = load_kernel(a.kernel)
     asked = {k: getattr(a, k, None) for k in VARIANT_OPTIONS}
@@ -33,6 +33,9 @@ def load_spec(a) -> KernelSpec:
         if spec.variant is None:
             flags = " ".join(f"--{k.replace('_', '-')}" for k in asked)
             raise CliError(f"{spec.name}: {flags}: this kernel takes no such parameters (attention does)")
+        if asked.get("persistent") and not getattr(a, "warp_specialize", False):
+            raise CliError(f"{spec.name}: --persistent {asked['persistent']} needs --warp-specialize: the producer "
+                           "warp group loads each tile's Q and runs on into the next tile's K and V")
         spec = spec.variant(**asked)
     layout, epilogue, scaling = (getattr(a, k, None) for k in ("b_layout", "epilogue", "scaling"))
     if layout is not None or epilogue is not None or scaling is not None:

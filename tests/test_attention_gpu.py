@@ -73,3 +73,13 @@ def test_queries_and_keys_of_other_lengths_and_a_scale():
                 for causal in (False, True)
                 for f in _run(shape, 64, causal, scale=0.2, stages=2, warp_specialize=True)]
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_persistent(d):
+    """A block per SM (and fewer blocks than tiles: each walks several) at every length, its defaults'
+    stages; queries and keys of other lengths, more heads than blocks."""
+    shapes = [(5, n, n) for n in LENGTHS] + [(7, 100, 3000), (3, 3000, 100)]
+    failures = [f for shape in shapes for blocks in (132, 5)
+                for f in _run(shape, d, False, warp_specialize=True, persistent=blocks, seed=shape[1])]
+    assert not failures, "\n".join(failures)

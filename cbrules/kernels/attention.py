@@ -29,6 +29,12 @@ before their loop) compute; ``registers`` shares the register file (setmaxnreg, 
 scores' mma completes before the threads read S; the output's stays in flight into the next iteration
 and completes before the threads rescale O there (rules/mma.rules: mma-wait-read-in-loop,
 mma-wait-before-carried-read). Head dim 256 takes 64-key tiles (``bn`` defaults to 64 there).
+
+``persistent=P`` (warp-specialized, not causal): P blocks (one an SM: 132 on an H200) walk the
+(head, query tile) pairs; the producer loads each tile's Q as well (a walk operand, rules/mma.rules: its
+own barrier pair, freed after the key loop) and runs on into the next tile's K/V while the consumers
+store the last one's output. Measured on the H200 it gains about 5 % at L = 1k (D = 64, 128) and loses
+up to 6 % at D = 256 and at L = 16k, so it is not the default (docs/performance.md#attention).
 """
 from __future__ import annotations
 
@@ -84,7 +90,8 @@ def check(head_dim, dtype, bm, bn, stages, scale) -> None:
 def attention(stages=None, prefetch=None, war: Optional[str] = None, warp_specialize: bool = False,
               registers=None, dtype: str = "bfloat16", head_dim: int = 64, causal: bool = False,
               scale: Optional[float] = None, lse: bool = False, bm: Optional[int] = None, bn: Optional[int] = None,
-              mask_mod: Optional[Callable] = None, key_blocks: Optional[Callable] = None) -> Kernel:
+              mask_mod: Optional[Callable] = None, key_blocks: Optional[Callable] = None,
+              persistent: int = 0) -> Kernel:
     """The attention forward over ``q [BH, Lq, D]``, ``k, v [BH, Lk, D]`` into ``o [BH, Lq, D]`` (and
     ``lse [BH, Lq]`` with ``lse=True``); ``scale`` defaults to ``1 / sqrt(head_dim)``. See the module doc.
 
@@ -94,10 +101,11 @@ def attention(stages=None, prefetch=None, war: Optional[str] = None, warp_specia
     tiles [first, stop) the query tile from row ``row0`` visits (``key_tiles`` the ones it would
     visit otherwise) and ``partial(key0)``, the predicate of a tile that ``mask_mod`` may cut (the mask
     pass runs on those only; default: every tile, when ``mask_mod`` is given). A row none of whose keys
-    is kept gets NaN, as in torch."""
+    is kept gets NaN, as in torch. ``persistent=P``: P blocks walk the query tiles (see the module doc)."""
     bm = default_bm(head_dim) if bm is None else bm
     bn = default_bn(head_dim) if bn is None else bn
     check(head_dim, dtype, bm, bn, stages, scale)
+    check_persistent(persistent, warp_specialize, causal, key_blocks)
     stages = default_stages(head_dim, dtype, bm, bn) if stages is None else stages
     d = head_dim
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -117,18 +125,6 @@ def attention(stages=None, prefetch=None, war: Optional[str] = None, warp_specia
     k_t = [k.alloc(f"k_t{p}", "shared", dtype, (bn, PANEL), align=1024) for p in range(panels)]
     v_t = k.alloc("v_t", "shared", dtype, (bn, d), align=1024)  # [bn, D] as D/64 panels [bn, 64], MN-major B
 
-    tiles_q = ceil_div(lq, bm)
-    k.grid(tiles_q, bh)
-    # causal: the longest query tiles (the last) first
-    tile = (tiles_q - 1 - blockIdx.x) if causal else blockIdx.x
-    head, row0 = name("blockIdx.y"), tile * bm
-    key_tiles = ceil_div(lk, bn)
-    if causal:  # keys up to the block's last query row
-        key_tiles = call("min", key_tiles, ceil_div(row0 + bm, bn))
-    first, partial = 0, None
-    if key_blocks is not None:
-        first, key_tiles, partial = key_blocks(row0, key_tiles)
-
     s = k.mma_accumulator(bm, bn, acc="s", groups=groups)
     out = k.mma_accumulator(bm, d, acc="o_acc", groups=groups)
     p_regs = k.mma_operand(s, dtype, dst="p")
@@ -138,69 +134,108 @@ def attention(stages=None, prefetch=None, war: Optional[str] = None, warp_specia
     alpha = k.alloc("alpha", "register", "float32", (rows,))
     m_use = k.alloc("m_use", "register", "float32", (rows,))  # m, or 0 while a row has kept no key
     tile_max = k.alloc("s_max", "register", "float32", (rows,))
-    with k.loop("r0", rows, kind="unroll") as r:
-        k.store(m_run, r, NEG_INF)
-        k.store(l_run, r, 0.0)
-
-    for p in range(panels):  # once, before the loop: the rules give these loads their own barrier
-        k.tma_load(q_map, (head, row0, p * PANEL), q_t[p])
     if warp_specialize and registers is None:  # the consumers hold S, O and P: give them the producer's share
         registers = ws_registers(groups)
     cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
-    with k.loop("t", key_tiles - first, circular_buffer=cb) as t:
-        key0 = (first + t) * bn
-        for p in range(panels):
-            k.tma_load(k_map, (head, key0, p * PANEL), k_t[p])
-        for p in range(panels):
-            k.tma_load(v_map, (head, key0, p * PANEL), v_t, offset=p * bn * PANEL)
-        for p in range(panels):
-            k.mma(s, q_t[p], k_t[p], scale_d=0 if p == 0 else 1)
+    tiles_q = ceil_div(lq, bm)
 
-        def masked(e):
-            keep = e.col.lt(lk)
+    def query_tile(tile, head):
+        """One block's work on query tile ``tile`` of (batch, head) ``head``."""
+        row0 = tile * bm
+        key_tiles = ceil_div(lk, bn)
+        if causal:  # keys up to the block's last query row
+            key_tiles = call("min", key_tiles, ceil_div(row0 + bm, bn))
+        first, partial = 0, None
+        if key_blocks is not None:
+            first, key_tiles, partial = key_blocks(row0, key_tiles)
+
+        with k.loop("r0", rows, kind="unroll") as r:
+            k.store(m_run, r, NEG_INF)
+            k.store(l_run, r, 0.0)
+
+        for p in range(panels):  # once, before the loop: the rules give these loads their own barrier
+            k.tma_load(q_map, (head, row0, p * PANEL), q_t[p])
+        with k.loop("t", key_tiles - first, circular_buffer=cb) as t:
+            key0 = (first + t) * bn
+            for p in range(panels):
+                k.tma_load(k_map, (head, key0, p * PANEL), k_t[p])
+            for p in range(panels):
+                k.tma_load(v_map, (head, key0, p * PANEL), v_t, offset=p * bn * PANEL)
+            for p in range(panels):
+                k.mma(s, q_t[p], k_t[p], scale_d=0 if p == 0 else 1)
+
+            def masked(e):
+                keep = e.col.lt(lk)
+                if causal:
+                    keep = keep.and_(e.col.le(e.row))
+                if mask_mod is not None:
+                    keep = keep.and_(mask_mod(e))
+                return k.select(keep, e.value, NEG_INF)
+            # only the tiles that reach past the keys (the last) or above a query row (causal: the diagonal's)
+            edge = (key0 + bn).gt(lk)
             if causal:
-                keep = keep.and_(e.col.le(e.row))
+                edge = edge.or_((key0 + bn - 1).gt(row0))
             if mask_mod is not None:
-                keep = keep.and_(mask_mod(e))
-            return k.select(keep, e.value, NEG_INF)
-        # only the tiles that reach past the keys (the last) or above a query row (causal: the diagonal's)
-        edge = (key0 + bn).gt(lk)
-        if causal:
-            edge = edge.or_((key0 + bn - 1).gt(row0))
-        if mask_mod is not None:
-            edge = edge.or_(partial(key0)) if partial is not None else None
-        with (k.if_(edge) if edge is not None else _always()):
-            k.fragment_map(s, masked, origin=(row0, key0))
-        k.fragment_reduce(s, "row", "max", into=tile_max)
-        with k.loop("r1", rows, kind="unroll") as r:
-            old = k.load(m_run, r)
-            new = k.max(old, k.mul(k.load(tile_max, r), c))
-            # a row with no kept key yet (-inf): its exponents stay -inf (0), not -inf - -inf (NaN)
-            use = k.select(new.eq(NEG_INF), 0.0, new)
-            k.store(alpha, r, k.exp2_approx(k.sub(old, use)))
-            k.store(m_run, r, new)
-            k.store(m_use, r, use)
-        k.fragment_map(s, lambda e: k.exp2_approx(k.sub(k.mul(e.value, c), k.load(m_use, _row_slot(e)))))
-        _own_row_sums(k, s, l_run, alpha, bn, rows)
-        k.fragment_map(out, lambda e: k.mul(e.value, k.load(alpha, _row_slot(e))))
-        k.fragment_convert(s, p_regs)
-        k.mma(out, p_regs, v_t, b_layout="kn")
+                edge = edge.or_(partial(key0)) if partial is not None else None
+            with (k.if_(edge) if edge is not None else _always()):
+                k.fragment_map(s, masked, origin=(row0, key0))
+            k.fragment_reduce(s, "row", "max", into=tile_max)
+            with k.loop("r1", rows, kind="unroll") as r:
+                old = k.load(m_run, r)
+                new = k.max(old, k.mul(k.load(tile_max, r), c))
+                # a row with no kept key yet (-inf): its exponents stay -inf (0), not -inf - -inf (NaN)
+                use = k.select(new.eq(NEG_INF), 0.0, new)
+                k.store(alpha, r, k.exp2_approx(k.sub(old, use)))
+                k.store(m_run, r, new)
+                k.store(m_use, r, use)
+            k.fragment_map(s, lambda e: k.exp2_approx(k.sub(k.mul(e.value, c), k.load(m_use, _row_slot(e)))))
+            _own_row_sums(k, s, l_run, alpha, bn, rows)
+            k.fragment_map(out, lambda e: k.mul(e.value, k.load(alpha, _row_slot(e))))
+            k.fragment_convert(s, p_regs)
+            k.mma(out, p_regs, v_t, b_layout="kn")
 
-    # the four lanes of a row hold its partial sums: two shuffles give each the row's l
-    with k.loop("r2", rows, kind="unroll") as r:
-        part = k.load(l_run, r)
-        for lane in (1, 2):
-            part = k.add(part, k.shfl(part, lane, "xor"))
-        k.store(l_run, r, part)
-    with k.fragment_elements(out, origin=(row0, 0)) as e:
-        with k.if_(e.row.lt(lq)):
-            k.store(o, (head * lq + e.row) * d + e.col, k.div(e.value, k.load(l_run, _row_slot(e))))
-            if lse_out is not None:
-                with k.if_(e.tile_col.eq(0)):  # one thread and register a row (lane % 4 == 0, column 0)
-                    slot = _row_slot(e)
-                    k.store(lse_out, head * lq + e.row,
-                            k.mul(k.add(k.load(m_run, slot), k.log2(k.load(l_run, slot))), LN2))
+        # the four lanes of a row hold its partial sums: two shuffles give each the row's l
+        with k.loop("r2", rows, kind="unroll") as r:
+            part = k.load(l_run, r)
+            for lane in (1, 2):
+                part = k.add(part, k.shfl(part, lane, "xor"))
+            k.store(l_run, r, part)
+        with k.fragment_elements(out, origin=(row0, 0)) as e:
+            with k.if_(e.row.lt(lq)):
+                k.store(o, (head * lq + e.row) * d + e.col, k.div(e.value, k.load(l_run, _row_slot(e))))
+                if lse_out is not None:
+                    with k.if_(e.tile_col.eq(0)):  # one thread and register a row (lane % 4 == 0, column 0)
+                        slot = _row_slot(e)
+                        k.store(lse_out, head * lq + e.row,
+                                k.mul(k.add(k.load(m_run, slot), k.log2(k.load(l_run, slot))), LN2))
+
+    if persistent:  # a block per SM walks the (head, query tile) pairs, the producer loading on across them
+        k.grid(call("min", tiles_q * bh, persistent))
+        with k.loop("walk", blockIdx.x, tiles_q * bh, persistent) as w:
+            query_tile(w % tiles_q, w / tiles_q)
+            k.mma_zero(out)  # for the next tile (its loop may visit no key tile)
+    else:
+        k.grid(tiles_q, bh)
+        # causal: the longest query tiles (the last) first
+        query_tile((tiles_q - 1 - blockIdx.x) if causal else blockIdx.x, name("blockIdx.y"))
     return k
+
+
+def check_persistent(persistent, warp_specialize, causal, key_blocks) -> None:
+    """Refuse by name a ``persistent`` walk the kernel cannot run."""
+    if persistent in (0, None):
+        return
+    if not isinstance(persistent, int) or isinstance(persistent, bool) or not 0 < persistent < 2 ** 31:
+        raise AttentionError(f"attention: persistent={persistent!r}: give the number of blocks that walk the query "
+                             "tiles (one an SM: 132 on an H200), or 0 for a block a tile")
+    if not warp_specialize:
+        raise AttentionError(f"attention: persistent={persistent} needs warp_specialize=True: the producer warp group "
+                             "loads each tile's Q and runs on into the next tile's K and V")
+    if causal or key_blocks is not None:
+        what = "causal=True" if causal else "key_blocks"
+        raise AttentionError(f"attention: persistent={persistent} with {what}: the query tiles would visit different "
+                             "numbers of key tiles, and the walk counts the key loop's slots on across its tiles, "
+                             "which needs one trip count; drop persistent")
 
 
 @contextmanager

@@ -317,25 +317,39 @@ def _attention_reference(head_dim: int, causal: bool, scale: Optional[float], ls
 
 
 def _attention_spec(base: "KernelSpec", head_dim: Optional[int] = None, causal: Optional[bool] = None,
-                    lse: Optional[bool] = None, scale: Optional[float] = None) -> "KernelSpec":
-    """attention built with these parameters (None: the default): its inputs, reference and outputs."""
+                    lse: Optional[bool] = None, scale: Optional[float] = None,
+                    persistent: Optional[int] = None) -> "KernelSpec":
+    """attention built with these parameters (None: the default): its inputs, reference and outputs.
+    ``persistent`` blocks walk the query tiles (warp-specialized builds only: the kernel before lowering,
+    which the checker compares with, is built without it)."""
     head_dim = 64 if head_dim is None else head_dim
     causal, lse = bool(causal), bool(lse)
     bn = _att.default_bn(head_dim)
     try:
         _att.check(head_dim, "bfloat16", _att.BM, bn, None, scale)
+        _att.check_persistent(persistent, True, causal, None)
     except _att.AttentionError as e:
         raise UnsupportedVariantError(str(e)) from None
     if causal:  # the loop of the last query tile runs over every key tile: Lq as long as Lk
         shape_for_trips = lambda t: (1, bn * t - 8, bn * t - 8)  # noqa: E731
+    elif persistent:  # two heads: a block of --persistent 1 walks two tiles
+        shape_for_trips = lambda t: (2, 70, bn * t - 8)  # noqa: E731
     else:
         shape_for_trips = lambda t: (1, 70, bn * t - 8)  # noqa: E731
-    return replace(base, factory=functools.partial(_att.attention, head_dim=head_dim, causal=causal, lse=lse,
-                                                   scale=scale),
+    factory = functools.partial(_att.attention, head_dim=head_dim, causal=causal, lse=lse, scale=scale)
+    if persistent:
+        factory = functools.partial(_persistent_attention, factory, persistent)
+    return replace(base, factory=factory,
                    inputs=functools.partial(_attention_inputs, head_dim, lse),
                    reference=functools.partial(_attention_reference, head_dim, causal, scale, lse),
                    outputs=("o", "lse") if lse else ("o",), shape_for_trips=shape_for_trips,
                    trips=lambda s: _cdiv(s[2], bn))
+
+
+def _persistent_attention(factory, blocks: int, **options) -> Kernel:
+    """``factory``'s attention walked by ``blocks`` persistent blocks where it is warp-specialized (the
+    checker's kernel before lowering is not: the same tiles, a block each)."""
+    return factory(**options, persistent=blocks if options.get("warp_specialize") else 0)
 
 
 def _normalize(x):
