@@ -118,7 +118,8 @@ def check(rules, vocabulary: Vocabulary, errors: list) -> None:
     for _, (kind, word, _, read) in found:
         if not read:
             known[kind].add(word)
-    suggest, choices = Suggester(), {k: sorted(v) for k, v in known.items()}  # bounded: thousands of typos load fast
+    # sorted by text: a mutated rule may write a number where a word belongs (it is reported, not a crash)
+    suggest, choices = Suggester(), {k: sorted(v, key=str) for k, v in known.items()}  # bounded: thousands load fast
     for r, (kind, word, at, read) in found:
         if read and word not in known[kind]:
             what = f":{kind} {at}" if kind in WORDS else f"option :{word} of {kind}"
