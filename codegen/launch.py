@@ -107,10 +107,17 @@ class BoundLaunch:
     copy_back: dict[str, np.ndarray] = field(default_factory=dict)
     symbols: dict[str, int] = field(default_factory=dict)
 
-    def launch(self) -> None:
+    def launch(self, stream: Any = None) -> None:
+        """Launch without waiting: on ``stream`` when given (a handle, a CUstream or a
+        torch.cuda.Stream), else on torch's current stream when a tensor is torch's, else on the legacy
+        default stream (:func:`cbrules.codegen.runtime.launch_stream`)."""
         if self.grid[0] * self.grid[1] * self.grid[2] == 0:
             return  # an empty problem launches nothing
-        self.fn.launch(self.grid, self.block, self.args, shared_bytes=self.shared_bytes)
+        try:
+            on = runtime.launch_stream(self.arrays.values(), stream)
+        except TypeError as e:
+            raise LaunchError(f"{self.fn.name}: {e}") from None
+        self.fn.launch(self.grid, self.block, self.args, shared_bytes=self.shared_bytes, stream=on)
 
     def finish(self) -> None:
         """Wait for the kernel and copy written tensors back into the caller's numpy arrays."""
@@ -195,8 +202,15 @@ class CompiledKernel:
                            arrays, copy_back, symbols)
 
     def __call__(self, **kwargs: Any) -> Optional[dict]:
-        """Launch once and wait; written numpy arrays are updated in place."""
+        """Launch once. With numpy arrays among the tensors it waits and updates the written ones in
+        place; with device arrays only (torch, cupy, DLPack, DeviceArray) it returns at once, as torch's
+        own operators do: the kernel runs on torch's current stream for torch tensors (else the legacy
+        default stream), and a fault in it surfaces at the next synchronisation. ``stream=`` (a handle
+        or a torch.cuda.Stream) picks the stream, unless the kernel has a parameter of that name."""
+        names = {p.name for p in self.source.params}
+        stream = kwargs.pop("stream", None) if "stream" not in names else None
         bound = self.bind(**kwargs)
-        bound.launch()
-        bound.finish()
+        bound.launch(stream)
+        if bound.copy_back or any(isinstance(kwargs.get(n), np.ndarray) for n in names):
+            bound.finish()
         return bound.symbols

@@ -298,8 +298,8 @@ def _from_cai(obj: Any, cai: Any) -> DeviceArray:
     if any(isinstance(n, bool) for n in cai["shape"]):  # operator.index(True) is 1: no extent
         raise ValueError(f"__cuda_array_interface__ shape {tuple(cai['shape'])} holds a bool, not an extent")
     _check_span("__cuda_array_interface__", ptr, shape, strides, dtype.itemsize)
-    # A "stream" entry is ignored: work here goes to the legacy default stream,
-    # which already orders itself after other blocking streams.
+    # A "stream" entry is not waited on: a launch goes to torch's current stream for torch tensors (the
+    # stream they were written on), else to the stream the caller gives or the legacy default stream.
     return DeviceArray(ptr, shape, dtype, strides, owner=obj, readonly=bool(readonly))
 
 
@@ -325,6 +325,47 @@ def _retyped(obj: Any, ml_name: str) -> DeviceArray:
     raw = as_device_array(obj.view(torch.uint8))
     return DeviceArray(raw.ptr, raw.shape, np.dtype(getattr(ml_dtypes, ml_name)), raw.strides, owner=(obj, raw),
                        readonly=raw.readonly)
+
+
+def _dlpack_capsule(obj: Any) -> Any:
+    """``obj.__dlpack__`` asked not to synchronise (stream -1): the launch is ordered after the
+    producer's work by running on its stream (see :func:`launch_stream`); a producer that takes no
+    stream argument is asked plainly."""
+    try:
+        return obj.__dlpack__(stream=-1)
+    except TypeError:
+        return obj.__dlpack__()
+
+
+def torch_tensor(obj: Any) -> bool:
+    """True for a torch tensor (torch is looked up, never imported: only its own tensors load it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _borrowed_from_torch(array: "DeviceArray") -> bool:
+    owner = array.owner
+    owners = owner if isinstance(owner, tuple) else (owner,)
+    return any(torch_tensor(o) or (isinstance(o, DeviceArray) and _borrowed_from_torch(o)) for o in owners)
+
+
+def launch_stream(arrays: Any, stream: Any = None) -> Any:
+    """The stream a launch over ``arrays`` goes to: ``stream`` when given (a handle, a CUstream or an
+    object with ``cuda_stream``, such as a torch.cuda.Stream); else torch's current stream when a
+    tensor is borrowed from torch, as torch's own operators do (so ``with torch.cuda.stream(s):`` and
+    CUDA-graph capture see it); else the legacy default stream."""
+    if stream is not None:
+        handle = getattr(stream, "cuda_stream", stream)
+        if isinstance(handle, cu.CUstream):
+            return handle
+        if isinstance(handle, bool) or not isinstance(handle, int) or not 0 <= handle < 1 << 64:
+            raise TypeError(f"stream={stream!r}: give a CUDA stream handle (an int), a cuda.bindings CUstream "
+                            "or an object with .cuda_stream (a torch.cuda.Stream)")
+        return handle
+    if any(isinstance(a, DeviceArray) and _borrowed_from_torch(a) for a in arrays):
+        torch = sys.modules["torch"]
+        return torch.cuda.current_stream().cuda_stream
+    return None
 
 
 def as_device_array(obj: Any) -> DeviceArray:
@@ -353,7 +394,7 @@ def as_device_array(obj: Any) -> DeviceArray:
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         dev_type, dev_id = obj.__dlpack_device__()
         if int(dev_type) in _DL_CUDA:
-            capsule = obj.__dlpack__()  # stream=None: the producer assumes the legacy stream
+            capsule = _dlpack_capsule(obj)
             ptr, shape, strides, dtype, (_, dev_id) = _parse_dlpack(capsule)
             if dev_id != 0:
                 raise CodegenError(f"DLPack tensor lives on CUDA device {dev_id}; only 0 is used")

@@ -1,0 +1,345 @@
+"""cbrules inside PyTorch programs: kernels as ``torch.library`` custom ops, and drop-in functions.
+
+Imported only on request (``import cbrules.torch``); torch is not a dependency of cbrules, and
+``import cbrules`` never loads it. Everything here runs on CUDA tensors, on torch's current stream,
+without synchronising (cbrules/codegen/launch.py), so it composes with ``torch.cuda.stream``, CUDA
+graphs and ``torch.compile``:
+
+* :func:`kernel_op` registers a kernel of one's own (a :class:`cbrules.ir.builder.Kernel` or a compiled
+  one) as a custom op with a fake implementation: its unwritten tensors are the op's inputs, its written
+  ones its outputs (shapes from the kernel's own shape terms), its symbols that no input's shape gives
+  and its float scalars are int / float arguments;
+* :func:`linear`, :func:`matmul` and :func:`attention` behave like ``F.linear`` (with a fused
+  activation), ``torch.matmul`` and ``F.scaled_dot_product_attention`` for the shapes and dtypes the
+  built-in kernels take (``matmul_tc``, ``attention``), refusing the rest by name. They are custom ops
+  too (``cbrules::linear`` ...), so ``torch.compile(fullgraph=True)`` keeps them whole.
+"""
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+try:
+    import torch
+except ImportError as e:  # pragma: no cover - the message is the point
+    raise ImportError("cbrules.torch needs PyTorch (pip install torch); the rest of cbrules runs without it") from e
+
+from . import api
+from .errors import CbrulesError
+from .ir.builder import Kernel
+from .ir.terms import evaluate
+
+__all__ = ["TorchOpError", "kernel_op", "linear", "matmul", "attention", "ACTIVATIONS"]
+
+# cbrules dtype names <-> torch dtypes
+_TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+                 "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64,
+                 "uint32": getattr(torch, "uint32", None), "uint64": getattr(torch, "uint64", None),
+                 "float8_e4m3": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+_NAMES = {v: k for k, v in _TORCH_DTYPES.items() if v is not None}
+_OP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*$")
+_SCHEMA_WORDS = frozenset({"Tensor", "int", "float", "bool", "str", "None", "Scalar", "SymInt", "out", "self"})
+
+
+class TorchOpError(CbrulesError, ValueError):
+    """A call or a registration the torch integration cannot take (named: what, why, the fix)."""
+
+
+class _KernelOp:
+    """What a custom op made from one kernel needs: its parameters sorted into the op's arguments and
+    results, and the compiled kernel (built on first launch, under a lock)."""
+
+    def __init__(self, kernel: Any):
+        if isinstance(kernel, Kernel):
+            self._graph = api.lower(kernel)
+            from .codegen.cuda import emit
+            from .schedule import schedule
+            self.source = emit(schedule(self._graph))
+            self._compiled = None
+        elif hasattr(kernel, "source") and hasattr(kernel, "bind"):  # a CompiledKernel
+            self.source, self._compiled = kernel.source, kernel
+        else:
+            raise TorchOpError(f"kernel_op: {type(kernel).__name__} is not a cbrules kernel; give a Kernel (the "
+                               "builder's) or what cbrules.api.compile returned")
+        self._lock = threading.Lock()
+        params = self.source.params
+        self.inputs = [p for p in params if p.kind == "tensor" and not p.written]
+        self.outputs = [p for p in params if p.kind == "tensor" and p.written]
+        if not self.outputs:
+            raise TorchOpError(f"kernel_op: kernel {self.source.name!r} writes no tensor, so the op would "
+                               "return nothing; a custom op returns what the kernel writes")
+        shaped = {str(t.value) for p in self.inputs for t in p.shape if t.op == "name"}
+        self.ints = [p for p in params if p.kind == "symbol" and p.dtype.startswith("int") and p.name not in shaped]
+        self.floats = [p for p in params if p.kind == "symbol" and not p.dtype.startswith("int")]
+        for p in self.inputs + self.outputs:
+            if _TORCH_DTYPES.get(p.dtype) is None:
+                raise TorchOpError(f"kernel_op: tensor {p.name!r} is {p.dtype}, which torch has no type for here")
+        for p in self.inputs + self.ints + self.floats:
+            if p.name in _SCHEMA_WORDS:
+                raise TorchOpError(f"kernel_op: parameter {p.name!r} is a word of torch's schema language; "
+                                   "rename it in the kernel")
+
+    def schema(self) -> str:
+        args = [f"Tensor {p.name}" for p in self.inputs] + [f"int {p.name}" for p in self.ints] + \
+            [f"float {p.name}" for p in self.floats]
+        results = "Tensor" if len(self.outputs) == 1 else "(" + ", ".join("Tensor" for _ in self.outputs) + ")"
+        return f"({', '.join(args)}) -> {results}"
+
+    def output_shapes(self, tensors: Sequence[Any], ints: Sequence[int]) -> list[tuple]:
+        """The written tensors' shapes from the inputs' shapes and the int arguments."""
+        symbols = {p.name: n for p, n in zip(self.ints, ints)}
+        for p, t in zip(self.inputs, tensors):
+            if t.dim() != len(p.shape):
+                raise TorchOpError(f"{self.source.name}: tensor {p.name!r} has {t.dim()} dimensions, the kernel "
+                                   f"takes {len(p.shape)} ({', '.join(map(str, p.shape))})")
+            for term, n in zip(p.shape, t.shape):
+                if term.op == "name":
+                    symbols.setdefault(str(term.value), n)
+        try:
+            return [tuple(evaluate(term, symbols) for term in p.shape) for p in self.outputs]
+        except KeyError as e:
+            raise TorchOpError(f"{self.source.name}: an output's shape needs symbol {e}, which no input gives; "
+                               "pass it as an argument") from None
+
+    def empty_outputs(self, tensors: Sequence[Any], ints: Sequence[int]) -> list:
+        device = tensors[0].device if tensors else torch.device("cuda")
+        return [torch.empty(shape, dtype=_TORCH_DTYPES[p.dtype], device=device)
+                for p, shape in zip(self.outputs, self.output_shapes(tensors, ints))]
+
+    def compiled(self):
+        with self._lock:
+            if self._compiled is None:
+                self._compiled = api.compile_lowered(self._graph)
+            return self._compiled
+
+    def run(self, tensors: Sequence[Any], ints: Sequence[int], floats: Sequence[float]) -> list:
+        for p, t in zip(self.inputs, tensors):
+            _require_cuda(self.source.name, p.name, t)
+        outs = self.empty_outputs(tensors, ints)
+        kwargs = {p.name: t.contiguous() for p, t in zip(self.inputs, tensors)}
+        kwargs.update({p.name: o for p, o in zip(self.outputs, outs)})
+        kwargs.update({p.name: int(v) for p, v in zip(self.ints, ints)})
+        kwargs.update({p.name: float(v) for p, v in zip(self.floats, floats)})
+        if outs and all(o.numel() for o in outs):
+            self.compiled()(**kwargs)
+        return outs
+
+
+def kernel_op(name: str, kernel: Any) -> Callable:
+    """Register ``kernel`` as the torch custom op ``name`` ("namespace::op") and return it.
+
+    The op takes the kernel's unwritten tensors (in parameter order), then the int symbols no input's
+    shape gives, then its float scalars, and returns its written tensors (one tensor, or a tuple), new
+    tensors of the shapes the kernel's shape terms give. Inputs that are not contiguous are made so;
+    CPU tensors are refused by name. The fake implementation returns empty tensors of those shapes,
+    so ``torch.compile(fullgraph=True)`` and ``torch.export`` trace through it. The kernel is lowered
+    now and compiled on the first launch."""
+    if not isinstance(name, str) or not _OP_NAME.match(name):
+        raise TorchOpError(f"kernel_op: name {name!r}: give 'namespace::op', identifiers on both sides")
+    spec = _KernelOp(kernel)
+    n_in, n_int = len(spec.inputs), len(spec.ints)
+    single = len(spec.outputs) == 1
+
+    def split(args):
+        return args[:n_in], args[n_in:n_in + n_int], args[n_in + n_int:]
+
+    def real(*args):
+        outs = spec.run(*split(args))
+        return outs[0] if single else tuple(outs)
+
+    def fake(*args):
+        tensors, ints, _ = split(args)
+        outs = spec.empty_outputs(tensors, ints)
+        return outs[0] if single else tuple(outs)
+
+    op = torch.library.custom_op(name, real, mutates_args=(), schema=spec.schema())
+    op.register_fake(fake)
+    return op
+
+
+def _require_cuda(op: str, what: str, t: Any) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TorchOpError(f"{op}: {what} is a {type(t).__name__}, not a torch tensor")
+    if t.device.type != "cuda":
+        raise TorchOpError(f"{op}: {what} is on {t.device}; cbrules kernels run on CUDA tensors (x.cuda())")
+
+
+# ------------------------------------------------------------------------------ drop-in functions
+ACTIVATIONS = {None: "bias", "relu": "bias_relu", "gelu": "bias_gelu", "gelu_tanh": "bias_gelu_tanh",
+               "silu": "bias_silu"}  # activation -> matmul_tc's epilogue (with a bias of zeros where none is given)
+_MMA_TORCH = (torch.bfloat16, torch.float16)
+_kernels: dict = {}
+_kernels_lock = threading.Lock()
+
+
+def _sm_count() -> int:
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def _kernel(key: tuple, build: Callable[[], Kernel]):
+    """The compiled kernel for ``key``, built once per process (shapes are launch-time symbols)."""
+    with _kernels_lock:
+        if key not in _kernels:
+            _kernels[key] = api.compile(build())
+        return _kernels[key]
+
+
+def _matmul_kernel(dtype: torch.dtype, b_layout: str, epilogue: str):
+    from .kernels.matmul_tc import matmul_tc
+    name = _NAMES[dtype]
+    sms = _sm_count()
+    return _kernel(("matmul_tc", name, b_layout, epilogue, sms), lambda: matmul_tc(
+        stages=4, warp_specialize=True, registers=(40, 232), dtype=name, b_layout=b_layout,
+        epilogue=epilogue, persistent=sms))
+
+
+def _check_mma_operands(op: str, **tensors) -> torch.dtype:
+    """The operands' one dtype, if the tensor cores take it (their device is checked last, by
+    :func:`_require_cuda`, once every shape is known to fit)."""
+    for what, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TorchOpError(f"{op}: {what} is a {type(t).__name__}, not a torch tensor")
+    dtypes = {t.dtype for t in tensors.values()}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in _MMA_TORCH:
+        shown = ", ".join(f"{k} {t.dtype}" for k, t in tensors.items())
+        raise TorchOpError(f"{op}: {shown}: the tensor cores take bfloat16 or float16 operands of one dtype "
+                           "(cast them first)")
+    return next(iter(dtypes))
+
+
+def _product(op: str, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: Optional[str],
+             b_layout: str, names: tuple[str, str]) -> torch.Tensor:
+    """a [M, K] times b ([N, K] for "nk", [K, N] for "kn") with the bias and activation fused; ``names``
+    are a's and b's in the caller's words."""
+    if activation not in ACTIVATIONS:
+        raise TorchOpError(f"{op}: activation={activation!r}: one of {', '.join(map(repr, ACTIVATIONS))}")
+    dtype = _check_mma_operands(op, **{names[0]: a, names[1]: b}, **({} if bias is None else {"bias": bias}))
+    m, k = a.shape
+    n = b.shape[0] if b_layout == "nk" else b.shape[1]
+    if k % 8 or n % 8:
+        raise TorchOpError(f"{op}: K = {k}, N = {n}: the TMA loads need rows of 16-byte multiples, so K and N "
+                           "must be multiples of 8 (pad them)")
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise TorchOpError(f"{op}: bias has shape {tuple(bias.shape)}, the product has {n} columns")
+    for what, t in zip(names + ("bias",), (a, b, bias)):
+        if t is not None:
+            _require_cuda(op, what, t)
+    c = torch.empty((m, n), dtype=dtype, device=a.device)
+    if m == 0 or n == 0:
+        return c
+    if k == 0:
+        return c.zero_() if bias is None else _activate(bias.expand(m, n).float(), activation).to(dtype)
+    fused = bias is not None or activation is not None
+    epilogue = ACTIVATIONS[activation] if fused else "none"
+    ck = _matmul_kernel(dtype, b_layout, epilogue)
+    args = {"a": a.contiguous(), "b": b.contiguous(), "c": c}
+    if fused:
+        args["bias"] = (torch.zeros(n, dtype=dtype, device=a.device) if bias is None else bias.contiguous())
+    ck(**args)
+    return c
+
+
+def _activate(x: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
+    F = torch.nn.functional
+    return {None: lambda v: v, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"),
+            "silu": F.silu}[activation](x)
+
+
+@torch.library.custom_op("cbrules::linear", mutates_args=())
+def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+               activation: Optional[str]) -> torch.Tensor:
+    lead = x.shape[:-1]
+    if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise TorchOpError(f"cbrules.torch.linear: x {tuple(x.shape)} and weight {tuple(weight.shape)}: weight is "
+                           "[out_features, in_features] and x's last dimension is in_features")
+    y = _product("cbrules.torch.linear", x.reshape(-1, x.shape[-1]), weight, bias, activation, "nk", ("x", "weight"))
+    return y.reshape(*lead, weight.shape[0])
+
+
+@_linear_op.register_fake
+def _(x, weight, bias, activation):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("cbrules::matmul", mutates_args=())
+def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
+               activation: Optional[str]) -> torch.Tensor:
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise TorchOpError(f"cbrules.torch.matmul: a {tuple(a.shape)} @ b {tuple(b.shape)}: two matrices [M, K] "
+                           "and [K, N] (batched products: loop, or use linear for [..., K] inputs)")
+    return _product("cbrules.torch.matmul", a, b, bias, activation, "kn", ("a", "b"))
+
+
+@_matmul_op.register_fake
+def _(a, b, bias, activation):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           activation: Optional[str] = None) -> torch.Tensor:
+    """``activation(F.linear(x, weight, bias))`` on the tensor cores (matmul_tc, persistent and
+    warp-specialized; bias and activation fused into its epilogue): x [..., K], weight [N, K] (torch's
+    Linear layout), bias [N], bfloat16 or float16 alike; ``activation`` one of :data:`ACTIVATIONS`
+    (gelu is the exact, erf one; gelu_tanh torch's approximate="tanh"). K and N multiples of 8."""
+    return _linear_op(x, weight, bias, activation)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           activation: Optional[str] = None) -> torch.Tensor:
+    """``activation(a @ b + bias)`` for a [M, K] and b [K, N] row-major (B read MN-major by the tensor
+    cores: no transpose), bfloat16 or float16 alike; bias [N]. See :func:`linear`."""
+    return _matmul_op(a, b, bias, activation)
+
+
+def _attention_kernel(dtype: torch.dtype, d: int, causal: bool, scale: float):
+    from .kernels.attention import attention as build
+    name = _NAMES[dtype]
+    return _kernel(("attention", name, d, causal, scale), lambda: build(
+        head_dim=d, causal=causal, scale=scale, dtype=name, warp_specialize=True))
+
+
+@torch.library.custom_op("cbrules::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                  scale: Optional[float]) -> torch.Tensor:
+    op = "cbrules.torch.attention"
+    dtype = _check_mma_operands(op, q=q, k=k, v=v)
+    if q.dim() < 2 or q.dim() != k.dim() or k.shape != v.shape or q.shape[:-2] != k.shape[:-2] \
+            or q.shape[-1] != k.shape[-1]:
+        raise TorchOpError(f"{op}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: give [..., L, D] "
+                           "tensors with the same leading dimensions (one key head per query head) and head "
+                           "dimension, k and v alike")
+    d = q.shape[-1]
+    if d not in (64, 128, 256):
+        raise TorchOpError(f"{op}: head dimension {d}: the kernel is built for 64, 128 and 256")
+    if scale is not None and not (scale > 0 and scale != float("inf")):
+        raise TorchOpError(f"{op}: scale={scale!r}: give a positive finite number (default 1/sqrt(D))")
+    for what, t in (("q", q), ("k", k), ("v", v)):
+        _require_cuda(op, what, t)
+    lq, lk = q.shape[-2], k.shape[-2]
+    heads = 1
+    for n in q.shape[:-2]:
+        heads *= n
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if o.numel() == 0:
+        return o
+    if lk == 0:
+        return o.fill_(float("nan"))  # softmax over no keys, as torch's math backend gives
+    ck = _attention_kernel(dtype, d, causal, float(d ** -0.5 if scale is None else scale))
+    ck(q=q.contiguous().view(heads, lq, d), k=k.contiguous().view(heads, lk, d),
+       v=v.contiguous().view(heads, lk, d), o=o.view(heads, lq, d))
+    return o
+
+
+@_attention_op.register_fake
+def _(q, k, v, causal, scale):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+              scale: Optional[float] = None) -> torch.Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)`` by the built-in
+    FlashAttention kernel (warp-specialized): q [..., Lq, D], k and v [..., Lk, D] with the same leading
+    dimensions (no grouped-query broadcast), D in 64, 128, 256, bfloat16 or float16; causal is top-left
+    aligned as torch's is_causal."""
+    return _attention_op(q, k, v, bool(causal), None if scale is None else float(scale))

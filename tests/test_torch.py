@@ -1,0 +1,146 @@
+"""cbrules.torch on the CPU: the module stays out of ``import cbrules``; with torch installed (a CPU
+build is enough), custom ops from kernels of one's own and the drop-in functions trace whole through
+torch.export and torch.compile(fullgraph=True) (their fake implementations give the shapes), and every
+misuse is a named TorchOpError. The stream launcher's argument checks need no GPU either."""
+import subprocess
+import sys
+
+import pytest
+
+from cbrules.codegen import runtime
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_import_cbrules_does_not_load_torch():
+    r = _python("import sys, cbrules, cbrules.api, cbrules.cli, cbrules.kernels, cbrules.codegen.launch\n"
+                "assert 'torch' not in sys.modules, 'torch loaded'\nprint('ok')")
+    assert r.stdout.strip() == "ok", r.stderr
+
+
+def test_without_torch_the_module_says_what_it_needs():
+    r = _python("import sys\nsys.modules['torch'] = None\n"
+                "try:\n    import cbrules.torch\nexcept ImportError as e:\n    print(e)")
+    assert "cbrules.torch needs PyTorch" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_stream_must_be_a_stream():
+    for bad in ("s", 1.5, -1, True, [0], 1 << 64):
+        with pytest.raises(TypeError, match="stream="):
+            runtime.launch_stream([], bad)
+    assert runtime.launch_stream([], 7) == 7
+    assert runtime.launch_stream([], type("S", (), {"cuda_stream": 9})()) == 9
+    assert runtime.launch_stream([]) is None  # no torch tensor: the legacy default stream
+
+
+torch = pytest.importorskip("torch")
+cbt = pytest.importorskip("cbrules.torch")
+
+
+def _graph_of(fn, *args):
+    """The FX graph torch.export makes of ``fn`` (fake tensors: nothing runs)."""
+    class M(torch.nn.Module):
+        def forward(self, *a):
+            return fn(*a)
+    return torch.export.export(M(), args).graph
+
+
+def _targets(graph) -> list[str]:
+    return [str(n.target) for n in graph.nodes if n.op == "call_function"]
+
+
+def test_the_drop_in_functions_trace_as_one_op_each_with_torch_shapes():
+    x = torch.randn(4, 16, 64, dtype=torch.bfloat16)
+    w = torch.randn(96, 64, dtype=torch.bfloat16)
+    b = torch.randn(64, 40, dtype=torch.bfloat16)
+    q, k = torch.randn(2, 3, 100, 128, dtype=torch.float16), torch.randn(2, 3, 70, 128, dtype=torch.float16)
+
+    def fn(x, w, b, q, k):
+        return cbt.linear(x, w, None, "silu"), cbt.matmul(x[0], b), cbt.attention(q, k, k, causal=True)
+    graph = _graph_of(fn, x, w, b, q, k)
+    targets = _targets(graph)
+    for op in ("cbrules.linear.default", "cbrules.matmul.default", "cbrules.attention.default"):
+        assert targets.count(op) == 1, targets
+    shapes = [tuple(n.meta["val"].shape) for n in graph.nodes if str(n.target).startswith("cbrules.")]
+    assert shapes == [(4, 16, 96), (16, 40), (2, 3, 100, 128)]
+
+
+def test_torch_compile_fullgraph_keeps_the_ops_whole():
+    captured = []
+
+    def backend(gm, example_inputs):
+        captured.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, w: torch.relu(cbt.linear(x, w) * 2), fullgraph=True, backend=backend)
+    x, w = torch.randn(8, 64, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)
+    with pytest.raises(cbt.TorchOpError, match="x is on cpu"):  # traced whole, then refused on the CPU
+        f(x, w)
+    (gm,) = captured
+    assert "cbrules.linear.default" in _targets(gm.graph)
+
+
+def _rowsum_kernel():
+    from cbrules.kernels.reductions import inner_reduction
+    return inner_reduction(stages=2)
+
+
+def test_a_kernel_of_ones_own_as_a_custom_op():
+    op = cbt.kernel_op("cbrules_test::rowsum", _rowsum_kernel())
+    assert str(torch.ops.cbrules_test.rowsum.default._schema) == "cbrules_test::rowsum(Tensor x) -> Tensor"
+    graph = _graph_of(lambda x: op(x) + 1, torch.randn(5, 300))
+    (node,) = [n for n in graph.nodes if str(n.target) == "cbrules_test.rowsum.default"]
+    assert tuple(node.meta["val"].shape) == (5,) and node.meta["val"].dtype == torch.float32
+    with pytest.raises(cbt.TorchOpError, match="on cpu"):
+        op(torch.randn(5, 300))
+
+
+def test_symbols_no_input_gives_and_scalars_are_arguments():
+    from cbrules.ir.builder import Kernel
+    k = Kernel("fill", block=128)
+    n = k.symbol("N")
+    alpha = k.scalar("alpha")
+    x = k.tensor("x", (n,))
+    out = k.tensor("out", (n * 2,))
+    with k.loop("i", n * 2) as i:
+        k.store(out, i, k.mul(k.load(x, i / 2), alpha))
+    op = cbt.kernel_op("cbrules_test::spread", k)
+    assert str(torch.ops.cbrules_test.spread.default._schema) == \
+        "cbrules_test::spread(Tensor x, float alpha) -> Tensor"
+    graph = _graph_of(lambda x: op(x, 2.0), torch.randn(7))
+    (node,) = [n for n in graph.nodes if str(n.target) == "cbrules_test.spread.default"]
+    assert tuple(node.meta["val"].shape) == (14,)
+
+
+def test_registration_refusals_by_name():
+    for name in ("rowsum", "a::b::c", "1x::y", "x:: y", None):
+        with pytest.raises(cbt.TorchOpError, match="namespace::op"):
+            cbt.kernel_op(name, _rowsum_kernel())
+    with pytest.raises(cbt.TorchOpError, match="not a cbrules kernel"):
+        cbt.kernel_op("cbrules_test::nothing", object())
+
+
+def test_call_refusals_by_name():
+    def cpu(*shape, dtype=torch.bfloat16):  # every check but the device's comes first
+        return torch.empty(*shape, dtype=dtype)
+    x, w = torch.randn(8, 64, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)
+    cases = [
+        (lambda: cbt.linear(x, w, activation="tanh"), "activation='tanh'"),
+        (lambda: cbt.linear(x, torch.randn(32, 48, dtype=torch.bfloat16)), "in_features"),
+        (lambda: cbt.linear(x.float(), w.float()), "bfloat16 or float16"),
+        (lambda: cbt.linear(x, w.half()), "of one dtype"),
+        (lambda: cbt.matmul(x, torch.randn(60, 8, dtype=torch.bfloat16)), r"\[M, K\] and \[K, N\]"),
+        (lambda: cbt.attention(*(cpu(2, 10, 96),) * 3), "head dimension 96"),
+        (lambda: cbt.attention(*(cpu(2, 10, 64),) * 3), "on cpu; cbrules kernels run on CUDA"),
+        (lambda: cbt.attention(cpu(2, 10, 64), cpu(3, 10, 64), cpu(3, 10, 64)), "leading"),
+        (lambda: cbt.attention(*(cpu(2, 10, 64),) * 3, scale=-1.0), "positive finite"),
+        (lambda: cbt.linear(cpu(8, 60), cpu(32, 60)), "multiples of 8"),
+        (lambda: cbt.linear(x, w, bias=cpu(31)), "bias has shape"),
+    ]
+    for call, what in cases:
+        with pytest.raises(cbt.TorchOpError, match=what):
+            call()
