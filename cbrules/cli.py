@@ -225,6 +225,49 @@ def cmd_run(a) -> int:
     return 0 if _run(spec, ck, _shape(a, spec), a.reps, dtype=_dtype(a, spec)) else 1
 
 
+def cmd_tune(a) -> int:
+    """Measure a built-in kernel's declared configurations at --shape on the GPU, print the table and
+    keep the choice in the tuning cache (cbrules/autotune.py)."""
+    import functools
+
+    import numpy as np
+
+    from .autotune import autotune
+    from .codegen import runtime
+    from .codegen.runtime import DeviceArray
+    from .kernels.tuned import TUNED_KERNELS, tune_space
+    spec = load_spec(a)
+    if spec.name not in TUNED_KERNELS or spec.inputs is None:
+        raise CliError(f"{spec.name}: tune measures the declared configurations of {', '.join(TUNED_KERNELS)}")
+    if not runtime.gpu_available():
+        from .codegen.errors import NoGpuError
+        raise NoGpuError("no compute-capability 9.x GPU here: `cbrules tune` measures on a Hopper GPU")
+    dtype = _dtype(a, spec)
+    shape = _shape(a, spec)
+    args = {k: DeviceArray.from_numpy(v) if isinstance(v, np.ndarray) else v
+            for k, v in spec.make_inputs(shape, np.random.default_rng(0), dtype).items()}
+    build = functools.partial(_tune_build, spec.factory, dtype)
+    name = f"{spec.name}:" + ",".join(f"{k}={v}" for k, v in sorted(_variant_args(a).items()))
+    choice = autotune(name, build, tune_space(spec.name, runtime.device_info()["sm_count"]),
+                      {"shape": list(shape), "dtype": dtype}, args, workers=a.workers, cache=not a.no_cache)
+    print(choice.table())
+    print(f"chosen for {spec.name} at {','.join(map(str, shape))} {dtype}: "
+          + (" ".join(f"{k}={v}" for k, v in choice.config.items()) or "the defaults")
+          + (" (from the tuning cache)" if choice.cached else ""))
+    return 0
+
+
+def _tune_build(factory, dtype: str, **config):
+    """A built-in kernel's factory in ``dtype`` with one configuration (module level: worker processes
+    receive it)."""
+    return factory(dtype=dtype, **config)
+
+
+def _variant_args(a) -> dict:
+    from .cli_kernel import VARIANT_OPTIONS
+    return {k: getattr(a, k) for k in VARIANT_OPTIONS if getattr(a, k, None) is not None}
+
+
 def cmd_demo(a) -> int:
     from .codegen import runtime
     from .kernels import get
@@ -294,6 +337,17 @@ def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
                    "shared staging buffer (kernels whose output leaves in whole tiles)")
     p.add_argument("--swizzle", choices=["none", "32B", "64B", "128B"], help="shared-memory layout of the input "
                    "tiles (default none; swizzled boxes are one span wide, reads use the XOR address)")
+    _variant_options(p)
+    p.add_argument("--pingpong", action="store_true", help="matmul_tc: persistent and warp-specialized, 128x128 "
+                   "tiles on two consumer warp groups that take turns on the tensor cores (one's epilogue under the "
+                   "other's MMAs); implies --warp-specialize (check: one block walks every tile)")
+    p.add_argument("--persistent", type=int, metavar="N", help="attention: N blocks (one an SM: 132 on an H200) "
+                   "walk the query tiles, the producer loading each tile's Q too; non-causal, with --warp-specialize")
+
+
+def _variant_options(p: argparse.ArgumentParser) -> None:
+    """A built-in kernel's own parameters, which pick the kernel a command works on (tune takes them too:
+    the configurations it measures are the rest)."""
     p.add_argument("--epilogue", metavar="NAME", help="matmul_tc: what the epilogue computes on the accumulator "
                    "before the store: none, bias, bias_relu, bias_gelu, bias_gelu_tanh, bias_silu, residual, "
                    "alpha_beta (docs/fragments.md)")
@@ -303,17 +357,12 @@ def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
                    "scale_b[N/128, K/128] a 128x128 block of B) or none (the default otherwise)")
     p.add_argument("--b-layout", choices=["nk", "kn"], help="matmul_tc: B given as [N, K] (nk, the default: "
                    "c = a @ b^T) or as [K, N] row-major (kn: c = a @ b, read MN-major through the transpose bit)")
-    p.add_argument("--pingpong", action="store_true", help="matmul_tc: persistent and warp-specialized, 128x128 "
-                   "tiles on two consumer warp groups that take turns on the tensor cores (one's epilogue under the "
-                   "other's MMAs); implies --warp-specialize (check: one block walks every tile)")
     p.add_argument("--head-dim", type=int, metavar="D", help="attention: the head dimension D (64, 128 or 256; default 64)")
     p.add_argument("--causal", action="store_true", default=None, help="attention: causal (key <= query, top-left "
                    "aligned as torch's is_causal): only the key tiles up to each query tile's last row are walked")
     p.add_argument("--lse", action="store_true", default=None, help="attention: also write the log-sum-exp of each "
                    "query row (float32 [BH, Lq])")
     p.add_argument("--scale", type=float, metavar="X", help="attention: the softmax scale (default 1/sqrt(D))")
-    p.add_argument("--persistent", type=int, metavar="N", help="attention: N blocks (one an SM: 132 on an H200) "
-                   "walk the query tiles, the producer loading each tile's Q too; non-causal, with --warp-specialize")
 
 
 def _rule_options(p: argparse.ArgumentParser, debug: bool = False) -> None:
@@ -387,6 +436,16 @@ def parser() -> argparse.ArgumentParser:
     _rule_options(r)
     r.add_argument("--reps", type=_count(1), default=20, help="timed launches (default 20)")
     r.set_defaults(fn=cmd_run)
+    tu = sub.add_parser("tune", help="measure a tensor-core kernel's declared configurations at --shape on the GPU "
+                        "and keep the fastest (the tuning cache)")
+    tu.add_argument("kernel", help="matmul_tc or attention")
+    tu.add_argument("--shape", help="problem shape, e.g. 4096,4096,4096 (matmul_tc: M,N,K; attention: BH,Lq,Lk)")
+    tu.add_argument("--dtype", choices=["float32", *STORAGE_DTYPES], help="type of the kernel's tensors")
+    _variant_options(tu)
+    tu.add_argument("--workers", type=_count(1), default=None, help="compile in this many processes (default: "
+                    "the CPU count, at most 8)")
+    tu.add_argument("--no-cache", action="store_true", help="neither read nor write the tuning cache")
+    tu.set_defaults(fn=cmd_tune)
     about = ("lower, then interpret on the CPU for trip counts 0..4*S with the barrier protocol checked, "
              f"comparing with the kernel before lowering and with numpy (S <= {MAX_CHECK_STAGES}: a larger --stages "
              "is refused before any work)")

@@ -16,6 +16,8 @@ graphs and ``torch.compile``:
 """
 from __future__ import annotations
 
+import functools
+import os
 import re
 import threading
 from typing import Any, Callable, Optional, Sequence
@@ -30,7 +32,7 @@ from .errors import CbrulesError
 from .ir.builder import Kernel
 from .ir.terms import evaluate
 
-__all__ = ["TorchOpError", "kernel_op", "linear", "matmul", "attention", "ACTIVATIONS"]
+__all__ = ["TorchOpError", "kernel_op", "linear", "matmul", "attention", "set_autotune", "ACTIVATIONS"]
 
 # cbrules dtype names <-> torch dtypes
 _TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
@@ -185,13 +187,46 @@ def _kernel(key: tuple, build: Callable[[], Kernel]):
         return _kernels[key]
 
 
-def _matmul_kernel(dtype: torch.dtype, b_layout: str, epilogue: str):
+_autotune = [os.environ.get("CBRULES_AUTOTUNE", "") not in ("", "0")]
+
+
+def set_autotune(on: bool) -> None:
+    """Have the drop-in functions measure their kernel's configurations (cbrules.kernels.tuned.tune_space)
+    on the first call at each shape and keep the fastest (:func:`cbrules.autotune.autotune`: the choice
+    is cached on disk, so later processes measure nothing). Off by default (the environment variable
+    ``CBRULES_AUTOTUNE=1`` turns it on): each function then runs one configuration that is fast on the
+    H200. A call during CUDA-graph capture never measures (it takes a cached choice or that default)."""
+    _autotune[0] = bool(on)
+
+
+def _tuned(family: tuple, shapes: tuple, build: Callable[..., Kernel], args: dict, default: Callable[[], Kernel]):
+    """The compiled kernel of ``family`` (the built-in kernel's name, then what picks its variant) for
+    these ``shapes``: autotuned on ``args`` where asked (and not capturing a graph), else ``default()``'s,
+    one for the family whatever the shapes (they are launch-time symbols)."""
+    key = ("tuned",) + family + shapes
+    with _kernels_lock:
+        hit = _kernels.get(key)
+    if hit is not None:
+        return hit
+    if not _autotune[0] or not args or torch.cuda.is_current_stream_capturing():
+        return _kernel(family, default)
+    from .autotune import autotune
+    from .kernels.tuned import tune_space
+    name = "cbrules.torch:" + ":".join(map(str, family))
+    choice = autotune(name, build, tune_space(family[0], _sm_count()), list(shapes), args)
+    with _kernels_lock:
+        return _kernels.setdefault(key, choice.kernel)
+
+
+def _matmul_kernel(dtype: torch.dtype, b_layout: str, epilogue: str, args: dict):
     from .kernels.matmul_tc import matmul_tc
     name = _NAMES[dtype]
     sms = _sm_count()
-    return _kernel(("matmul_tc", name, b_layout, epilogue, sms), lambda: matmul_tc(
-        stages=4, warp_specialize=True, registers=(40, 232), dtype=name, b_layout=b_layout,
-        epilogue=epilogue, persistent=sms))
+    m, kk = args["a"].shape
+    n = args["c"].shape[1]
+    build = functools.partial(matmul_tc, dtype=name, b_layout=b_layout, epilogue=epilogue)
+    return _tuned(("matmul_tc", name, b_layout, epilogue, sms), (m, n, kk), build, args,
+                  lambda: build(stages=4, warp_specialize=True, registers=(40, 232), persistent=sms))
 
 
 def _check_mma_operands(op: str, **tensors) -> torch.dtype:
@@ -232,11 +267,10 @@ def _product(op: str, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Ten
         return c.zero_() if bias is None else _activate(bias.expand(m, n).float(), activation).to(dtype)
     fused = bias is not None or activation is not None
     epilogue = ACTIVATIONS[activation] if fused else "none"
-    ck = _matmul_kernel(dtype, b_layout, epilogue)
     args = {"a": a.contiguous(), "b": b.contiguous(), "c": c}
     if fused:
         args["bias"] = (torch.zeros(n, dtype=dtype, device=a.device) if bias is None else bias.contiguous())
-    ck(**args)
+    _matmul_kernel(dtype, b_layout, epilogue, args)(**args)
     return c
 
 
@@ -292,11 +326,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     return _matmul_op(a, b, bias, activation)
 
 
-def _attention_kernel(dtype: torch.dtype, d: int, causal: bool, scale: float):
+def _attention_kernel(dtype: torch.dtype, d: int, causal: bool, scale: float, args: Optional[dict] = None):
     from .kernels.attention import attention as build
     name = _NAMES[dtype]
-    return _kernel(("attention", name, d, causal, scale), lambda: build(
-        head_dim=d, causal=causal, scale=scale, dtype=name, warp_specialize=True))
+    shapes = () if args is None else (*args["q"].shape, args["k"].shape[1])
+    variant = functools.partial(build, head_dim=d, causal=causal, scale=scale, dtype=name)
+    return _tuned(("attention", name, d, causal, scale), shapes, variant, args or {},
+                  lambda: variant(warp_specialize=True))
 
 
 @torch.library.custom_op("cbrules::attention", mutates_args=())
@@ -325,9 +361,9 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         return o
     if lk == 0:
         return o.fill_(float("nan"))  # softmax over no keys, as torch's math backend gives
-    ck = _attention_kernel(dtype, d, causal, float(d ** -0.5 if scale is None else scale))
-    ck(q=q.contiguous().view(heads, lq, d), k=k.contiguous().view(heads, lk, d),
-       v=v.contiguous().view(heads, lk, d), o=o.view(heads, lq, d))
+    args = {"q": q.contiguous().view(heads, lq, d), "k": k.contiguous().view(heads, lk, d),
+            "v": v.contiguous().view(heads, lk, d), "o": o.view(heads, lq, d)}
+    _attention_kernel(dtype, d, causal, float(d ** -0.5 if scale is None else scale), args)(**args)
     return o
 
 

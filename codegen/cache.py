@@ -50,7 +50,7 @@ def _warn(message: str) -> None:
     warnings.warn(message, CacheWarning, stacklevel=4)  # _warn < Cache method < compile_cuda < caller
 
 
-def _read_regular_file(path: Path) -> bytes:
+def read_regular_file(path: Path) -> bytes:
     """The bytes of ``path`` if it is a regular file (not a link, FIFO, device or folder)."""
     try:  # O_NONBLOCK: opening a FIFO planted at the path must not wait for a writer
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -68,6 +68,20 @@ def _read_regular_file(path: Path) -> bytes:
             return f.read(_ENTRY_MAX + 1)
     finally:
         os.close(fd)
+
+
+def untrusted_folder(folder: Path) -> Optional[str]:
+    """Why ``folder`` cannot be trusted with what cbrules reads back (owned by another user, or writable
+    by every user), or None (also when it does not exist yet)."""
+    try:
+        info = os.stat(folder)
+    except OSError:
+        return None
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return f"owned by user id {info.st_uid}, not by this user ({os.getuid()})"
+    if stat.S_IMODE(info.st_mode) & 0o002:  # group-writable is left alone: umask 002 with a private group
+        return f"writable by every user (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
 
 
 def encode_entry(key: str, cubin: bytes, log: str, **meta) -> bytes:
@@ -107,15 +121,7 @@ class CubinCache:
     def untrusted(self) -> Optional[str]:
         """Why the folder cannot be trusted with cubins (owned by another user, or writable by others),
         or None (also when it does not exist yet: :meth:`store` creates it, mode 0700 below umask)."""
-        try:
-            info = os.stat(self.folder)
-        except OSError:
-            return None
-        if hasattr(os, "getuid") and info.st_uid != os.getuid():
-            return f"owned by user id {info.st_uid}, not by this user ({os.getuid()})"
-        if stat.S_IMODE(info.st_mode) & 0o002:  # group-writable is left alone: umask 002 with a private group
-            return f"writable by every user (mode {stat.S_IMODE(info.st_mode):o})"
-        return None
+        return untrusted_folder(self.folder)
 
     def _refused(self) -> bool:
         why = self.untrusted()
@@ -137,7 +143,7 @@ class CubinCache:
         if self._refused():
             return None
         try:
-            return decode_entry(_read_regular_file(path), key)
+            return decode_entry(read_regular_file(path), key)
         except (FileNotFoundError, NotADirectoryError):  # no entry, or no folder: store() says why
             return None
         except OSError as e:

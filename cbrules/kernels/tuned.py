@@ -154,3 +154,22 @@ def build_generated(op: str, shape: tuple, stages, dtype: str = "float32", tma_s
     if ws is None:
         return build_variant(name, stages, **params)
     return build_variant(name, stages, warp_specialize=True, registers=ws, **ws_params(params))
+
+
+def tune_space(kernel: str, sms: int) -> list[dict]:
+    """The configurations ``cbrules tune`` and :func:`cbrules.autotune.autotune` measure for a built-in
+    tensor-core kernel (build parameters; ``sms`` the device's SM count for the persistent walks). A
+    configuration a variant cannot take (persistent causal attention, a tile past the shared memory) is
+    refused by its builder by name and left out of the measurement."""
+    ws = {"warp_specialize": True}
+    if kernel == "matmul_tc":
+        split = {**ws, "registers": [PRODUCER_REGISTERS, 232]}
+        return [{"stages": 4, **split}, {"stages": 4, **split, "persistent": sms},
+                {"stages": 4, **split, "bn": 128}, {"stages": 5, **split, "bn": 128, "persistent": sms},
+                {"stages": 4, **ws, "persistent": sms, "bm": 128, "bn": 128, "pingpong": True}]
+    if kernel == "attention":
+        return [dict(ws), {**ws, "stages": 2}, {**ws, "persistent": sms}, {**ws, "stages": 2, "persistent": sms}]
+    raise KeyError(kernel)
+
+
+TUNED_KERNELS = ("matmul_tc", "attention")  # the kernels tune_space declares configurations for
