@@ -9,10 +9,12 @@ graphs and ``torch.compile``:
   one) as a custom op with a fake implementation: its unwritten tensors are the op's inputs, its written
   ones its outputs (shapes from the kernel's own shape terms), its symbols that no input's shape gives
   and its float scalars are int / float arguments;
-* :func:`linear`, :func:`matmul` and :func:`attention` behave like ``F.linear`` (with a fused
-  activation), ``torch.matmul`` and ``F.scaled_dot_product_attention`` for the shapes and dtypes the
-  built-in kernels take (``matmul_tc``, ``attention``), refusing the rest by name. They are custom ops
-  too (``cbrules::linear`` ...), so ``torch.compile(fullgraph=True)`` keeps them whole.
+* :func:`linear`, :func:`matmul`, :func:`attention`, :func:`rms_norm`, :func:`layer_norm` and
+  :func:`softmax` behave like ``F.linear`` (with a fused activation), ``torch.matmul``,
+  ``F.scaled_dot_product_attention``, ``F.rms_norm``, ``F.layer_norm`` and ``torch.softmax`` for the
+  shapes and dtypes the built-in kernels take (``matmul_tc``, ``attention``, the row kernels), refusing
+  the rest by name. They are custom ops too (``cbrules::linear`` ...), so
+  ``torch.compile(fullgraph=True)`` keeps them whole.
 """
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ from .errors import CbrulesError
 from .ir.builder import Kernel
 from .ir.terms import evaluate
 
-__all__ = ["TorchOpError", "kernel_op", "linear", "matmul", "attention", "set_autotune", "ACTIVATIONS"]
+__all__ = ["TorchOpError", "kernel_op", "linear", "matmul", "attention", "rms_norm", "layer_norm", "softmax",
+           "swiglu", "set_autotune", "ACTIVATIONS"]
 
 # cbrules dtype names <-> torch dtypes
 _TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
@@ -244,12 +247,16 @@ def _check_mma_operands(op: str, **tensors) -> torch.dtype:
 
 
 def _product(op: str, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: Optional[str],
-             b_layout: str, names: tuple[str, str]) -> torch.Tensor:
-    """a [M, K] times b ([N, K] for "nk", [K, N] for "kn") with the bias and activation fused; ``names``
-    are a's and b's in the caller's words."""
+             b_layout: str, names: tuple[str, str], residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """a [M, K] times b ([N, K] for "nk", [K, N] for "kn") with the bias and activation (or the residual
+    [M, N]) fused; ``names`` are a's and b's in the caller's words."""
     if activation not in ACTIVATIONS:
         raise TorchOpError(f"{op}: activation={activation!r}: one of {', '.join(map(repr, ACTIVATIONS))}")
-    dtype = _check_mma_operands(op, **{names[0]: a, names[1]: b}, **({} if bias is None else {"bias": bias}))
+    if residual is not None and (bias is not None or activation is not None):
+        raise TorchOpError(f"{op}: residual with a bias or an activation: matmul_tc's epilogues add one of them "
+                           "(add the bias to the residual first, or apply the activation separately)")
+    extra = {"bias": bias, "residual": residual}
+    dtype = _check_mma_operands(op, **{names[0]: a, names[1]: b}, **{k: v for k, v in extra.items() if v is not None})
     m, k = a.shape
     n = b.shape[0] if b_layout == "nk" else b.shape[1]
     if k % 8 or n % 8:
@@ -257,19 +264,25 @@ def _product(op: str, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Ten
                            "must be multiples of 8 (pad them)")
     if bias is not None and tuple(bias.shape) != (n,):
         raise TorchOpError(f"{op}: bias has shape {tuple(bias.shape)}, the product has {n} columns")
-    for what, t in zip(names + ("bias",), (a, b, bias)):
+    if residual is not None and tuple(residual.shape) != (m, n):
+        raise TorchOpError(f"{op}: residual has shape {tuple(residual.shape)}, the product is {(m, n)}")
+    for what, t in zip(names + ("bias", "residual"), (a, b, bias, residual)):
         if t is not None:
             _require_cuda(op, what, t)
     c = torch.empty((m, n), dtype=dtype, device=a.device)
     if m == 0 or n == 0:
         return c
     if k == 0:
+        if residual is not None:
+            return c.copy_(residual)
         return c.zero_() if bias is None else _activate(bias.expand(m, n).float(), activation).to(dtype)
     fused = bias is not None or activation is not None
-    epilogue = ACTIVATIONS[activation] if fused else "none"
+    epilogue = ACTIVATIONS[activation] if fused else "residual" if residual is not None else "none"
     args = {"a": a.contiguous(), "b": b.contiguous(), "c": c}
     if fused:
         args["bias"] = (torch.zeros(n, dtype=dtype, device=a.device) if bias is None else bias.contiguous())
+    if residual is not None:
+        args["residual"] = residual.contiguous()
     _matmul_kernel(dtype, b_layout, epilogue, args)(**args)
     return c
 
@@ -281,18 +294,23 @@ def _activate(x: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
 
 
 @torch.library.custom_op("cbrules::linear", mutates_args=())
-def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-               activation: Optional[str]) -> torch.Tensor:
+def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], activation: Optional[str],
+               residual: Optional[torch.Tensor]) -> torch.Tensor:
     lead = x.shape[:-1]
     if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
         raise TorchOpError(f"cbrules.torch.linear: x {tuple(x.shape)} and weight {tuple(weight.shape)}: weight is "
                            "[out_features, in_features] and x's last dimension is in_features")
-    y = _product("cbrules.torch.linear", x.reshape(-1, x.shape[-1]), weight, bias, activation, "nk", ("x", "weight"))
+    if residual is not None and tuple(residual.shape) != (*lead, weight.shape[0]):
+        raise TorchOpError(f"cbrules.torch.linear: residual has shape {tuple(residual.shape)}, the output is "
+                           f"{(*lead, weight.shape[0])}")
+    flat = None if residual is None else residual.reshape(-1, weight.shape[0])
+    y = _product("cbrules.torch.linear", x.reshape(-1, x.shape[-1]), weight, bias, activation, "nk", ("x", "weight"),
+                 flat)
     return y.reshape(*lead, weight.shape[0])
 
 
 @_linear_op.register_fake
-def _(x, weight, bias, activation):
+def _(x, weight, bias, activation, residual):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -311,12 +329,13 @@ def _(a, b, bias, activation):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           activation: Optional[str] = None) -> torch.Tensor:
+           activation: Optional[str] = None, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``activation(F.linear(x, weight, bias))`` on the tensor cores (matmul_tc, persistent and
     warp-specialized; bias and activation fused into its epilogue): x [..., K], weight [N, K] (torch's
     Linear layout), bias [N], bfloat16 or float16 alike; ``activation`` one of :data:`ACTIVATIONS`
-    (gelu is the exact, erf one; gelu_tanh torch's approximate="tanh"). K and N multiples of 8."""
-    return _linear_op(x, weight, bias, activation)
+    (gelu is the exact, erf one; gelu_tanh torch's approximate="tanh"). ``residual`` [..., N] is added
+    in the epilogue instead (``F.linear(x, weight) + residual``, one rounding). K and N multiples of 8."""
+    return _linear_op(x, weight, bias, activation, residual)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -324,6 +343,128 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     """``activation(a @ b + bias)`` for a [M, K] and b [K, N] row-major (B read MN-major by the tensor
     cores: no transpose), bfloat16 or float16 alike; bias [N]. See :func:`linear`."""
     return _matmul_op(a, b, bias, activation)
+
+
+def _row_kernel(op: str, x: torch.Tensor, eps: float):
+    from .kernels.rows import RowError, row_op
+    name = _NAMES.get(x.dtype)
+    try:
+        return _kernel(("rows", op, x.shape[-1], name, eps), lambda: row_op(op, row=x.shape[-1], dtype=name, eps=eps))
+    except RowError as e:
+        raise TorchOpError(f"cbrules.torch.{op}: {e}") from None
+
+
+def _rows(op: str, x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+          eps: float) -> torch.Tensor:
+    """``op`` over the last dimension of ``x`` (any leading dimensions), weight and bias of that length."""
+    where = f"cbrules.torch.{op}"
+    tensors = {"x": x, **({} if weight is None else {"weight": weight}), **({} if bias is None else {"bias": bias})}
+    for what, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TorchOpError(f"{where}: {what} is a {type(t).__name__}, not a torch tensor")
+        if t.dtype != x.dtype or t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TorchOpError(f"{where}: {what} is {t.dtype}: give float32, float16 or bfloat16 tensors of one dtype")
+    if x.dim() < 1:
+        raise TorchOpError(f"{where}: x is a scalar; give [..., D]")
+    d = x.shape[-1]
+    for what, t in tensors.items():
+        if what != "x" and tuple(t.shape) != (d,):
+            raise TorchOpError(f"{where}: {what} has shape {tuple(t.shape)}, x's rows have {d} elements")
+    ck = _row_kernel(op, x, eps)
+    for what, t in tensors.items():
+        _require_cuda(where, what, t)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if x.numel() == 0:
+        return out
+    args = {"x": x.contiguous().view(-1, d), "out": out.view(-1, d)}
+    if op != "softmax":
+        args["weight"] = weight.contiguous() if weight is not None else torch.ones(d, dtype=x.dtype, device=x.device)
+    if op == "layer_norm":
+        args["bias"] = bias.contiguous() if bias is not None else torch.zeros(d, dtype=x.dtype, device=x.device)
+    ck(**args)
+    return out
+
+
+def _last_dim(op: str, x: torch.Tensor, normalized_shape) -> None:
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if len(shape) != 1 or x.dim() < 1 or shape[0] != x.shape[-1]:
+        raise TorchOpError(f"cbrules.torch.{op}: normalized_shape {shape} for x {tuple(x.shape)}: the kernels "
+                           "normalise over the last dimension only (normalized_shape = (x.shape[-1],))")
+
+
+@torch.library.custom_op("cbrules::rms_norm", mutates_args=())
+def _rms_norm_op(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    return _rows("rms_norm", x, weight, None, eps)
+
+
+@torch.library.custom_op("cbrules::layer_norm", mutates_args=())
+def _layer_norm_op(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                   eps: float) -> torch.Tensor:
+    return _rows("layer_norm", x, weight, bias, eps)
+
+
+@torch.library.custom_op("cbrules::softmax", mutates_args=())
+def _softmax_op(x: torch.Tensor) -> torch.Tensor:
+    return _rows("softmax", x, None, None, 0.0)
+
+
+for _op in (_rms_norm_op, _layer_norm_op, _softmax_op):
+    _op.register_fake(lambda x, *rest: torch.empty_like(x, memory_format=torch.contiguous_format))
+
+
+def rms_norm(x: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
+             eps: Optional[float] = None) -> torch.Tensor:
+    """``F.rms_norm`` over the last dimension (the row kernel: the row in registers, one read, one write);
+    ``eps`` defaults to the dtype's machine epsilon, as torch's."""
+    _last_dim("rms_norm", x, normalized_shape)
+    eps = torch.finfo(x.dtype).eps if eps is None and x.is_floating_point() else eps
+    return _rms_norm_op(x, weight, float(eps if eps is not None else 0.0))
+
+
+def layer_norm(x: torch.Tensor, normalized_shape, weight: Optional[torch.Tensor] = None,
+               bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
+    """``F.layer_norm`` over the last dimension (biased variance, as torch's)."""
+    _last_dim("layer_norm", x, normalized_shape)
+    return _layer_norm_op(x, weight, bias, float(eps))
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``torch.softmax(x, dim)`` along the last dimension (another ``dim`` is refused by name)."""
+    if not isinstance(dim, int) or x.dim() < 1 or dim not in (-1, x.dim() - 1):
+        raise TorchOpError(f"cbrules.torch.softmax: dim={dim!r} of x {tuple(x.shape)}: the kernel runs along the last "
+                           "dimension (transpose x first)")
+    return _softmax_op(x)
+
+
+@torch.library.custom_op("cbrules::swiglu", mutates_args=())
+def _swiglu_op(ab: torch.Tensor) -> torch.Tensor:
+    from .kernels.rows import RowError, swiglu as build
+    where = "cbrules.torch.swiglu"
+    if not isinstance(ab, torch.Tensor) or ab.dim() < 1 or ab.shape[-1] % 2:
+        raise TorchOpError(f"{where}: give a tensor [..., 2 * hidden] (gate and up side by side)")
+    if ab.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TorchOpError(f"{where}: ab is {ab.dtype}: give float32, float16 or bfloat16")
+    hidden = ab.shape[-1] // 2
+    try:
+        ck = _kernel(("swiglu", hidden, _NAMES[ab.dtype]), lambda: build(hidden, _NAMES[ab.dtype]))
+    except RowError as e:
+        raise TorchOpError(f"{where}: {e}") from None
+    _require_cuda(where, "ab", ab)
+    out = ab.new_empty((*ab.shape[:-1], hidden))
+    if out.numel():
+        ck(ab=ab.contiguous().view(-1, 2 * hidden), out=out.view(-1, hidden))
+    return out
+
+
+@_swiglu_op.register_fake
+def _(ab):
+    return ab.new_empty((*ab.shape[:-1], ab.shape[-1] // 2))
+
+
+def swiglu(ab: torch.Tensor) -> torch.Tensor:
+    """``F.silu(ab[..., :h]) * ab[..., h:]`` for ``ab [..., 2h]``: the step of a SwiGLU MLP between its
+    gate-and-up GEMM (one ``linear`` with the two weights stacked) and its down GEMM."""
+    return _swiglu_op(ab)
 
 
 def _attention_kernel(dtype: torch.dtype, d: int, causal: bool, scale: float, args: Optional[dict] = None):

@@ -152,3 +152,49 @@ def test_a_kernel_of_ones_own_runs_as_its_op():
     torch.testing.assert_close(op(x), x.sum(1), rtol=1e-5, atol=1e-3)
     torch.testing.assert_close(op(x.t().contiguous().t()), x.sum(1), rtol=1e-5, atol=1e-3)  # made contiguous
     assert np.isfinite(op(x).cpu().numpy()).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_the_row_functions_against_torch(dtype):
+    g = torch.Generator("cuda").manual_seed(5)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    for shape in ((4, 33, 4096), (1000, 1024)):
+        x = torch.randn(*shape, dtype=dtype, device="cuda", generator=g) * 2 + 0.5
+        w = torch.randn(shape[-1], dtype=dtype, device="cuda", generator=g)
+        b = torch.randn(shape[-1], dtype=dtype, device="cuda", generator=g)
+        xf, wf, bf = x.float(), w.float(), b.float()
+        n = (shape[-1],)
+        torch.testing.assert_close(cbt.rms_norm(x, n, w, 1e-6).float(), F.rms_norm(xf, n, wf, 1e-6), **tol)
+        torch.testing.assert_close(cbt.rms_norm(x, n).float(), F.rms_norm(xf, n, eps=torch.finfo(dtype).eps), **tol)
+        torch.testing.assert_close(cbt.layer_norm(x, n, w, b).float(), F.layer_norm(xf, n, wf, bf), **tol)
+        torch.testing.assert_close(cbt.layer_norm(x, n).float(), F.layer_norm(xf, n), **tol)
+        torch.testing.assert_close(cbt.softmax(x).float(), torch.softmax(xf, -1), **tol)
+        torch.testing.assert_close(cbt.softmax(x.transpose(0, -1).contiguous().transpose(0, -1)).float(),
+                                   torch.softmax(xf, -1), **tol)  # not contiguous: made so
+
+
+def test_swiglu_and_the_residual_epilogue():
+    g = torch.Generator("cuda").manual_seed(6)
+    ab = torch.randn(3, 50, 2 * 1376, dtype=torch.bfloat16, device="cuda", generator=g)
+    gate, up = ab.float().chunk(2, dim=-1)
+    torch.testing.assert_close(cbt.swiglu(ab).float(), F.silu(gate) * up, rtol=2e-2, atol=2e-2)
+    x = torch.randn(2, 300, 512, dtype=torch.bfloat16, device="cuda", generator=g)
+    w = torch.randn(264, 512, dtype=torch.bfloat16, device="cuda", generator=g) / 22
+    r = torch.randn(2, 300, 264, dtype=torch.bfloat16, device="cuda", generator=g)
+    torch.testing.assert_close(cbt.linear(x, w, residual=r).float(), F.linear(x.float(), w.float()) + r.float(),
+                               rtol=2e-2, atol=3e-2)
+
+
+def test_the_transformer_block_example_matches_eager_torch():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "examples" / "transformer_block.py"
+    spec = importlib.util.spec_from_file_location("transformer_block", path)
+    block = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(block)
+    g = torch.Generator("cuda").manual_seed(7)
+    p = block.make_weights(512, 4, 1376, g)
+    x = torch.randn(2 * 256, 512, device="cuda", generator=g).bfloat16()
+    want = block.block_torch(x.float(), {k: v.float() for k, v in p.items()}, 2, 4)
+    got = block.block_cbrules(x, p, 2, 4)
+    torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=6e-2)

@@ -29,6 +29,10 @@ CATALOG: dict[str, str] = {
     "attention": "FlashAttention forward o = softmax(scale q k^T) v, q/k/v [BH, L, D] bfloat16/float16 (D 64 or 128, "
                  "--causal, --lse): Q loaded once, the key-tile loop circular-buffered, softmax on the score fragment "
                  "in registers, P as the register A of P @ V",
+    "rms_norm": "out = x * rsqrt(mean(x^2) + eps) * weight per row of [M, D], the row in registers (16-byte vector "
+                "loads, one block a row; no TMA)",
+    "layer_norm": "out = (x - mean) * rsqrt(var + eps) * weight + bias per row of [M, D], the row in registers",
+    "softmax": "out = exp(x - max) / sum(exp(x - max)) per row of [M, D], the row in registers",
 }
 
 

@@ -23,6 +23,7 @@ from . import matmul as _mm
 from . import matmul_tc as _mtc
 from . import pointwise1d as _p1
 from . import reductions as _red
+from . import rows as _rows
 from . import tiled2d as _t2
 from .exp1d import exp1d_tma
 
@@ -352,6 +353,36 @@ def _persistent_attention(factory, blocks: int, **options) -> Kernel:
     return factory(**options, persistent=blocks if options.get("warp_specialize") else 0)
 
 
+def _row_inputs(op: str, shape, rng):
+    m, row = shape
+    args = {"x": _normal(rng, m, row) * 3 + 1, "out": _nan(m, row)}
+    if op != "softmax":
+        args["weight"] = _normal(rng, row)
+    if op == "layer_norm":
+        args["bias"] = _normal(rng, row)
+    return args
+
+
+def _row_reference(op: str, a):
+    x = a["x"].astype(np.float64)
+    if op == "softmax":
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        return {"out": e / e.sum(axis=1, keepdims=True)}
+    if op == "rms_norm":
+        y = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + 1e-6)
+    else:
+        y = (x - x.mean(axis=1, keepdims=True)) / np.sqrt(x.var(axis=1, keepdims=True) + 1e-6)
+    y = y * a["weight"].astype(np.float64)
+    return {"out": y + a["bias"].astype(np.float64) if op == "layer_norm" else y}
+
+
+def _row_spec(op: str) -> "KernelSpec":
+    return KernelSpec(op, CATALOG[op], functools.partial(_rows.row_op, op), functools.partial(_row_inputs, op),
+                      functools.partial(_row_reference, op), ("out",), (4096, 4096),
+                      ((3, 256), (100, 1024), (4096, 4096), (1000, 8192)), pipelined=False, seed=False,
+                      tolerance=lambda s: (2e-5, 2e-5), build_params=lambda s: {"row": s[1]})
+
+
 def _normalize(x):
     x64 = x.astype(np.float64)
     mean = x64.mean(axis=1, keepdims=True)
@@ -423,6 +454,7 @@ _SPECS = [
                shape_for_trips=lambda t: (1, 70, _att.BN * t - 8), dtypes=_att.MMA_DTYPES, seed=False,
                float32_outputs=("lse",), variant=lambda **kw: _attention_spec(KERNELS["attention"], **kw)),
 ]
+_SPECS += [_row_spec(op) for op in _rows.OPS]
 KERNELS: dict[str, KernelSpec] = {s.name: s for s in _SPECS}
 assert list(KERNELS) == list(CATALOG), "every built-in kernel has one line in the catalog"
 SEED_MATRIX = tuple(n for n in KERNELS if KERNELS[n].pipelined and KERNELS[n].seed)
