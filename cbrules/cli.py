@@ -235,7 +235,7 @@ def cmd_tune(a) -> int:
     from .autotune import autotune
     from .codegen import runtime
     from .codegen.runtime import DeviceArray
-    from .kernels.tuned import TUNED_KERNELS, tune_space
+    from .kernels.tuned import TUNED_KERNELS, tune_build, tune_space
     spec = load_spec(a)
     if spec.name not in TUNED_KERNELS or spec.inputs is None:
         raise CliError(f"{spec.name}: tune measures the declared configurations of {', '.join(TUNED_KERNELS)}")
@@ -246,7 +246,7 @@ def cmd_tune(a) -> int:
     shape = _shape(a, spec)
     args = {k: DeviceArray.from_numpy(v) if isinstance(v, np.ndarray) else v
             for k, v in spec.make_inputs(shape, np.random.default_rng(0), dtype).items()}
-    build = functools.partial(_tune_build, spec.factory, dtype)
+    build = functools.partial(tune_build, spec.factory, dtype)
     name = f"{spec.name}:" + ",".join(f"{k}={v}" for k, v in sorted(_variant_args(a).items()))
     choice = autotune(name, build, tune_space(spec.name, runtime.device_info()["sm_count"]),
                       {"shape": list(shape), "dtype": dtype}, args, workers=a.workers, cache=not a.no_cache)
@@ -255,12 +255,6 @@ def cmd_tune(a) -> int:
           + (" ".join(f"{k}={v}" for k, v in choice.config.items()) or "the defaults")
           + (" (from the tuning cache)" if choice.cached else ""))
     return 0
-
-
-def _tune_build(factory, dtype: str, **config):
-    """A built-in kernel's factory in ``dtype`` with one configuration (module level: worker processes
-    receive it)."""
-    return factory(dtype=dtype, **config)
 
 
 def _variant_args(a) -> dict:

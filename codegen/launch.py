@@ -202,15 +202,21 @@ class CompiledKernel:
                            arrays, copy_back, symbols)
 
     def __call__(self, **kwargs: Any) -> Optional[dict]:
-        """Launch once. With numpy arrays among the tensors it waits and updates the written ones in
-        place; with device arrays only (torch, cupy, DLPack, DeviceArray) it returns at once, as torch's
-        own operators do: the kernel runs on torch's current stream for torch tensors (else the legacy
-        default stream), and a fault in it surfaces at the next synchronisation. ``stream=`` (a handle
-        or a torch.cuda.Stream) picks the stream, unless the kernel has a parameter of that name."""
+        """Launch once. With a torch tensor among the tensors it returns at once, as torch's own
+        operators do: the kernel runs on torch's current stream (or ``stream=``) and a fault in it
+        surfaces at the next synchronisation; then numpy arguments are refused, since their results
+        could not be copied back without waiting. Otherwise it waits, and written numpy arrays are
+        updated in place. ``stream=`` (a handle or a torch.cuda.Stream) picks the stream, unless the
+        kernel has a parameter of that name."""
         names = {p.name for p in self.source.params}
         stream = kwargs.pop("stream", None) if "stream" not in names else None
         bound = self.bind(**kwargs)
+        torch_call = any(runtime.borrowed_from_torch(a) for a in bound.arrays.values())
+        if torch_call and bound.copy_back:
+            raise LaunchError(f"{self.name}: numpy arrays ({', '.join(bound.copy_back)}) beside torch tensors: a "
+                              "call with torch tensors does not wait, so their results could not be copied back; "
+                              "pass torch tensors (torch.from_numpy(x).cuda())")
         bound.launch(stream)
-        if bound.copy_back or any(isinstance(kwargs.get(n), np.ndarray) for n in names):
+        if not torch_call:
             bound.finish()
         return bound.symbols

@@ -343,10 +343,13 @@ def torch_tensor(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
-def _borrowed_from_torch(array: "DeviceArray") -> bool:
+def borrowed_from_torch(array: Any) -> bool:
+    """True for a DeviceArray borrowed from a torch tensor (directly, or through its byte view)."""
+    if not isinstance(array, DeviceArray):
+        return False
     owner = array.owner
     owners = owner if isinstance(owner, tuple) else (owner,)
-    return any(torch_tensor(o) or (isinstance(o, DeviceArray) and _borrowed_from_torch(o)) for o in owners)
+    return any(torch_tensor(o) or borrowed_from_torch(o) for o in owners)
 
 
 def launch_stream(arrays: Any, stream: Any = None) -> Any:
@@ -362,7 +365,7 @@ def launch_stream(arrays: Any, stream: Any = None) -> Any:
             raise TypeError(f"stream={stream!r}: give a CUDA stream handle (an int), a cuda.bindings CUstream "
                             "or an object with .cuda_stream (a torch.cuda.Stream)")
         return handle
-    if any(isinstance(a, DeviceArray) and _borrowed_from_torch(a) for a in arrays):
+    if any(borrowed_from_torch(a) for a in arrays):
         torch = sys.modules["torch"]
         return torch.cuda.current_stream().cuda_stream
     return None

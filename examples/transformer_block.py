@@ -11,6 +11,7 @@ is a torch custom op on torch's current stream.
 
     python3 examples/transformer_block.py                    # 16,384 tokens (4 x 4096), d_model 4096
     python3 examples/transformer_block.py --max-autotune     # also torch.compile(mode="max-autotune")
+    python3 examples/transformer_block.py --autotune         # cbrules' functions tune themselves first
 
 Prints each implementation's time (each timed alone: a second of sustained launches, then the median of
 many, an idle second before each) and the largest difference of each output from eager torch's.
@@ -87,10 +88,13 @@ def main(argv=None) -> int:
     a.add_argument("--mlp", type=int, default=11008)
     a.add_argument("--max-autotune", action="store_true", help="also torch.compile(mode='max-autotune') (minutes)")
     a.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    a.add_argument("--autotune", action="store_true", help="cbrules' functions measure their configurations first "
+                   "(cached: later runs measure nothing)")
     args = a.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: this example runs on a Hopper GPU", file=sys.stderr)
         return 1
+    cbt.set_autotune(args.autotune)
     gen = torch.Generator("cuda").manual_seed(0)
     p = make_weights(args.d_model, args.heads, args.mlp, gen)
     x = torch.randn(args.batch * args.length, args.d_model, device="cuda", generator=gen).bfloat16()

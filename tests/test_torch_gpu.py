@@ -198,3 +198,9 @@ def test_the_transformer_block_example_matches_eager_torch():
     want = block.block_torch(x.float(), {k: v.float() for k, v in p.items()}, 2, 4)
     got = block.block_cbrules(x, p, 2, 4)
     torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=6e-2)
+
+
+def test_numpy_beside_torch_is_refused_by_name(rowsum):
+    from cbrules.codegen.launch import LaunchError
+    with pytest.raises(LaunchError, match="numpy arrays .out. beside torch tensors"):
+        rowsum(x=torch.randn(3, 256, device="cuda"), out=np.empty(3, np.float32))

@@ -61,6 +61,7 @@ PRELUDE_NAMES = frozenset((
     *(f"cb_wgmma_n{n}_{t}" for n in range(8, 257, 8)
       for t in ("e4m3", "e5m2", "e4m3_e5m2", "e5m2_e4m3")),  # FP8 (K-major only), a mixed pair names B's type
     "cb_pack_bf16x2", "cb_pack_f16x2",  # codegen/mma.py: a register MMA operand's pairs
+    "cb_vcopy",  # codegen/prelude_vector.cu (vectorized loads and stores)
     "__shfl_xor_sync", "__shfl_down_sync", "__shfl_up_sync", "__shfl_sync",  # codegen/cuda.py: shfl
 ))
 MATH_FUNCTIONS = frozenset(f + s for f in ("exp", "log", "sqrt", "rsqrt", "fabs", "fma", "tanh", "erf", "exp2", "log2")

@@ -173,3 +173,10 @@ def tune_space(kernel: str, sms: int) -> list[dict]:
 
 
 TUNED_KERNELS = ("matmul_tc", "attention")  # the kernels tune_space declares configurations for
+
+
+def tune_build(factory, dtype: str, **config):
+    """A built-in kernel's factory in ``dtype`` with one configuration. It lives in a module (not in the
+    command that uses it, which may run as ``__main__``) so that the tuner's worker processes can import
+    it by name."""
+    return factory(dtype=dtype, **config)
