@@ -30,6 +30,7 @@ from .runtime import DeviceArray
 __all__ = ["BoundLaunch", "CompiledKernel", "LaunchError", "borrow", "check_layout"]
 
 HostOrDevice = Union[np.ndarray, DeviceArray]
+_SIGNATURES = 16  # launch signatures a compiled kernel keeps the symbols and grid of
 _ARG_KINDS = {"int32": "i32", "int64": "i64", "uint32": "u32", "uint64": "u64", "float32": "f32", "float64": "f64"}
 
 
@@ -138,6 +139,7 @@ class CompiledKernel:
         self.source = source
         self.cubin = cubin
         self._module = None
+        self._signatures: dict = {}  # (shapes and types, scalars) -> (symbols, grid): see check()
 
     @property
     def name(self) -> str:
@@ -155,21 +157,34 @@ class CompiledKernel:
 
     def check(self, **kwargs: Any) -> tuple[dict[str, HostOrDevice], dict[str, int], tuple[int, int, int]]:
         """Check a launch without touching the device: returns the tensors (numpy or borrowed), the
-        symbols and the grid, or raises LaunchError / TmaLimitError (see :func:`check_layout`)."""
+        symbols and the grid, or raises LaunchError / TmaLimitError (see :func:`check_layout`).
+
+        The symbols and the grid depend only on the tensors' shapes and types and the scalars given, so
+        they are kept for the last few such signatures (a model calls a kernel at a few shapes, and
+        binding them again cost most of a launch); the layout checks, which look at the addresses,
+        run every time."""
         params = self.source.params
         given = check_arguments(self.name, params, kwargs)
         tensors: dict[str, HostOrDevice] = {}
         for p in (p for p in params if p.kind == "tensor"):
             tensors[p.name] = borrow(self.name, p, kwargs[p.name])
-            check_dtype(self.name, p, tensors[p.name].dtype)
-        symbols = self.bind_symbols({n: a.shape for n, a in tensors.items()}, given)
+        signature = (tuple((a.shape, a.dtype.str) for a in tensors.values()), tuple(sorted(given.items())))
+        known = self._signatures.get(signature)
+        if known is None:
+            for p in (p for p in params if p.kind == "tensor"):
+                check_dtype(self.name, p, tensors[p.name].dtype)
+            symbols = self.bind_symbols({n: a.shape for n, a in tensors.items()}, given)
+            known = symbols, launch_grid(self.name, self.source.grid, symbols)
+            if len(self._signatures) >= _SIGNATURES:
+                self._signatures.pop(next(iter(self._signatures)))
+            self._signatures[signature] = known
         vectors = dict(self.source.aligned)
         for p in params:
             if p.kind == "tensor":
                 check_layout(self.name, p, tensors[p.name], vectors.get(p.name, 0))
             elif p.kind == "tmap":
                 _check_tensor_map(p, tensors[p.tensor])
-        return tensors, symbols, launch_grid(self.name, self.source.grid, symbols)
+        return tensors, dict(known[0]), known[1]
 
     def bind(self, **kwargs: Any) -> BoundLaunch:
         """Bind arrays and symbols by parameter name after :meth:`check`; numpy arrays are copied

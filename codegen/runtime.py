@@ -371,6 +371,34 @@ def launch_stream(arrays: Any, stream: Any = None) -> Any:
     return None
 
 
+# torch's dtypes -> the element types cbrules names them by (ml_dtypes' for bfloat16 and FP8)
+_TORCH_ELEMENTS = {"torch.float32": "float32", "torch.float64": "float64", "torch.float16": "float16",
+                   "torch.int32": "int32", "torch.int64": "int64", "torch.uint8": "uint8", "torch.int8": "int8",
+                   "torch.bfloat16": "bfloat16", **_TORCH_FP8}
+
+
+def _from_torch(t: Any) -> DeviceArray:
+    """A CUDA torch tensor borrowed in place from its own attributes (no DLPack capsule, no interface
+    dict: a launch inside a model pays microseconds, not tens of them); its element type by name."""
+    if t.device.type != "cuda":
+        raise TypeError(f"a torch tensor on {t.device}; cbrules borrows CUDA tensors (x.cuda())")
+    if (t.device.index or 0) != 0:
+        raise CodegenError(f"torch tensor lives on CUDA device {t.device.index}; only 0 is used")
+    name = _TORCH_ELEMENTS.get(str(t.dtype))
+    if name is None:
+        raise TypeError(f"torch dtype {t.dtype} has no cbrules element type")
+    if name in ("bfloat16", *_TORCH_FP8.values()):
+        import ml_dtypes
+        dtype = np.dtype(getattr(ml_dtypes, name))
+    else:
+        dtype = np.dtype(name)
+    shape = tuple(int(n) for n in t.shape)
+    strides = tuple(int(st) * dtype.itemsize for st in t.stride())
+    ptr = int(t.data_ptr())
+    _check_span("torch tensor", ptr, shape, strides, dtype.itemsize)
+    return DeviceArray(ptr, shape, dtype, strides, owner=t)
+
+
 def as_device_array(obj: Any) -> DeviceArray:
     """Wrap ``obj`` as a DeviceArray.
 
@@ -381,6 +409,8 @@ def as_device_array(obj: Any) -> DeviceArray:
     """
     if isinstance(obj, DeviceArray):
         return obj
+    if torch_tensor(obj):
+        return _from_torch(obj)
     fp8 = _TORCH_FP8.get(str(getattr(obj, "dtype", "")))
     if fp8 is not None and hasattr(obj, "view"):
         return _retyped(obj, fp8)

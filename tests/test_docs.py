@@ -126,7 +126,7 @@ def test_the_readmes_python_tour_launches_on_a_gpu(monkeypatch, capsys):
 
 # ---- the commands, as written
 
-GPU_COMMANDS = ("run", "demo")
+GPU_COMMANDS = ("run", "demo", "tune")
 
 
 def _shown() -> list[tuple[str, str, list[str]]]:
