@@ -139,6 +139,7 @@ class CompiledKernel:
         self.source = source
         self.cubin = cubin
         self._module = None
+        self._fn = None
         self._signatures: dict = {}  # (shapes and types, scalars) -> (symbols, grid): see check()
 
     @property
@@ -146,9 +147,13 @@ class CompiledKernel:
         return self.source.name
 
     def _function(self):
-        if self._module is None:
-            self._module = runtime.Module(self.cubin.cubin)
-        return self._module.function(self.source.name)
+        """The loaded kernel, one Function for every launch: its handle and what it learnt about its
+        shared memory are kept, not asked of the driver again each time."""
+        if self._fn is None:
+            if self._module is None:
+                self._module = runtime.Module(self.cubin.cubin)
+            self._fn = self._module.function(self.source.name)
+        return self._fn
 
     def bind_symbols(self, shapes: Mapping[str, tuple], given: Mapping[str, int]) -> dict[str, int]:
         """Infer every symbol from the tensors' shapes (or take it from ``given``) and check them
