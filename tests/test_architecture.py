@@ -141,3 +141,43 @@ def test_light_commands_load_nothing_heavy(argv):
             f"    assert cli.main({argv!r}) == 0\n")
     heavy = {m.split(".")[0] for m in _loaded_after(code)} & set(HEAVY)
     assert not heavy, f"cbrules {' '.join(argv)} loads {sorted(heavy)}"
+
+
+def _id_keyed_module_tables(source: str) -> set[str]:
+    """Names of module-level dicts that some code indexes (``d[...]``, ``d.get(...)``, ``d.setdefault``)
+    with a key built from ``id(...)``: a cache of objects by identity that outlives them."""
+    tree = ast.parse(source)
+    tables = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) \
+            else []
+        value = getattr(node, "value", None)
+        if isinstance(value, ast.Dict) or (isinstance(value, ast.Call) and getattr(value.func, "id", "") == "dict"):
+            tables |= {t.id for t in targets if isinstance(t, ast.Name)}
+
+    def uses_id(expr) -> bool:
+        return any(isinstance(n, ast.Call) and getattr(n.func, "id", "") == "id" for n in ast.walk(expr))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id in tables \
+                and uses_id(node.slice):
+            found.add(node.value.id)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id in tables \
+                and node.func.attr in ("get", "setdefault", "pop") and node.args and uses_id(node.args[0]):
+            found.add(node.func.value.id)
+    return found
+
+
+def test_no_module_level_cache_is_keyed_by_id():
+    """What the engine derives from rule text is kept on the text (cbrules.rewrite.sexpr.derived), not in
+    module tables keyed by id(), which outlive their rules and have to be flushed."""
+    offenders = {str(p.relative_to(ROOT)): names for p in sorted([*ROOT.glob("cbrules/**/*.py"), *ROOT.glob("codegen/*.py")])
+                 if (names := _id_keyed_module_tables(p.read_text()))}
+    assert offenders == {}
+
+
+def test_the_id_cache_scan_would_see_one():
+    assert _id_keyed_module_tables("_C = {}\ndef f(e):\n    return _C.get(id(e))\n") == {"_C"}
+    assert _id_keyed_module_tables("_C: dict = {}\ndef f(e):\n    _C[(id(e), 1)] = 2\n") == {"_C"}
+    assert _id_keyed_module_tables("def f(e):\n    seen = {}\n    seen[id(e)] = 1\n") == set()  # a local table

@@ -41,7 +41,7 @@ from ..ir.graph import KernelGraph
 from ..ir.ops import OPS, conflicts, nearest_conflicts_among
 from ..ir.order import kept_order, sibling_order, sibling_pairs
 from .schema import ACTIONS, settable as _settable, split_keys, split_keys_once  # noqa: F401  (ACTIONS: public)
-from .sexpr import Atom, RuleError, SList
+from .sexpr import Atom, RuleError, SList, derived
 from ..ir.terms import Term, as_term, extent, substitute
 from .match import Matcher
 from .values import Env, NodeRef, compiled
@@ -52,12 +52,9 @@ from .action_values import (MAX_VALUE_DEPTH, MAX_VALUE_SIZE, VALUE_PARTS_PER_NOD
 # a template's literal attribute values (a string, number or symbol in the rule's text), coerced and
 # checked the first time the template is used: most of a template's keys are literals (:dtype, :part,
 # :tag), and a lowering instantiates each template once a loop
-_LITERALS: dict[int, tuple[SList, dict]] = {}  # id of a template -> (the template, key -> value)
-
-
 def _literal_values(t: SList) -> dict:
-    got = _LITERALS.get(id(t))
-    return got[1] if got is not None and got[0] is t else {}
+    """The template's literal attribute values checked so far (key -> value), kept on its text."""
+    return derived(t).setdefault("literals", {})
 
 
 def _small(value: Any) -> bool:
@@ -69,12 +66,7 @@ def _small(value: Any) -> bool:
 
 
 def _remember_literal(t: SList, key: str, value: Any) -> None:
-    got = _LITERALS.get(id(t))
-    if got is None or got[0] is not t:
-        if len(_LITERALS) > 8192:  # rule sets come and go
-            _LITERALS.clear()
-        got = _LITERALS[id(t)] = (t, {})
-    got[1][key] = value
+    _literal_values(t)[key] = value
 
 
 class RuleFailure(Exception):
@@ -197,7 +189,7 @@ class Rewriter:
     def instantiate(self, t: SList, parent: Optional[int]) -> int:
         """Create the nodes of a template under ``parent`` (not yet ordered among its siblings)."""
         op = t.head()
-        pos, keys = split_keys_once(t.items, 1)
+        pos, keys = split_keys_once(t, 1)
         spec = OPS[op]
         attrs = {}
         known = _literal_values(t)

@@ -161,13 +161,13 @@ def _relation(e: SList, head: str, var: str, inside: set[str]) -> Optional[set[s
     if head in ("reads", "writes"):
         return set() if len(items) == 3 and in_ok(items[1]) else None
     if head in ("first-reader", "last-reader"):
-        _, keys = split_keys_once(items, 2)
+        _, keys = split_keys_once(e, 2)
         return {_var(items[1])} if _var(items[1]) and "in" in keys and scope_ok(keys["in"]) else None
     if head in ("no", "nearest", "count", "sum", "collect"):
         at = {"no": 1, "nearest": 2, "count": 2, "sum": 3, "collect": 3}[head]
         if len(items) <= at:
             return None
-        _, keys = split_keys_once(items, at + 1)
+        _, keys = split_keys_once(e, at + 1)
         if "in" in keys and not scope_ok(keys["in"]) or "around" in keys and not scope_ok(keys["around"]):
             return None
         if not ("in" in keys or "around" in keys) or not _inner_local(items[at], var, inside, "around" in keys):

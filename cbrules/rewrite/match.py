@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from ..ir.graph import KernelGraph
 from ..ir.order import DEPENDS, sibling_order
-from .sexpr import Atom, Expr, Pos, RuleError, SList
+from .sexpr import Atom, Expr, Pos, RuleError, SList, derived
 from ..ir.terms import Term, evaluate as eval_term
 from .schema import RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS, split_keys, split_keys_once  # noqa: F401  (public here too)
 from .plan import AttrIndex, join_order, joined, known_values, pattern_parts, read_once
@@ -47,23 +47,25 @@ class _NodePattern:
         self.checks = tuple((k, p, None if k in ("in", "child-of") else compiled(p)) for k, p in self.keys.items())
 
 
-_NODE_PATTERNS: dict[int, tuple] = {}  # id of a node pattern -> (the pattern, its _NodePattern)
-
-
 def _node_pattern(e: SList) -> _NodePattern:
-    got = _NODE_PATTERNS.get(id(e))
-    if got is None or got[0] is not e:
-        if len(_NODE_PATTERNS) > 8192:  # rule sets come and go
-            _NODE_PATTERNS.clear()
-        got = _NODE_PATTERNS[id(e)] = (e, _NodePattern(e))
-    return got[1]
+    """The pattern's compiled form, kept on its text."""
+    memo = derived(e)
+    np = memo.get("node_pattern")
+    if np is None:
+        np = memo["node_pattern"] = _NodePattern(e)
+    return np
 
 
-# id of a :match element -> (the element, its relation's method, or None and its _NodePattern)
-_STEPS: dict[int, tuple] = {}
-
-
-_ABSENCES: dict[int, tuple] = {}  # id of a rule's elements -> (the elements, its (no ...) relations)
+def _step(e: SList) -> tuple:
+    """A :match element's step, kept on its text: (its relation's method name, None) or (None, its
+    _NodePattern)."""
+    memo = derived(e)
+    step = memo.get("step")
+    if step is None:
+        head = e.head()
+        step = memo["step"] = ("_rel_" + head.replace("-", "_"), None) if head in RELATIONS else \
+            (None, _node_pattern(e))
+    return step
 
 
 class MatchTimeout(Exception):
@@ -203,7 +205,7 @@ class Matcher:
         Such a relation binds nothing and reads only those variables, so it says the same here as
         where it is written: asked first, it spares a search from an anchor that already has what
         the rule would add (a rule matched again at every loop an application changed)."""
-        absences = read_once(_ABSENCES, els, lambda els: [(i, e, frozenset(_vars(e))) for i, e in enumerate(els)
+        absences = read_once(els, "absences", lambda els: [(i, e, frozenset(_vars(e))) for i, e in enumerate(els)
                                                           if isinstance(e, SList) and e.head() == "no"])
         for i, e, names in absences:
             if names <= b.keys() and next(self._rel_no(e, b), None) is None:
@@ -228,16 +230,10 @@ class Matcher:
             self._fail(i, "no node matches" if els[i].head() not in RELATIONS else "relation does not hold", els[i], b)
 
     def element(self, e: SList, b: dict) -> Iterator[dict]:
-        step = _STEPS.get(id(e))
-        if step is None or step[0] is not e:
-            if len(_STEPS) > 8192:  # rule sets come and go
-                _STEPS.clear()
-            head = e.head()
-            step = _STEPS[id(e)] = (e, "_rel_" + head.replace("-", "_"), None) if head in RELATIONS else \
-                (e, None, _node_pattern(e))
-        if step[1] is not None:  # every relation is a generator: nothing runs before the caller iterates
-            return getattr(self, step[1])(e, b)
-        return self._pattern_matches(step[2], b, None, None, False)  # node_matches, its pattern read once
+        relation, np = _step(e)
+        if relation is not None:  # every relation is a generator: nothing runs before the caller iterates
+            return getattr(self, relation)(e, b)
+        return self._pattern_matches(np, b, None, None, False)  # node_matches, its pattern read once
 
     def explain(self) -> str:
         """The deepest failure in words: for a node pattern the first attribute that no candidate
@@ -487,7 +483,7 @@ class Matcher:
         return list(self._inner_matches(e, pattern_at, b))
 
     def _inner_matches(self, e: SList, pattern_at: int, b: dict) -> Iterator[tuple[int, dict]]:
-        _, keys = split_keys_once(e.items, pattern_at + 1)
+        _, keys = split_keys_once(e, pattern_at + 1)
         if "around" in keys:  # the node itself and its enclosing scopes, innermost first
             n = self._scope_of(keys["around"], b)
             return self.node_matches(e.items[pattern_at], b, among=[n, *self.kg.ancestors(n)])

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from ..ir.terms import Term
 from .schema import RELATIONS, STRUCTURAL_KEYS, split_keys_once
-from .sexpr import Atom, Expr, SList
+from .sexpr import Atom, Expr, SList, derived
 
 _UNINDEXED = object()
 
@@ -122,13 +122,13 @@ def known_values(keys: dict, b: dict, path: tuple = ()) -> Iterator[tuple[tuple,
             if v is not _UNINDEXED:
                 yield path + (k,), v
         elif isinstance(p, SList) and p.items and isinstance(p.items[0], Atom) and p.items[0].kind == "kw":
-            yield from known_values(split_keys_once(p.items, 0)[1], b, path + (k,))
+            yield from known_values(split_keys_once(p, 0)[1], b, path + (k,))
 
 
 def pattern_parts(e: SList) -> tuple[Optional[str], dict]:
     """A node pattern's node variable (None for none) and its ``:key`` items (remembered per
     pattern; the caller must not change the dict)."""
-    pos, keys = split_keys_once(e.items, 1)
+    pos, keys = split_keys_once(e, 1)
     var = pos[0].value if pos and isinstance(pos[0], Atom) and pos[0].kind == "var" else None
     return var, keys
 
@@ -154,19 +154,14 @@ def _binds(e: SList) -> set[str]:
     return set(_vars(e))
 
 
-_ORDERS: dict[tuple, tuple] = {}  # (id of the elements, bound variables) -> (elements, order)
-
-
 def join_order(els: tuple, bound: frozenset) -> Optional[list[int]]:
     """An order for the leading node patterns of ``els`` that searches fewer candidates, or None
     when the written order is the one to use (nothing to gain, or the meaning would change).
-    Remembered per rule text and bound variables (the engine asks once per rule and batch)."""
-    got = _ORDERS.get((id(els), bound))
-    if got is None or got[0] is not els:
-        if len(_ORDERS) > 4096:  # rule sets come and go (tests, the CLI reading user files)
-            _ORDERS.clear()
-        got = _ORDERS[(id(els), bound)] = (els, _join_order(els, bound))
-    return got[1]
+    Kept on the rule's elements per set of bound variables (the engine asks once per rule and batch)."""
+    orders = derived(els).setdefault("join_orders", {})
+    if bound not in orders:
+        orders[bound] = _join_order(els, bound)
+    return orders[bound]
 
 
 def _join_order(els: tuple, bound: frozenset) -> Optional[list[int]]:
@@ -227,26 +222,17 @@ def written_rank(els: tuple, b: dict) -> dict[str, int]:
     return rank
 
 
-def read_once(cache: dict, els: tuple, derive) -> Any:
-    """``derive(els)`` for a rule's :match elements, remembered by their identity in ``cache`` (id of
-    the elements -> (the elements, the value)): the engine asks about the same rule text at every
-    search, and rule sets come and go, so the cache is emptied past 4096 entries."""
-    got = cache.get(id(els))
-    if got is None or got[0] is not els:
-        if len(cache) > 4096:
-            cache.clear()
-        got = cache[id(els)] = (els, derive(els))
-    return got[1]
-
-
-_TEXT_VARS: dict[int, tuple] = {}  # id of a rule's elements -> (the elements, their variables in text order)
+def read_once(els: tuple, what: str, derive) -> Any:
+    """``derive(els)`` for a rule's :match elements, kept on them under ``what`` (see
+    :func:`cbrules.rewrite.sexpr.derived`): the engine asks about the same rule text at every search."""
+    memo = derived(els)
+    if what not in memo:
+        memo[what] = derive(els)
+    return memo[what]
 
 
 def _text_vars(els: tuple) -> list[str]:
-    return read_once(_TEXT_VARS, els, lambda els: list(dict.fromkeys(v for e in els for v in _vars(e))))
-
-
-_REQUIRED: dict[int, tuple] = {}  # id of a rule's elements -> (the elements, what they require)
+    return read_once(els, "text_vars", lambda els: list(dict.fromkeys(v for e in els for v in _vars(e))))
 
 
 def _requirements(els: tuple) -> list[tuple[str, list]]:
@@ -261,7 +247,7 @@ def absent_requirement(els: tuple, m) -> bool:
     literal value one of its attributes must have, no node of the graph has (by ``m``'s op and
     attribute indexes) rules out every match without a search."""
     index = m.by_op()
-    for op, values in read_once(_REQUIRED, els, _requirements):
+    for op, values in read_once(els, "requirements", _requirements):
         if not index.get(op):
             return True
         for path, v in values:

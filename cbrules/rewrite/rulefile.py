@@ -26,7 +26,7 @@ from ..userio import printable
 from .rulecheck import Suggester, key_pos, check_rule, did_you_mean
 from .rulelint import rechecks
 from .schema import EGGLOG_FORMS, EGGLOG_REFUSED, EggForm, split_keys
-from .sexpr import Atom, Expr, Pos, RuleError, RulePathError, SList, read, read_file, source_text
+from .sexpr import Atom, Elements, Expr, Pos, RuleError, RulePathError, SList, read, read_file, source_text
 from .vocabulary import Vocabulary, check as check_vocabulary
 
 SHIPPED = RULES
@@ -390,7 +390,7 @@ def _graph_rule(form: SList, errors: list[RuleError]) -> GraphRule:
     for a in keys.get("after", ()):
         if not (isinstance(a, Atom) and a.kind == "sym"):
             raise RuleError(a.pos, f"rule {name}: :after takes rule names, got {a}")
-    rule = GraphRule(name, _name(keys["phase"]), tuple(keys["match"]), tuple(keys.get("where", ())),
+    rule = GraphRule(name, _name(keys["phase"]), Elements(keys["match"]), tuple(keys.get("where", ())),
                      tuple(keys["rewrite"]), form.pos, doc.value if doc is not None else "",
                      tuple(keys.get("after", ())))
     check_rule(rule, errors)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..ir.ops import OPS, SCOPES  # noqa: F401  (the op table, public here)
-from .sexpr import Atom, RuleError
+from .sexpr import Atom, RuleError, derived
 from .values import FUNCTIONS, NODE_FUNCTIONS  # noqa: F401  (the value functions, public here)
 
 STRUCTURAL_KEYS = ("in", "child-of")
@@ -100,18 +100,15 @@ def split_keys(items, start: int) -> tuple[list, dict]:
     return pos, keys
 
 
-_SPLIT: dict[tuple[int, int], tuple] = {}  # (id of the items, start) -> (items, positional, keys)
-
-
-def split_keys_once(items, start: int) -> tuple[list, dict]:
-    """:func:`split_keys` of a rule's text (an immutable tuple), remembered: the matcher splits
-    the same patterns for every candidate node. The caller must not change what it gets."""
-    got = _SPLIT.get((id(items), start))
-    if got is None or got[0] is not items:
-        if len(_SPLIT) > 8192:  # rule sets come and go (tests, the CLI reading user files)
-            _SPLIT.clear()
-        got = _SPLIT[(id(items), start)] = (items, *split_keys(items, start))
-    return got[1], got[2]
+def split_keys_once(e, start: int) -> tuple[list, dict]:
+    """:func:`split_keys` of a list of rule text from item ``start`` on, kept on the text (see
+    :func:`cbrules.rewrite.sexpr.derived`): the matcher splits the same patterns for every candidate
+    node. The caller must not change what it gets."""
+    splits = derived(e).setdefault("split", {})
+    got = splits.get(start)
+    if got is None:
+        got = splits[start] = split_keys(e.items, start)
+    return got
 
 
 def settable(key: str, expr) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import gc
 import os
 import re
-from dataclasses import dataclass
-from typing import Union
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
 
 from ..errors import CbrulesError
 from ..userio import NotRegularFile, printable, read_regular
@@ -64,6 +64,7 @@ class Atom:
     value: Union[str, int, float]
     kind: str  # sym | kw | var | str | int | float
     pos: Pos
+    memo: Optional[dict] = field(default=None, compare=False, repr=False, hash=False)  # see derived()
 
     def __str__(self) -> str:
         if self.kind == "str":  # escaped as written, so a message never holds a raw control character
@@ -81,6 +82,7 @@ class SList:
     pos: Pos
     end: Pos
     span: tuple[int, int] = (0, 0)
+    memo: Optional[dict] = field(default=None, compare=False, repr=False, hash=False)  # see derived()
 
     def __iter__(self):
         return iter(self.items)
@@ -101,6 +103,26 @@ class SList:
 
 
 Expr = Union[Atom, SList]
+
+
+class Elements(tuple):
+    """A rule's ``:match`` elements: a tuple that also keeps what the matcher derives from them as a
+    whole (see :func:`derived`)."""
+
+
+def derived(text: Any) -> dict:
+    """What the rewrite layer derives from a piece of rule text (an expression, a rule's elements), kept
+    on that text: compiled the first time it is needed and then for as long as the rule lives -- no
+    table keyed by ``id()`` that outlives its rules or must be flushed. A plain tuple keeps nothing (a
+    fresh dict: derived again each time)."""
+    memo = getattr(text, "memo", None)
+    if memo is None:
+        memo = {}
+        try:
+            object.__setattr__(text, "memo", memo)  # frozen text: the memo is not part of its value
+        except AttributeError:
+            pass
+    return memo
 
 
 def _atom(text: str, pos: Pos) -> Atom:

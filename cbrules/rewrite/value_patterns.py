@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 from ..ir.terms import Term, as_term
 from .schema import split_keys, split_keys_once
-from .sexpr import Atom, Expr, SList
+from .sexpr import Atom, Expr, SList, derived
 
 MISSING = object()
 
@@ -48,19 +48,15 @@ def match_value(p: Expr, value: Any, b: dict) -> Optional[dict]:
     return compiled(p)(value, b)
 
 
-_COMPILED: dict[int, tuple] = {}  # id of a value pattern -> (the pattern, its matching function)
-
-
 def compiled(p: Expr) -> Callable[[Any, dict], Optional[dict]]:
-    """``p`` as a function of (value, bindings) doing what :func:`_interpret` does, remembered per
-    pattern: the matcher tries each pattern of a rule on every candidate node, and reading the
+    """``p`` as a function of (value, bindings) doing what :func:`_interpret` does, kept on the
+    pattern's text: the matcher tries each pattern of a rule on every candidate node, and reading the
     pattern's text again each time was most of the cost."""
-    got = _COMPILED.get(id(p))
-    if got is None or got[0] is not p:
-        if len(_COMPILED) > 8192:  # rule sets come and go (tests, the CLI reading user files)
-            _COMPILED.clear()
-        got = _COMPILED[id(p)] = (p, _compile(p))
-    return got[1]
+    memo = derived(p)
+    fn = memo.get("pattern")
+    if fn is None:
+        fn = memo["pattern"] = _compile(p)
+    return fn
 
 
 def _compile(p: Expr) -> Callable[[Any, dict], Optional[dict]]:
@@ -104,7 +100,7 @@ def _compile(p: Expr) -> Callable[[Any, dict], Optional[dict]]:
         if not isinstance(value, dict):
             return None
         if not subs:
-            subs.extend((k, compiled(sub)) for k, sub in split_keys_once(p.items, 0)[1].items())
+            subs.extend((k, compiled(sub)) for k, sub in split_keys_once(p, 0)[1].items())
         for k, f in subs:
             b = f(value.get(k, MISSING), b)
             if b is None:
@@ -130,7 +126,7 @@ def _interpret(p: Expr, value: Any, b: dict) -> Optional[dict]:
     # (:key P ...) -- a dictionary attribute
     if not isinstance(value, dict):
         return None
-    _, keys = split_keys_once(p.items, 0)
+    _, keys = split_keys_once(p, 0)
     for k, sub in keys.items():
         b = match_value(sub, value.get(k, MISSING), b)
         if b is None:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Optional
 from ..ir.names import IdentifierError, check_term_name
 from ..ir.limits import RULE_LIMITS
 from ..ir.ops import DTYPE_BYTES, term_values
-from .sexpr import Atom, Expr, RuleError
+from .sexpr import Atom, Expr, RuleError, derived
 from ..ir.terms import (DeviceFunctionError, Term, as_term, call, coefficient, const, divisor,
                         evaluate as eval_term, name, substitute)
 
@@ -297,23 +297,16 @@ def _failed(pos, head: Optional[str], x: Exception) -> RuleError:
     return RuleError(pos, f"({head} ...) failed: {x}")
 
 
-# id of an expression -> (the expression, its compiled form): rule files are parsed once, and an action's
-# values and a rule's guards are evaluated once per application or match
-_COMPILED: dict[int, tuple[Expr, Callable[[Env], Any]]] = {}
-
-
 def compiled(e: Expr) -> Callable[[Env], Any]:
     """``e`` as a function of an :class:`Env` that gives what :func:`evaluate` gives (the same values,
     the same errors): the literals, variables and plain functions of the expression read once, so
-    that evaluating it again costs the calls alone. Lazy, node and oracle functions are evaluated
-    by :func:`evaluate`."""
-    got = _COMPILED.get(id(e))
-    if got is not None and got[0] is e:
-        return got[1]
-    fn = _compile(e)
-    if len(_COMPILED) > 65536:  # rule sets come and go
-        _COMPILED.clear()
-    _COMPILED[id(e)] = (e, fn)
+    that evaluating it again costs the calls alone (kept on the expression's text: rule files are
+    parsed once, and an action's values and a rule's guards are evaluated once per application or
+    match). Lazy, node and oracle functions are evaluated by :func:`evaluate`."""
+    memo = derived(e)
+    fn = memo.get("value")
+    if fn is None:
+        fn = memo["value"] = _compile(e)
     return fn
 
 
