@@ -22,7 +22,7 @@ from typing import Optional
 
 from .plan import pattern_parts
 from .schema import RELATIONS, STRUCTURAL_KEYS, split_keys_once
-from .sexpr import Atom, Expr, SList
+from .sexpr import Atom, Expr, SList, variables
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,6 @@ class AnchorChanges:
         return False
 
 
-def _vars(e: Expr) -> list[str]:
-    if isinstance(e, Atom):
-        return [e.value] if e.kind == "var" else []
-    return [v for x in e.items for v in _vars(x)]
 
 
 def _var(x: Expr) -> Optional[str]:
@@ -99,7 +95,7 @@ def anchor_of(match: tuple, guards: tuple) -> Optional[Anchor]:
         return None
     inside: set[str] = set()  # variables bound to nodes strictly inside the anchor
     outside: set[str] = set()  # variables bound by outside patterns
-    named = set(_vars(match[0]))  # every variable named so far (bound or not: a relation binding one is refused)
+    named = set(variables(match[0]))  # every variable named so far (bound or not: a relation binding one is refused)
     ops: set[str] = set()
     patterns: list[SList] = []
     for e in match[1:]:
@@ -111,7 +107,7 @@ def anchor_of(match: tuple, guards: tuple) -> Optional[Anchor]:
             if binds is None or binds & named:
                 return None
             inside |= binds
-            named |= set(_vars(e))
+            named |= set(variables(e))
             continue
         if head is None:
             return None
@@ -119,7 +115,7 @@ def anchor_of(match: tuple, guards: tuple) -> Optional[Anchor]:
         scopes = _scope_vars(keys)
         if scopes is None or v is not None and v in named and not (v == var or v in inside):
             return None
-        named |= set(_vars(e))
+        named |= set(variables(e))
         if v is not None and (v == var or v in inside):
             if scopes and not all(s == var or s in inside for s in scopes):
                 return None

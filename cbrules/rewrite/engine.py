@@ -40,11 +40,11 @@ from typing import Iterator, Optional
 import networkx as nx
 
 from .actions import Rewriter, RuleFailure
-from .anchors import Anchor, AnchorChanges, anchor_of
+from .anchors import Anchor, AnchorChanges
 from ..errors import CbrulesError
 from ..ir.graph import KernelGraph
 from .match import Matcher, MatchTimeout
-from .plan import absent_requirement, watched_ops
+from .plan import absent_requirement
 from .rulefile import GraphRule, RuleSet
 from ..ir.order import ScheduleError
 from .sexpr import RuleError
@@ -63,6 +63,9 @@ GRAPH_NODES_PER_INPUT_NODE = 32
 GRAPH_NODES_EXTRA = 2000
 # the built-in kernels lower in well under a second, 1,000-node synthetic kernels in seconds
 DEFAULT_TIME_LIMIT = 60.0
+# anchored matching (anchors.py) on; off, every rule is matched on the whole graph each time: the same
+# applications in the same order (tests/test_anchors.py compares the two)
+ANCHORED = True
 
 # what a rule's matching or actions may raise on a graph or bindings it does not expect: reported
 # as a LoweringError naming the rule (a hostile rule must not end in a traceback)
@@ -244,12 +247,13 @@ class _Run:
         # step that last touched one of its nodes (see plan.watched_ops)
         self.quiet: dict[str, int] = {}
         self.touched: dict[str, int] = {}
-        self.watched: dict[str, Optional[frozenset]] = {}
-        # anchored rules (see anchors.py): the step at which a rule's every match was last known
-        # (found, or all fired already), and its anchor pattern
+        # anchored rules (see anchors.py; a rule's anchor and watched ops are derived once per rule:
+        # GraphRule.anchor, GraphRule.watched): the step at which a rule's every match was last known
+        # (found, or all fired already)
         self.known: dict[str, int] = {}
-        self.anchors: dict[str, Optional[Anchor]] = {r.name: anchor_of(r.match, r.where) for r in rules.rules}
-        self.changes = AnchorChanges(frozenset(a.op for a in self.anchors.values() if a is not None))
+        self.anchored = ANCHORED
+        self.changes = AnchorChanges(frozenset(r.anchor.op for r in rules.rules if r.anchor is not None)
+                                     if self.anchored else frozenset())
         # this batch: step -> the nodes touched since, and (step, op) -> those of op, in id order
         self.found: dict = {}
         # the whole-graph searches' attribute index, (op, path) -> table, kept from batch to batch
@@ -451,7 +455,7 @@ class _Run:
         id order: the order of the whole-graph search; the matches elsewhere are those known then,
         all of them fired or about to be)."""
         since = self.known.get(rule.name)
-        anchor = self.anchors[rule.name]
+        anchor = rule.anchor if self.anchored else None
         if since is None or anchor is None or self._outside_news(kg, index, anchor, since):
             if not absent_requirement(rule.match, index):
                 yield from self._matches(index.fresh(), rule)
@@ -491,12 +495,8 @@ class _Run:
 
     def _changed_for(self, rule: GraphRule, n: int, since: int) -> bool:
         """Whether anchored ``rule``'s matches at node ``n`` may differ from those known at step ``since``."""
-        return self.changes.changed(n, since, self._watched(rule))
+        return self.changes.changed(n, since, rule.watched)
 
-    def _watched(self, rule: GraphRule) -> Optional[frozenset]:
-        if rule.name not in self.watched:
-            self.watched[rule.name] = watched_ops(rule.match, rule.where)
-        return self.watched[rule.name]
 
     def _may_have_news(self, rule: GraphRule) -> bool:
         """Whether ``rule`` may match something it has not fired on: it never looked, or a node of
@@ -504,7 +504,7 @@ class _Run:
         since = self.quiet.get(rule.name)
         if since is None:
             return True
-        ops = self._watched(rule)
+        ops = rule.watched
         return ops is None or any(self.touched.get(op, -1) > since for op in ops)
 
     def _still_matches(self, kg: KernelGraph, rule: GraphRule, b: dict, key: tuple) -> Optional[tuple[tuple, dict]]:
@@ -512,7 +512,7 @@ class _Run:
         (``key``: ``b``'s), unless already applied. An anchored rule's match whose anchor no
         application since the batch was found changed in an op the rule watches, and whose outside
         ops none touched, is ``b`` itself (its matches there are as they were)."""
-        anchor, since = self.anchors.get(rule.name), self.known[rule.name]
+        anchor, since = rule.anchor if self.anchored else None, self.known[rule.name]
         if anchor is not None and not self._changed_for(rule, b[anchor.var].id, since) and \
                 all(self.touched.get(op, -1) <= since for op in anchor.outside):
             return (key, b) if key not in self.fired else None

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from ..ir.graph import KernelGraph
 from ..ir.order import DEPENDS, sibling_order
-from .sexpr import Atom, Expr, Pos, RuleError, SList, derived
+from .sexpr import Atom, Expr, Pos, RuleError, SList, derived, variables
 from ..ir.terms import Term, evaluate as eval_term
 from .schema import RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS, split_keys, split_keys_once  # noqa: F401  (public here too)
 from .plan import AttrIndex, join_order, joined, known_values, pattern_parts, read_once
@@ -26,10 +26,6 @@ from .values import Env, NodeRef, evaluate, holds
 # an op with at most this many nodes is looked up inside a scope through the op index (each node's
 # scopes: the nesting depth) rather than by walking the scope's subtree (its size)
 _FEW = 64
-def _vars(e: Expr) -> list[str]:
-    if isinstance(e, Atom):
-        return [e.value] if e.kind == "var" else []
-    return [v for x in e.items for v in _vars(x)]
 
 
 class _NodePattern:
@@ -42,7 +38,7 @@ class _NodePattern:
     def __init__(self, e: SList):
         self.op = e.head()
         self.var, self.keys = pattern_parts(e)
-        named = {v for p in self.keys.values() for v in _vars(p)}
+        named = {v for p in self.keys.values() for v in variables(p)}
         self.late = self.var is not None and self.var not in named
         self.checks = tuple((k, p, None if k in ("in", "child-of") else compiled(p)) for k, p in self.keys.items())
 
@@ -205,7 +201,7 @@ class Matcher:
         Such a relation binds nothing and reads only those variables, so it says the same here as
         where it is written: asked first, it spares a search from an anchor that already has what
         the rule would add (a rule matched again at every loop an application changed)."""
-        absences = read_once(els, "absences", lambda els: [(i, e, frozenset(_vars(e))) for i, e in enumerate(els)
+        absences = read_once(els, "absences", lambda els: [(i, e, frozenset(variables(e))) for i, e in enumerate(els)
                                                           if isinstance(e, SList) and e.head() == "no"])
         for i, e, names in absences:
             if names <= b.keys() and next(self._rel_no(e, b), None) is None:
@@ -243,7 +239,7 @@ class Matcher:
         if not isinstance(where, SList):
             return why
         if where.head() in RELATIONS or idx >= 0 and why == "guard is false":
-            shown = [f"{v}={short_text(b[v])}" for v in dict.fromkeys(_vars(where)) if v in b]
+            shown = [f"{v}={short_text(b[v])}" for v in dict.fromkeys(variables(where)) if v in b]
             return why + (f" with {', '.join(shown)}" if shown else "")
         return self._explain_pattern(where, b)
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from ..ir.terms import Term
 from .schema import RELATIONS, STRUCTURAL_KEYS, split_keys_once
-from .sexpr import Atom, Expr, SList, derived
+from .sexpr import Atom, Expr, SList, derived, variables
 
 _UNINDEXED = object()
 
@@ -33,10 +33,6 @@ class _Bound:
 _BOUND = _Bound()
 
 
-def _vars(e: Expr) -> list[str]:
-    if isinstance(e, Atom):
-        return [e.value] if e.kind == "var" else []
-    return [v for x in e.items for v in _vars(x)]
 
 
 def _guarded_vars(e: Expr) -> set[str]:
@@ -44,7 +40,7 @@ def _guarded_vars(e: Expr) -> set[str]:
     if not isinstance(e, SList):
         return set()
     if e.head() in ("not", "one-of"):
-        return set(_vars(e))
+        return set(variables(e))
     return set().union(*(_guarded_vars(x) for x in e.items))
 
 
@@ -139,7 +135,7 @@ def _tie(e: SList, bound: set[str]) -> Optional[int]:
     unbound."""
     var, keys = pattern_parts(e)
     scopes = [keys[k] for k in STRUCTURAL_KEYS if k in keys]
-    if any(not set(_vars(s)) <= bound for s in scopes):
+    if any(not set(variables(s)) <= bound for s in scopes):
         return None
     if var in bound:
         return 0
@@ -151,7 +147,7 @@ def _tie(e: SList, bound: set[str]) -> Optional[int]:
 
 
 def _binds(e: SList) -> set[str]:
-    return set(_vars(e))
+    return set(variables(e))
 
 
 def join_order(els: tuple, bound: frozenset) -> Optional[list[int]]:
@@ -232,7 +228,7 @@ def read_once(els: tuple, what: str, derive) -> Any:
 
 
 def _text_vars(els: tuple) -> list[str]:
-    return read_once(els, "text_vars", lambda els: list(dict.fromkeys(v for e in els for v in _vars(e))))
+    return read_once(els, "text_vars", lambda els: list(dict.fromkeys(v for e in els for v in variables(e))))
 
 
 def _requirements(els: tuple) -> list[tuple[str, list]]:

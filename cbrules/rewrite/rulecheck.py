@@ -14,7 +14,7 @@ from ..ir.ops import OPS, SCOPES
 from .schema import (ACTIONS, FUNCTIONS, NODE_FUNCTIONS, RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS,
                      split_keys)
 from .schema import settable as _settable
-from .sexpr import Atom, Expr, Pos, RuleError, SList
+from .sexpr import Atom, Expr, Pos, RuleError, SList, variables
 
 if TYPE_CHECKING:
     from .rulefile import GraphRule
@@ -91,14 +91,10 @@ def check_rule(r: GraphRule, errors: list[RuleError]) -> None:
                 if not (broken_match and isinstance(e, UnboundVariable)):
                     errors.append(e)
                 broken_match |= items is r.match
-                for v in _vars_in(el):
+                for v in variables(el):
                     _bind(bound, v)
 
 
-def _vars_in(e: Expr) -> list[str]:
-    if isinstance(e, Atom):
-        return [e.value] if e.kind == "var" else []
-    return [v for x in e.items for v in _vars_in(x)]
 
 
 def _no_attribute(where: Pos, op: str, key: str, allowed: Iterable[str]) -> RuleError:

@@ -15,6 +15,7 @@ Nothing here executes Python from the files. Only regular files inside the named
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import os
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from typing import Optional, Sequence, Union
 
 from ..shipped import RULES, shown
 from ..userio import printable
+from .anchors import anchor_of
+from .plan import watched_ops
 from .rulecheck import Suggester, key_pos, check_rule, did_you_mean
 from .rulelint import rechecks
 from .schema import EGGLOG_FORMS, EGGLOG_REFUSED, EggForm, split_keys
@@ -71,6 +74,17 @@ class GraphRule:
     def at(self) -> str:
         """``file:line`` of the rule, its file as :func:`cbrules.shipped.shown` shows it."""
         return f"{shown(self.pos.file)}:{self.pos.line}"
+
+    # what the engine derives from the rule as a whole, once per rule (not once per lowering)
+    @functools.cached_property
+    def anchor(self):
+        """The rule's anchor (:func:`cbrules.rewrite.anchors.anchor_of`), or None."""
+        return anchor_of(self.match, self.where)
+
+    @functools.cached_property
+    def watched(self) -> Optional[frozenset]:
+        """The ops whose changes may give the rule new matches (:func:`cbrules.rewrite.plan.watched_ops`)."""
+        return watched_ops(self.match, self.where)
 
 
 @dataclass

@@ -105,6 +105,17 @@ class SList:
 Expr = Union[Atom, SList]
 
 
+def variables(e: Expr) -> tuple:
+    """The pattern variables (``?x``) ``e`` names, in text order (repeats kept); kept on a list's text."""
+    if isinstance(e, Atom):
+        return (e.value,) if e.kind == "var" else ()
+    memo = derived(e)
+    got = memo.get("variables")
+    if got is None:
+        got = memo["variables"] = tuple(v for x in e.items for v in variables(x))
+    return got
+
+
 class Elements(tuple):
     """A rule's ``:match`` elements: a tuple that also keeps what the matcher derives from them as a
     whole (see :func:`derived`)."""
