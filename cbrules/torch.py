@@ -484,8 +484,8 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     if q.dim() < 2 or q.dim() != k.dim() or k.shape != v.shape or q.shape[:-2] != k.shape[:-2] \
             or q.shape[-1] != k.shape[-1]:
         raise TorchOpError(f"{op}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: give [..., L, D] "
-                           "tensors with the same leading dimensions (one key head per query head) and head "
-                           "dimension, k and v alike")
+                           "tensors with the same leading dimensions (one key head per query head; fewer key "
+                           "heads with enable_gqa=True) and head dimension, k and v alike")
     d = q.shape[-1]
     if d not in (64, 128, 256):
         raise TorchOpError(f"{op}: head dimension {d}: the kernel is built for 64, 128 and 256")
@@ -514,9 +514,19 @@ def _(q, k, v, causal, scale):
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-              scale: Optional[float] = None) -> torch.Tensor:
-    """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)`` by the built-in
-    FlashAttention kernel (warp-specialized): q [..., Lq, D], k and v [..., Lk, D] with the same leading
-    dimensions (no grouped-query broadcast), D in 64, 128, 256, bfloat16 or float16; causal is top-left
-    aligned as torch's is_causal."""
+              scale: Optional[float] = None, enable_gqa: bool = False) -> torch.Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=enable_gqa)``
+    by the built-in FlashAttention kernel (warp-specialized): q [..., Lq, D], k and v [..., Lk, D] with the
+    same leading dimensions, D in 64, 128, 256, bfloat16 or float16; causal is top-left aligned as
+    torch's is_causal. ``enable_gqa=True`` takes k and v with fewer heads (dimension -3) than q, a
+    divisor of q's: each key head serves that many query heads, as torch's; the kernel reads them
+    repeated (a copy of k and v, repeat_interleave), not through a head map of its own."""
+    if enable_gqa and all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (q, k, v)) \
+            and k.shape[-3] != q.shape[-3]:
+        hq, hk = q.shape[-3], k.shape[-3]
+        if hk == 0 or hq % hk or v.shape[-3] != hk:
+            raise TorchOpError(f"cbrules.torch.attention: enable_gqa with {hq} query heads and k {tuple(k.shape)}, "
+                               f"v {tuple(v.shape)}: the key heads (dimension -3, k and v alike) must divide the "
+                               "query heads")
+        k, v = k.repeat_interleave(hq // hk, dim=-3), v.repeat_interleave(hq // hk, dim=-3)
     return _attention_op(q, k, v, bool(causal), None if scale is None else float(scale))

@@ -69,6 +69,18 @@ def test_the_drop_in_functions_trace_as_one_op_each_with_torch_shapes():
     assert shapes == [(4, 16, 96), (16, 40), (2, 3, 100, 128)]
 
 
+def test_grouped_query_attention_traces_with_the_query_heads():
+    q = torch.randn(2, 8, 100, 64, dtype=torch.bfloat16)
+    kv = torch.randn(2, 2, 70, 64, dtype=torch.bfloat16)
+    graph = _graph_of(lambda q, k, v: cbt.attention(q, k, v, causal=True, enable_gqa=True), q, kv, kv)
+    (node,) = [n for n in graph.nodes if str(n.target) == "cbrules.attention.default"]
+    assert [tuple(a.meta["val"].shape) for a in node.args[:3]] == [(2, 8, 100, 64), (2, 8, 70, 64), (2, 8, 70, 64)]
+    with pytest.raises(cbt.TorchOpError, match="must divide the query heads"):
+        cbt.attention(q, kv[:, :1].expand(2, 3, 70, 64), kv[:, :1].expand(2, 3, 70, 64), enable_gqa=True)
+    with pytest.raises(cbt.TorchOpError, match="enable_gqa=True"):
+        cbt.attention(q, kv, kv)  # without it, fewer key heads are refused by name
+
+
 def test_torch_compile_fullgraph_keeps_the_ops_whole():
     captured = []
 

@@ -204,3 +204,13 @@ def test_numpy_beside_torch_is_refused_by_name(rowsum):
     from cbrules.codegen.launch import LaunchError
     with pytest.raises(LaunchError, match="numpy arrays .out. beside torch tensors"):
         rowsum(x=torch.randn(3, 256, device="cuda"), out=np.empty(3, np.float32))
+
+
+def test_grouped_query_attention_against_sdpa():
+    g = torch.Generator("cuda").manual_seed(8)
+    q = torch.randn(2, 8, 300, 128, dtype=torch.bfloat16, device="cuda", generator=g)
+    k, v = (torch.randn(2, 2, 300, 128, dtype=torch.bfloat16, device="cuda", generator=g) for _ in "kv")
+    for causal in (False, True):
+        got = cbt.attention(q, k, v, causal=causal, enable_gqa=True)
+        want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal, enable_gqa=True)
+        torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
