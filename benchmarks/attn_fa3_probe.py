@@ -1,5 +1,6 @@
-"""Probe (not the product; once measured, its finding goes to FINDINGS.md and the probe goes): FlashAttention-3's two schedules together, edited into
-the CUDA of the warp-specialized attention kernel, against the kernel as the rules make it.
+"""Probe (not the product; once measured, its finding goes to FINDINGS.md and the probe goes):
+FlashAttention-3's two schedules together, edited into the CUDA of the warp-specialized attention
+kernel, against the kernel as the rules make it.
 
 * overlap: iteration t issues S_t = Q K_t^T, then P_{t-1} V_{t-1}, waits for all but one group (S_t),
   runs the softmax of S_t under P V, then waits for P V, frees slot t-1, rescales O and converts P_t;
