@@ -5,9 +5,8 @@ Owns the op table (:mod:`.ops`), index/predicate terms (:mod:`.terms`), the name
 while lowering (each scope's children by resource, :mod:`.resources`; what changed at which step,
 :mod:`.touch_log`) and
 invariants (:mod:`.verify`; what value an attribute may hold: :mod:`.attributes`), the hardware limits (:mod:`.limits`), the builder a kernel is written
-with (:mod:`.builder`: its argument values and handles in :mod:`.builder_values`, the TMA, synchronisation
-and tensor-core calls mixed in from :mod:`.builder_tma`, :mod:`.builder_sync`, :mod:`.builder_mma`; what TMA
-loads cover in :mod:`.coverage`), the tensor cores' layout facts (:mod:`.mma_layout`) and the binding of host
+with (:mod:`.builder`, one class: its argument values and handles in :mod:`.builder_values`, the tensor
+cores' fragment model its MMA calls use in :mod:`.builder_mma`; what TMA loads cover in :mod:`.coverage`), the tensor cores' layout facts (:mod:`.mma_layout`) and the binding of host
 arrays to kernel parameters (:mod:`.bind`).
 Imports nothing of cbrules but :mod:`cbrules.errors`.
 """

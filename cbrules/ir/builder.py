@@ -22,28 +22,32 @@ from __future__ import annotations
 import itertools
 import math
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional, Sequence
+from dataclasses import replace
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from . import coverage, names
-from .builder_mma import FragmentElement, MmaBuilder, fragment_coords  # noqa: F401  (public via the builder)
-from .builder_sync import SyncBuilder
-from .builder_tma import TmaBuilder
+from . import builder_mma
+from .builder_mma import (FRAGMENT_COMBINE, FRAGMENT_OPS, MMA_K, MMA_M, MMA_MAX_N, PACKED, WARPGROUP,
+                          FragmentElement, fragment_coords, unrolled)  # noqa: F401  (FragmentElement: public via the builder)
 from .builder_values import (MAX_BLOCK_THREADS, Buffer, BuildError, StagingAlignmentError, TensorMap,  # noqa: F401
                              _call_site, _cb_options, _choice, _dims, _inside, _int, _ints, _MEMORY, _bounded_term, _term,
                              blockDim, blockIdx, ceil_div, circular_buffer, gridDim, lanes, threadIdx)
 from .coverage import PartialTileError  # noqa: F401  (public via the builder)
 from .graph import KernelGraph, Param
-from .limits import SWIZZLE_SPAN, SwizzleError, TmaBoxError, swizzle_repeat  # noqa: F401  (public via the builder)
+from .mma_layout import B_LAYOUTS, HALF_MMA_DTYPES, MMA_DTYPES, MmaLayoutError, mn_major_span
+from .limits import (SWIZZLE_SPAN, SwizzleError, TmaBoxError, check_box, check_swizzle,  # noqa: F401
+                     swizzle_repeat)
 from .names import IdentifierError, NameClashError  # noqa: F401  (public via the builder)
 from .ops import (BINARY, BUILT_SCOPE_DEPTH, DTYPE_BYTES, DTYPES, FLOAT32_ONLY, FLOAT_REGISTERS, LOOP_KINDS, MATH,
                   MATH_ERRORS, OPS, REDUCE_COMBINE, SHFL_MODES, SPACES, UNARY, WARP_SIZE,
                   DependenceTracker,
-                  STORAGE_DTYPES, compute_dtype)
+                  FP8_DTYPES, STORAGE_DTYPES, compute_dtype)
+from .tma_view import TmaSplitError, check_divides, normalize_split
 from .terms import BUILT_TERM_DEPTH, BUILT_TERM_PARTS, ELECT_ONE, Term, TermLike, as_term, fits, name
 
 
 
-class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
+class Kernel:
     """A kernel under construction; ``graph`` is the :class:`KernelGraph` being built."""
 
     def __init__(self, name: str, block: int | Sequence[int] = 256):
@@ -401,6 +405,517 @@ class Kernel(TmaBuilder, SyncBuilder, MmaBuilder):
         dst = self._reg(dst, op, dtype)
         self._node(op, dst=dst, args=tuple(as_term(a) for a in args), dtype=dtype)
         return name(dst)
+
+    # ------------------------------------------------------------------ TMA: tensor maps, bulk tensor loads and stores
+    def tensor_map(self, tensor: Buffer, box: Sequence[int], mname: Optional[str] = None,
+                   swizzle: str = "none", split: Optional[dict] = None) -> TensorMap:
+        """A TMA tensor map over ``tensor`` with the given box (outermost-first, like the shape).
+
+        ``swizzle`` ("none", "32B", "64B", "128B") is the shared-memory layout its loads write: the 16-byte
+        chunks of each row XORed by the row number (bank-conflict-free column reads); reads of such a
+        tile are given logical indices, which the rules turn into swizzled addresses. The inner box
+        dimension must then span exactly the swizzle width (a :class:`SwizzleError` otherwise).
+
+        ``split={d: inner}`` maps a view of higher rank over the same tensor: dimension ``d`` becomes
+        ``(extent / inner, inner)`` (see :mod:`cbrules.ir.tma_view`), so one box may span several
+        ``inner``-long stretches of it, e.g. a [M, 32768] tensor with ``split={1: 256}`` and box
+        ``(1, 64, 256)`` loads 16384 elements of a row at once. The box and the coordinates of loads
+        through the map are in the view's dimensions; the extent must be a multiple of ``inner``
+        (a :class:`TmaSplitError` here for a constant extent, at launch for a symbolic one)."""
+        mname = f"{tensor.name}_tmap" if mname is None else mname
+        where = f"tensor_map({mname!r}) at {_call_site()}"
+        box = _ints(box, where, "box", low=None)  # the range is check_box's (a TmaBoxError)
+        split_dims = normalize_split(mname, split, len(tensor.shape))
+        rank = len(tensor.shape) + len(split_dims)
+        if len(box) != rank:
+            seen = f"its split view has rank {rank}" if split_dims else f"the tensor has rank {rank}"
+            raise BuildError(f"tensor map over {tensor.name!r}: box {tuple(box)} has rank {len(box)}, {seen}")
+        names.check(mname, where)
+        check_box(mname, box, tensor.dtype)
+        check_swizzle(mname, box, DTYPE_BYTES[tensor.dtype], swizzle)
+        itemsize = DTYPE_BYTES[tensor.dtype]
+        for d, inner in split_dims:
+            if d == len(tensor.shape) - 1 and inner * itemsize % 16:  # the view's outer stride: inner elements
+                raise TmaSplitError(f"tensor map {mname!r}: splitting the innermost dimension into stretches of "
+                                    f"{inner} x {itemsize} = {inner * itemsize} bytes gives the view a stride of "
+                                    f"{inner * itemsize} bytes, but TMA strides are multiples of 16 bytes: split "
+                                    f"by a multiple of {16 // math.gcd(16, itemsize)} elements")
+        known = [(d, n) for d, n in split_dims if tensor.shape[d].op == "const"]
+        check_divides(mname, {d: tensor.shape[d].value for d, _ in known}, known, "when declared")
+        extra = {} if swizzle == "none" else {"swizzle": swizzle}
+        if split_dims:
+            extra["split"] = split_dims
+        self._add_param(Param(mname, "tmap", tensor.dtype, tensor.shape, tensor.name, box, **extra), "tensor map",
+                        f"tensor_map({mname!r})")
+        return TensorMap(mname, tensor, box, swizzle, split_dims)
+
+    def _mark_written(self, tname: str) -> None:
+        k = self.graph.kernel()
+        k["params"] = tuple(replace(p, written=True) if p.name == tname else p for p in k["params"])
+
+    def tma_load(self, tmap: TensorMap, coords: Sequence[TermLike], dst: Buffer,
+                 barrier: Optional[Buffer] = None, slot: TermLike = 0, offset: TermLike = 0,
+                 tile: Optional[Sequence[int]] = None, circular_buffer: Optional[dict] = None) -> None:
+        """Bulk-copy the tile at ``coords`` (outermost-first, elements) into ``dst + offset``.
+
+        With ``barrier`` the copy completes ``box_bytes`` transaction bytes on ``barrier[slot]``;
+        without one the rules arrange its completion (circular buffering of the enclosing loop, or
+        ``circular_buffer=circular_buffer(...)`` here). ``tile`` may be wider than the box in the
+        innermost dimension: the rules split it into several boxes.
+        """
+        where = f"tma_load at {_call_site()}"
+        attrs = dict(tmap=self._known(tmap, ("tensor map",), "tma_load"), coords=tuple(as_term(c) for c in coords),
+                     dst=self._known(dst, ("buffer",), "tma_load"), offset=as_term(offset), bytes=tmap.box_bytes,
+                     box=tmap.box, tile=_ints(tmap.box if tile is None else tile, where, "tile"))
+        if len(attrs["coords"]) != len(tmap.box):  # one coordinate a dimension of the map (of its view, if split)
+            raise BuildError(f"{where}: {len(attrs['coords'])} coordinates for tensor map {tmap.name!r} of rank "
+                             f"{len(tmap.box)} (box {tmap.box}); give one a dimension, outermost first")
+        if tmap.split and attrs["tile"] != tmap.box:  # several boxes would step out of the view's inner extent
+            raise BuildError(f"{where}: tile {attrs['tile']} through split tensor map {tmap.name!r} (box "
+                             f"{tmap.box}): a split map loads one box a tile; give the map the tile's box")
+        if tmap.swizzle != "none":
+            self._check_swizzled_tile(tmap, dst, attrs["tile"], where)
+            attrs["swizzle"] = SWIZZLE_SPAN[tmap.swizzle]
+        if barrier is not None:
+            attrs.update(barrier=self._known(barrier, ("buffer",), "tma_load"), slot=as_term(slot))
+        if circular_buffer is not None:
+            attrs["circular_buffer"] = _cb_options(circular_buffer, where)
+        for i, c in enumerate(attrs["coords"]):  # the coverage check below reads them
+            _bounded_term(c, where, f"coords[{i}]")
+        _bounded_term(attrs["offset"], where, "offset")
+        write = coverage.TileWrite(dst.name, attrs["offset"], math.prod(attrs["tile"]), tmap.box, attrs["tile"],
+                                   tmap.name, _call_site(), tuple(coverage.scope_ranges(self.graph, self._scopes)))
+        coverage.check_write(write, math.prod(dst.shape), dst.shape)
+        self._tile_writes.setdefault(dst.name, []).append(write)
+        self._node("tma_load", **attrs)
+
+    def _check_swizzled_tile(self, tmap: TensorMap, dst: Buffer, tile: tuple, where: str) -> None:
+        """A swizzled box lands on the pattern only from a base aligned to its repeat (8 rows of the
+        span): the buffer, every box of the tile, and every stage slot must start there."""
+        repeat = swizzle_repeat(tmap.swizzle)
+        alloc = next(self.graph[n] for n in self.graph.nodes() if self.graph.op(n) == "alloc"
+                     and self.graph[n]["buf"] == dst.name)
+        if alloc["align"] < repeat:
+            raise SwizzleError(f"{where}: buffer {dst.name!r} is aligned to {alloc['align']} bytes, but tiles of "
+                               f"swizzle {tmap.swizzle} start on its {repeat}-byte pattern: allocate it with "
+                               f"align={repeat}")
+        box_bytes = tmap.box_bytes
+        if box_bytes % repeat:
+            raise SwizzleError(f"{where}: a box of {tmap.box} spans {box_bytes} bytes, not a multiple of the "
+                               f"{repeat}-byte swizzle {tmap.swizzle} pattern, so the next box or stage slot would "
+                               f"start off the pattern; use a multiple of {repeat // SWIZZLE_SPAN[tmap.swizzle]} "
+                               "rows a box")
+
+    def tma_store(self, tmap: TensorMap, coords: Sequence[TermLike], src: Buffer, offset: TermLike = 0,
+                  wait: str = "read") -> None:
+        """Bulk-copy one box from shared ``src + offset`` to global at ``coords``; parts of the box outside
+        the tensor are not written. ``wait="read"`` commits the store's group and waits until ``src``
+        may be written again; ``wait="none"`` only commits: a later :meth:`tma_store_wait` by the same
+        thread must cover it before ``src`` is rewritten and before the kernel ends."""
+        where = f"tma_store at {_call_site()}"
+        tmap_name = self._known(tmap, ("tensor map",), "tma_store")
+        src_name = self._known(src, ("buffer",), "tma_store")
+        _choice(wait, where, "wait", ("read", "none"))
+        if tmap.swizzle != "none":
+            raise SwizzleError(f"{where}: TMA stores through swizzled tensor map {tmap.name!r} are not supported; "
+                               "store through a map without swizzle")
+        alloc = next((self.graph[n] for n in self.graph.nodes() if self.graph.op(n) == "alloc"
+                      and self.graph[n]["buf"] == src_name), None)
+        if alloc is None or alloc["space"] != "shared":
+            raise BuildError(f"{where}: the source {src_name!r} of a TMA store must be a shared buffer")
+        if alloc["align"] < 128:
+            raise StagingAlignmentError(f"{where}: staging buffer {src_name!r} is aligned to {alloc['align']} "
+                                        "bytes; the TMA reads shared memory from 128-byte aligned addresses: "
+                                        "allocate it with align=128 (the default for shared buffers)")
+        self._mark_written(tmap.tensor.name)
+        extra = {} if wait == "read" else {"wait": wait}  # the default stays implicit (unchanged graphs)
+        self._node("tma_store", tmap=tmap_name, coords=tuple(as_term(c) for c in coords), src=src_name,
+                   offset=as_term(offset), **extra)
+
+    def tma_store_wait(self, pending: int = 0, read: bool = False) -> None:
+        """``cp.async.bulk.wait_group[.read] pending``: wait until all but this thread's newest
+        ``pending`` TMA-store groups have read their source (``read``) or completed."""
+        where = f"tma_store_wait at {_call_site()}"
+        if not isinstance(read, bool):
+            raise BuildError(f"{where}: read must be True or False, got {read!r}")
+        self._node("tma_store_wait", pending=_int(pending, where, "pending", 0), read=read)
+
+    # ------------------------------------------------------------------ synchronisation: mbarriers, block syncs, proxy fences, named barriers
+    def _barrier(self, op: str, barrier: Buffer, slot: TermLike, **attrs) -> None:
+        self._node(op, barrier=self._known(barrier, ("buffer",), op), slot=as_term(slot), **attrs)
+
+    def mbarrier_init(self, barrier: Buffer, slot: TermLike, count: int) -> None:
+        self._barrier("mbarrier_init", barrier, slot,
+                      count=_int(count, f"mbarrier_init at {_call_site()}", "count", 1))
+
+    def mbarrier_arrive(self, barrier: Buffer, slot: TermLike) -> None:
+        self._barrier("mbarrier_arrive", barrier, slot)
+
+    def mbarrier_arrive_expect_tx(self, barrier: Buffer, slot: TermLike, nbytes: int) -> None:
+        self._barrier("mbarrier_arrive_expect_tx", barrier, slot,
+                      bytes=_int(nbytes, f"mbarrier_arrive_expect_tx at {_call_site()}", "nbytes", 0))
+
+    def mbarrier_wait(self, barrier: Buffer, slot: TermLike, parity: TermLike) -> None:
+        self._barrier("mbarrier_wait", barrier, slot, parity=as_term(parity))
+
+    def mbarrier_inval(self, barrier: Buffer, slot: TermLike) -> None:
+        self._barrier("mbarrier_inval", barrier, slot)
+
+    def syncthreads(self) -> None:
+        self._node("syncthreads")
+
+    def fence_proxy_async(self) -> None:
+        self._node("fence_proxy_async")
+
+    def fence_mbarrier_init(self) -> None:
+        self._node("fence_mbarrier_init")
+
+    def bar_sync(self, bar_id: int, count: int) -> None:
+        """A named barrier ``bar_id`` (0..15) over ``count`` threads (a multiple of 32)."""
+        where = f"bar_sync at {_call_site()}"
+        bar_id, count = _int(bar_id, where, "bar_id", 0), _int(count, where, "count", 32)
+        if bar_id > 15 or count % 32:
+            raise BuildError(f"{where}: named barrier {bar_id} over {count} threads; ids are 0..15 and the "
+                             "count a multiple of 32 (whole warps)")
+        self._node("bar_sync", id=bar_id, count=count)
+
+    # ------------------------------------------------------------------ the tensor cores: accumulators, mma, fragments as values
+    def _mma_fragment(self, acc, call: str) -> tuple[int, int, int]:
+        nm = self._known(acc, ("buffer",), call)
+        frag = self._fragments.get(nm)
+        if frag is None:
+            raise BuildError(f"{call} at {_call_site()}: {nm!r} is not an accumulator; pass the handle "
+                             "mma_accumulator(...) returned")
+        return frag
+
+    def mma_accumulator(self, bm: int, bn: int, acc: str = "acc", groups: Optional[int] = None):
+        """A zeroed float32 accumulator for a tile C[bm, bn] on ``groups`` consumer warp groups (default: the
+        block's threads / 128); each warp group holds bm/groups rows in 64-row blocks. Returns its handle."""
+        where = f"mma_accumulator at {_call_site()}"
+        bm, bn = _int(bm, where, "bm", 1), _int(bn, where, "bn", 1)
+        block = self.graph.kernel()["block"]
+        if block[1] != 1 or block[2] != 1 or block[0] % WARPGROUP:
+            raise BuildError(f"{where}: warpgroup MMA runs on whole warp groups of a one-dimensional block; the "
+                             f"block is {block}: use 128 x (consumer warp groups) threads in x")
+        groups = block[0] // WARPGROUP if groups is None else _int(groups, where, "groups", 1)
+        if groups * WARPGROUP != block[0]:
+            raise BuildError(f"{where}: {groups} consumer warp groups need a block of {groups * WARPGROUP} threads, "
+                             f"the block has {block[0]}; make them agree")
+        if bm % (MMA_M * groups):
+            raise BuildError(f"{where}: bm={bm} does not split into 64-row blocks over {groups} warp groups; use a "
+                             f"multiple of {MMA_M * groups}")
+        if bn % 8 or not 8 <= bn <= MMA_MAX_N:
+            raise BuildError(f"{where}: bn={bn}: a wgmma computes N = 8..256 columns in steps of 8; use such a bn")
+        size = (bm // groups // MMA_M) * (bn // 2)
+        buf = self.alloc(acc, "register", "float32", (size,))
+        self._fragments[buf.name] = (bm, bn, groups)
+        self.mma_zero(buf)
+        return buf
+
+    def mma_zero(self, acc) -> None:
+        """Zero an accumulator again (the next tile of a persistent block)."""
+        bm, bn, groups = self._mma_fragment(acc, "mma_zero")
+        with self.loop(f"{acc.name}_zero", (bm // groups // MMA_M) * (bn // 2), kind="unroll") as i:
+            self.store(acc, i, 0.0)
+
+    def mma(self, acc, a, b, a_offset: TermLike = 0, b_offset: TermLike = 0, scale_d: TermLike = 1,
+            b_layout: str = "nk") -> None:
+        """Issue ``acc += a @ b^T`` on the tensor cores: ``a`` a shared [BM, BK] tile, ``b`` a shared
+        [BN, BK] tile (B given K-major), both bfloat16 or both float16, their rows BK * 2 = 32, 64 or 128
+        bytes and filled by TMA loads with that swizzle. ``scale_d=0`` overwrites acc instead.
+
+        ``b_layout="kn"``: ``acc += a @ b`` with ``b`` a shared [BK, BN] tile (B given MN-major, as a
+        row-major [K, N] tensor: no transpose needed), read through the instruction's transpose bit. The
+        tile is BN / W panels [BK, W] one after the other, W = 64, 32 or 16 columns (the widest dividing
+        BN, :func:`cbrules.ir.mma_layout.mn_major_span`), each one TMA box of a map with box (BK, W) and
+        the W * 2-byte swizzle, loaded at element offset ``p * BK * W`` for panel p.
+
+        FP8 tiles (float8_e4m3, float8_e5m2, or one of each) are K-major only, as the tensor cores read
+        them, with rows of 128 elements (BK = 128: one 128-byte swizzle span), multiplied k32 at a
+        time. The rules (rules/mma.rules) add the ordering around each mma (wgmma fence, commit, wait)
+        and release a stage slot only once the mma reading it has completed; codegen unrolls the node
+        into the instruction sequence."""
+        where = f"mma at {_call_site()}"
+        if b_layout not in B_LAYOUTS:
+            raise BuildError(f"{where}: b_layout={b_layout!r}: give 'nk' (b a [BN, BK] tile of B given as [N, K]) "
+                             "or 'kn' (b a [BK, BN] tile of B given as [K, N])")
+        bm, bn, groups = self._mma_fragment(acc, "mma")
+        a_name, b_name = self._known(a, ("buffer",), "mma"), self._known(b, ("buffer",), "mma")
+        if a_name in self._operands:
+            self._register_a_mma(where, acc, a, b, (bm, bn, groups), a_offset, b_offset, scale_d, b_layout)
+            return
+        for t, nm in ((a, "a"), (b, "b")):
+            if t.space != "shared" or t.dtype not in MMA_DTYPES or len(t.shape) != 2:
+                raise BuildError(f"{where}: operand {nm} ({t.name!r}, {t.space} {t.dtype} {t.shape}) must be a "
+                                 f"two-dimensional shared tile of {', '.join(MMA_DTYPES)}")
+        fp8 = a.dtype in FP8_DTYPES
+        if a.dtype != b.dtype and not (fp8 and b.dtype in FP8_DTYPES):
+            raise BuildError(f"{where}: operands of different types ({a.dtype}, {b.dtype}); give both one type "
+                             "(only the FP8 types mix: e4m3 with e5m2)")
+        if fp8 and b_layout != "nk":
+            raise BuildError(f"{where}: an FP8 ({a.dtype}) mma with b_layout={b_layout!r}: the tensor cores read FP8 "
+                             "operands K-major only (no transposed read); give B as [N, K] (b_layout='nk'), "
+                             "transposing it beforehand")
+        bk = a.shape[1]
+        want_b = (bn, bk) if b_layout == "nk" else (bk, bn)
+        if a.shape != (bm, bk) or b.shape != want_b:
+            other = "kn" if b_layout == "nk" else "nk"
+            hint = (f"; b is the {other} layout's tile: pass b_layout={other!r}"
+                    if a.shape == (bm, bk) and b.shape == want_b[::-1] else "")
+            raise BuildError(f"{where}: tiles a {a.shape} and b {b.shape} do not fit the accumulator's tile "
+                             f"[{bm}, {bn}]: a must be [{bm}, BK] and b {list(want_b)} (b_layout={b_layout!r}: B "
+                             f"given as {'[N, K]' if b_layout == 'nk' else '[K, N]'}){hint}")
+        row_bytes = bk * DTYPE_BYTES[a.dtype]
+        if row_bytes not in (32, 64, 128):
+            size = DTYPE_BYTES[a.dtype]
+            raise BuildError(f"{where}: BK={bk} makes tile rows of {row_bytes} bytes; a row must be one swizzle "
+                             f"span (32, 64 or 128 bytes): use BK = {32 // size}, {64 // size} or {128 // size} "
+                             f"for {a.dtype}")
+        extra = {}  # K-major B keeps the node as it was (unchanged graphs); MN-major names its layout and span
+        if b.dtype != a.dtype:
+            extra["b_dtype"] = b.dtype
+        if b_layout == "kn":
+            try:
+                extra = {"b_major": B_LAYOUTS[b_layout], "b_swizzle": mn_major_span(bn)}
+            except MmaLayoutError as e:
+                raise BuildError(f"{where}: {e}") from None
+        self._node("mma", acc=acc.name, a=a_name, b=b_name, shape=(bm, bn, bk), groups=groups, dtype=a.dtype,
+                   swizzle=row_bytes, a_offset=as_term(a_offset), b_offset=as_term(b_offset),
+                   scale_d=as_term(scale_d), **extra)
+
+    def _register_a_mma(self, where: str, acc, a, b, fragment, a_offset, b_offset, scale_d, b_layout: str) -> None:
+        """``acc += a @ b^T`` with ``a`` a register operand (:meth:`fragment_convert`): wgmma's register-A form.
+        With ``b_layout="kn"`` b is a [BK, BN] tile read MN-major (``acc += a @ b``): its K rows are not
+        swizzle spans, so K is any number of k16 steps (an attention's P @ V over a whole key tile)."""
+        bm, bn, groups = fragment
+        a_bm, bk, a_groups, dtype = self._operands[a.name]
+        if (a_bm, a_groups) != (bm, groups):
+            raise BuildError(f"{where}: register operand {a.name!r} holds a [{a_bm}, {bk}] tile on {a_groups} warp "
+                             f"group(s), the accumulator a [{bm}, {bn}] tile on {groups}: the A fragment's rows are "
+                             "the accumulator's (one thread holds the same rows of both); give them one tile height")
+        want_b = (bn, bk) if b_layout == "nk" else (bk, bn)
+        if b.space != "shared" or b.dtype != dtype or b.shape != want_b:
+            given = "[N, K], K" if b_layout == "nk" else "[K, N] (b_layout='kn'), K"
+            raise BuildError(f"{where}: operand b ({b.name!r}, {b.space} {b.dtype} {b.shape}) must be a shared "
+                             f"{dtype} tile {list(want_b)} (B given as {given} = the register operand's columns)")
+        extra = {}
+        if b_layout == "nk":
+            row_bytes = bk * DTYPE_BYTES[dtype]
+            if row_bytes not in (32, 64, 128):
+                raise BuildError(f"{where}: the register operand's {bk} columns make B tile rows of {row_bytes} bytes; "
+                                 "a row must be one swizzle span (32, 64 or 128 bytes): convert a fragment of 16, 32 "
+                                 "or 64 columns, or give B as [K, N] (b_layout='kn')")
+        else:
+            try:
+                row_bytes = mn_major_span(bn)
+            except MmaLayoutError as e:
+                raise BuildError(f"{where}: {e}") from None
+            extra = {"b_major": B_LAYOUTS[b_layout], "b_swizzle": row_bytes}
+        self._node("mma", acc=acc.name, a=a.name, b=b.name, shape=(bm, bn, bk), groups=groups, dtype=dtype,
+                   swizzle=row_bytes, a_offset=as_term(a_offset), b_offset=as_term(b_offset),
+                   scale_d=as_term(scale_d), a_space="register", **extra)
+
+    def mma_operand(self, acc, dtype: str = "bfloat16", dst: Optional[str] = None) -> Buffer:
+        """A register A operand for a following :meth:`mma` with ``K`` = the columns of ``acc``'s tile:
+        :meth:`fragment_convert` fills it from ``acc`` (allocate it where the accumulator is, before the
+        loops that convert into it). It is a uint32 register array, BN/4 a thread for each 64-row block."""
+        where = f"mma_operand at {_call_site()}"
+        bm, bn, groups = self._mma_fragment(acc, "mma_operand")
+        if dtype not in HALF_MMA_DTYPES:
+            raise BuildError(f"{where}: dtype {dtype!r}: a register MMA operand is {' or '.join(HALF_MMA_DTYPES)}"
+                             + (" (an FP8 A operand from registers is not supported: stage it in shared memory)"
+                                if dtype in FP8_DTYPES else ""))
+        if bn % MMA_K:
+            raise BuildError(f"{where}: {acc.name!r} has {bn} columns; an A operand is whole k16 chunks: convert a "
+                             f"fragment of a multiple of {MMA_K} columns")
+        out = self.alloc(dst or f"{acc.name}_{PACKED[dtype]}", "register", "uint32",
+                         ((bm // groups // MMA_M) * (bn // 4),))
+        self._operands[out.name] = (bm, bn, groups, dtype)
+        return out
+
+    def fragment_convert(self, acc, into: Buffer) -> None:
+        """``acc`` (float32, [BM, BN]) rounded to the operand's dtype (nearest even) and packed in pairs into
+        ``into`` (from :meth:`mma_operand`): the A of a following :meth:`mma`, with no trip through shared
+        memory. The A fragment of a 64 x 16 wgmma chunk has the thread and row map of 16 accumulator
+        columns (REFERENCE §8), so accumulator registers (2i, 2i+1) become packed register i
+        (``cvt.rn.bf16x2.f32``, the lower column in the low half)."""
+        where = f"fragment_convert at {_call_site()}"
+        bm, bn, groups = self._mma_fragment(acc, "fragment_convert")
+        target = self._operands.get(self._known(into, ("buffer",), "fragment_convert"))
+        if target is None or target[:3] != (bm, bn, groups):
+            raise BuildError(f"{where}: {into!r} is not a register operand of {acc.name!r}'s [{bm}, {bn}] tile; "
+                             f"pass what mma_operand({acc.name}) returned")
+        blocks, quarter = bm // groups // MMA_M, bn // 4
+        with self.loop(f"{into.name}_j", blocks, kind="unroll") as j:
+            with self.loop(f"{into.name}_i", quarter, kind="unroll") as i:
+                lo, hi = self.load(acc, j * (bn // 2) + i * 2), self.load(acc, j * (bn // 2) + i * 2 + 1)
+                packed = self._reg(None, "fragment_convert")
+                self._node("cvt_pack", dst=packed, args=(lo, hi), dtype="uint32", to=target[3])
+                self.store(into, j * quarter + i, name(packed))
+
+    def mma_store(self, acc, tmap, coords: Sequence[TermLike]) -> None:
+        """The epilogue: every accumulator element to the output tile at ``coords`` (row, column of its first
+        element), rounded to the tensor's dtype; elements outside the tensor are not written. ``tmap`` maps
+        the two-dimensional output with box [BM, W], W dividing BN: a serial loop walks the BN / W column
+        chunks and each element is a ``store(..., tile=..., clip=True)``, so the rules stage each chunk and
+        write it with one TMA store while the next is staged (rules/tma_store.rules), in BM x W of shared
+        memory a slot; the TMA store clips the box at the tensor's edges, so the staged elements need no
+        bounds test. Its register indices depend on the chunk, so the rules unroll that loop (rules/mma.rules)."""
+        where = f"mma_store at {_call_site()}"
+        bm, bn, groups = self._mma_fragment(acc, "mma_store")
+        self._known(tmap, ("tensor map",), "mma_store")
+        tensor = tmap.tensor
+        width = tmap.box[-1]
+        if len(tensor.shape) != 2 or tmap.box[0] != bm or bn % width or width % 8:
+            raise BuildError(f"{where}: tensor map {tmap.name!r} has box {tmap.box}; the accumulator's tile is "
+                             f"[{bm}, {bn}]: map the two-dimensional output with box ({bm}, W), W a multiple of 8 "
+                             f"dividing {bn}")
+        if not isinstance(coords, (tuple, list)) or len(coords) != 2:
+            raise BuildError(f"{where}: coords {coords!r} must be (row, column) of the tile's first element")
+        row0, col0 = (as_term(c) for c in coords)
+        n = tensor.shape[1]
+        half, chunk_regs = bn // 2, width // 2
+        tid = name("threadIdx.x")
+        with self.loop(f"{acc.name}_q", bn // width) as q:
+            with self.loop(f"{acc.name}_j", bm // groups // MMA_M, kind="unroll") as j:
+                with self.loop(f"{acc.name}_r", chunk_regs, kind="unroll") as r:
+                    reg = q * chunk_regs + r
+                    v = self.load(acc, j * half + reg)
+                    row, col = builder_mma.fragment_coords(bn, bm // groups, j, reg, tid)
+                    # clip: a bounds test the rules drop once the element goes to a staging slot
+                    self.store(tensor, (row0 + row) * n + col0 + col, v,
+                               tile=(tmap, (row0, col0 + q * width), row * width + col - q * width), clip=True)
+
+    # ---------------------------------------------------------------- fragments as values
+    @contextmanager
+    def fragment_elements(self, acc, origin: Sequence[TermLike] = (0, 0)) -> Iterator[FragmentElement]:
+        """Compute on an accumulator after its MMA: the body runs for every element this thread holds
+        (loops over its 64-row blocks and registers, unrolled) with a :class:`FragmentElement` giving
+        the element's value, its (row, col) in the output (``origin``, the tile's first element, plus
+        its place in the tile) and ``set`` to write it back::
+
+            with k.fragment_elements(acc, origin=(row0, col0)) as e:
+                e.set(k.max(k.add(e.value, e.load_col(bias)), 0.0))   # relu(acc + bias[col])
+
+        Read it after the MMA loop (the rules wait for the MMA groups there); write the result with
+        :meth:`mma_store` or :meth:`fragment_store`."""
+        bm, bn, groups = self._mma_fragment(acc, "fragment_elements")
+        if not isinstance(origin, (tuple, list)) or len(origin) != 2:
+            raise BuildError(f"fragment_elements at {_call_site()}: origin {origin!r} must be (row, column) of "
+                             "the tile's first element")
+        row0, col0 = (as_term(c) for c in origin)
+        half = bn // 2
+        with self.loop(f"{acc.name}_ej", bm // groups // MMA_M, kind="unroll") as j:
+            with self.loop(f"{acc.name}_er", half, kind="unroll") as r:
+                index = j * half + r
+                row, col = builder_mma.fragment_coords(bn, bm // groups, j, r, name("threadIdx.x"))
+                yield FragmentElement(self.load(acc, index), row0 + row, col0 + col, row, col, index, acc, self, j, r)
+
+    def fragment_map(self, acc, fn: Callable[[FragmentElement], TermLike],
+                     origin: Sequence[TermLike] = (0, 0)) -> None:
+        """Replace every element of ``acc`` by ``fn(element)`` (a :class:`FragmentElement`; ``fn`` builds
+        its value with the kernel's calls and returns it): :meth:`fragment_elements` in one call."""
+        if not callable(fn):
+            raise BuildError(f"fragment_map at {_call_site()}: fn {fn!r} must be a function of one element")
+        with self.fragment_elements(acc, origin) as e:
+            e.set(fn(e))
+
+    def fragment_reduce(self, acc, axis: str = "row", combine: str = "max", dst: Optional[str] = None,
+                        into: Optional[Buffer] = None) -> Buffer:
+        """Reduce ``acc`` along the rows (``axis="row"``: each row of the tile over its BN columns) or the
+        columns (``axis="col"``: each column over the BM rows) with ``combine`` (max, min, sum); returns a
+        register array that :meth:`FragmentElement.reduced` reads per element (every thread holding an
+        element of the row or column gets the result).
+
+        A row's BN elements are held by the four lanes of one warp (lane / 4 equal): each thread combines
+        its own (BN/4 a row), then two shuffles (xor 1, xor 2) combine the four lanes. A column's elements
+        are held by the 8 lanes of each warp with the same lane % 4, in every warp of every warp group:
+        each thread combines its own, three shuffles (xor 4, 8, 16) the warp's, and the warps' partials
+        meet in a shared [warps, BN] scratch between two block syncs (the consumers' named barrier once
+        warp-specialized: rules/warp_specialize.rules). Mask elements outside the output first (a
+        ``select`` to the combine's identity in :meth:`fragment_map`).
+
+        ``into``: a float32 register array allocated before (e.g. before a circular-buffered loop whose
+        body reduces every iteration: the rules copy the body into several loops, and an allocation
+        inside would be made twice) to hold the result instead of a new one."""
+        where = f"fragment_reduce at {_call_site()}"
+        bm, bn, groups = self._mma_fragment(acc, "fragment_reduce")
+        if axis not in ("row", "col") or combine not in FRAGMENT_COMBINE:
+            raise BuildError(f"{where}: axis {axis!r} / combine {combine!r}: give axis 'row' or 'col' and combine "
+                             f"one of {', '.join(FRAGMENT_COMBINE)}")
+        blocks, half = bm // groups // MMA_M, bn // 2
+        size = (blocks * 2 if axis == "row" else bn // 4,)
+        if into is None:
+            out = self.alloc(dst or f"{acc.name}_{axis}_{combine}", "register", "float32", size)
+        else:
+            self._known(into, ("buffer",), "fragment_reduce")
+            if into.space != "register" or into.dtype != "float32" or tuple(into.shape) != size:
+                raise BuildError(f"{where}: into={into.name!r} ({into.space} {into.dtype} {into.shape}) must be a "
+                                 f"float32 register array of shape {size} (one result a {axis} the thread holds)")
+            out = into
+        self._reductions[out.name] = (acc.name, axis)
+        tmp = self._reg(None, "fragment_reduce")
+        identity, op = FRAGMENT_COMBINE[combine]
+        # register j * BN/2 + 4c + 2h + p holds row (j, h) and column pair (c, p): the outer loops walk the
+        # results, the inner ones the thread's own registers of one result
+        rows, cols = (("j", blocks), ("h", 2)), (("c", bn // 8), ("p", 2))
+        outer, inner = (rows, cols) if axis == "row" else (cols, rows)
+        with unrolled(self, f"{out.name}_", outer) as o:
+            self.assign(identity, dst=tmp)
+            with unrolled(self, f"{out.name}_", inner) as i:
+                v = {**o, **i}
+                self.reduce(self.load(acc, v["j"] * half + v["c"] * 4 + v["h"] * 2 + v["p"]), kind="serial",
+                            combine=combine, dst=tmp)
+            for lane in builder_mma.ROW_SHUFFLES if axis == "row" else builder_mma.COL_SHUFFLES:
+                getattr(self, op)(tmp, self.shfl(tmp, lane, "xor"), dst=tmp)
+            self.store(out, o["j"] * 2 + o["h"] if axis == "row" else o["c"] * 2 + o["p"], tmp)
+        if axis == "col":  # 4 warps a group, each with its own rows
+            self._columns_across_warps(out, bn, 4 * groups, identity, op, tmp)
+        return out
+
+    def _columns_across_warps(self, out: Buffer, bn: int, warps: int, identity: float, op: str, tmp: str) -> None:
+        """Each warp's column partials (lanes 0..3 hold all BN columns) through shared memory to every thread."""
+        scratch = self.alloc(f"{out.name}_warps", "shared", "float32", (warps, bn))
+        tid = name("threadIdx.x")
+        lane, warp = tid % 32, tid / 32
+        with self.if_(lane.lt(4)):
+            with unrolled(self, f"{out.name}_", (("c", bn // 8), ("p", 2))) as v:
+                self.store(scratch, warp * bn + v["c"] * 8 + lane * 2 + v["p"], self.load(out, v["c"] * 2 + v["p"]))
+        self.syncthreads()
+        with unrolled(self, f"{out.name}_", (("c", bn // 8), ("p", 2))) as v:
+            self.assign(identity, dst=tmp)
+            with self.loop(f"{out.name}_w", warps, kind="unroll") as w:
+                self.reduce(self.load(scratch, w * bn + v["c"] * 8 + (lane % 4) * 2 + v["p"]), kind="serial",
+                            combine=FRAGMENT_OPS[op], dst=tmp)
+            self.store(out, v["c"] * 2 + v["p"], tmp)
+        self.syncthreads()  # every warp has read the scratch before a later reduction writes it again
+
+    def fragment_store(self, acc, out: Buffer, origin: Sequence[TermLike]) -> None:
+        """Every element of ``acc`` to the two-dimensional global tensor ``out`` at ``origin`` + its place
+        in the tile, rounded to ``out``'s dtype, each thread storing its own elements (no staging; the
+        elements outside ``out`` are not written). :meth:`mma_store` writes the tile by TMA instead."""
+        where = f"fragment_store at {_call_site()}"
+        self._known(out, ("tensor",), "fragment_store")
+        if len(out.shape) != 2:
+            raise BuildError(f"{where}: {out.name!r} has shape {out.shape}; store a fragment into a "
+                             "two-dimensional tensor")
+        rows, cols = out.shape
+        with self.fragment_elements(acc, origin) as e:
+            with self.if_(e.inside(rows, cols)):
+                self.store(out, e.row * cols + e.col, e.value)
+
+    def wgmma_fence(self) -> None:
+        """``wgmma.fence``: earlier register and shared writes are seen by the next mma."""
+        self._node("wgmma_fence")
+
+    def wgmma_commit(self) -> None:
+        """``wgmma.commit_group``: the mma issued since the last commit form one group."""
+        self._node("wgmma_commit")
+
+    def wgmma_wait(self, pending: int = 0) -> None:
+        """``wgmma.wait_group pending``: all but the newest ``pending`` committed groups are complete."""
+        self._node("wgmma_wait", pending=_int(pending, f"wgmma_wait at {_call_site()}", "pending", 0))
+
 
 def _subterms(t: Term) -> Iterator[Term]:
     yield t

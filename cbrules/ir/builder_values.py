@@ -1,7 +1,7 @@
 """The values builder calls take and hand back: tensor and buffer handles, circular-buffer options, and
 the checks every call applies to its arguments (ints, terms, choices), each error naming the author's
-call site. Shared by :mod:`cbrules.ir.builder` and its mixed-in parts (``builder_tma``,
-``builder_sync``, ``builder_mma``), which is why it imports none of them."""
+call site. Shared by :mod:`cbrules.ir.builder` and the fragment model (:mod:`.builder_mma`), which is
+why it imports neither."""
 from __future__ import annotations
 
 import operator
@@ -197,7 +197,7 @@ def _inside(tile: dict, shape: tuple) -> Term:
 
 def _call_site() -> str:
     f = sys._getframe(1)
-    # the author's line: skip the builder's own modules (builder, builder_tma, ...) and contextlib
+    # the author's line: skip the builder's own modules (builder, builder_mma, builder_values) and contextlib
     while f is not None and (f.f_globals.get("__name__", "").startswith("cbrules.ir.builder")
                              or f.f_globals.get("__name__", "") == "contextlib"):
         f = f.f_back
