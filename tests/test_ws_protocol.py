@@ -98,21 +98,21 @@ def test_checker_passes_every_trip_count_and_schedule(kernel):
 def test_schedules_interleave_differently():
     """eager lets the producer fill every slot before a consumer reads; lazy issues each load only
     when a consumer waits for it. Seen from the number of loads in flight at a consumer's wait."""
-    from cbrules.reference import interp_memory
+    from cbrules.reference import interp
     spec, shape, kg, args = lowered("single_dim", trips=TRIPS)
     seen = {}
-    original = interp_memory.MemoryOps._mbarrier_wait
+    original = interp._BlockRunner._mbarrier_wait
 
     def spy(self, s, mask):
         if s.attrs["barrier"].startswith("cb_full_"):
             seen.setdefault(self.schedule, []).append(sum(len(q) for q in self.proto.bars.inflight))
         return original(self, s, mask)
-    interp_memory.MemoryOps._mbarrier_wait = spy
+    interp._BlockRunner._mbarrier_wait = spy
     try:
         for schedule in SCHEDULES:
             run(kg, args, schedule=schedule, seed=5, blocks=[0])
     finally:
-        interp_memory.MemoryOps._mbarrier_wait = original
+        interp._BlockRunner._mbarrier_wait = original
     assert max(seen["eager"]) == STAGES and max(seen["lazy"]) <= 1
 
 

@@ -28,10 +28,19 @@ from ..ir.bind import NP_DTYPES, BlocksLike, bind, select_blocks
 from ..ir.builder import Kernel
 from ..ir.graph import BUILTINS, KernelGraph
 from .hazards import DivergentShuffle
-from .hwsim import block_reduce, block_stats, shfl_source
-from ..ir.ops import UNARY, WARP_SIZE
-from .interp_memory import MemoryOps, NonUniform, OutOfBounds
-from .interp_mma import MmaOps
+from .hwsim import (block_reduce, block_stats, inside_box, read_box, shfl_source, swizzled, tensor_view,
+                    unswizzled, write_box)
+from ..ir.attributes import attribute_problem
+from ..ir.limits import SWIZZLE_SPAN
+from ..ir.mma_layout import (MMA_DTYPES, MMA_K, MMA_M, MN_SPANS, TRANSPOSE, WARPGROUP, MmaLayoutError,
+                             b_tile_descriptor, b_tile_elements, fragment_slot, tma_tile_descriptor)
+from ..ir.ops import DTYPE_BYTES, MAX_BACKOFF_NS, UNARY, WARP_SIZE
+from ..ir.terms import swizzle_index
+from . import interp_mma
+from .hazards import TmaIssueError
+from .interp_memory import MisalignedVector, NonUniform, OutOfBounds, saturated
+from .interp_mma import (MmaIssueError, fragments_to_matrix, operand_addresses, pack_pairs, register_operand, wgmma,
+                         wgmma_register_a)
 from .interp_roles import SCHEDULES, SWITCH, Blocked, Fork, Role, check_schedule, drive
 from ..errors import CbrulesError
 from .protocol import BlockProtocol, DivergentSync, ElectError, InterpError, ProtocolError, Site
@@ -211,9 +220,10 @@ def run(kernel: Union[KernelLike, Program], args: Mapping[str, Any], symbols: Op
     return {n: bound.tensors[n] for n in bound.written}
 
 
-class _BlockRunner(MemoryOps, MmaOps):
-    """Executes a program block by block: registers, masks, loops and compute ops (memory and
-    barrier ops come from :class:`MemoryOps`)."""
+class _BlockRunner:
+    """Executes a program block by block: registers, masks, loops and compute ops; memory, TMA and
+    barrier ops (each hands :mod:`cbrules.reference.protocol` what it needs to check, and checks indices
+    itself); the tensor-core ops, on :mod:`cbrules.reference.interp_mma`'s model."""
 
     def __init__(self, prog: Program, tensors: dict, symbols: dict, grid: tuple, written: set,
                  schedule: str = "eager", seed: int = 0):
@@ -567,6 +577,489 @@ class _BlockRunner(MemoryOps, MmaOps):
         out[:count] = block_reduce(np.ascontiguousarray(v), a["combine"], comb)
         self.set_reg(a["dst"], out, mask)
         self.proto.clocks.sync_lanes(np.arange(count))  # the reduction passes values through shared memory
+
+    # ------------------------------------------------------------------ memory, TMA and barrier ops
+    # ---------------------------------------------------------------- memory
+    def _target(self, name: str, idx: np.ndarray, lanes: np.ndarray, what: str):
+        """(kind, array) of the buffer ``name`` after checking ``idx`` is inside it."""
+        if name in self.regarrays:
+            kind, arr = "register", self.regarrays[name]
+            size = arr.shape[1]
+        elif name in self.proto.shared:
+            kind, arr = "shared", self.proto.shared[name]
+            size = arr.data.size
+        elif name in self.flat:
+            kind, arr = "global", self.flat[name]
+            size = arr.size
+        else:
+            raise InterpError(f"{what} {name!r}, which is neither a tensor nor an allocated buffer", self.site())
+        bad = np.nonzero((idx < 0) | (idx >= size))[0]
+        if bad.size:
+            raise OutOfBounds(f"thread {lanes[bad[0]]} {what} {name}[{idx[bad[0]]}], outside its {size} "
+                              "elements", self.site())
+        return kind, arr
+
+    def _index(self, s: Step, mask: np.ndarray, lanes: np.ndarray) -> np.ndarray:
+        idx = self.per_lane(self.ev(s, "index", mask), lanes)
+        if idx.dtype.kind not in "iub":
+            raise InterpError(f"index {s.attrs['index']} is not an integer", self.site())
+        return idx.astype(np.int64)
+
+    def _read(self, kind: str, arr, idx, lanes: np.ndarray):
+        """The values ``lanes`` read at ``idx`` of a register array, a shared buffer (protocol-checked)
+        or a global tensor."""
+        if kind == "register":
+            return arr[lanes, idx]
+        if kind == "shared":
+            self.proto.read(arr, idx, lanes, self.site)
+            return arr.data[idx]
+        return arr[idx]
+
+    def _load(self, s: Step, mask: np.ndarray) -> None:
+        lanes = np.nonzero(mask)[0]
+        idx = self._index(s, mask, lanes)
+        kind, arr = self._target(s.attrs["src"], idx, lanes, "reads")
+        if kind == "register" and s.attrs["src"] in self.p.accumulators:
+            self.proto.mma.register_access(s.attrs["src"], lanes, False, self.site)
+        vals = self._read(kind, arr, idx, lanes)
+        dst = s.attrs["dst"]
+        new = self.env[dst].copy()
+        new[lanes] = vals
+        self.env[dst] = new
+
+    def _store(self, s: Step, mask: np.ndarray) -> None:
+        lanes = np.nonzero(mask)[0]
+        idx = self._index(s, mask, lanes)
+        name = s.attrs["dst"]
+        kind, arr = self._target(name, idx, lanes, "writes")
+        vals = self.per_lane(self.ev(s, "value", mask), lanes)
+        if kind == "register":
+            if name in self.p.accumulators:
+                self.proto.mma.register_access(name, lanes, True, self.site)
+            arr[lanes, idx] = vals
+        elif kind == "shared":
+            self.proto.write(arr, idx, lanes, self.site, s.node)
+            arr.data[idx] = saturated(vals, arr.data.dtype)
+        else:
+            if name not in self.written:
+                raise InterpError(f"stores to tensor {name!r}, which the kernel does not mark written "
+                                  "(codegen declares it const)", self.site())
+            arr[idx] = saturated(vals, arr.dtype)
+
+    def _copy(self, s: Step, mask: np.ndarray) -> None:
+        """A vector access: each thread moves ``count`` contiguous elements at once (element by element
+        here, with every index, RAW and store-in-flight check of a plain load and store)."""
+        a, lanes = s.attrs, np.nonzero(mask)[0]
+        n = int(a["count"])
+        at = {}
+        for side in ("src", "dst"):
+            idx = self.per_lane(self.ev(s, f"{side}_index", mask), lanes).astype(np.int64)
+            bad = np.nonzero(idx % n)[0]
+            if bad.size:
+                raise MisalignedVector(f"thread {lanes[bad[0]]} copies {n} elements at {a[side]}[{idx[bad[0]]}]: "
+                                       f"a vector access starts at a multiple of its {n} elements", self.site())
+            at[side] = idx
+        kinds = {side: self._target(a[side], at[side] + n - 1, lanes, "reads" if side == "src" else "writes")
+                 for side in ("src", "dst")}
+        dtypes = {side: (arr.data if kind == "shared" else arr).dtype for side, (kind, arr) in kinds.items()}
+        if dtypes["src"] != dtypes["dst"]:
+            raise MisalignedVector(f"copies {dtypes['src']} elements of {a['src']} into {dtypes['dst']} buffer "
+                                   f"{a['dst']}: a vector access moves bits, both sides need one type", self.site())
+        if kinds["dst"][0] == "global" and a["dst"] not in self.written:
+            raise InterpError(f"stores to tensor {a['dst']!r}, which the kernel does not mark written "
+                              "(codegen declares it const)", self.site())
+        for k in range(n):
+            (skind, src), (dkind, dst) = kinds["src"], kinds["dst"]
+            si, di = at["src"] + k, at["dst"] + k
+            vals = self._read(skind, src, si, lanes)
+            if dkind == "register":
+                dst[lanes, di] = vals
+            elif dkind == "shared":
+                self.proto.write(dst, di, lanes, self.site, s.node)
+                dst.data[di] = vals
+            else:
+                dst[di] = vals
+
+    def _tma_load(self, s: Step, mask: np.ndarray) -> None:
+        a, lanes = s.attrs, np.nonzero(mask)[0]
+        fns = self.p.fns[s.node]
+        env, ln = self.env, self.lanes(mask)
+        tmap = self.p.kg.params()[a["tmap"]]
+        dst = self.proto.shared.get(a["dst"])
+        if dst is None:
+            raise InterpError(f"TMA destination {a['dst']!r} is not a shared buffer", self.site())
+        box = tuple(tmap.box)
+        box_elems = int(np.prod(box))
+        itemsize = DTYPE_BYTES[tmap.dtype]
+        if a.get("barrier"):
+            u = lanes[0]
+            pick = lambda v: int(v[u]) if isinstance(v, np.ndarray) and v.ndim else int(v)  # noqa: E731
+            if lanes.size > 1:
+                raise TmaIssueError(f"{lanes.size} threads issue this TMA load (completing on {a['barrier']}); "
+                                    "issue it from one elected thread", self.site(), a["barrier"],
+                                    pick(fns["slot"](env, ln)))
+            coords = [pick(f(env, ln)) for f in fns["coords"]]
+            lo = pick(fns["offset"](env, ln))
+            slot = pick(fns["slot"](env, ln))
+            self._smem_range(dst, lo, box_elems)
+            sid = self.proto.slot_id(a["barrier"], slot, self.site)
+            data = read_box(self._global(tmap), coords, box)
+            if a.get("swizzle"):  # the box lands in the swizzled layout the hardware writes
+                data = swizzled(data, itemsize, int(a["swizzle"]), lo, dst.name, self.site)
+            self.proto.mma.tma_written(dst, lo, box_elems, int(a.get("swizzle") or 0))
+            self.proto.tma_load(sid, s.node, dst, lo, data, box_elems * itemsize, int(u), self.site)
+            return
+        # before lowering: the logical load of the whole tile, dense row-major, done at once (the
+        # rules split a tile wider than the box into boxes; here it means what the kernel reads)
+        coords = [self.uniform(f(env, ln), mask, "TMA coordinate") for f in fns["coords"]]
+        lo = self.uniform(fns["offset"](env, ln), mask, "TMA offset")
+        tile = tuple(a.get("tile") or box)
+        self._smem_range(dst, lo, int(np.prod(tile)))
+        data = read_box(self._global(tmap), coords, tile)
+        self.proto.tma_load(None, s.node, dst, lo, data, data.size * itemsize, int(lanes[0]), self.site)
+
+    def _smem_range(self, buf, lo: int, n: int) -> None:
+        if lo < 0 or lo + n > buf.data.size:
+            raise OutOfBounds(f"TMA box of {n} elements at {buf.name}[{lo}] runs outside its {buf.data.size} "
+                              "elements", self.site())
+
+    def _tma_store(self, s: Step, mask: np.ndarray) -> None:
+        a, lanes = s.attrs, np.nonzero(mask)[0]
+        tmap = self.p.kg.params()[a["tmap"]]
+        src = self.proto.shared.get(a["src"])
+        if src is None:
+            raise InterpError(f"TMA store source {a['src']!r} is not a shared buffer", self.site())
+        fns, ln = self.p.fns[s.node], self.lanes(mask)
+        coords = [self.uniform(f(self.env, ln), mask, "TMA coordinate") for f in fns["coords"]]
+        lo = self.uniform(fns["offset"](self.env, ln), mask, "TMA offset")
+        n = int(np.prod(tmap.box))
+        self._smem_range(src, lo, n)
+        span = SWIZZLE_SPAN[tmap.swizzle]
+        align = int(self.p.allocs[src.name].get("align") or 0)
+        if span and align % (8 * span):  # the hardware anchors the pattern on the address, not the buffer
+            raise InterpError(f"a TMA store with {span}B swizzle reads {src.name}, allocated {align}-byte aligned: "
+                              f"its slots must start on the {8 * span}-byte pattern (align the buffer to it)",
+                              self.site())
+        # the shared element holding each logical element of the box (a swizzled map reads it swizzled)
+        place = swizzle_index(np.arange(n), DTYPE_BYTES[tmap.dtype], span) if span else np.arange(n)
+        tensor = self._global(tmap)
+        inside = np.zeros(tuple(tmap.box), bool)
+        inside_box(inside, coords, tensor.shape)
+        sent = lo + place[inside.ravel()]  # the shared elements that reach the tensor
+        self.proto.async_read(src, sent, lanes[:1], f"the TMA store #{s.node} issued by thread {lanes[0]}", self.site)
+        if a.get("wait", "read") != "read":  # a bulk group left in flight: the protocol tracks its reads
+            if lanes.size > 1:
+                raise TmaIssueError(f"{lanes.size} threads issue this TMA store; issue it from one elected thread",
+                                    self.site())
+            self.proto.bulk_store(s.node, src, lo, lo + n, sent, int(lanes[0]), self.site)
+        self.proto.read(src, np.arange(lo, lo + n), np.full(n, lanes[0]), self.site, plain=False)  # the TMA unit reads
+        data = src.data[lo:lo + n]
+        if span:
+            data = unswizzled(data, DTYPE_BYTES[tmap.dtype], span, lo, src.name, self.site)
+        write_box(tensor, coords, data.reshape(tmap.box))
+
+    def _global(self, tmap) -> np.ndarray:
+        """The tensor of ``tmap`` in the map's dimensions (its split view, if it has one)."""
+        return tensor_view(self.tensors[tmap.tensor], tmap.name, tmap.split, self.site)
+
+    def _tma_store_wait(self, s: Step, mask: np.ndarray) -> None:
+        self.proto.bulk_wait(np.nonzero(mask)[0], int(s.attrs["pending"]), bool(s.attrs["read"]))
+
+    # ---------------------------------------------------------------- synchronisation
+    def _syncthreads(self, s: Step, mask: np.ndarray):
+        if self.in_roles:  # each role reaches it on its own: barrier 0 waits for the whole block
+            return self._named_barrier(0, self.T, mask)
+        if not mask.all():
+            raise DivergentSync(f"__syncthreads() is reached by {int(mask.sum())} of {self.T} threads",
+                                self.site())
+        self.proto.sync_all()
+        return None
+
+    def _bar_sync(self, s: Step, mask: np.ndarray):
+        return self._named_barrier(self._bar_id(s, mask), int(s.attrs["count"]), mask)
+
+    def _bar_arrive(self, s: Step, mask: np.ndarray) -> None:
+        """``bar.arrive id, count``: counts towards the barrier's opening; the threads go on at once."""
+        self.proto.bar_arrive(self._bar_id(s, mask), int(s.attrs["count"]), np.nonzero(mask)[0], self.site,
+                              wait=False)
+
+    def _bar_id(self, s: Step, mask: np.ndarray) -> int:
+        """A named barrier's id: an int, or a term the active threads agree on."""
+        bar = s.attrs["id"]
+        return int(bar) if isinstance(bar, int) else self.uniform(self.ev(s, "id", mask), mask, "named barrier id")
+
+    def _named_barrier(self, bar: int, count: int, mask: np.ndarray):
+        """``bar.sync bar, count``: None once it opened, else a generator blocking until it does."""
+        token = self.proto.bar_arrive(bar, count, np.nonzero(mask)[0], self.site)
+        if self.proto.bar_passed(token):
+            return None
+        return self._until(lambda: self.proto.bar_passed(token), lambda: self.proto.bar_error(token, self.site))
+
+    @staticmethod
+    def _until(passed, error):
+        """Block (yield) until ``passed()``; ``error()`` says why, should it never pass."""
+        while not passed():
+            yield Blocked(error())
+
+    def _slots(self, s: Step, mask: np.ndarray, extra: Optional[str] = None):
+        """(barrier slot id, value of ``extra``, lanes) groups of the active threads."""
+        lanes = np.nonzero(mask)[0]
+        slots = self.per_lane(self.ev(s, "slot", mask), lanes).astype(np.int64)
+        vals = self.per_lane(self.ev(s, extra, mask), lanes).astype(np.int64) if extra else np.zeros_like(slots)
+        for sl, v in sorted({(int(a), int(b)) for a, b in zip(slots, vals)}):
+            yield self.proto.slot_id(s.attrs["barrier"], sl, self.site), v, lanes[(slots == sl) & (vals == v)]
+
+    def _fence_proxy_async(self, s: Step, mask: np.ndarray) -> None:
+        self.proto.proxy_fence(np.nonzero(mask)[0])
+
+    def _mbarrier_init(self, s: Step, mask: np.ndarray) -> None:
+        for sid, _, lanes in self._slots(s, mask):
+            self.proto.init(sid, lanes, int(s.attrs["count"]), self.site)
+
+    def _mbarrier_arrive(self, s: Step, mask: np.ndarray) -> None:
+        for sid, _, lanes in self._slots(s, mask):
+            self.proto.arrive(sid, lanes, 0, self.site)
+
+    def _mbarrier_arrive_expect_tx(self, s: Step, mask: np.ndarray) -> None:
+        for sid, _, lanes in self._slots(s, mask):
+            self.proto.arrive(sid, lanes, int(s.attrs["bytes"]), self.site)
+
+    def _mbarrier_wait(self, s: Step, mask: np.ndarray):
+        """None when every thread's wait succeeds at once, else a generator blocking until they do."""
+        # a :backoff sleeps between polls: it changes when the wait returns, never what it observes,
+        # so only its value is checked (codegen prints it into __nanosleep)
+        # (a term is computed per thread, as the device does); backoff_max, spin and suspend_hint
+        # change only timing too, and a wait that would time out is the deadlock reported below
+        backoff = s.attrs.get("backoff")
+        why = None if backoff is None else attribute_problem("mbarrier_wait", "backoff", backoff)
+        if why is None and "backoff" in self.p.fns[s.node]:
+            ns = self.per_lane(self.ev(s, "backoff", mask), np.nonzero(mask)[0])
+            bad = ns[(ns < 0) | (ns > MAX_BACKOFF_NS)] if ns.size else ns
+            why = f"{backoff} is {int(bad[0])} on a thread" if bad.size else None
+        if why:
+            raise InterpError(f"mbarrier_wait :backoff {why}; give 0..{MAX_BACKOFF_NS} nanoseconds", self.site())
+        left = [(sid, parity % 2, lanes) for sid, parity, lanes in self._slots(s, mask, "parity")]
+        left = [g for g in left if not self.proto.try_wait(g[0], g[2], g[1], self.site)]
+        if not left:
+            return None
+
+        def passed() -> bool:
+            left[:] = [g for g in left if not self.proto.try_wait(g[0], g[2], g[1], self.site)]
+            return not left
+        return self._until(passed, lambda: self.proto.wait_error(left[0][0], left[0][1], self.site))
+
+    def _mbarrier_inval(self, s: Step, mask: np.ndarray) -> None:
+        for sid, _, lanes in self._slots(s, mask):
+            self.proto.inval(sid, lanes, self.site)
+
+    # ------------------------------------------------------------------ tensor-core ops
+    # ``mma`` executes what codegen unrolls it into: warp group g of ``groups`` computes rows
+    # [g * BM/groups, (g+1) * BM/groups) of the tile, as 64-row blocks j; block j, k-step s is one
+    # m64n{BN}k16 wgmma whose A descriptor starts at ``a_offset`` + row g * BM/groups + 64j of the A tile
+    # plus 32 s bytes, B's at ``b_offset`` plus 32 s bytes (both K-major, rows of ``swizzle`` bytes as
+    # TMA wrote them: cbrules.ir.mma_layout.tma_tile_descriptor; an MN-major B, ``b_major`` "mn",
+    # through cbrules.ir.mma_layout.b_tile_descriptor and the transpose bit), and whose fragment is
+    # registers [j * BN/2, (j+1) * BN/2) of ``acc``. In a lowered kernel (one with mbarriers or wgmma
+    # ordering ops) it is asynchronous and checked by cbrules.reference.mma_groups.MmaGroups; before
+    # lowering it completes at once, like a TMA load without a barrier.
+    def _warp_groups(self, s: Step, mask: np.ndarray):
+        """(warp group, its 128 threads) of the active threads; a partial warp group is an error."""
+        lanes = np.nonzero(mask)[0]
+        for g in np.unique(lanes // WARPGROUP):
+            mine = lanes[lanes // WARPGROUP == g]
+            if mine.size != WARPGROUP:
+                raise DivergentSync(f"{s.op} is executed by {mine.size} of the {WARPGROUP} threads of warp group {g}; "
+                                    "a warp group executes it all together (.sync.aligned)", self.site())
+            yield int(g), mine
+
+    def _cvt_pack(self, s: Step, mask: np.ndarray) -> None:
+        lo, hi = (f(self.env, self.lanes(mask)) for f in self.p.fns[s.node]["args"])
+        self.set_reg(s.attrs["dst"], pack_pairs(np.broadcast_to(lo, (self.T,)), np.broadcast_to(hi, (self.T,)),
+                                                s.attrs["to"]), mask)
+
+    def _issuing_groups(self, s: Step, mask: np.ndarray, groups: int):
+        """(warp group of the block, its place among the tile's groups, its threads, a_offset, b_offset,
+        scale_d) of each warp group issuing mma ``s``, the offsets and scale uniform over the group. The
+        MMA groups are tracked per warp group of the block; the place differs where the block runs
+        several tiles at once (``group0``: the tile's first warp group)."""
+        for wg, lanes in self._warp_groups(s, mask):
+            m = np.zeros(self.T, bool)
+            m[lanes] = True
+            g = wg
+            if s.attrs.get("group0") is not None:
+                g -= self.uniform(self.ev(s, "group0", m), m, f"mma group0 in warp group {wg}")
+            if not 0 <= g < groups:
+                raise MmaIssueError(f"warp group {g} issues an mma of a tile on warp groups 0..{groups - 1}",
+                                    self.site())
+            yield (wg, g, lanes, *(self.uniform(self.ev(s, k, m), m, f"mma {k} in warp group {g}")
+                                   for k in ("a_offset", "b_offset", "scale_d")))
+
+    def _mma(self, s: Step, mask: np.ndarray) -> None:
+        a = s.attrs
+        if a.get("a_space") == "register":
+            self._mma_register_a(s, mask)
+            return
+        bm, bn, bk = (int(x) for x in a["shape"])
+        groups, span, dtype = int(a["groups"]), int(a["swizzle"]), a["dtype"]
+        b_dtype = a.get("b_dtype") or dtype
+        b_major, b_span = self._b_layout(a, span)
+        rows = bm // groups
+        acc = self.regarrays.get(a["acc"])
+        tiles = [self.proto.shared.get(a[k]) for k in ("a", "b")]
+        size = DTYPE_BYTES.get(dtype)  # bytes of an element: 2, or 1 for FP8 (both operands alike)
+        if acc is None or acc.shape[1] != (rows // MMA_M) * bn // 2 or dtype not in MMA_DTYPES or any(
+                t is None or t.data.dtype.itemsize != size for t in tiles):
+            raise MmaIssueError(f"an mma of {dtype} tile ({bm}, {bn}, {bk}) on {groups} warp group(s) needs a float32 "
+                                f"register array {a['acc']!r} of {(rows // MMA_M) * bn // 2} elements a thread and "
+                                f"shared {size}-byte tiles {a['a']!r}, {a['b']!r}", self.site())
+        tile_a, tile_b = tiles
+        kk = interp_mma.k_step(dtype)
+        for wg, g, lanes, a_off, b_off, scale_d in self._issuing_groups(s, mask, groups):
+            if not self.p.mma_async:
+                self._mma_logical(acc, lanes, (tile_a, a_off + g * rows * bk), (tile_b, b_off), (rows, bn, bk), scale_d,
+                                  b_tile_elements(bn, bk, b_span, b_major), kk)
+                continue
+            try:
+                steps = [(j, ks, tma_tile_descriptor(size * a_off + (g * rows + MMA_M * j) * span, bm, span, "k", ks),
+                          b_tile_descriptor(size * b_off, bn, bk, b_span, b_major, ks))
+                         for j in range(rows // MMA_M) for ks in range(bk // kk)]
+                # the elements it reads (byte address / element size), for the protocol checks
+                reads = [(tile, np.concatenate([operand_addresses(d[w], rows_of, trans, t).ravel()
+                                                for d in steps]) // size)
+                         for tile, w, rows_of, trans, t in ((tile_a, 2, MMA_M, 0, dtype),
+                                                            (tile_b, 3, bn, TRANSPOSE[b_major], b_dtype))]
+                for tile, idx in reads:  # a descriptor that reaches past the tile: named here, before any read
+                    out = idx[(idx < 0) | (idx >= tile.data.size)]
+                    if out.size:
+                        raise MmaIssueError(f"an mma reads {tile.name}[{int(out[0])}], outside its {tile.data.size} "
+                                            "elements: check the descriptors' start address, LBO and SBO",
+                                            self.site())
+                self.proto.mma.issue(s.node, wg, lanes, a["acc"], reads, span if b_span == span else (span, b_span),
+                                     self.site)
+                frags = acc[lanes]
+                for j, ks, da, db in steps:  # scale-d applies to k-step 0; later ones accumulate
+                    cols = slice(j * bn // 2, (j + 1) * bn // 2)
+                    # the 64-bit descriptors codegen prints, decoded again by the instruction
+                    frags[:, cols] = wgmma(frags[:, cols], tile_a.data, da.encode(), tile_b.data, db.encode(), n=bn,
+                                           dtype=dtype, scale_d=int(bool(scale_d) or ks > 0),
+                                           trans_b=TRANSPOSE[b_major], b_dtype=b_dtype)
+            except MmaLayoutError as e:
+                raise MmaIssueError(str(e), self.site()) from None
+            acc[lanes] = frags
+
+    def _b_layout(self, a, span: int) -> tuple[str, int]:
+        """(major-ness, swizzle span) of an mma's B: an MN-major B is panels of b_swizzle-byte rows read
+        through the transpose bit; refused by name where the two disagree (as codegen does)."""
+        b_major = a.get("b_major", "k")
+        b_span = int(a.get("b_swizzle", span))
+        if b_major not in TRANSPOSE or (b_major == "mn") != ("b_swizzle" in a) or \
+                b_major == "mn" and b_span not in MN_SPANS:
+            raise MmaIssueError(f"an mma with b_major {b_major!r} and b_swizzle {a.get('b_swizzle')!r}: B is 'k' "
+                                f"(a [BN, BK] tile, no b_swizzle) or 'mn' (a [BK, BN] tile of panels whose rows are "
+                                f"b_swizzle = {' / '.join(map(str, MN_SPANS))} bytes)", self.site())
+        return b_major, b_span
+
+    def _mma_register_a(self, s: Step, mask: np.ndarray) -> None:
+        """An mma whose A is packed registers: block j, k-step s reads registers a_offset + j*BK/4 + 4s ..
+        + 3 of each thread of the warp group, B as a shared tile in either layout (see :meth:`_mma`)."""
+        a = s.attrs
+        bm, bn, bk = (int(x) for x in a["shape"])
+        groups, span, dtype = int(a["groups"]), int(a["swizzle"]), a["dtype"]
+        b_major, b_span = self._b_layout(a, span)
+        rows = bm // groups
+        acc, regs = self.regarrays.get(a["acc"]), self.regarrays.get(a["a"])
+        tile_b = self.proto.shared.get(a["b"])
+        if acc is None or acc.shape[1] != (rows // MMA_M) * bn // 2 or regs is None or regs.dtype != np.uint32 \
+                or tile_b is None or tile_b.data.dtype.itemsize != 2:
+            raise MmaIssueError(f"an mma of tile ({bm}, {bn}, {bk}) with A from registers needs float32 register "
+                                f"array {a['acc']!r}, uint32 register array {a['a']!r} and a shared 2-byte tile "
+                                f"{a['b']!r}", self.site())
+        for wg, g, lanes, a_off, b_off, scale_d in self._issuing_groups(s, mask, groups):
+            first, last = a_off, a_off + (rows // MMA_M) * bk // 4
+            if first < 0 or last > regs.shape[1]:
+                raise MmaIssueError(f"an mma reads registers {a['a']}[{first}:{last}], outside its {regs.shape[1]}",
+                                    self.site())
+            frags = acc[lanes]
+            try:
+                if self.p.mma_async:
+                    descs = [b_tile_descriptor(2 * b_off, bn, bk, b_span, b_major, ks) for ks in range(bk // MMA_K)]
+                    idx = np.concatenate([operand_addresses(d, bn, TRANSPOSE[b_major]).ravel() for d in descs]) // 2
+                    out = idx[(idx < 0) | (idx >= tile_b.data.size)]
+                    if out.size:
+                        raise MmaIssueError(f"an mma reads {tile_b.name}[{int(out[0])}], outside its "
+                                            f"{tile_b.data.size} elements", self.site())
+                    self.proto.mma.issue(s.node, wg, lanes, a["acc"], [(tile_b, idx)], b_span, self.site,
+                                         operand=a["a"])
+                else:  # before lowering the tile lies dense as its TMA boxes
+                    descs, elements = None, b_off + b_tile_elements(bn, bk, b_span, b_major)
+                    if elements.min() < 0 or elements.max() >= tile_b.data.size:
+                        raise MmaIssueError(f"an mma reads {tile_b.name} from element {b_off}, past its "
+                                            f"{tile_b.data.size} elements", self.site())
+                for j in range(rows // MMA_M):
+                    cols = slice(j * bn // 2, (j + 1) * bn // 2)
+                    for ks in range(bk // MMA_K):
+                        r0 = a_off + j * bk // 4 + 4 * ks
+                        sd = int(bool(scale_d) or ks > 0)
+                        if descs is not None:
+                            frags[:, cols] = wgmma_register_a(frags[:, cols], regs[lanes, r0:r0 + 4], tile_b.data,
+                                                              descs[ks].encode(), n=bn, dtype=dtype, scale_d=sd,
+                                                              trans_b=TRANSPOSE[b_major])
+                        else:
+                            bt = tile_b.data[elements[:, ks * MMA_K:(ks + 1) * MMA_K]].astype(np.float64)
+                            self._register_a_logical(frags, cols, regs[lanes, r0:r0 + 4], bt, dtype, sd)
+            except MmaLayoutError as e:
+                raise MmaIssueError(str(e), self.site()) from None
+            acc[lanes] = frags
+
+    def _register_a_logical(self, frags, cols, a_regs, bt: np.ndarray, dtype: str, scale_d: int) -> None:
+        """One k16 step before lowering: A from the packed registers, B's [BN, 16] elements ``bt``."""
+        bn = bt.shape[0]
+        at = register_operand(a_regs, dtype).astype(np.float64)
+        tile = fragments_to_matrix(frags[:, cols], bn) if scale_d else np.zeros((MMA_M, bn), np.float32)
+        tile = tile + (at @ bt.T).astype(np.float32)
+        rr, cc = np.meshgrid(np.arange(MMA_M), np.arange(bn), indexing="ij")
+        t, r = fragment_slot(rr, cc, bn)
+        block = frags[:, cols]
+        block[t, r] = tile
+        frags[:, cols] = block
+
+    def _mma_logical(self, acc: np.ndarray, lanes: np.ndarray, a, b, shape, scale_d, b_elements: np.ndarray,
+                     kk: int = MMA_K) -> None:
+        """Before lowering: the tiles lie dense as their TMA boxes (a TMA load without a barrier copies the
+        logical box), so the warp group's product of its ``rows`` of A (from element ``a_off``) and B
+        (element (n, k) at ``b_off + b_elements[n, k]``: row-major [BN, BK], or MN-major panels) is taken
+        on them directly, rounded like the tensor cores' k-steps."""
+        (tile_a, a_off), (tile_b, b_off) = a, b
+        rows, bn, bk = shape
+        for tile, lo, n in ((tile_a, a_off, rows * bk), (tile_b, b_off, bn * bk)):
+            if lo < 0 or lo + n > tile.data.size:
+                raise MmaIssueError(f"an mma reads {tile.name}[{lo}:{lo + n}], outside its {tile.data.size} elements",
+                                    self.site())
+        bt = tile_b.data[b_off + b_elements].astype(np.float64)
+        frags = acc[lanes]
+        for j in range(rows // MMA_M):
+            r0 = a_off + MMA_M * j * bk
+            at = tile_a.data[r0:r0 + MMA_M * bk].reshape(MMA_M, bk).astype(np.float64)
+            cols = slice(j * bn // 2, (j + 1) * bn // 2)
+            tile = fragments_to_matrix(frags[:, cols], bn) if scale_d else np.zeros((MMA_M, bn), np.float32)
+            for ks in range(0, bk, kk):  # one instruction's k-step (16, or 32 for FP8) at a time
+                tile = tile + (at[:, ks:ks + kk] @ bt[:, ks:ks + kk].T).astype(np.float32)
+            rr, cc = np.meshgrid(np.arange(MMA_M), np.arange(bn), indexing="ij")
+            t, r = fragment_slot(rr, cc, bn)
+            frags[t, j * bn // 2 + r] = tile
+        acc[lanes] = frags
+
+    def _wgmma_fence(self, s: Step, mask: np.ndarray) -> None:
+        for _, lanes in self._warp_groups(s, mask):
+            self.proto.mma.fence(lanes)
+
+    def _wgmma_commit(self, s: Step, mask: np.ndarray) -> None:
+        for g, _ in self._warp_groups(s, mask):
+            self.proto.mma.commit(g)
+
+    def _wgmma_wait(self, s: Step, mask: np.ndarray) -> None:
+        for g, lanes in self._warp_groups(s, mask):
+            self.proto.mma.wait(g, lanes, int(s.attrs["pending"]))
 
 
 def _whole_warps(mask: np.ndarray) -> bool:
