@@ -162,3 +162,22 @@ def test_the_cli_refuses_by_name(capsys):
     if not runtime.gpu_available():
         assert main(["tune", "matmul_tc", "--shape", "256,256,128"]) == 1
         assert "measures on a Hopper GPU" in capsys.readouterr().err
+
+
+def test_a_tune_folder_that_is_a_file_or_an_oversized_entry_is_a_warning(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    monkeypatch.setenv("CBRULES_TUNE_DIR", str(blocker))
+    calls = []
+    with pytest.warns(TuneCacheWarning, match="cannot create"):
+        choice, _ = _tune(calls)
+    assert choice.config == {"width": 512} and blocker.read_text() == "x"
+    folder = tmp_path / "tune2"
+    monkeypatch.setenv("CBRULES_TUNE_DIR", str(folder))
+    _tune(calls)
+    (path,) = folder.iterdir()
+    path.write_bytes(b"{" + b" " * (2 << 20) + b"}")  # past the size of any entry: read as damaged
+    calls.clear()
+    with pytest.warns(TuneCacheWarning, match="damaged"):
+        again, _ = _tune(calls)
+    assert not again.cached and len(calls) == 3
