@@ -119,6 +119,7 @@ class _KernelOp:
             return self._compiled
 
     def run(self, tensors: Sequence[Any], ints: Sequence[int], floats: Sequence[float]) -> list:
+        self.output_shapes(tensors, ints)  # the shapes first, the device last (as the drop-in functions)
         for p, t in zip(self.inputs, tensors):
             _require_cuda(self.source.name, p.name, t)
         outs = self.empty_outputs(tensors, ints)

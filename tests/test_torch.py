@@ -156,3 +156,24 @@ def test_call_refusals_by_name():
     for call, what in cases:
         with pytest.raises(cbt.TorchOpError, match=what):
             call()
+
+
+def test_a_compiled_kernel_with_two_outputs_as_a_custom_op():
+    from cbrules import api
+    from cbrules.ir.builder import Kernel, threadIdx
+    k = Kernel("split2", block=128)
+    n = k.symbol("N")
+    x = k.tensor("x", (n, 128))
+    lo, hi = k.tensor("lo", (n, 128)), k.tensor("hi", (n,))
+    with k.loop("r", n) as r:
+        v = k.load(x, r * 128 + threadIdx.x)
+        k.store(lo, r * 128 + threadIdx.x, k.min(v, 0.0))
+        with k.if_(threadIdx.x.eq(0)):
+            k.store(hi, r, v)
+    op = cbt.kernel_op("cbrules_test::split2", api.compile(k))  # a compiled kernel, not a Kernel
+    assert str(torch.ops.cbrules_test.split2.default._schema) == "cbrules_test::split2(Tensor x) -> (Tensor, Tensor)"
+    graph = _graph_of(lambda x: op(x), torch.randn(6, 128))
+    (node,) = [nd for nd in graph.nodes if str(nd.target) == "cbrules_test.split2.default"]
+    assert [tuple(t.shape) for t in node.meta["val"]] == [(6, 128), (6,)]
+    with pytest.raises(cbt.TorchOpError, match="has 1 dimensions, the kernel takes 2"):
+        op(torch.randn(6))
