@@ -19,9 +19,11 @@ graphs and ``torch.compile``:
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import threading
+import time
 from typing import Any, Callable, Optional, Sequence
 
 try:
@@ -177,6 +179,7 @@ ACTIVATIONS = {None: "bias", "relu": "bias_relu", "gelu": "bias_gelu", "gelu_tan
 _MMA_TORCH = (torch.bfloat16, torch.float16)
 _kernels: dict = {}
 _kernels_lock = threading.Lock()
+_log = logging.getLogger("cbrules")
 
 
 def _sm_count() -> int:
@@ -184,10 +187,14 @@ def _sm_count() -> int:
 
 
 def _kernel(key: tuple, build: Callable[[], Kernel]):
-    """The compiled kernel for ``key``, built once per process (shapes are launch-time symbols)."""
+    """The compiled kernel for ``key``, built once per process (shapes are launch-time symbols); each
+    build is logged (logger ``cbrules``, INFO: what, and how long the caller waited for it)."""
     with _kernels_lock:
         if key not in _kernels:
+            t0 = time.perf_counter()
             _kernels[key] = api.compile(build())
+            _log.info("cbrules.torch: compiled %s for %s in %.2f s (once per process; NVRTC's cache keeps the "
+                      "cubin)", _kernels[key].name, ", ".join(map(str, key[1:])), time.perf_counter() - t0)
         return _kernels[key]
 
 

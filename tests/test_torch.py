@@ -177,3 +177,11 @@ def test_a_compiled_kernel_with_two_outputs_as_a_custom_op():
     assert [tuple(t.shape) for t in node.meta["val"]] == [(6, 128), (6,)]
     with pytest.raises(cbt.TorchOpError, match="has 1 dimensions, the kernel takes 2"):
         op(torch.randn(6))
+
+
+def test_a_first_call_says_what_it_compiled(caplog):
+    import logging
+    with caplog.at_level(logging.INFO, logger="cbrules"), pytest.raises(cbt.TorchOpError, match="on cpu"):
+        cbt.softmax(torch.randn(3, 640))  # a row length no other test builds: compiled here, before the device check
+    assert any("compiled softmax for softmax, 640, float32" in r.getMessage() for r in caplog.records), \
+        [r.getMessage() for r in caplog.records]
