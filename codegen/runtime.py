@@ -298,8 +298,8 @@ def _from_cai(obj: Any, cai: Any) -> DeviceArray:
     if any(isinstance(n, bool) for n in cai["shape"]):  # operator.index(True) is 1: no extent
         raise ValueError(f"__cuda_array_interface__ shape {tuple(cai['shape'])} holds a bool, not an extent")
     _check_span("__cuda_array_interface__", ptr, shape, strides, dtype.itemsize)
-    # A "stream" entry is not waited on: a launch goes to torch's current stream for torch tensors (the
-    # stream they were written on), else to the stream the caller gives or the legacy default stream.
+    # A "stream" entry is not waited on: the launch goes to the legacy default stream (which orders
+    # itself after other blocking streams) or to the stream the caller gives.
     return DeviceArray(ptr, shape, dtype, strides, owner=obj, readonly=bool(readonly))
 
 
@@ -311,30 +311,8 @@ def _opaque_typestr(cai: Any) -> bool:
         return False  # malformed: _from_cai says so
 
 
-# torch's FP8 tensors: neither their __cuda_array_interface__ nor (torch 2.11) their DLPack export names the
-# type, so they are borrowed through their byte view and typed as ml_dtypes' type of the same bits
+# torch's FP8 dtypes and ml_dtypes' names of the same bits (torch tensors are borrowed by _from_torch)
 _TORCH_FP8 = {"torch.float8_e4m3fn": "float8_e4m3fn", "torch.float8_e5m2": "float8_e5m2"}
-
-
-def _retyped(obj: Any, ml_name: str) -> DeviceArray:
-    """``obj`` (a torch FP8 tensor) borrowed in place as an array of ml_dtypes' ``ml_name``."""
-    torch = sys.modules.get("torch")  # a torch tensor's module is loaded; nothing else is taken
-    if torch is None or not isinstance(obj, torch.Tensor):
-        raise TypeError(f"a {type(obj).__name__} of dtype {obj.dtype}: only torch tensors of it are taken")
-    import ml_dtypes
-    raw = as_device_array(obj.view(torch.uint8))
-    return DeviceArray(raw.ptr, raw.shape, np.dtype(getattr(ml_dtypes, ml_name)), raw.strides, owner=(obj, raw),
-                       readonly=raw.readonly)
-
-
-def _dlpack_capsule(obj: Any) -> Any:
-    """``obj.__dlpack__`` asked not to synchronise (stream -1): the launch is ordered after the
-    producer's work by running on its stream (see :func:`launch_stream`); a producer that takes no
-    stream argument is asked plainly."""
-    try:
-        return obj.__dlpack__(stream=-1)
-    except TypeError:
-        return obj.__dlpack__()
 
 
 def torch_tensor(obj: Any) -> bool:
@@ -344,12 +322,8 @@ def torch_tensor(obj: Any) -> bool:
 
 
 def borrowed_from_torch(array: Any) -> bool:
-    """True for a DeviceArray borrowed from a torch tensor (directly, or through its byte view)."""
-    if not isinstance(array, DeviceArray):
-        return False
-    owner = array.owner
-    owners = owner if isinstance(owner, tuple) else (owner,)
-    return any(torch_tensor(o) or borrowed_from_torch(o) for o in owners)
+    """True for a DeviceArray borrowed from a torch tensor (:func:`_from_torch`)."""
+    return isinstance(array, DeviceArray) and torch_tensor(array.owner)
 
 
 def launch_stream(arrays: Any, stream: Any = None) -> Any:
@@ -411,9 +385,8 @@ def as_device_array(obj: Any) -> DeviceArray:
         return obj
     if torch_tensor(obj):
         return _from_torch(obj)
-    fp8 = _TORCH_FP8.get(str(getattr(obj, "dtype", "")))
-    if fp8 is not None and hasattr(obj, "view"):
-        return _retyped(obj, fp8)
+    if str(getattr(obj, "dtype", "")).startswith("torch."):  # claims torch's types, is not a torch tensor
+        raise TypeError(f"a {type(obj).__name__} of dtype {obj.dtype}: only torch tensors of it are taken")
     try:
         cai = getattr(obj, "__cuda_array_interface__", None)
     except TypeError:  # some producers raise for bfloat16, which the interface cannot describe
@@ -421,13 +394,13 @@ def as_device_array(obj: Any) -> DeviceArray:
             raise
         cai = None
     if cai is not None and hasattr(obj, "__dlpack__") and _opaque_typestr(cai):
-        cai = None  # torch describes bfloat16 as raw bytes ("|V2"): DLPack says what it is
+        cai = None  # a producer that describes bfloat16 as raw bytes ("|V2"): DLPack says what it is
     if cai is not None:
         return _from_cai(obj, cai)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         dev_type, dev_id = obj.__dlpack_device__()
         if int(dev_type) in _DL_CUDA:
-            capsule = _dlpack_capsule(obj)
+            capsule = obj.__dlpack__()  # stream None: the producer orders its work before the legacy stream
             ptr, shape, strides, dtype, (_, dev_id) = _parse_dlpack(capsule)
             if dev_id != 0:
                 raise CodegenError(f"DLPack tensor lives on CUDA device {dev_id}; only 0 is used")
