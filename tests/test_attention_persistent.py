@@ -138,6 +138,11 @@ def test_refusals_by_name(capsys):
     assert "causal=True" in capsys.readouterr().err
     assert main(["compile", "matmul_tc", "--persistent", "132", "--warp-specialize"]) == 2
     assert "takes no such parameters" in capsys.readouterr().err
+    for bad in ("-5", "99999999999"):
+        assert main(["compile", "attention", "--persistent", bad, "--warp-specialize"]) == 1
+        assert "give the number of blocks" in capsys.readouterr().err
+    assert main(["compile", "attention", "--persistent", "x", "--warp-specialize"]) == 2
+    assert "invalid int value" in capsys.readouterr().err
 
 
 def test_compile_holds_the_walk(capsys):

@@ -158,6 +158,11 @@ def test_the_default_folder(monkeypatch):
 def test_the_cli_refuses_by_name(capsys):
     assert main(["tune", "exp1d_tma"]) == 2
     assert "declared configurations of matmul_tc, attention" in capsys.readouterr().err
+    for argv, what in ((["tune", "matmul_tc", "--workers", "0"], "0 is too small"),
+                       (["tune", "matmul_tc", "--workers", "x"], "is not an integer")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert what in err and "Traceback" not in err
     from cbrules.codegen import runtime
     if not runtime.gpu_available():
         assert main(["tune", "matmul_tc", "--shape", "256,256,128"]) == 1

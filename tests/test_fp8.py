@@ -19,6 +19,7 @@ from cbrules.kernels import matmul_tc as mtc
 from cbrules.kernels.matmul_tc import MatmulTileError, matmul_tc
 from cbrules.kernels.specs import matmul_tc_variant
 from cbrules.reference.interp import run
+from test_half import convert_kernel
 
 SPEC = KERNELS["matmul_tc"]
 WS = dict(warp_specialize=True, registers=(40, 232))
@@ -54,27 +55,16 @@ def test_instruction_text_is_k32_without_transpose_immediates():
 
 
 # ----------------------------------------------------------------------------- FP8 storage
-def _copy_kernel(dtype):
-    k = Kernel("fp8_copy", block=128)
-    n = k.symbol("N")
-    x, y = k.tensor("x", (n,), dtype), k.tensor("y", (n,), dtype)
-    k.grid(1)
-    from cbrules.ir.builder import threadIdx
-    with k.if_(threadIdx.x.lt(n)):
-        k.store(y, threadIdx.x, k.mul(k.load(x, threadIdx.x), 1000.0))
-    return k
-
-
 @pytest.mark.parametrize("dtype,np_type,largest", [("float8_e4m3", ml_dtypes.float8_e4m3fn, 448.0),
                                                    ("float8_e5m2", ml_dtypes.float8_e5m2, 57344.0)])
 def test_fp8_store_rounds_and_saturates(dtype, np_type, largest):
     x = np.array([0.001, -0.002, 1.0, -100.0, np.nan, 0.0], np.float32).astype(np_type)
-    y = np.zeros(6, np_type)
-    got = run(_copy_kernel(dtype), {"x": x, "y": y})["y"].astype(np.float64)
+    out = np.zeros(6, np_type)
+    got = run(convert_kernel(dtype, dtype, 1000.0, block=128), {"x": x, "out": out})["out"].astype(np.float64)
     want = np.clip(x.astype(np.float64) * 1000, -largest, largest).astype(np.float32).astype(np_type)
     np.testing.assert_array_equal(got[~np.isnan(got)], want.astype(np.float64)[~np.isnan(got)])
     assert got[3] == -largest and np.isnan(got[4])  # saturated, not NaN or inf; NaN stays NaN
-    assert api.compile(_copy_kernel(dtype)).cubin is not None  # the prelude's cvt forms pass NVRTC / ptxas
+    assert api.compile(convert_kernel(dtype, dtype, 1000.0, block=128)).cubin is not None  # the prelude's cvt forms pass NVRTC / ptxas
 
 
 # ----------------------------------------------------------------------------- refusals

@@ -15,13 +15,15 @@ from cbrules.codegen import runtime
 HALF = ("float16", "bfloat16")
 
 
-def _convert_kernel(dtype_in: str, dtype_out: str) -> Kernel:
-    k = Kernel("convert", block=64)
+def convert_kernel(dtype_in: str, dtype_out: str, scale: float = 1.0, block: int = 64) -> Kernel:
+    """``out = x * scale`` elementwise over one block: a load widening ``dtype_in`` and a store rounding
+    to ``dtype_out`` (tests/test_fp8.py's FP8 saturation uses it too)."""
+    k = Kernel("convert", block=block)
     n = k.symbol("N")
     x, out = k.tensor("x", (n,), dtype_in), k.tensor("out", (n,), dtype_out)
     k.grid(1)
     with k.if_(threadIdx.x.lt(n)):
-        k.store(out, threadIdx.x, k.mul(k.load(x, threadIdx.x), 1.0))
+        k.store(out, threadIdx.x, k.mul(k.load(x, threadIdx.x), scale))
     return k
 
 
@@ -31,11 +33,11 @@ def test_store_rounds_to_nearest_even_and_load_widens(dtype):
     ulp = 2.0 ** (-7 if dtype == "bfloat16" else -10)
     # ties at 1 + ulp/2 (to even: 1), 1 + 3ulp/2 (to even: 1 + 2ulp), and plain values
     x = np.array([1 + ulp / 2, 1 + 3 * ulp / 2, 1 + ulp / 4, -2.75, 1e-3] + [0.5] * 59, np.float32)
-    got = run(_convert_kernel("float32", dtype), {"x": x, "out": np.zeros(64, np_dt)})["out"]
+    got = run(convert_kernel("float32", dtype), {"x": x, "out": np.zeros(64, np_dt)})["out"]
     assert got.dtype == np_dt
     assert got[0] == 1.0 and got[1] == np.float32(1 + 2 * ulp)
     np.testing.assert_array_equal(got, x.astype(np_dt))
-    back = run(_convert_kernel(dtype, "float32"), {"x": got, "out": np.zeros(64, np.float32)})["out"]
+    back = run(convert_kernel(dtype, "float32"), {"x": got, "out": np.zeros(64, np.float32)})["out"]
     np.testing.assert_array_equal(back, got.astype(np.float32))  # widening is exact
 
 

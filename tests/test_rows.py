@@ -45,3 +45,15 @@ def test_compile_vectorises_and_does_not_spill(op, capsys):
     assert main(["compile", op, "--dtype", "bfloat16", "--shape", "64,4096"]) == 0
     captured = capsys.readouterr()
     assert "cb_vcopy<16>" in captured.out and "0/0 B spill stores/loads" in captured.err
+
+
+@pytest.mark.parametrize("argv,code,match", [
+    (["compile", "rms_norm", "--shape", "3,100"], 1, "RowError: row_op: a row of 100"),
+    (["compile", "softmax", "--shape", "3,0"], 2, "sizes must be >= 1"),
+    (["compile", "layer_norm", "--shape", "3"], 2, "takes 2 size"),
+    (["compile", "rms_norm", "--warp-specialize", "--shape", "3,256"], 2, "no circular-buffer options"),
+])
+def test_cli_misuse_is_a_named_error(argv, code, match, capsys):
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err
