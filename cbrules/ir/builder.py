@@ -891,18 +891,39 @@ class Kernel:
         self.syncthreads()  # every warp has read the scratch before a later reduction writes it again
 
     def fragment_store(self, acc, out: Buffer, origin: Sequence[TermLike]) -> None:
-        """Every element of ``acc`` to the two-dimensional global tensor ``out`` at ``origin`` + its place
-        in the tile, rounded to ``out``'s dtype, each thread storing its own elements (no staging; the
-        elements outside ``out`` are not written). :meth:`mma_store` writes the tile by TMA instead."""
+        """Every element of ``acc`` to the global tensor ``out`` at ``origin`` + its place in the tile,
+        rounded to ``out``'s dtype, each thread storing its own elements (no staging; the elements outside
+        ``out`` are not written). ``out`` is [..., rows, cols]: ``origin`` gives one coordinate a dimension,
+        the tile's first element (e.g. ``(head, row0, 0)`` of a [BH, L, D] output), and the tile's rows and
+        columns run along the last two. Where ``cols`` is an even number the thread's two neighbouring
+        columns (registers 2i, 2i+1) leave as one vector store (a vectorize loop of 2, rules/vectorize.rules),
+        half the store instructions of one element each. :meth:`mma_store` writes the tile by TMA instead."""
         where = f"fragment_store at {_call_site()}"
         self._known(out, ("tensor",), "fragment_store")
-        if len(out.shape) != 2:
-            raise BuildError(f"{where}: {out.name!r} has shape {out.shape}; store a fragment into a "
-                             "two-dimensional tensor")
-        rows, cols = out.shape
-        with self.fragment_elements(acc, origin) as e:
-            with self.if_(e.inside(rows, cols)):
-                self.store(out, e.row * cols + e.col, e.value)
+        if len(out.shape) < 2:
+            raise BuildError(f"{where}: {out.name!r} has shape {out.shape}; store a fragment into a tensor of two "
+                             "or more dimensions (its last two take the tile's rows and columns)")
+        if not isinstance(origin, (tuple, list)) or len(origin) != len(out.shape):
+            raise BuildError(f"{where}: origin {origin!r} must give one coordinate for each of {out.name!r}'s "
+                             f"{len(out.shape)} dimensions (the tile's first element)")
+        *lead, row0, col0 = (as_term(c) for c in origin)
+        rows, cols = out.shape[-2:]
+        flat0 = _plane_row(lead, out.shape, row0)  # the tile's first row counted from the tensor's start
+        if not (cols.op == "const" and isinstance(cols.value, int) and cols.value % 2 == 0):
+            with self.fragment_elements(acc, (row0, col0)) as e:
+                with self.if_(e.inside(rows, cols)):
+                    self.store(out, (flat0 + e.tile_row) * cols + e.col, e.value)
+            return
+        bm, bn, groups = self._mma_fragment(acc, "fragment_store")
+        half = bn // 2
+        with self.loop(f"{acc.name}_sj", bm // groups // MMA_M, kind="unroll") as j:
+            with self.loop(f"{acc.name}_sp", half // 2, kind="unroll") as pair:
+                row, col = builder_mma.fragment_coords(bn, bm // groups, j, pair * 2, name("threadIdx.x"))
+                # the pair's first column is even, so with cols even both columns lie inside or neither
+                with self.if_((row0 + row).lt(rows).and_((col0 + col).lt(cols))):
+                    with self.loop(f"{acc.name}_sv", 2, kind="vectorize") as v:
+                        self.store(out, (flat0 + row) * cols + col0 + col + v,
+                                   self.load(acc, j * half + pair * 2 + v))
 
     def wgmma_fence(self) -> None:
         """``wgmma.fence``: earlier register and shared writes are seen by the next mma."""
@@ -915,6 +936,17 @@ class Kernel:
     def wgmma_wait(self, pending: int = 0) -> None:
         """``wgmma.wait_group pending``: all but the newest ``pending`` committed groups are complete."""
         self._node("wgmma_wait", pending=_int(pending, f"wgmma_wait at {_call_site()}", "pending", 0))
+
+
+def _plane_row(lead: Sequence[Term], shape: tuple, row0: Term) -> Term:
+    """Row ``row0`` of the [rows, cols] plane at the leading coordinates ``lead`` of a tensor of ``shape``,
+    as a row of the tensor seen as [prod(shape[:-1]), cols]."""
+    if not lead:
+        return row0
+    plane = lead[0]
+    for coordinate, extent in zip(lead[1:], shape[1:-2]):
+        plane = plane * extent + coordinate
+    return plane * shape[-2] + row0
 
 
 def _subterms(t: Term) -> Iterator[Term]:

@@ -18,8 +18,8 @@ layout):
 
 exp2 is the special function unit's ``ex2.approx.ftz`` (op ``exp2_approx``: exp2f without its
 rescaling of denormal results, which cost three instructions an element; a weight below 2^-126 is 0). At the
-end the kernel divides O by l (the four lanes of a row sum their partial l by two shuffles) and stores O
-(and lse = (m + log2 l) * ln 2) per thread, rows past Lq not written. Causal (top-left aligned, as torch's
+end the kernel scales O by 1 / l (the four lanes of a row sum their partial l by two shuffles) and stores O
+per thread, two neighbouring columns a store (and lse = (m + log2 l) * ln 2), rows past Lq not written. Causal (top-left aligned, as torch's
 ``is_causal``: key <= query) walks only the key tiles up to the block's last query row; blocks take query
 tiles last-first, so the longest start first. Ragged Lq and Lk: the TMA loads zero-fill past the tensor's
 end, the mask sends those keys to -inf.
@@ -134,6 +134,7 @@ def attention(stages=None, prefetch=None, war: Optional[str] = None, warp_specia
     alpha = k.alloc("alpha", "register", "float32", (rows,))
     m_use = k.alloc("m_use", "register", "float32", (rows,))  # m, or 0 while a row has kept no key
     tile_max = k.alloc("s_max", "register", "float32", (rows,))
+    l_inv = k.alloc("l_inv", "register", "float32", (rows,))
     if warp_specialize and registers is None:  # the consumers hold S, O and P: give them the producer's share
         registers = ws_registers(groups)
     cb = circular_buffer(stages, prefetch, war, warp_specialize, registers)
@@ -194,20 +195,22 @@ def attention(stages=None, prefetch=None, war: Optional[str] = None, warp_specia
             k.fragment_convert(s, p_regs)
             k.mma(out, p_regs, v_t, b_layout="kn")
 
-        # the four lanes of a row hold its partial sums: two shuffles give each the row's l
+        # the four lanes of a row hold its partial sums: two shuffles give each the row's l; O is scaled by
+        # 1 / l, one division a row instead of one an element (the divisions were a fifth of the epilogue)
         with k.loop("r2", rows, kind="unroll") as r:
             part = k.load(l_run, r)
             for lane in (1, 2):
                 part = k.add(part, k.shfl(part, lane, "xor"))
             k.store(l_run, r, part)
-        with k.fragment_elements(out, origin=(row0, 0)) as e:
-            with k.if_(e.row.lt(lq)):
-                k.store(o, (head * lq + e.row) * d + e.col, k.div(e.value, k.load(l_run, _row_slot(e))))
-                if lse_out is not None:
-                    with k.if_(e.tile_col.eq(0)):  # one thread and register a row (lane % 4 == 0, column 0)
-                        slot = _row_slot(e)
-                        k.store(lse_out, head * lq + e.row,
-                                k.mul(k.add(k.load(m_run, slot), k.log2(k.load(l_run, slot))), LN2))
+            k.store(l_inv, r, k.div(1.0, part))
+        k.fragment_map(out, lambda e: k.mul(e.value, k.load(l_inv, _row_slot(e))))
+        k.fragment_store(out, o, (head, row0, 0))  # a thread's two neighbouring columns in one store
+        if lse_out is not None:
+            with k.fragment_elements(out, origin=(row0, 0)) as e:
+                with k.if_(e.row.lt(lq).and_(e.tile_col.eq(0))):  # one thread and register a row (lane % 4 == 0)
+                    slot = _row_slot(e)
+                    k.store(lse_out, head * lq + e.row,
+                            k.mul(k.add(k.load(m_run, slot), k.log2(k.load(l_run, slot))), LN2))
 
     if persistent:  # a block per SM walks the (head, query tile) pairs, the producer loading on across them
         k.grid(call("min", tiles_q * bh, persistent))
