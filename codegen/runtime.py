@@ -340,9 +340,19 @@ def launch_stream(arrays: Any, stream: Any = None) -> Any:
                             "or an object with .cuda_stream (a torch.cuda.Stream)")
         return handle
     if any(borrowed_from_torch(a) for a in arrays):
-        torch = sys.modules["torch"]
-        return torch.cuda.current_stream().cuda_stream
+        return torch_current_stream()
     return None
+
+
+def torch_current_stream() -> int:
+    """torch's current stream on its current device, as a handle: through torch's raw getter where it
+    has one (under a microsecond; ``torch.cuda.current_stream()`` builds a Stream object, about 8 us on
+    the H200's host, a tenth of a memory-bound kernel), else the public way."""
+    torch = sys.modules["torch"]
+    raw, device = getattr(torch._C, "_cuda_getCurrentRawStream", None), getattr(torch._C, "_cuda_getDevice", None)
+    if raw is None or device is None:
+        return torch.cuda.current_stream().cuda_stream
+    return raw(device())
 
 
 # torch's dtypes -> the element types cbrules names them by (ml_dtypes' for bfloat16 and FP8)
@@ -488,14 +498,49 @@ class Function:
         Kinds: ptr, tmap, i32, i64, u32, u64, f32, f64. Runs on the legacy default
         stream unless ``stream`` is given; errors in the kernel show up at synchronize().
         """
-        _context()
-        self._reserve_shared(shared_bytes)
         storages = [_pack_arg(kind, value) for kind, value in args]
         # kernelParams: an array of pointers to each argument's storage; `storages`
         # stays referenced until cuLaunchKernel has copied the values.
         params = np.array([s.ctypes.data for s in storages], dtype=np.uint64)
-        _check(cu.cuLaunchKernel(self.handle, *_dim3(grid), *_dim3(block), shared_bytes,
-                                 _stream(stream), params.ctypes.data, 0), "cuLaunchKernel")
+        self.launch_packed(_dim3(grid), _dim3(block), shared_bytes, _stream(stream), params.ctypes.data)
+
+    def launch_packed(self, grid: Sequence[int], block: Sequence[int], shared_bytes: int, stream: Any,
+                      params: int) -> None:
+        """Launch with ``params``, the address of the kernelParams array (see :class:`PackedArgs`);
+        ``grid`` and ``block`` have three entries. cuLaunchKernel copies the arguments before it returns."""
+        _context()
+        self._reserve_shared(shared_bytes)
+        _check(cu.cuLaunchKernel(self.handle, *grid, *block, shared_bytes, stream, params, 0), "cuLaunchKernel")
+
+
+class PackedArgs:
+    """A kernel's arguments in one host buffer whose addresses stay put, for launching the same kernel
+    many times with only its tensor addresses changing: ``params`` is the kernelParams address, and
+    :meth:`set_pointer` / :meth:`set_bytes` rewrite one argument in place (callers serialise their
+    writes and the launch that reads them)."""
+
+    def __init__(self, args: Sequence[tuple[str, Any]]):
+        storages = [_pack_arg(kind, value) for kind, value in args]
+        offsets, size = [], 0
+        for st in storages:
+            size += -size % (64 if st.nbytes == 128 else 8)  # a tensor map on a 64-byte boundary
+            offsets.append(size)
+            size += st.nbytes
+        raw = np.zeros(size + 64, np.uint8)
+        self.buffer = raw[-raw.ctypes.data % 64:][:size]
+        for st, off in zip(storages, offsets):
+            self.buffer[off:off + st.nbytes] = st.view(np.uint8)
+        self.offsets = offsets
+        self._addresses = np.array([self.buffer.ctypes.data + off for off in offsets], dtype=np.uint64)
+        self.params = self._addresses.ctypes.data
+
+    def set_pointer(self, index: int, ptr: int) -> None:
+        off = self.offsets[index]
+        self.buffer[off:off + 8].view(np.uint64)[0] = ptr
+
+    def set_bytes(self, index: int, raw: bytes) -> None:
+        off = self.offsets[index]
+        self.buffer[off:off + len(raw)] = np.frombuffer(raw, np.uint8)
 
 
 class Module:

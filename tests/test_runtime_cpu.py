@@ -223,3 +223,26 @@ def test_as_device_array_keeps_the_read_only_flag():
     d = as_device_array(src)
     assert d.readonly and d.__cuda_array_interface__["data"] == (a.ctypes.data, True)
     assert not as_device_array(FakeCai(a)).readonly
+
+
+def test_packed_arguments_sit_where_kernel_params_point():
+    """PackedArgs: each kernelParams entry points at its argument's bytes (a tensor map on a 64-byte
+    boundary), and a pointer or tensor map rewritten in place is what the entry then reads."""
+    import ctypes
+    from cbrules.codegen.runtime import PackedArgs
+    tmap = bytes(range(128))
+    packed = PackedArgs([("ptr", 0x1000), ("i32", -7), ("tmap", tmap), ("f32", 1.5), ("u64", 1 << 40)])
+    entries = np.frombuffer(ctypes.string_at(packed.params, 5 * 8), np.uint64)
+    assert int(entries[2]) % 64 == 0
+
+    def at(i, n):
+        return ctypes.string_at(int(entries[i]), n)
+    assert np.frombuffer(at(0, 8), np.uint64)[0] == 0x1000
+    assert np.frombuffer(at(1, 4), np.int32)[0] == -7
+    assert at(2, 128) == tmap
+    assert np.frombuffer(at(3, 4), np.float32)[0] == 1.5
+    assert np.frombuffer(at(4, 8), np.uint64)[0] == 1 << 40
+    packed.set_pointer(0, 0xdeadbeef00)
+    packed.set_bytes(2, bytes(128))
+    assert np.frombuffer(at(0, 8), np.uint64)[0] == 0xdeadbeef00 and at(2, 128) == bytes(128)
+    assert np.frombuffer(at(1, 4), np.int32)[0] == -7  # its neighbours untouched

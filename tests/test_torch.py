@@ -186,34 +186,3 @@ def test_a_first_call_says_what_it_compiled(caplog):
     assert any("compiled softmax for softmax, 640, float32" in r.getMessage() for r in caplog.records), \
         [r.getMessage() for r in caplog.records]
 
-
-class _Dispatched(Exception):
-    pass
-
-
-def test_eager_calls_skip_the_dispatcher_and_traced_ones_do_not(monkeypatch):
-    """A plain eager call runs the implementation (here its refusal of a CPU tensor); a call torch must
-    see (an input autograd records, a dispatch mode, fake tensors) goes through the custom op."""
-    import cbrules.torch as ct
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    def op(*args):
-        raise _Dispatched()
-    monkeypatch.setattr(ct._rms_norm_op, "op", op)
-    x = torch.randn(4, 128)
-    with pytest.raises(ct.TorchOpError, match="CUDA"):
-        ct.rms_norm(x, (128,))
-    with pytest.raises(_Dispatched):
-        ct.rms_norm(x.requires_grad_(), (128,))
-    with torch.no_grad():  # autograd records nothing: direct again
-        with pytest.raises(ct.TorchOpError, match="CUDA"):
-            ct.rms_norm(x, (128,))
-
-    class Watch(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
-    with Watch(), pytest.raises(_Dispatched):
-        ct.rms_norm(torch.randn(4, 128), (128,))
-    with FakeTensorMode() as mode, pytest.raises(_Dispatched):
-        ct.rms_norm(mode.from_tensor(torch.randn(4, 128)), (128,))

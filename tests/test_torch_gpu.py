@@ -214,3 +214,39 @@ def test_grouped_query_attention_against_sdpa():
         got = cbt.attention(q, k, v, causal=causal, enable_gqa=True)
         want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal, enable_gqa=True)
         torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_a_second_launch_of_the_same_layouts_takes_new_addresses_and_still_refuses_by_name(rowsum):
+    """Later calls with tensors of the first call's layouts reuse its checked plan: new addresses each
+    time (results right), a side stream followed, and an address the kernel cannot take (misaligned)
+    still a named LaunchError."""
+    xs = [torch.randn(300, 1000, device="cuda") for _ in range(3)]
+    outs = [_poisoned(300) for _ in range(3)]
+    for x, out in zip(xs, outs):
+        assert rowsum(x=x, out=out) == {"M": 300, "N": 1000}
+    s = torch.cuda.Stream()
+    late = _poisoned(300)
+    with torch.cuda.stream(s):
+        big = torch.randn(4096, 4096, device="cuda")
+        x3 = (big @ big)[:300, :1000].contiguous()
+        rowsum(x=x3, out=late)
+    s.synchronize()
+    for x, out in zip(xs + [x3], outs + [late]):
+        torch.testing.assert_close(out, x.sum(1), rtol=1e-4, atol=1e-1)
+    assert len(rowsum._plans) == 1
+    odd = torch.randn(300 * 1000 + 1, device="cuda")[1:].view(300, 1000)  # 4-byte aligned: all it needs
+    rowsum(x=odd, out=outs[0])
+    torch.testing.assert_close(outs[0], odd.sum(1), rtol=1e-4, atol=1e-1)
+    assert len(rowsum._plans) == 1
+
+
+def test_a_planned_launch_still_refuses_an_address_its_vectors_cannot_take():
+    from cbrules.codegen.launch import LaunchError
+    from cbrules.kernels.rows import row_op
+    ck = api.compile(row_op("rms_norm", row=1024, dtype="bfloat16", eps=1e-6))
+    w = torch.ones(1024, dtype=torch.bfloat16, device="cuda")
+    base = torch.randn(8 * 1024 + 8, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(8, 1024, dtype=torch.bfloat16, device="cuda")
+    ck(x=base[:8 * 1024].view(8, 1024), weight=w, out=out)  # the plan: 16-byte vectors of x
+    with pytest.raises(LaunchError, match="16-byte aligned"):
+        ck(x=base[2:8 * 1024 + 2].view(8, 1024), weight=w, out=out)
