@@ -290,3 +290,14 @@ def test_a_loop_carried_accumulator_is_waited_for_before_its_next_access(tmp_pat
     a64, b64 = (args[x].astype(np.float64).reshape(3, 64, 64) for x in ("a", "b"))
     want = sum(0.5 ** (2 - t) * a64[t] @ b64[t].T for t in range(3))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+def test_the_consumers_free_the_slots_before_loading_q_once():
+    """cb-ws-free-slots-before-once-loads: the producer's first K/V refills need not wait for Q to land."""
+    text = _program(head_dim=128, warp_specialize=True)
+    consumer = text[text.index("tag=cb-consumers"):]
+    frees = consumer.index("mbarrier_arrive barrier=cb_empty_")
+    q_load = consumer.index("tma_load tmap=q_tmap")
+    q_wait = re.search(r"mbarrier_wait barrier=(cb_full_\d+) slot=0 parity=0", consumer)
+    assert frees < q_load < q_wait.start()
+    assert f"mbarrier_init barrier={q_wait.group(1)}" in consumer[frees:q_load]  # moved past the once loop's init
