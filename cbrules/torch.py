@@ -166,48 +166,6 @@ def kernel_op(name: str, kernel: Any) -> Callable:
     return op
 
 
-class _DropIn:
-    """A drop-in function's custom op, and its implementation for plain eager calls.
-
-    The custom-op dispatcher costs about 0.1 ms of host time a call (measured on the H200's host: a
-    cbrules rms_norm call took 0.15 ms of host time through the op for a kernel of 0.07 ms, torch's own
-    0.01 ms), which a memory-bound kernel cannot hide. So a call runs the implementation directly unless
-    torch has to see the op: while torch.compile traces, under a torch function or dispatch mode (fake
-    tensors, make_fx, a flop counter), with tensor subclasses, or with an input that autograd records
-    (the op then raises at backward, as a custom op without a derivative does)."""
-
-    def __init__(self, name: str, fn: Callable):
-        self.op = torch.library.custom_op(name, mutates_args=())(fn)
-        self.fn = fn
-
-    def register_fake(self, fn: Callable) -> Callable:
-        return self.op.register_fake(fn)
-
-    def __call__(self, *args):
-        return self.fn(*args) if _plain_eager(args) else self.op(*args)
-
-
-def _drop_in(name: str) -> Callable[[Callable], _DropIn]:
-    return lambda fn: _DropIn(name, fn)
-
-
-def _plain_eager(args: Sequence[Any]) -> bool:
-    """Whether a call with ``args`` may skip the custom-op dispatcher (see :class:`_DropIn`)."""
-    if torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled() \
-            or _current_dispatch_mode() is not None:
-        return False
-    grad = torch.is_grad_enabled()
-    return not any(isinstance(a, torch.Tensor) and (type(a) is not torch.Tensor or (grad and a.requires_grad))
-                   for a in args)
-
-
-try:
-    from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
-except ImportError:  # pragma: no cover - a torch without it: every call goes through the op
-    def _current_dispatch_mode():
-        return True
-
-
 def _require_cuda(op: str, what: str, t: Any) -> None:
     if not isinstance(t, torch.Tensor):
         raise TorchOpError(f"{op}: {what} is a {type(t).__name__}, not a torch tensor")
@@ -343,7 +301,7 @@ def _activate(x: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
             "silu": F.silu}[activation](x)
 
 
-@_drop_in("cbrules::linear")
+@torch.library.custom_op("cbrules::linear", mutates_args=())
 def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], activation: Optional[str],
                residual: Optional[torch.Tensor]) -> torch.Tensor:
     lead = x.shape[:-1]
@@ -364,7 +322,7 @@ def _(x, weight, bias, activation, residual):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-@_drop_in("cbrules::matmul")
+@torch.library.custom_op("cbrules::matmul", mutates_args=())
 def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
                activation: Optional[str]) -> torch.Tensor:
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
@@ -442,18 +400,18 @@ def _last_dim(op: str, x: torch.Tensor, normalized_shape) -> None:
                            "normalise over the last dimension only (normalized_shape = (x.shape[-1],))")
 
 
-@_drop_in("cbrules::rms_norm")
+@torch.library.custom_op("cbrules::rms_norm", mutates_args=())
 def _rms_norm_op(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
     return _rows("rms_norm", x, weight, None, eps)
 
 
-@_drop_in("cbrules::layer_norm")
+@torch.library.custom_op("cbrules::layer_norm", mutates_args=())
 def _layer_norm_op(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
                    eps: float) -> torch.Tensor:
     return _rows("layer_norm", x, weight, bias, eps)
 
 
-@_drop_in("cbrules::softmax")
+@torch.library.custom_op("cbrules::softmax", mutates_args=())
 def _softmax_op(x: torch.Tensor) -> torch.Tensor:
     return _rows("softmax", x, None, None, 0.0)
 
@@ -486,7 +444,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return _softmax_op(x)
 
 
-@_drop_in("cbrules::swiglu")
+@torch.library.custom_op("cbrules::swiglu", mutates_args=())
 def _swiglu_op(ab: torch.Tensor) -> torch.Tensor:
     from .kernels.rows import RowError, swiglu as build
     where = "cbrules.torch.swiglu"
@@ -522,11 +480,20 @@ def _attention_kernel(dtype: torch.dtype, d: int, causal: bool, scale: float, ar
     name = _NAMES[dtype]
     shapes = () if args is None else (*args["q"].shape, args["k"].shape[1])
     variant = functools.partial(build, head_dim=d, causal=causal, scale=scale, dtype=name)
-    return _tuned(("attention", name, d, causal, scale), shapes, variant, args or {},
-                  lambda: variant(warp_specialize=True))
+    # short non-causal sequences at D <= 128 walk the query tiles in a block an SM, which loads the next
+    # tile under the last one's epilogue (quick timing on the H200, L = 1k: D = 128 420 -> 469 TFLOP/s,
+    # D = 64 318 -> 350; even at 4k, behind at 16k and at D = 256)
+    walk = args is not None and not causal and d <= 128 and args["k"].shape[1] <= _SHORT_KEYS
+    default = (lambda: variant(warp_specialize=True, persistent=_sm_count())) if walk else \
+        (lambda: variant(warp_specialize=True))
+    return _tuned(("attention", name, d, causal, scale) + (("walk",) if walk else ()), shapes, variant,
+                  args or {}, default)
 
 
-@_drop_in("cbrules::attention")
+_SHORT_KEYS = 2048  # keys up to which the attention drop-in walks its query tiles persistently (see above)
+
+
+@torch.library.custom_op("cbrules::attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                   scale: Optional[float]) -> torch.Tensor:
     op = "cbrules.torch.attention"

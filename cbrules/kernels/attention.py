@@ -66,7 +66,7 @@ def check(head_dim, dtype, bm, bn, stages, scale) -> None:
     """Refuse by name the parameters :func:`attention` is not built for (``stages`` None: not checked)."""
     if head_dim not in HEAD_DIMS:
         raise AttentionError(f"attention: head_dim={head_dim!r}: built for {', '.join(map(str, HEAD_DIMS))}")
-    if head_dim == 256 and bn > 64:
+    if head_dim == 256 and bn > 96:
         raise AttentionError(f"attention: head_dim=256 with bn={bn}: the 64 x 256 float32 output fragment is 128 "
                              f"registers a thread, the {bn}-key scores {bn // 2} more and P {bn // 4}: past the 240 a "
                              "consumer thread may hold; use bn=64 (the default for D = 256)")
@@ -74,7 +74,7 @@ def check(head_dim, dtype, bm, bn, stages, scale) -> None:
         raise AttentionError(f"attention: dtype {dtype!r}: the tensor cores take {' or '.join(MMA_DTYPES)} here")
     if bm not in (64, 128, 192, 256):
         raise AttentionError(f"attention: bm={bm!r}: 64 to 256 query rows, 64 (one consumer warp group) a step")
-    if bn not in (64, 128, 192, 256) or bn % PANEL:
+    if bn not in (64, 80, 96, 128, 192, 256):
         raise AttentionError(f"attention: bn={bn!r}: 64, 128, 192 or 256 keys a tile (whole 64-column V panels)")
     if isinstance(stages, int) and not isinstance(stages, bool):
         need = _tile_bytes(stages, head_dim, dtype, bm, bn)
