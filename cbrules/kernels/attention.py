@@ -33,8 +33,9 @@ mma-wait-before-carried-read). Head dim 256 takes 64-key tiles (``bn`` defaults 
 ``persistent=P`` (warp-specialized, not causal): P blocks (one an SM: 132 on an H200) walk the
 (head, query tile) pairs; the producer loads each tile's Q as well (a walk operand, rules/mma.rules: its
 own barrier pair, freed after the key loop) and runs on into the next tile's K/V while the consumers
-store the last one's output. Measured on the H200 it gains about 5 % at L = 1k (D = 64, 128) and loses
-up to 6 % at D = 256 and at L = 16k, so it is not the default (docs/performance.md#attention).
+store the last one's output. Measured on the H200 it gains about 10 % at L = 1k (D = 64, 128), is even at
+4k and loses 2-7 % at L = 16k and at D = 256, so it is not the default (docs/attention.md);
+``cbrules.torch.attention`` takes it for short non-causal sequences.
 """
 from __future__ import annotations
 
