@@ -50,6 +50,8 @@ def _assert_close(got, want, dtype, lse=True):
     ((1, 64, 150), 128, False, "bfloat16", dict(stages=2)),
     ((1, 70, 70), 128, True, "bfloat16", dict(stages=3, warp_specialize=True)),
     ((1, 70, 100), 256, True, "bfloat16", dict(stages=2, warp_specialize=True)),  # 64-key tiles, 4 Q panels
+    ((1, 70, 170), 256, True, "bfloat16", dict(stages=2, warp_specialize=True, bn=80)),  # 80-key tiles: 5 k16 steps
+    ((2, 100, 250), 128, False, "bfloat16", dict(stages=2, bn=96)),
 ], ids=str)
 def test_attention_matches_numpy(shape, d, causal, dtype, options):
     got, want = _case(*shape, d, causal, dtype, **options)

@@ -54,6 +54,7 @@ from ..ir.terms import call, name
 HEAD_DIMS = (64, 128, 256)  # 256 with 64-key tiles: its 64 x 256 output fragment is 128 registers a thread
 BM, BN = 128, 128  # query rows a block (two consumer warp groups; three at D = 64), keys a tile (64 at D = 256)
 PANEL = 64  # columns of D (and of V) one 128-byte-swizzled TMA box holds
+KEY_TILES = (64, 80, 96, 128, 192, 256)  # keys a tile: whole k16 steps of P V; 80 and 96 fill D = 256's registers
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_INF = float("-inf")
@@ -67,16 +68,16 @@ def check(head_dim, dtype, bm, bn, stages, scale) -> None:
     """Refuse by name the parameters :func:`attention` is not built for (``stages`` None: not checked)."""
     if head_dim not in HEAD_DIMS:
         raise AttentionError(f"attention: head_dim={head_dim!r}: built for {', '.join(map(str, HEAD_DIMS))}")
-    if head_dim == 256 and bn > 96:
+    if head_dim == 256 and bn > 80:
         raise AttentionError(f"attention: head_dim=256 with bn={bn}: the 64 x 256 float32 output fragment is 128 "
-                             f"registers a thread, the {bn}-key scores {bn // 2} more and P {bn // 4}: past the 240 a "
-                             "consumer thread may hold; use bn=64 (the default for D = 256)")
+                             f"registers a thread, the {bn}-key scores {bn // 2} more and P {bn // 4}, with the "
+                             "addresses and row statistics past the 240 a consumer thread may hold; use bn=64 or 80")
     if dtype not in MMA_DTYPES:
         raise AttentionError(f"attention: dtype {dtype!r}: the tensor cores take {' or '.join(MMA_DTYPES)} here")
     if bm not in (64, 128, 192, 256):
         raise AttentionError(f"attention: bm={bm!r}: 64 to 256 query rows, 64 (one consumer warp group) a step")
-    if bn not in (64, 80, 96, 128, 192, 256):
-        raise AttentionError(f"attention: bn={bn!r}: 64, 128, 192 or 256 keys a tile (whole 64-column V panels)")
+    if bn not in KEY_TILES:
+        raise AttentionError(f"attention: bn={bn!r}: {', '.join(map(str, KEY_TILES))} keys a tile")
     if isinstance(stages, int) and not isinstance(stages, bool):
         need = _tile_bytes(stages, head_dim, dtype, bm, bn)
         if need + 2048 > MAX_SHARED_BYTES:  # + the barriers and the tiles' 1024-byte alignment
