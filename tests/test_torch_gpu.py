@@ -6,6 +6,7 @@ import pytest
 
 from cbrules import api
 from cbrules.codegen import runtime
+from cbrules.ir.limits import TmaLimitError
 from cbrules.kernels.reductions import inner_reduction
 
 pytestmark = pytest.mark.gpu
@@ -234,10 +235,13 @@ def test_a_second_launch_of_the_same_layouts_takes_new_addresses_and_still_refus
     for x, out in zip(xs + [x3], outs + [late]):
         torch.testing.assert_close(out, x.sum(1), rtol=1e-4, atol=1e-1)
     assert len(rowsum._plans) == 1
-    odd = torch.randn(300 * 1000 + 1, device="cuda")[1:].view(300, 1000)  # 4-byte aligned: all it needs
-    rowsum(x=odd, out=outs[0])
-    torch.testing.assert_close(outs[0], odd.sum(1), rtol=1e-4, atol=1e-1)
+    base = torch.randn(300 * 1000 + 4, device="cuda")
+    moved = base[4:].view(300, 1000)  # 16 bytes on: another address TMA can take, the same plan
+    rowsum(x=moved, out=outs[0])
+    torch.testing.assert_close(outs[0], moved.sum(1), rtol=1e-4, atol=1e-1)
     assert len(rowsum._plans) == 1
+    with pytest.raises(TmaLimitError, match="16-byte aligned"):  # x is read by TMA: its address in 16 bytes
+        rowsum(x=base[1:300 * 1000 + 1].view(300, 1000), out=outs[0])
 
 
 def test_a_planned_launch_still_refuses_an_address_its_vectors_cannot_take():
