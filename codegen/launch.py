@@ -198,9 +198,10 @@ class _TorchPlan:
             raw = self.encoded.get((i, ptrs[tensor]))
             if raw is None:
                 raw = self.kernel._encode(p, runtime.as_device_array(kwargs[tensor]))
-                if len(self.encoded) >= self._MAPS * max(len(self.maps), 1):
-                    self.encoded.pop(next(iter(self.encoded)))
-                self.encoded[(i, ptrs[tensor])] = raw
+                with self.lock:
+                    if len(self.encoded) >= self._MAPS * len(self.maps):
+                        self.encoded.pop(next(iter(self.encoded)))
+                    self.encoded[(i, ptrs[tensor])] = raw
             maps.append((i, raw))
         stream = runtime.torch_current_stream()
         with self.lock:  # the buffer is shared by the calls of this plan; the launch copies it
