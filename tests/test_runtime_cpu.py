@@ -246,3 +246,46 @@ def test_packed_arguments_sit_where_kernel_params_point():
     packed.set_bytes(2, bytes(128))
     assert np.frombuffer(at(0, 8), np.uint64)[0] == 0xdeadbeef00 and at(2, 128) == bytes(128)
     assert np.frombuffer(at(1, 4), np.int32)[0] == -7  # its neighbours untouched
+
+
+def test_a_launch_plan_rewrites_only_the_addresses_and_gives_way_on_a_misaligned_one(monkeypatch):
+    """_TorchPlan without a GPU: a plan made from a bound launch writes each new tensor address into the
+    packed arguments (the symbols as bound) and launches on torch's stream; an address its vectors cannot
+    take launches nothing, so the call goes through the full checks."""
+    import ctypes
+    import ml_dtypes
+    from cbrules import api
+    from cbrules.codegen import launch
+    from cbrules.kernels.rows import row_op
+    ck = api.compile(row_op("rms_norm", row=1024, dtype="bfloat16"))
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    first = {"x": 0x10000, "out": 0x20000, "weight": 0x30000}
+    arrays = {n: DeviceArray(p, (8, 1024) if n != "weight" else (1024,), bf16) for n, p in first.items()}
+    args = [("i32", 8) if p.kind == "symbol" else ("ptr", first[p.name]) for p in ck.source.params]
+
+    class Fn:
+        calls = []
+
+        def launch_packed(self, grid, block, shared, stream, params):
+            entries = np.frombuffer(ctypes.string_at(params, 8 * len(args)), np.uint64)
+            values = [int(np.frombuffer(ctypes.string_at(int(e), 8 if k == "ptr" else 4),
+                                        np.uint64 if k == "ptr" else np.int32)[0])
+                      for e, (k, _) in zip(entries, args)]
+            self.calls.append((grid, block, shared, stream, values))
+    bound = launch.BoundLaunch(Fn(), (8, 1, 1), ck.source.block, 0, args, arrays, symbols={"M": 8})
+    plan = launch._TorchPlan(ck, bound)
+    monkeypatch.setattr(rt, "torch_current_stream", lambda: 77)
+
+    class Tensor:  # what the plan reads of a torch tensor
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def data_ptr(self):
+            return self.ptr
+    moved = {"x": 0x50000, "out": 0x60010, "weight": 0x70020}
+    assert plan.launch({n: Tensor(p) for n, p in moved.items()})
+    grid, block, shared, stream, values = Fn.calls[-1]
+    assert (grid, block, stream) == ([8, 1, 1], list(ck.source.block), 77)
+    assert values == [8 if p.kind == "symbol" else moved[p.name] for p in ck.source.params]
+    assert not plan.launch({**{n: Tensor(p) for n, p in moved.items()}, "x": Tensor(0x50008)})  # 8, not 16
+    assert len(Fn.calls) == 1
