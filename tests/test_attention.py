@@ -115,6 +115,8 @@ def test_warp_specialized_consumers_keep_the_output_product_in_flight_into_the_n
 def test_refusals_by_name():
     for bad, what in ((dict(head_dim=256, bn=128), "registers"), (dict(head_dim=96), "built for 64, 128, 256"),
                       (dict(dtype="float32"), "tensor cores"), (dict(bn=100), "keys a tile"),
+                      (dict(bn=80.0), "keys a tile"), (dict(bm=128.0), "query rows"),
+                      (dict(head_dim=128.0), "built for"), (dict(head_dim=256, bn=96), "registers"),
                       (dict(scale=-1.0), "positive"), (dict(stages=6, head_dim=128), "shared memory")):
         with pytest.raises(AttentionError, match=what):
             attention(**bad)
