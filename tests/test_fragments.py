@@ -172,6 +172,8 @@ def test_refusals():
             e.load_col(c)
     with pytest.raises(BuildError, match="two or more dimensions"):
         k.fragment_store(acc, Buffer("bias", "float32", t["bias"].shape, "global"), (0, 0))
+    with pytest.raises(BuildError, match="one coordinate for each of 'c'"):
+        k.fragment_store(acc, t["c"], (0, 0, 0))
     with pytest.raises(MatmulTileError, match="epilogue='gelu'"):
         matmul_tc(epilogue="gelu")
 
