@@ -185,4 +185,3 @@ def test_a_first_call_says_what_it_compiled(caplog):
         cbt.softmax(torch.randn(3, 640))  # a row length no other test builds: compiled here, before the device check
     assert any("compiled softmax for softmax, 640, float32" in r.getMessage() for r in caplog.records), \
         [r.getMessage() for r in caplog.records]
-
