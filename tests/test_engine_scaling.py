@@ -299,3 +299,18 @@ def test_egglog_question_keeps_distinct_names_apart():
     assert back == {"v0@0:3": name("i"), "v1@0:3": name("j"), "v2@": name("r")}
     assert asked == {"v0@0:3": Range(0, 3), "v1@0:3": Range(0, 3)}
     assert substitute(q, back) == t
+
+
+def test_a_lowering_reuses_the_loaded_rule_sets_phase_orders_and_rechecks(monkeypatch):
+    """The rule files parse once a process (rulefile._LOADED); the phase orders and the user-rule
+    rechecks derived from them are computed there too, so a lowering's copy of the set inherits them
+    (they were recomputed every lowering: 878 realpath calls, about 10 ms of the largest attention's)."""
+    from cbrules import api
+    from cbrules.kernels.attention import attention
+    from cbrules.rewrite import rulefile
+    api.lower(attention(head_dim=64, warp_specialize=True))  # the shipped set loaded and cached
+    calls = []
+    monkeypatch.setattr(rulefile, "rechecks", lambda *a: calls.append("rechecks") or {})
+    monkeypatch.setattr(rulefile, "_topological", lambda rules: calls.append("order") or list(rules))
+    api.lower(attention(head_dim=64, warp_specialize=True))
+    assert calls == []

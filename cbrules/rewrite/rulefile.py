@@ -105,7 +105,8 @@ class RuleSet:
         """A rule set whose lists and tables can change without changing this one (the rules, frozen,
         are shared)."""
         return RuleSet(list(self.rules), list(self.phases), list(self.egg_forms), dict(self.disabled),
-                       list(self.files), dict(self.phase_pos), self.vocabulary.copy(), dict(self._order))
+                       list(self.files), dict(self.phase_pos), self.vocabulary.copy(), dict(self._order),
+                       list(self._rechecks))  # both caches carry their stamp: a changed copy recomputes them
 
     def active(self) -> list[GraphRule]:
         return [r for r in self.rules if r.name not in self.disabled]
@@ -255,6 +256,10 @@ def load(dirs: Optional[Sequence[str | os.PathLike]] = None, *, check_egglog: bo
     rs = _LOADED.get(key)
     if rs is None:
         rs = _parsed(sources)
+        # what every lowering asks of the set, computed once here so that its copies inherit it
+        for phase in rs.phases:
+            rs.in_phase(phase)
+        rs.rechecks()
         if len(_LOADED) >= _LOADED_MAX:
             del _LOADED[next(iter(_LOADED))]
         _LOADED[key] = rs
