@@ -8,6 +8,7 @@ beside the package in the top-level ``rules/`` and ``codegen/`` folders, so an e
 """
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -29,11 +30,16 @@ def shown(path: str | os.PathLike) -> str:
     relative to the working directory when it lies below it; a file cbrules ships by its place in
     cbrules (``rules/circular_buffer.rules``, ``cbrules/kernels/tiled2d.py``), not by the
     site-packages path it was installed to; anything else as given."""
+    return _shown(os.fspath(path), os.getcwd())
+
+
+@functools.lru_cache(maxsize=1024)  # a kernel's build asks it once an op (~1,000 for attention)
+def _shown(path: str, cwd: str) -> str:
     full = os.path.abspath(path)
-    rel = os.path.relpath(full)
+    rel = os.path.relpath(full, cwd)
     if not rel.startswith(".."):
         return rel
     for root, name in ((RULES, "rules"), (CODEGEN, "codegen"), (PACKAGE, "cbrules")):
         if full.startswith(str(root) + os.sep):
             return name + "/" + os.path.relpath(full, root).replace(os.sep, "/")
-    return os.fspath(path)
+    return path
