@@ -475,6 +475,9 @@ def swiglu(ab: torch.Tensor) -> torch.Tensor:
     return _swiglu_op(ab)
 
 
+_SHORT_KEYS = 2048  # keys up to which the attention drop-in walks its query tiles persistently (below)
+
+
 def _attention_kernel(dtype: torch.dtype, d: int, causal: bool, scale: float, args: Optional[dict] = None):
     from .kernels.attention import attention as build
     name = _NAMES[dtype]
@@ -489,8 +492,6 @@ def _attention_kernel(dtype: torch.dtype, d: int, causal: bool, scale: float, ar
     return _tuned(("attention", name, d, causal, scale) + (("walk",) if walk else ()), shapes, variant,
                   args or {}, default)
 
-
-_SHORT_KEYS = 2048  # keys up to which the attention drop-in walks its query tiles persistently (see above)
 
 
 @torch.library.custom_op("cbrules::attention", mutates_args=())

@@ -62,6 +62,7 @@ def check_layout(kernel: str, param, array: HostOrDevice, vector_bytes: int = 0)
     is fine; a written one must be writeable, as the result is copied back into it.
     """
     where = f"{kernel}: tensor {param.name!r}"
+    # the checks below that look at the address are the ones a kept launch plan repeats (_TorchPlan)
     if isinstance(array, np.ndarray):
         if param.written and not array.flags.writeable:
             raise LaunchError(f"{where} is a read-only numpy array but the kernel writes it; pass a writeable "
@@ -129,9 +130,10 @@ class BoundLaunch:
             host[...] = self.arrays[pname].to_numpy().reshape(host.shape)
 
 
-def _torch_key(params, kwargs: Mapping[str, Any]) -> Optional[tuple]:
+def _torch_key(kwargs: Mapping[str, Any]) -> Optional[tuple]:
     """What a call's checks depend on besides the tensors' addresses, when every tensor argument is a
-    torch tensor and every other argument a plain number (None otherwise)."""
+    torch tensor and every other argument a plain number (None otherwise; a plan is only kept for a
+    call with torch tensors, so a key without one finds none)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
@@ -143,7 +145,7 @@ def _torch_key(params, kwargs: Mapping[str, Any]) -> Optional[tuple]:
             key.append((name, type(value), value))
         else:
             return None
-    return tuple(key) if any(p.kind == "tensor" for p in params) else None
+    return tuple(key)
 
 
 def _three(dims) -> list[int]:
@@ -167,18 +169,15 @@ class _TorchPlan:
         self.shared_bytes = bound.shared_bytes
         self.symbols = dict(bound.symbols)
         self.packed = runtime.PackedArgs(bound.args)
+        # the address checks of check_layout (not NULL, aligned to the element and to the kernel's vector
+        # accesses) and of the tensor maps (16 bytes): the only ones that look at an address
         vectors = dict(kernel.source.aligned)
         params = kernel.source.params
-        self.pointers = []  # (argument index, tensor name, alignment its address needs)
-        self.maps = []  # (argument index, tensor map parameter, tensor name)
-        for i, p in enumerate(params):
-            if p.kind == "tensor":
-                item = bound.arrays[p.name].dtype.itemsize
-                self.pointers.append((i, p.name, max(item, vectors.get(p.name, 0) or 1)))
-            elif p.kind == "tmap":
-                self.maps.append((i, p, p.tensor))
-        for _, _, tensor in self.maps:  # TMA reads its global address in 16-byte units
-            self.pointers = [(i, n, max(a, 16) if n == tensor else a) for i, n, a in self.pointers]
+        mapped = {p.tensor for p in params if p.kind == "tmap"}
+        self.pointers = [(i, p.name, max(bound.arrays[p.name].dtype.itemsize, vectors.get(p.name, 0),
+                                         16 if p.name in mapped else 1))
+                         for i, p in enumerate(params) if p.kind == "tensor"]  # (argument, tensor, alignment)
+        self.maps = [(i, p, p.tensor) for i, p in enumerate(params) if p.kind == "tmap"]
         first = {n: bound.arrays[n].ptr for _, n, _ in self.pointers}
         self.encoded = {(i, first[t]): bytes(bound.args[i][1]) for i, _, t in self.maps}
         self.lock = threading.Lock()
@@ -339,11 +338,11 @@ class CompiledKernel:
     def _torch_plan(self, kwargs: Mapping[str, Any]) -> Optional["_TorchPlan"]:
         """The plan of an earlier call whose torch tensors had the shapes, strides, dtypes and device of
         these, with the same other arguments (None: no such call, or not every tensor is torch's)."""
-        key = _torch_key(self.source.params, kwargs)
+        key = _torch_key(kwargs)
         return None if key is None else self._plans.get(key)
 
     def _keep_plan(self, kwargs: Mapping[str, Any], bound: BoundLaunch) -> None:
-        key = _torch_key(self.source.params, kwargs)
+        key = _torch_key(kwargs)
         if key is None:
             return
         if len(self._plans) >= _SIGNATURES:

@@ -68,16 +68,16 @@ def check(head_dim, dtype, bm, bn, stages, scale) -> None:
     """Refuse by name the parameters :func:`attention` is not built for (``stages`` None: not checked)."""
     if type(head_dim) is not int or head_dim not in HEAD_DIMS:
         raise AttentionError(f"attention: head_dim={head_dim!r}: built for {', '.join(map(str, HEAD_DIMS))}")
-    if head_dim == 256 and type(bn) is int and bn > 80:
-        raise AttentionError(f"attention: head_dim=256 with bn={bn}: the 64 x 256 float32 output fragment is 128 "
-                             f"registers a thread, the {bn}-key scores {bn // 2} more and P {bn // 4}, with the "
-                             "addresses and row statistics past the 240 a consumer thread may hold; use bn=64 or 80")
     if dtype not in MMA_DTYPES:
         raise AttentionError(f"attention: dtype {dtype!r}: the tensor cores take {' or '.join(MMA_DTYPES)} here")
     if type(bm) is not int or bm not in (64, 128, 192, 256):
         raise AttentionError(f"attention: bm={bm!r}: 64 to 256 query rows, 64 (one consumer warp group) a step")
     if type(bn) is not int or bn not in KEY_TILES:
         raise AttentionError(f"attention: bn={bn!r}: {', '.join(map(str, KEY_TILES))} keys a tile")
+    if head_dim == 256 and bn > 80:
+        raise AttentionError(f"attention: head_dim=256 with bn={bn}: the 64 x 256 float32 output fragment is 128 "
+                             f"registers a thread, the {bn}-key scores {bn // 2} more and P {bn // 4}, with the "
+                             "addresses and row statistics past the 240 a consumer thread may hold; use bn=64 or 80")
     if isinstance(stages, int) and not isinstance(stages, bool):
         need = _tile_bytes(stages, head_dim, dtype, bm, bn)
         if need + 2048 > MAX_SHARED_BYTES:  # + the barriers and the tiles' 1024-byte alignment
