@@ -14,7 +14,7 @@ from .errors import CodegenError
 BUILTIN_C = {f"{b}.{a}": f"(int){b}.{a}" for b in ("threadIdx", "blockIdx", "blockDim", "gridDim") for a in "xyz"}
 # the prelude helper of every device function a term may call (cbrules.ir.terms.DEVICE_FUNCTIONS)
 CALL_C = {"elect_one": "cb_elect_one", "elect_warp": "cb_elect_warp", "ceil_div": "cb_ceil_div", "min": "cb_min",
-          "max": "cb_max", "swizzle": "cb_swizzle"}
+          "max": "cb_max", "swizzle": "cb_swizzle", "byte_perm": "__byte_perm"}  # a CUDA intrinsic: no helper
 assert set(CALL_C) == set(DEVICE_FUNCTIONS), "every device function needs its prelude helper"
 INT_LITERAL_BOUND = 2 ** 63
 

@@ -260,6 +260,7 @@ def emit(program: Step, annotate: bool = False) -> KernelSource:
         + ([EX2_PRELUDE] if any("cb_ex2_approx(" in line for line in e.lines) else []) \
         + (_mma.helpers(e.mmas) if e.mmas else []) \
         + ([_mma.PACK_PRELUDE] if any("cb_pack_" in line for line in e.lines) else []) \
+        + ([_mma.FP8_PACK_PRELUDE] if any("cb_pack_e" in line for line in e.lines) else []) \
         + ([_stats.STATS_PRELUDE] if any(_stats.HELPER in line for line in e.lines) else [])
     text = "\n".join([
         *preludes, e.elect_one(), *([BACKOFF_WAIT] if any("cb_mbar_wait_backoff(" in line for line in e.lines) else []),

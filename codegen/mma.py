@@ -83,24 +83,25 @@ def instruction_helper(n: int, dtype: str, b_major: str = "k", b_dtype: str | No
 
 
 def register_a_name(n: int, dtype: str, b_major: str = "k") -> str:
-    """The prelude function of one m64n{n}k16 wgmma with A from registers (``_tb``: B MN-major)."""
+    """The prelude function of one m64n{n}k16 (FP8: k32) wgmma with A from registers (``_tb``: B MN-major)."""
     return f"cb_wgmma_rs_n{n}_{_PTX_TYPE[dtype]}" + ("_tb" if TRANSPOSE[b_major] else "")
 
 
 def register_a_helper(n: int, dtype: str, b_major: str = "k") -> str:
     """``cb_wgmma_rs_n{n}_{type}[_tb](d, a, desc_b, scale_d)``: one m64n{n}k16 wgmma whose A is the four
     packed registers at a (REFERENCE §8: no transpose immediate for A, which registers hold K-major; tnspB
-    is B's major-ness)."""
+    is B's major-ness). FP8: m64n{n}k32, four bytes a register, no transpose immediate at all."""
     t = _PTX_TYPE[dtype]
     regs = n // 2
     outs = ", ".join(f"%{i}" for i in range(regs))
     operands = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     a_regs = ", ".join(f"%{regs + i}" for i in range(4))
+    transpose = f", {TRANSPOSE[b_major]}" if t in _HALF_PTX else ""
     return (f"__device__ __forceinline__ void {register_a_name(n, dtype, b_major)}(float* d, const unsigned* a, "
             f"unsigned long long db, int scale_d) {{\n"
             f'  asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{regs + 5}, 0;\\n"\n'
-            f'               " wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{outs}}}, {{{a_regs}}}, '
-            f'%{regs + 4}, p, 1, 1, {TRANSPOSE[b_major]};\\n}}\\n"\n'
+            f'               " wgmma.mma_async.sync.aligned.m64n{n}k{k_step(dtype)}.f32.{t}.{t} {{{outs}}}, '
+            f'{{{a_regs}}}, %{regs + 4}, p, 1, 1{transpose};\\n}}\\n"\n'
             f"               : {operands}\n"
             f'               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d) : "memory");\n}}')
 
@@ -113,6 +114,11 @@ __device__ __forceinline__ unsigned cb_pack_bf16x2(float lo, float hi) {
 __device__ __forceinline__ unsigned cb_pack_f16x2(float lo, float hi) {
   unsigned d; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo)); return d;
 }"""
+# cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 d, hi, lo: two bytes in the low half (a register FP8 operand's pair)
+FP8_PACK_PRELUDE = "\n".join(
+    f"""__device__ __forceinline__ unsigned cb_pack_{t}x2(float lo, float hi) {{
+  unsigned short d; asm("cvt.rn.satfinite.{t}x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo)); return d;
+}}""" for t in ("e4m3", "e5m2"))
 
 
 def pack_statement(a: Any) -> str:
@@ -139,9 +145,9 @@ def check(a: Any) -> tuple[int, int, int, int, int, str]:
     if b_dtype is not None and not (b_dtype in FP8_DTYPES and dtype in FP8_DTYPES and b_dtype != dtype):
         raise CodegenError(f"mma into {a['acc']}: b_dtype {b_dtype!r} with dtype {dtype!r}; only a mixed FP8 pair "
                            f"({' x '.join(FP8_DTYPES)}) names B's type apart")
-    if dtype in FP8_DTYPES and (a.get("a_space") is not None or a.get("b_major", "k") != "k"):
-        raise CodegenError(f"mma into {a['acc']}: an FP8 mma reads both operands K-major from shared memory "
-                           "(no register A, no transposed B)")
+    if dtype in FP8_DTYPES and (a.get("b_major", "k") != "k" or a.get("a_space") is not None and b_dtype):
+        raise CodegenError(f"mma into {a['acc']}: an FP8 mma reads B K-major (no transposed B), and with A from "
+                           "registers both operands have one type")
     # a register A with an MN-major B has no K-major shared row: its K is any number of k16 steps
     k_rows = a.get("a_space") is None or a.get("b_major", "k") == "k"
     if bm % (MMA_M * groups) or bn % 8 or not 8 <= bn <= 256 or bk % k_step(dtype) \
@@ -199,7 +205,8 @@ def statement(a: Any) -> str:
 
 def _register_a_statement(a: Any, shape: tuple) -> str:
     """An mma whose A is a packed register operand: block j, k-step s reads its registers
-    a_offset + j * BK/4 + 4 s .. + 3 (the thread's own rows: no warp-group offset); B as in :func:`statement`."""
+    a_offset + j * BK/4 + 4 s .. + 3 (FP8: j * BK/8, k32 steps; the thread's own rows: no warp-group
+    offset); B as in :func:`statement`."""
     bm, bn, bk, groups, swizzle, dtype = shape
     if a["a_space"] != "register":
         raise CodegenError(f"mma into {a['acc']}: a_space {a['a_space']!r} is not 'register'")
@@ -208,11 +215,12 @@ def _register_a_statement(a: Any, shape: tuple) -> str:
     fields_b = b_tile_descriptor(0, bn, bk, b_span, b_major).encode()
     fn = register_a_name(bn, dtype, b_major)
     scale, a_off = c_term(a["scale_d"]), c_term(a["a_offset"])
+    per_block = bk * DTYPE_BYTES[dtype] // 8  # A registers a thread holds for one 64-row block
     lines = [f"{{ const unsigned cb_b = cb_smem_addr({bt} + {c_term(a['b_offset'])});"]
     for j in range(bm // groups // MMA_M):
-        for s in range(bk // MMA_K):
+        for s in range(bk // k_step(dtype)):
             db = f"cb_wgmma_desc(cb_b + {b_tile_descriptor(0, bn, bk, b_span, b_major, s).start}, {_halves(fields_b)})"
-            lines.append(f"  {fn}({acc} + {j * (bn // 2)}, {at} + {a_off} + {j * (bk // 4) + 4 * s}, {db}, "
+            lines.append(f"  {fn}({acc} + {j * (bn // 2)}, {at} + {a_off} + {j * per_block + 4 * s}, {db}, "
                          f"{scale if s == 0 else '1'});")
     return "\n".join(lines) + " }"
 

@@ -8,16 +8,18 @@ import pytest
 
 from cbrules import api
 from cbrules.ir.builder import BuildError, Kernel, blockIdx, ceil_div, circular_buffer
-from cbrules.ir.mma_layout import fragment_coords, tma_tile_descriptor
+from cbrules.ir.mma_layout import fp8_operand_slot, fragment_coords, tma_tile_descriptor
 from cbrules.reference.interp import run
 from cbrules.reference.interp_mma import pack_pairs, register_operand, wgmma, wgmma_register_a
 from cbrules.reference.mma_groups import AccumulatorInFlight, MissingWgmmaFence
 from cbrules.rewrite.engine import LoweringError
-from cbrules.ir.terms import swizzle_index
+from cbrules.ir.terms import byte_perm, swizzle_index
 from rulekit import write_rules
 
-STORAGE = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+STORAGE = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float8_e4m3": ml_dtypes.float8_e4m3fn,
+           "float8_e5m2": ml_dtypes.float8_e5m2}
 SWIZZLE = {32: "32B", 64: "64B", 128: "128B"}
+SIZE = {"bfloat16": 2, "float16": 2, "float8_e4m3": 1, "float8_e5m2": 1}
 
 
 def _two_products(dtype="bfloat16", d=64, bl=64, stages=2, ws=False, scale=0.125, v_layout="nk"):
@@ -29,9 +31,11 @@ def _two_products(dtype="bfloat16", d=64, bl=64, stages=2, ws=False, scale=0.125
     v_shape = (d, keys) if v_layout == "nk" else (keys, d)
     q, kt, vt = (k.tensor(nm, shape, dtype) for nm, shape in (("q", (m, d)), ("k", (keys, d)), ("vt", v_shape)))
     o = k.tensor("o", (m, d), "float32")
-    q_map = k.tensor_map(q, box=(64, d), swizzle=SWIZZLE[2 * d])
-    k_map = k.tensor_map(kt, box=(bl, d), swizzle=SWIZZLE[2 * d])
-    v_map = k.tensor_map(vt, box=(d, bl) if v_layout == "nk" else (bl, d), swizzle=SWIZZLE[2 * (bl if v_layout == "nk" else d)])
+    size = SIZE[dtype]
+    q_map = k.tensor_map(q, box=(64, d), swizzle=SWIZZLE[size * d])
+    k_map = k.tensor_map(kt, box=(bl, d), swizzle=SWIZZLE[size * d])
+    v_map = k.tensor_map(vt, box=(d, bl) if v_layout == "nk" else (bl, d),
+                         swizzle=SWIZZLE[size * (bl if v_layout == "nk" else d)])
     q_t = k.alloc("q_t", "shared", dtype, (64, d), align=1024)
     k_t = k.alloc("k_t", "shared", dtype, (bl, d), align=1024)
     v_t = k.alloc("v_t", "shared", dtype, (d, bl) if v_layout == "nk" else (bl, d), align=1024)
@@ -64,7 +68,10 @@ def _inputs(shape, dtype, seed=0, v_layout="nk"):
 
 def _want(args, dtype, scale=0.125, v_layout="nk"):
     s = args["q"].astype(np.float64) @ args["k"].astype(np.float64).T
-    p = np.exp(scale * s).astype(np.float32).astype(STORAGE[dtype]).astype(np.float64)  # P rounded like the pack
+    p = np.exp(scale * s).astype(np.float32)
+    if SIZE[dtype] == 1:  # satfinite
+        p = np.minimum(p, float(ml_dtypes.finfo(STORAGE[dtype]).max))
+    p = p.astype(STORAGE[dtype]).astype(np.float64)  # P rounded like the pack
     v = args["vt"].astype(np.float64)
     return p @ (v.T if v_layout == "nk" else v)
 
@@ -77,6 +84,46 @@ def test_register_operand_mma_before_and_after_lowering(dtype, shape):
     for kernel in (_two_products(dtype), api.lower(_two_products(dtype))):
         got = run(kernel, args)["o"]
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+
+
+# FP8: the A operand's thread map differs from the accumulator's (four neighbouring columns a register), so
+# fragment_convert moves bytes between the lanes of a row; the product must still be exact
+@pytest.mark.parametrize("dtype,shape,d,bl", [("float8_e4m3", (64, 64, 128), 128, 64),
+                                              ("float8_e4m3", (100, 304, 128), 128, 128),
+                                              ("float8_e5m2", (70, 112, 64), 64, 64),
+                                              ("float8_e4m3", (64, 96, 64), 64, 32)], ids=str)
+def test_fp8_register_operand_mma_before_and_after_lowering(dtype, shape, d, bl):
+    args = _inputs(shape, dtype, seed=4)
+    want = _want(args, dtype, scale=0.05)
+    for kernel in (_two_products(dtype, d=d, bl=bl, scale=0.05), api.lower(_two_products(dtype, d=d, bl=bl, scale=0.05))):
+        got = run(kernel, args)["o"]
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+
+
+def test_fp8_register_operand_layout_and_pack():
+    # each (row, column) of the [64, 32] A operand has one (thread, register, byte); the four lanes of a row
+    # hold its 32 columns four neighbours a register (CUTLASS's ALayout_64x32)
+    rows, cols = np.meshgrid(np.arange(64), np.arange(32), indexing="ij")
+    t, r, b = fp8_operand_slot(rows, cols)
+    assert len(set(zip(t.ravel(), r.ravel(), b.ravel()))) == 64 * 32
+    assert (t[0, :4] == 0).all() and (b[0, :4] == [0, 1, 2, 3]).all() and t[0, 4] == 1 and r[0, 16] == 2
+    assert t[8, 0] == 0 and r[8, 0] == 1 and t[16, 0] == 32
+    # satfinite: past the largest finite value saturates, NaN stays NaN; lo in the low byte
+    lo = np.array([1.0, 1000.0, np.nan, -0.0], np.float32)
+    hi = np.array([-2.0, -1e9, 0.5, 448.0], np.float32)
+    got = pack_pairs(lo, hi, "float8_e4m3")
+    assert list(got) == [0xC038, 0xFE7E, 0x307F, 0x7E80]
+    assert [hex(byte_perm(0x33221100, 0x77665544, s)) for s in (0x5410, 0x7632, 0x1054, 0x3276)] == \
+        ["0x55441100", "0x77663322", "0x11005544", "0x33227766"]
+
+
+def test_fp8_register_operand_compiles_without_spills():
+    ck = api.compile(_two_products("float8_e4m3", d=128, bl=128, scale=0.05))
+    text = ck.source.text
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in text and "{%64, %65, %66, %67}" in text
+    assert "cvt.rn.satfinite.e4m3x2.f32" in text and "__shfl_sync" in text and "__byte_perm" in text
+    r = ck.cubin.resources
+    assert r.spill_stores == 0 and r.stack_bytes == 0
 
 
 def test_narrow_key_tiles_and_three_stages():
@@ -154,6 +201,14 @@ def test_builder_refusals():
     other = k.mma_accumulator(64, 128, acc="other")
     with pytest.raises(BuildError, match="register MMA operand is"):
         k.mma_operand(s, "float32")
+    with pytest.raises(BuildError, match="whole k32 chunks"):
+        k.mma_operand(k.mma_accumulator(64, 48, acc="s48"), "float8_e4m3")
+    p8 = k.mma_operand(s, "float8_e4m3")
+    v8 = k.alloc("v8", "shared", "float8_e4m3", (64, 64), align=1024)
+    with pytest.raises(BuildError, match="FP8 B K-major only"):
+        k.mma(other, p8, v8, b_layout="kn")
+    with pytest.raises(BuildError, match=r"must be a shared float8_e4m3 tile \[128, 64\]"):
+        k.mma(other, p8, k.alloc("vb", "shared", "bfloat16", (128, 64), align=1024))
     p = k.mma_operand(s)
     with pytest.raises(BuildError, match="not a register operand"):
         k.fragment_convert(other, p)

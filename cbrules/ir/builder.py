@@ -27,14 +27,14 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from . import coverage, names
 from . import builder_mma
-from .builder_mma import (FRAGMENT_COMBINE, FRAGMENT_OPS, MMA_K, MMA_M, MMA_MAX_N, PACKED, WARPGROUP,
+from .builder_mma import (FRAGMENT_COMBINE, FRAGMENT_OPS, MMA_M, MMA_MAX_N, PACKED, WARPGROUP,
                           FragmentElement, fragment_coords, unrolled)  # noqa: F401  (FragmentElement: public via the builder)
 from .builder_values import (MAX_BLOCK_THREADS, Buffer, BuildError, StagingAlignmentError, TensorMap,  # noqa: F401
                              _call_site, _cb_options, _choice, _dims, _inside, _int, _ints, _MEMORY, _bounded_term, _term,
                              blockDim, blockIdx, ceil_div, circular_buffer, gridDim, lanes, threadIdx)
 from .coverage import PartialTileError  # noqa: F401  (public via the builder)
 from .graph import KernelGraph, Param
-from .mma_layout import B_LAYOUTS, HALF_MMA_DTYPES, MMA_DTYPES, MmaLayoutError, mn_major_span
+from .mma_layout import B_LAYOUTS, MMA_DTYPES, MmaLayoutError, mn_major_span
 from .limits import (SWIZZLE_SPAN, SwizzleError, TmaBoxError, check_box, check_swizzle,  # noqa: F401
                      swizzle_repeat)
 from .names import IdentifierError, NameClashError  # noqa: F401  (public via the builder)
@@ -43,7 +43,7 @@ from .ops import (BINARY, BUILT_SCOPE_DEPTH, DTYPE_BYTES, DTYPES, FLOAT32_ONLY, 
                   DependenceTracker,
                   FP8_DTYPES, STORAGE_DTYPES, compute_dtype)
 from .tma_view import TmaSplitError, check_divides, normalize_split
-from .terms import BUILT_TERM_DEPTH, BUILT_TERM_PARTS, ELECT_ONE, Term, TermLike, as_term, fits, name
+from .terms import BUILT_TERM_DEPTH, BUILT_TERM_PARTS, ELECT_ONE, Term, TermLike, as_term, call, fits, name
 
 
 
@@ -693,6 +693,9 @@ class Kernel:
             raise BuildError(f"{where}: register operand {a.name!r} holds a [{a_bm}, {bk}] tile on {a_groups} warp "
                              f"group(s), the accumulator a [{bm}, {bn}] tile on {groups}: the A fragment's rows are "
                              "the accumulator's (one thread holds the same rows of both); give them one tile height")
+        if dtype in FP8_DTYPES and b_layout != "nk":
+            raise BuildError(f"{where}: an FP8 ({dtype}) mma with b_layout={b_layout!r}: the tensor cores read an FP8 "
+                             "B K-major only; give B as [N, K] (b_layout='nk': for P @ V, V transposed to [D, keys])")
         want_b = (bn, bk) if b_layout == "nk" else (bk, bn)
         if b.space != "shared" or b.dtype != dtype or b.shape != want_b:
             given = "[N, K], K" if b_layout == "nk" else "[K, N] (b_layout='kn'), K"
@@ -702,9 +705,11 @@ class Kernel:
         if b_layout == "nk":
             row_bytes = bk * DTYPE_BYTES[dtype]
             if row_bytes not in (32, 64, 128):
+                size = DTYPE_BYTES[dtype]
                 raise BuildError(f"{where}: the register operand's {bk} columns make B tile rows of {row_bytes} bytes; "
-                                 "a row must be one swizzle span (32, 64 or 128 bytes): convert a fragment of 16, 32 "
-                                 "or 64 columns, or give B as [K, N] (b_layout='kn')")
+                                 f"a row must be one swizzle span (32, 64 or 128 bytes): convert a fragment of "
+                                 f"{32 // size}, {64 // size} or {128 // size} columns"
+                                 + (", or give B as [K, N] (b_layout='kn')" if size == 2 else ""))
         else:
             try:
                 row_bytes = mn_major_span(bn)
@@ -718,18 +723,18 @@ class Kernel:
     def mma_operand(self, acc, dtype: str = "bfloat16", dst: Optional[str] = None) -> Buffer:
         """A register A operand for a following :meth:`mma` with ``K`` = the columns of ``acc``'s tile:
         :meth:`fragment_convert` fills it from ``acc`` (allocate it where the accumulator is, before the
-        loops that convert into it). It is a uint32 register array, BN/4 a thread for each 64-row block."""
+        loops that convert into it). It is a uint32 register array, BN/4 a thread for each 64-row block
+        (FP8, four elements a register: BN/8)."""
         where = f"mma_operand at {_call_site()}"
         bm, bn, groups = self._mma_fragment(acc, "mma_operand")
-        if dtype not in HALF_MMA_DTYPES:
-            raise BuildError(f"{where}: dtype {dtype!r}: a register MMA operand is {' or '.join(HALF_MMA_DTYPES)}"
-                             + (" (an FP8 A operand from registers is not supported: stage it in shared memory)"
-                                if dtype in FP8_DTYPES else ""))
-        if bn % MMA_K:
-            raise BuildError(f"{where}: {acc.name!r} has {bn} columns; an A operand is whole k16 chunks: convert a "
-                             f"fragment of a multiple of {MMA_K} columns")
+        if dtype not in MMA_DTYPES:
+            raise BuildError(f"{where}: dtype {dtype!r}: a register MMA operand is one of {', '.join(MMA_DTYPES)}")
+        step = 32 // DTYPE_BYTES[dtype]  # K of one instruction: k16, FP8 k32
+        if bn % step:
+            raise BuildError(f"{where}: {acc.name!r} has {bn} columns; a {dtype} A operand is whole k{step} chunks: "
+                             f"convert a fragment of a multiple of {step} columns")
         out = self.alloc(dst or f"{acc.name}_{PACKED[dtype]}", "register", "uint32",
-                         ((bm // groups // MMA_M) * (bn // 4),))
+                         ((bm // groups // MMA_M) * (bn * DTYPE_BYTES[dtype] // 8),))
         self._operands[out.name] = (bm, bn, groups, dtype)
         return out
 
@@ -738,7 +743,11 @@ class Kernel:
         ``into`` (from :meth:`mma_operand`): the A of a following :meth:`mma`, with no trip through shared
         memory. The A fragment of a 64 x 16 wgmma chunk has the thread and row map of 16 accumulator
         columns (REFERENCE §8), so accumulator registers (2i, 2i+1) become packed register i
-        (``cvt.rn.bf16x2.f32``, the lower column in the low half)."""
+        (``cvt.rn.bf16x2.f32``, the lower column in the low half).
+
+        FP8 (saturating to the largest finite value, ``cvt.rn.satfinite``): a thread's A register holds
+        four neighbouring columns where its accumulator holds two, so the four lanes of each row exchange
+        their pairs (two shuffles and four byte permutes for every two registers: :meth:`_fp8_convert`)."""
         where = f"fragment_convert at {_call_site()}"
         bm, bn, groups = self._mma_fragment(acc, "fragment_convert")
         target = self._operands.get(self._known(into, ("buffer",), "fragment_convert"))
@@ -746,12 +755,49 @@ class Kernel:
             raise BuildError(f"{where}: {into!r} is not a register operand of {acc.name!r}'s [{bm}, {bn}] tile; "
                              f"pass what mma_operand({acc.name}) returned")
         blocks, quarter = bm // groups // MMA_M, bn // 4
+        if DTYPE_BYTES[target[3]] == 1:
+            self._fp8_convert(acc, into, blocks, bn, target[3])
+            return
         with self.loop(f"{into.name}_j", blocks, kind="unroll") as j:
             with self.loop(f"{into.name}_i", quarter, kind="unroll") as i:
                 lo, hi = self.load(acc, j * (bn // 2) + i * 2), self.load(acc, j * (bn // 2) + i * 2 + 1)
                 packed = self._reg(None, "fragment_convert")
                 self._node("cvt_pack", dst=packed, args=(lo, hi), dtype="uint32", to=target[3])
                 self.store(into, j * quarter + i, name(packed))
+
+    def _fp8_convert(self, acc, into: Buffer, blocks: int, bn: int, dtype: str) -> None:
+        """FP8 :meth:`fragment_convert`. For each k32 step s and row half h of a 64-row block, lane u of a
+        row's four lanes holds the pairs (byte pairs after cvt_pack) of columns 2u and 8 + 2u of each
+        16-column half G0, G1 of the step (accumulator registers 16s + 4m + 2h + {0, 1}, m = 0..3) and
+        needs columns 4u..4u+3 of each (mma_layout.fp8_operand_slot: registers 4s + h and 4s + 2 + h),
+        that is the pairs u' = 2u, 2u + 1 of lanes (2u) % 4 and (2u + 1) % 4, their slot u / 2. Lane s' sends
+        its slot (s' % 2) of G0 and G1 in one register to the lane that reads it in the first shuffle
+        (source lane: u's two bits swapped) and its other slot in the second (that source ^ 1); the two
+        registers received are put together by byte permutes."""
+        lane = name("threadIdx.x") % 4
+        odd, upper = lane % 2, lane / 2
+        first = name("threadIdx.x") % 32 - lane + odd * 2 + upper  # lane u reads lane (u's bits swapped)
+        per_block = bn // 8
+        with self.loop(f"{into.name}_j", blocks, kind="unroll") as j:
+            with self.loop(f"{into.name}_s", bn // 32, kind="unroll") as s:
+                with self.loop(f"{into.name}_h", 2, kind="unroll") as h:
+                    pairs = []
+                    for m in range(4):  # the pair of the thread's columns 8m + 2u, + 1 of the step, its row half h
+                        reg = j * (bn // 2) + s * 16 + m * 4 + h * 2
+                        packed = self._reg(None, "fragment_convert")
+                        self._node("cvt_pack", dst=packed, args=(self.load(acc, reg), self.load(acc, reg + 1)),
+                                   dtype="uint32", to=dtype)
+                        pairs.append(name(packed))
+                    # slots 0, 1 of G0 (m = 0, 1) and of G1 (m = 2, 3), each in one register
+                    g0, g1 = (call("byte_perm", pairs[2 * g], pairs[2 * g + 1], 0x5410) for g in (0, 1))
+                    sent = [call("byte_perm", g0, g1, 0x5410 + odd * 0x2222),   # slot (lane % 2) of G0 and G1
+                            call("byte_perm", g0, g1, 0x7632 - odd * 0x2222)]   # the other slot
+                    got = [self.shfl(sent[0], first, "idx", dtype="uint32"),
+                           self.shfl(sent[1], first + 1 - 2 * upper, "idx", dtype="uint32")]  # first ^ 1
+                    # lanes 0, 1 got the lower pair first, lanes 2, 3 the upper one
+                    for g, select in ((0, 0x5410), (1, 0x7632)):
+                        self.store(into, j * per_block + s * 4 + g * 2 + h,
+                                   call("byte_perm", got[0], got[1], select - upper * 0x43BC))
 
     def mma_store(self, acc, tmap, coords: Sequence[TermLike]) -> None:
         """The epilogue: every accumulator element to the output tile at ``coords`` (row, column of its first

@@ -123,7 +123,7 @@ def _clamped(i: Term, extent: TermLike) -> Term:
     return call("min", i, as_term(extent) - 1)
 
 
-PACKED = {"bfloat16": "bf16x2", "float16": "f16x2"}
+PACKED = {"bfloat16": "bf16x2", "float16": "f16x2", "float8_e4m3": "e4m3x4", "float8_e5m2": "e5m2x4"}
 # combine -> (identity, the kernel's binary op); the shuffles that combine the lanes sharing a row / a column
 FRAGMENT_COMBINE = {"max": (float("-inf"), "max"), "min": (float("inf"), "min"), "sum": (0.0, "add")}
 FRAGMENT_OPS = {op: c for c, (_, op) in FRAGMENT_COMBINE.items()}

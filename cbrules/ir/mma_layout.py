@@ -251,6 +251,19 @@ def fragment_slot(row, col, n: int):
     return thread, reg
 
 
+def fp8_operand_slot(row, col):
+    """(thread, register, byte) holding element (``row``, ``col``) of the [64, 32] A operand of one
+    m64nNk32 FP8 wgmma from registers (four 4-byte registers a thread; CUTLASS's ALayout_64x32): thread
+    32 (row / 16) + 4 (row % 8) + (col % 16) / 4, register 2 (col / 16) + (row % 16) / 8, byte col % 4.
+    Unlike the 2-byte types' A, this is not the accumulator's thread map: a thread holds 4 neighbouring
+    columns where the accumulator gives it 2 (fragment_convert moves the bytes between the lanes)."""
+    i, j = np.asarray(row, np.int64), np.asarray(col, np.int64)
+    _in_range(i, MMA_M, "A operand row")
+    _in_range(j, K_STEP_BYTES, "column of an m64k32 A operand")
+    thread = 32 * (i // 16) + 4 * (i % 8) + (j % 16) // 4
+    return thread, 2 * (j // 16) + (i % 16) // 8, j % 4
+
+
 def _in_range(v: np.ndarray, size: int, what: str) -> None:
     bad = (v < 0) | (v >= size)
     if bad.any():

@@ -264,7 +264,7 @@ OP_DOCS: dict[str, str] = {
     "wgmma_commit": "close the group of mma this warp group issued since its last commit",
     "wgmma_wait": "wait until at most pending of this warp group's committed mma groups are incomplete",
     "cvt_pack": "dst (uint32) = args[0] and args[1] rounded to `to` (bfloat16 or float16), packed with args[0] in the "
-                "low half: a pair of a register MMA operand",
+                "low half: a pair of a register MMA operand; to an FP8 type (saturating), two bytes in the low half",
     "shfl": "dst = args[0] of another lane of this warp (all 32 lanes execute it together, full mask): lane "
             "^ args[1] (mode xor), lane + args[1] (down), lane - args[1] (up) or lane args[1] (idx), within "
             "segments of width lanes; a lane whose source falls outside its segment keeps its own value",

@@ -223,6 +223,20 @@ def swizzle_index(i, esize, span):
     return (o ^ (((o >> 7) & (span // 16 - 1)) << 4)) // esize
 
 
+def byte_perm(x, y, selector):
+    """CUDA's ``__byte_perm(x, y, s)`` (PTX ``prmt.b32``): byte i of the result is byte ``(s >> 4i) & 7``
+    of the eight bytes of ``y:x`` (x's bytes 0-3, y's 4-7). Works on ints and numpy arrays (as int64) alike."""
+    if any(hasattr(v, "shape") for v in (x, y, selector)):
+        import numpy as np
+        x, y, selector = (np.asarray(v).astype(np.int64) for v in (x, y, selector))
+    out = 0
+    for i in range(4):
+        pick = (selector >> (4 * i)) & 7
+        source = (pick < 4) * (x & 0xFFFFFFFF) + (pick >= 4) * (y & 0xFFFFFFFF)
+        out = out | (((source >> (8 * (pick & 3))) & 0xFF) << (8 * i))
+    return out
+
+
 DEVICE_FUNCTIONS: dict[str, DeviceFunction] = {
     "elect_one": DeviceFunction(0),
     "elect_warp": DeviceFunction(1),  # one elected thread of warp w (the producer warp group's first warp)
@@ -232,6 +246,8 @@ DEVICE_FUNCTIONS: dict[str, DeviceFunction] = {
     "max": DeviceFunction(2, max),
     # swizzle(i, element bytes, span bytes): see swizzle_index
     "swizzle": DeviceFunction(3, swizzle_index),
+    # byte_perm(x, y, selector): CUDA's __byte_perm (an FP8 register operand's bytes moved between lanes)
+    "byte_perm": DeviceFunction(3, byte_perm),
 }
 
 

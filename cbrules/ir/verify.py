@@ -13,7 +13,7 @@ from ..errors import CbrulesError
 from .attributes import (ARG_COUNTS, ENUM_KEYS, INT_HIGH, INT_KEYS, attribute_problem, ident_keys, register_count,
                          term_problem)
 from .names import BUILTINS, RULES, problem
-from .ops import (DTYPES, FLOAT32_ONLY, FLOAT_REGISTERS, HALF_DTYPES, LOOP_KINDS, MATH, MAX_SCOPE_DEPTH, OPS, REDUCE_COMBINE, SCOPES,
+from .ops import (DTYPES, FLOAT32_ONLY, FP8_DTYPES, FLOAT_REGISTERS, HALF_DTYPES, LOOP_KINDS, MATH, MAX_SCOPE_DEPTH, OPS, REDUCE_COMBINE, SCOPES,
                   SHFL_MODES, SPACES, STORAGE_DTYPES, WARP_SIZE, term_values)
 from .order import CONTAINS, DEPENDS, ScheduleError, order_among, sibling_order
 from .terms import Term
@@ -180,9 +180,9 @@ def _attributes(kg: KernelGraph) -> None:
         if op in MATH and d["dtype"] not in FLOAT_REGISTERS:
             raise GraphError("attributes", f"{kg.describe(n)}: {op} into a {d['dtype']!r} register; it computes in "
                              f"{' or '.join(FLOAT_REGISTERS)}", n)
-        if op == "cvt_pack" and (d["to"] not in HALF_DTYPES or d["dtype"] != "uint32"):
+        if op == "cvt_pack" and (d["to"] not in HALF_DTYPES + FP8_DTYPES or d["dtype"] != "uint32"):
             raise GraphError("attributes", f"{kg.describe(n)}: packs to {d['to']!r} into a {d['dtype']!r} register; "
-                             f"expected one of {', '.join(HALF_DTYPES)} into uint32", n)
+                             f"expected one of {', '.join(HALF_DTYPES + FP8_DTYPES)} into uint32", n)
         if op == "mma" and d.get("a_space") not in (None, "register"):
             raise GraphError("attributes", f"{kg.describe(n)}: a_space {d['a_space']!r}; give 'register' (A from "
                              "registers) or leave it out (A a shared tile)", n)

@@ -960,8 +960,9 @@ class _BlockRunner:
         return b_major, b_span
 
     def _mma_register_a(self, s: Step, mask: np.ndarray) -> None:
-        """An mma whose A is packed registers: block j, k-step s reads registers a_offset + j*BK/4 + 4s ..
-        + 3 of each thread of the warp group, B as a shared tile in either layout (see :meth:`_mma`)."""
+        """An mma whose A is packed registers: block j, k-step s reads registers a_offset + j*R + 4s .. + 3
+        of each thread of the warp group (R = BK/4 registers a block, FP8 BK/8: k32 steps), B as a shared
+        tile in either layout (see :meth:`_mma`; FP8: K-major)."""
         a = s.attrs
         bm, bn, bk = (int(x) for x in a["shape"])
         groups, span, dtype = int(a["groups"]), int(a["swizzle"]), a["dtype"]
@@ -969,21 +970,24 @@ class _BlockRunner:
         rows = bm // groups
         acc, regs = self.regarrays.get(a["acc"]), self.regarrays.get(a["a"])
         tile_b = self.proto.shared.get(a["b"])
+        size, kk = DTYPE_BYTES.get(dtype), interp_mma.k_step(dtype) if dtype in MMA_DTYPES else MMA_K
         if acc is None or acc.shape[1] != (rows // MMA_M) * bn // 2 or regs is None or regs.dtype != np.uint32 \
-                or tile_b is None or tile_b.data.dtype.itemsize != 2:
-            raise MmaIssueError(f"an mma of tile ({bm}, {bn}, {bk}) with A from registers needs float32 register "
-                                f"array {a['acc']!r}, uint32 register array {a['a']!r} and a shared 2-byte tile "
-                                f"{a['b']!r}", self.site())
+                or tile_b is None or tile_b.data.dtype.itemsize != size:
+            raise MmaIssueError(f"an mma of {dtype} tile ({bm}, {bn}, {bk}) with A from registers needs float32 "
+                                f"register array {a['acc']!r}, uint32 register array {a['a']!r} and a shared "
+                                f"{size}-byte tile {a['b']!r}", self.site())
+        per_block = bk * size // 8  # registers of A a thread holds for one 64-row block
         for wg, g, lanes, a_off, b_off, scale_d in self._issuing_groups(s, mask, groups):
-            first, last = a_off, a_off + (rows // MMA_M) * bk // 4
+            first, last = a_off, a_off + (rows // MMA_M) * per_block
             if first < 0 or last > regs.shape[1]:
                 raise MmaIssueError(f"an mma reads registers {a['a']}[{first}:{last}], outside its {regs.shape[1]}",
                                     self.site())
             frags = acc[lanes]
             try:
                 if self.p.mma_async:
-                    descs = [b_tile_descriptor(2 * b_off, bn, bk, b_span, b_major, ks) for ks in range(bk // MMA_K)]
-                    idx = np.concatenate([operand_addresses(d, bn, TRANSPOSE[b_major]).ravel() for d in descs]) // 2
+                    descs = [b_tile_descriptor(size * b_off, bn, bk, b_span, b_major, ks) for ks in range(bk // kk)]
+                    idx = np.concatenate([operand_addresses(d, bn, TRANSPOSE[b_major], dtype).ravel()
+                                          for d in descs]) // size
                     out = idx[(idx < 0) | (idx >= tile_b.data.size)]
                     if out.size:
                         raise MmaIssueError(f"an mma reads {tile_b.name}[{int(out[0])}], outside its "
@@ -997,15 +1001,15 @@ class _BlockRunner:
                                             f"{tile_b.data.size} elements", self.site())
                 for j in range(rows // MMA_M):
                     cols = slice(j * bn // 2, (j + 1) * bn // 2)
-                    for ks in range(bk // MMA_K):
-                        r0 = a_off + j * bk // 4 + 4 * ks
+                    for ks in range(bk // kk):
+                        r0 = a_off + j * per_block + 4 * ks
                         sd = int(bool(scale_d) or ks > 0)
                         if descs is not None:
                             frags[:, cols] = wgmma_register_a(frags[:, cols], regs[lanes, r0:r0 + 4], tile_b.data,
                                                               descs[ks].encode(), n=bn, dtype=dtype, scale_d=sd,
                                                               trans_b=TRANSPOSE[b_major])
                         else:
-                            bt = tile_b.data[elements[:, ks * MMA_K:(ks + 1) * MMA_K]].astype(np.float64)
+                            bt = tile_b.data[elements[:, ks * kk:(ks + 1) * kk]].astype(np.float64)
                             self._register_a_logical(frags, cols, regs[lanes, r0:r0 + 4], bt, dtype, sd)
             except MmaLayoutError as e:
                 raise MmaIssueError(str(e), self.site()) from None

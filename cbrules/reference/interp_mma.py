@@ -22,8 +22,8 @@ from typing import Union
 import ml_dtypes
 import numpy as np
 
-from ..ir.mma_layout import (MMA_DTYPES, MMA_K, MMA_M, WARPGROUP, MatrixDescriptor, MmaLayoutError, check_n,
-                             fragment_slot, k_step, operand_address)
+from ..ir.mma_layout import (K_STEP_BYTES, MMA_DTYPES, MMA_K, MMA_M, WARPGROUP, MatrixDescriptor, MmaLayoutError,
+                             check_n, fp8_operand_slot, fragment_slot, k_step, operand_address)
 from ..ir.ops import DTYPE_BYTES
 from .hazards import InterpError
 
@@ -107,9 +107,22 @@ def wgmma(acc: np.ndarray, a_smem: np.ndarray, desc_a: Descriptor, b_smem: np.nd
 
 def pack_pairs(lo: np.ndarray, hi: np.ndarray, dtype: str) -> np.ndarray:
     """``cvt.rn.{bf16x2,f16x2}.f32``: each pair rounded to nearest even to ``dtype`` and packed into a
-    uint32, ``lo`` in the low half."""
+    uint32, ``lo`` in the low half. FP8 (``cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32``): the pair saturated
+    to the largest finite value and packed into the low 16 bits, ``lo`` in the low byte."""
+    size = DTYPE_BYTES[dtype]
+    if size == 1:
+        bits = [_fp8_bits(v, dtype) for v in (lo, hi)]
+        return bits[0] | (bits[1] << 8)
     bits = [np.asarray(v, np.float32).astype(_STORAGE[dtype]).view(np.uint16).astype(np.uint32) for v in (lo, hi)]
     return bits[0] | (bits[1] << 16)
+
+
+def _fp8_bits(v, dtype: str) -> np.ndarray:
+    """``v`` rounded to nearest even to an FP8 ``dtype``, saturated (satfinite: NaN stays NaN), as uint32 bits."""
+    x = np.asarray(v, np.float32)
+    top = float(ml_dtypes.finfo(_STORAGE[dtype]).max)
+    x = np.where(np.isnan(x), x, np.clip(x, -top, top))
+    return x.astype(_STORAGE[dtype]).view(np.uint8).astype(np.uint32)
 
 
 def register_operand(packed: np.ndarray, dtype: str) -> np.ndarray:
@@ -119,12 +132,28 @@ def register_operand(packed: np.ndarray, dtype: str) -> np.ndarray:
     packed = np.asarray(packed)
     if packed.ndim != 2 or packed.shape[0] != WARPGROUP or packed.dtype != np.uint32:
         raise MmaOperandError(f"register operand of {packed.dtype} {packed.shape}: a warp group holds uint32 "
-                              f"[{WARPGROUP}, K/4]")
+                              f"[{WARPGROUP}, K/4] (FP8: [{WARPGROUP}, K/8])")
+    if DTYPE_BYTES.get(dtype) == 1:
+        return _fp8_register_operand(packed, dtype)
     k = check_n(4 * packed.shape[1])
     halves = np.stack([packed & 0xFFFF, packed >> 16], axis=-1).astype(np.uint16).reshape(WARPGROUP, k // 2)
     rows, cols = np.meshgrid(np.arange(MMA_M), np.arange(k), indexing="ij")
     thread, reg = fragment_slot(rows, cols, k)
     return halves[thread, reg].view(_STORAGE[dtype]).astype(np.float32)
+
+
+def _fp8_register_operand(packed: np.ndarray, dtype: str) -> np.ndarray:
+    """The FP8 A tile [64, K] of packed registers [128, K/8]: four registers a k32 step
+    (:func:`cbrules.ir.mma_layout.fp8_operand_slot`)."""
+    if packed.shape[1] % 4:
+        raise MmaOperandError(f"FP8 register operand of {packed.shape[1]} registers a thread: a k32 step takes 4")
+    rows, cols = np.meshgrid(np.arange(MMA_M), np.arange(K_STEP_BYTES), indexing="ij")
+    thread, reg, byte = fp8_operand_slot(rows, cols)
+    steps = []
+    for s in range(packed.shape[1] // 4):
+        bits = (packed[thread, 4 * s + reg] >> (8 * byte).astype(np.uint32)) & 0xFF
+        steps.append(bits.astype(np.uint8).view(_STORAGE[dtype]).astype(np.float32))
+    return np.concatenate(steps, axis=1)
 
 
 def wgmma_register_a(acc: np.ndarray, a_regs: np.ndarray, b_smem: np.ndarray, desc_b: Descriptor, *, n: int,
@@ -135,9 +164,12 @@ def wgmma_register_a(acc: np.ndarray, a_regs: np.ndarray, b_smem: np.ndarray, de
     if scale_d not in (0, 1):
         raise MmaOperandError(f"wgmma scale-d = {scale_d!r}: one of (0, 1)")
     a = register_operand(a_regs, dtype)
-    if a.shape != (MMA_M, MMA_K):
-        raise MmaOperandError(f"register operand of {a_regs.shape[1]} registers a thread: one k16 step takes 4")
-    b = read_operand(b_smem, operand_addresses(desc_b, n, trans_b), dtype, "B")
+    if a.shape != (MMA_M, k_step(dtype)):
+        raise MmaOperandError(f"register operand of {a_regs.shape[1]} registers a thread: one k{k_step(dtype)} "
+                              "step takes 4")
+    if trans_b and k_step(dtype) != MMA_K:
+        raise MmaOperandError(f"wgmma with an {dtype} B and transpose immediate 1: FP8 operands are K-major")
+    b = read_operand(b_smem, operand_addresses(desc_b, n, trans_b, dtype), dtype, "B")
     prod = (a.astype(np.float64) @ b.astype(np.float64).T).astype(np.float32)
     rows, cols = np.meshgrid(np.arange(MMA_M), np.arange(n), indexing="ij")
     thread, reg = fragment_slot(rows, cols, n)

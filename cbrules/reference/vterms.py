@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Optional
 import numpy as np
 
 from ..errors import CbrulesError
-from ..ir.terms import Term, swizzle_index, to_c
+from ..ir.terms import Term, byte_perm, swizzle_index, to_c
 
 Value = Any  # int | float | bool | np.ndarray
 Compiled = Callable[[Mapping[str, Value], "Lanes"], Value]
@@ -159,7 +159,13 @@ _CALLS: dict[str, Callable[..., Value]] = {
     "rsqrt": _float_fn(lambda x: x.dtype.type(1) / np.sqrt(x)), "fabs": _float_fn(np.abs),
     "abs": _float_fn(np.abs),
     "swizzle": lambda i, esize, span: swizzle_index(i, int(esize), int(span)),
+    "byte_perm": lambda x, y, s: _as_uint32(byte_perm(x, y, s)),
 }
+
+
+def _as_uint32(v: Value) -> Value:
+    """A C unsigned int: __byte_perm's result."""
+    return v.astype(np.uint32) if isinstance(v, np.ndarray) else np.uint32(v)
 
 
 def negate(x: Value) -> Value:
