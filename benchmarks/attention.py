@@ -9,6 +9,9 @@ Grid: D in 64, 128, 256 x L in 1k, 4k, 16k x causal both; batch x 16 heads with 
 GPU filled at every L). TFLOP/s = 4 * B * H * L^2 * D / time, halved when causal. Every implementation's
 output is checked against cuDNN's first (max abs error printed). ``--plain`` also times the kernel
 without warp specialization; ``--quick`` shortens the sustain and idle phases (for a first look only).
+``--fp8`` also times the FP8 (e4m3) kernel on the same inputs quantized per tensor (x / scale, scale =
+amax / 448; V transposed to [D, L] beforehand, outside the timing), its error against cuDNN's bfloat16
+output printed, its ratio to the bfloat16 kernel in the table.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ DIMS, LENGTHS = (64, 128, 256), (1024, 4096, 16384)
 OURS = {"ours": {"warp_specialize": True}}  # stages, tiles: the kernel's defaults for each D
 PLAIN = {"ours (plain)": {}}
 PERSISTENT = {"ours persistent": {"warp_specialize": True, "persistent": 132}}  # non-causal: a block an SM
+FP8 = {"ours fp8": {"warp_specialize": True, "dtype": "float8_e4m3"}}
 
 
 def tflops(b: int, length: int, d: int, causal: bool, seconds: float) -> float:
@@ -45,6 +49,7 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=100, help="launches whose median is the figure")
     p.add_argument("--idle", type=float, default=5.0, help="seconds idle before each implementation")
     p.add_argument("--no-triton", action="store_true", help="leave the Triton peer out")
+    p.add_argument("--fp8", action="store_true", help="also time the FP8 (e4m3) kernel")
     a = p.parse_args(argv)
     dims, lengths = (tuple(int(x) for x in t.split(",")) for t in (a.dims, a.lengths))
     causals = {"both": (False, True), "no": (False,), "yes": (True,)}[a.causal]
@@ -62,7 +67,7 @@ def main(argv=None) -> int:
             from benchmarks.triton_attention import attention as triton_attention
         except ImportError as e:  # no Triton here: the other peers still run
             print(f"Triton peer left out: {e}", flush=True)
-    ours = {**OURS, **(PLAIN if a.plain else {}), **(PERSISTENT if a.persistent else {})}
+    ours = {**OURS, **(PLAIN if a.plain else {}), **(PERSISTENT if a.persistent else {}), **(FP8 if a.fp8 else {})}
     compiled = {}
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -95,10 +100,17 @@ def main(argv=None) -> int:
                     if (d, causal, label) not in compiled:
                         continue
                     o = torch.full_like(q, float("nan"))
-                    bound = compiled[(d, causal, label)].bind(q=q.view(b * HEADS, length, d),
-                                                              k=k.view(b * HEADS, length, d),
-                                                              v=v.view(b * HEADS, length, d),
-                                                              o=o.view(b * HEADS, length, d))
+                    tensors = dict(q=q, k=k, v=v)
+                    if "dtype" in ours[label]:  # FP8: per-tensor scales, V as V^T [D, L]
+                        tensors = {n: _quantized(x, torch) for n, x in tensors.items()}
+                        scales = {f"scale_{n}": s for n, (_, s) in tensors.items()}
+                        tensors = {n: x for n, (x, _) in tensors.items()}
+                        tensors["vt"] = tensors.pop("v").transpose(-1, -2).contiguous().view(b * HEADS, d, length)
+                    else:
+                        scales = {}
+                    bound = compiled[(d, causal, label)].bind(
+                        **{n: x if n == "vt" else x.view(b * HEADS, length, d) for n, x in tensors.items()},
+                        o=o.view(b * HEADS, length, d), **scales)
                     outs[label] = o
                     launches[label] = bound.launch
                 for lb, fn in list(launches.items()):  # once each, then every output against cuDNN's
@@ -134,6 +146,12 @@ def main(argv=None) -> int:
     return 0
 
 
+def _quantized(x, torch):
+    """(x / s rounded to e4m3, s) with s = amax / 448 (e4m3's largest finite value)."""
+    s = float(x.abs().amax().float()) / 448.0
+    return (x.float() / s).to(torch.float8_e4m3fn), s
+
+
 def _line(row: dict, labels: list) -> str:
     parts = [f"{lb} {row[f'{lb} tflops']:.0f} (err {row[f'{lb} max_err']:.3g})" for lb in labels
              if f"{lb} tflops" in row]
@@ -143,15 +161,18 @@ def _line(row: dict, labels: list) -> str:
 def _table(rows: list, labels: list) -> str:
     ours = [lb for lb in labels if lb.startswith("ours")]
     peers = [lb for lb in labels if not lb.startswith("ours")]
+    fp8 = "ours fp8" in labels and "ours" in labels  # the FP8 kernel against the bfloat16 one too
     head = "| D | L | causal | " + " | ".join(f"{lb} TFLOP/s" for lb in labels) + " | " + \
-        " | ".join(f"{lb} / {peer}" for lb in ours for peer in peers) + " |"
-    lines = [head, "|" + "---|" * (3 + len(labels) + len(peers) * len(ours))]
+        " | ".join(f"{lb} / {peer}" for lb in ours for peer in peers) + (" | ours fp8 / ours" if fp8 else "") + " |"
+    lines = [head, "|" + "---|" * (3 + len(labels) + len(peers) * len(ours) + fp8)]
     for r in rows:
         cells = [str(r["d"]), str(r["length"]), "yes" if r["causal"] else "no"]
         cells += [f"{r[f'{lb} tflops']:.0f}" if f"{lb} tflops" in r else "-" for lb in labels]
         for lb in ours:  # "-": a variant not built for this row (persistent: non-causal only)
             cells += [f"{r[f'{lb} tflops'] / r[f'{peer} tflops']:.2f}" if f"{lb} tflops" in r else "-"
                       for peer in peers]
+        if fp8:
+            cells.append(f"{r['ours fp8 tflops'] / r['ours tflops']:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

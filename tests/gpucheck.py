@@ -19,7 +19,8 @@ def poisoned_run(ck, args: dict, want: dict, outputs, rtol: float, atol: float, 
         if not np.allclose(got, want[out], rtol=rtol, atol=atol):
             bad = np.argwhere(~np.isclose(got, want[out], rtol=rtol, atol=atol))
             failures.append(f"shape {shape}: {out} differs at {len(bad)} elements, first {bad[0].tolist()}: "
-                            f"{got[tuple(bad[0])]} vs {want[out][tuple(bad[0])]}")
+                            f"{got[tuple(bad[0])]} vs {want[out][tuple(bad[0])]} (max |error| "
+                            f"{np.nanmax(np.abs(got - want[out])):.3g}, max |want| {np.nanmax(np.abs(want[out])):.3g})")
     return failures
 
 

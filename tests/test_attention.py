@@ -117,9 +117,62 @@ def test_refusals_by_name():
                       (dict(dtype="float32"), "tensor cores"), (dict(bn=100), "keys a tile"),
                       (dict(bn=80.0), "keys a tile"), (dict(bm=128.0), "query rows"),
                       (dict(head_dim=128.0), "built for"), (dict(head_dim=256, bn=96), "registers"),
-                      (dict(scale=-1.0), "positive"), (dict(stages=6, head_dim=128), "shared memory")):
+                      (dict(scale=-1.0), "positive"), (dict(stages=6, head_dim=128), "shared memory"),
+                      (dict(dtype="float8_e4m3", bn=80), "one swizzle span"),
+                      (dict(dtype="float8_e4m3", head_dim=256, bn=128), "registers")):
         with pytest.raises(AttentionError, match=what):
             attention(**bad)
+
+
+# FP8: q, k and V^T [BH, D, Lk] in e4m3 / e5m2 with dequantization scales; the reference models the kernel's
+# rounding of P to the FP8 type (specs.attention_fp8_reference), so what is left is float32 and the bf16 output
+@pytest.mark.parametrize("shape,d,causal,dtype,options", [
+    ((2, 70, 112), 64, False, "float8_e4m3", dict(stages=2)),
+    ((1, 130, 144), 128, True, "float8_e4m3", dict(stages=2)),
+    ((2, 100, 272), 64, False, "float8_e5m2", dict(warp_specialize=True, stages=2)),
+    ((1, 200, 208), 128, True, "float8_e4m3", dict(warp_specialize=True, stages=3)),
+    ((1, 65, 80), 256, False, "float8_e4m3", dict(warp_specialize=True)),
+    ((3, 70, 144), 64, False, "float8_e4m3", dict(warp_specialize=True, persistent=2)),
+], ids=str)
+def test_fp8_attention_matches_the_model_of_its_rounding(shape, d, causal, dtype, options):
+    spec = SPEC.variant(head_dim=d, causal=causal, lse=True).for_dtype(dtype)
+    args = spec.make_inputs(shape, np.random.default_rng(sum(shape)), dtype)
+    assert args["vt"].shape == (shape[0], d, shape[2]) and args["o"].dtype.name == "bfloat16"
+    want = spec.expected(args)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        got = run(api.lower(attention(head_dim=d, causal=causal, dtype=dtype, lse=True, **options)), args)
+    o = np.asarray(got["o"]).astype(np.float64)
+    rtol, atol = spec.tolerances(shape, dtype)
+    np.testing.assert_allclose(o, want["o"], rtol=rtol, atol=atol)
+    np.testing.assert_allclose(got["lse"], want["lse"], rtol=1e-5, atol=1e-5)
+    # and within the FP8 inputs' own error of the exact (dequantized) attention: P's rounding is 2^-4 for e4m3
+    exact, _ = attention_reference(args["q"].astype(np.float64) * args["scale_q"],
+                                   args["k"].astype(np.float64) * args["scale_k"],
+                                   args["vt"].astype(np.float64).transpose(0, 2, 1) * args["scale_v"],
+                                   d ** -0.5, causal)
+    unit = {"float8_e4m3": 2 ** -4, "float8_e5m2": 2 ** -3}[dtype]
+    assert np.abs(o - exact).max() <= unit * np.abs(args["vt"].astype(np.float64) * args["scale_v"]).max()
+
+
+def test_fp8_attention_scales_are_applied_once_each():
+    """Each dequantization scale changes the output as it should (a scale applied twice, or not at all, fails)."""
+    spec = SPEC.variant(head_dim=64).for_dtype("float8_e4m3")
+    args = spec.make_inputs((1, 64, 64), np.random.default_rng(3), "float8_e4m3")
+    kg = api.lower(attention(head_dim=64, dtype="float8_e4m3", stages=2))
+    base = np.asarray(run(kg, dict(args))["o"]).astype(np.float64)
+    doubled_v = np.asarray(run(kg, {**args, "scale_v": 2 * args["scale_v"]})["o"]).astype(np.float64)
+    np.testing.assert_allclose(doubled_v, 2 * base, rtol=2 ** -7)
+    # q's and k's scales multiply the scores: doubling one equals doubling the other
+    via_q = run(kg, {**args, "scale_q": 2 * args["scale_q"]})["o"]
+    via_k = run(kg, {**args, "scale_k": 2 * args["scale_k"]})["o"]
+    assert np.array_equal(np.asarray(via_q), np.asarray(via_k))
+    assert not np.allclose(np.asarray(via_q).astype(np.float64), base, rtol=1e-2)
+
+
+def test_fp8_attention_compiles_with_the_k32_register_form():
+    text = api.generate(attention(head_dim=128, dtype="float8_e4m3", causal=True, warp_specialize=True)).text
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in text  # S = Q K^T and P V, both k32
+    assert "cvt.rn.satfinite.e4m3x2.f32" in text and "__byte_perm" in text and "setmaxnreg" in text
 
 
 def test_an_operand_no_tma_load_writes_is_still_refused():

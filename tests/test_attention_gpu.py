@@ -1,6 +1,7 @@
 """The attention kernel on a Hopper GPU: L in 1, 17, 128, 1000, 4096 x D in 64, 128, 256 x causal both x warp
 specialization both, bfloat16 (and float16, queries and keys of different lengths, a softmax scale), outputs
-poisoned first, against a float32 reference (torch's SDPA in float32 when torch is importable, else numpy)."""
+poisoned first, against a float32 reference (torch's SDPA in float32 when torch is importable, else numpy).
+FP8 (e4m3, e5m2) against the float64 numpy model of the kernel's own rounding of P (specs.attention_fp8_reference)."""
 import numpy as np
 import pytest
 
@@ -82,4 +83,37 @@ def test_persistent(d):
     shapes = [(5, n, n) for n in LENGTHS] + [(7, 100, 3000), (3, 3000, 100)]
     failures = [f for shape in shapes for blocks in (132, 5)
                 for f in _run(shape, d, False, warp_specialize=True, persistent=blocks, seed=shape[1])]
+    assert not failures, "\n".join(failures)
+
+
+FP8_LENGTHS = (16, 128, 1008, 4096)  # V^T's rows (Lk bytes) in multiples of 16
+
+
+def _run_fp8(shape, d, causal, dtype="float8_e4m3", seed=0, **options):
+    ck = _compiled(head_dim=d, causal=causal, dtype=dtype, lse=True, **options)
+    spec = SPEC.variant(head_dim=d, causal=causal, lse=True).for_dtype(dtype)
+    args = spec.make_inputs(shape, np.random.default_rng(seed), dtype)
+    want = spec.expected(args)
+    rtol, atol = spec.tolerances(shape, dtype)
+    failures = poisoned_run(ck, args, want, ("o", "lse"), rtol, atol, shape)
+    got_lse = np.asarray(args["lse"]).astype(np.float64)
+    if not np.allclose(got_lse, want["lse"], rtol=1e-4, atol=1e-4):
+        failures.append(f"shape {shape}: lse differs (max error {np.nanmax(np.abs(got_lse - want['lse'])):.3g})")
+    return failures
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_fp8_lengths(d, causal):
+    failures = [f for n in FP8_LENGTHS for f in _run_fp8((3 if n < 4096 else 1, n, n), d, causal,
+                                                          warp_specialize=True, seed=n)]
+    assert not failures, "\n".join(failures)
+
+
+def test_fp8_e5m2_plain_persistent_and_other_lengths():
+    failures = [f for shape in ((2, 100, 3008), (2, 3000, 112)) for f in _run_fp8(shape, 128, False, "float8_e5m2",
+                                                                                   warp_specialize=True)]
+    failures += [f for shape in ((5, 1000, 1008), (3, 333, 784)) for f in _run_fp8(shape, 64, True, stages=2)]
+    failures += [f for blocks in (132, 5) for f in _run_fp8((5, 1000, 1008), 128, False, warp_specialize=True,
+                                                             persistent=blocks)]
     assert not failures, "\n".join(failures)

@@ -46,15 +46,17 @@ from typing import Callable, Iterator, Optional
 from ..errors import CbrulesError
 from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer
 from ..ir.builder_mma import MMA_M
-from ..ir.mma_layout import HALF_MMA_DTYPES as MMA_DTYPES  # FP8 attention: not yet (issue 33)
+from ..ir.mma_layout import MMA_DTYPES
 from ..ir.limits import MAX_SHARED_BYTES
-from ..ir.ops import DTYPE_BYTES
+from ..ir.ops import DTYPE_BYTES, FP8_DTYPES
 from ..ir.terms import call, name
 
 HEAD_DIMS = (64, 128, 256)  # 256 with 64-key tiles: its 64 x 256 output fragment is 128 registers a thread
 BM, BN = 128, 128  # query rows a block (two consumer warp groups; three at D = 64), keys a tile (64 at D = 256)
-PANEL = 64  # columns of D (and of V) one 128-byte-swizzled TMA box holds
+PANEL = 64  # columns of D (and of V) one 128-byte-swizzled TMA box holds (FP8: 128)
 KEY_TILES = (64, 80, 96, 128, 192, 256)  # keys a tile: whole k16 steps of P V; 80 and 96 fill D = 256's registers
+FP8_KEY_TILES = (64, 128)  # FP8: a V^T tile row (bn keys) is one 64- or 128-byte swizzle span
+SWIZZLES = {32: "32B", 64: "64B", 128: "128B"}
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_INF = float("-inf")
@@ -69,11 +71,14 @@ def check(head_dim, dtype, bm, bn, stages, scale) -> None:
     if type(head_dim) is not int or head_dim not in HEAD_DIMS:
         raise AttentionError(f"attention: head_dim={head_dim!r}: built for {', '.join(map(str, HEAD_DIMS))}")
     if dtype not in MMA_DTYPES:
-        raise AttentionError(f"attention: dtype {dtype!r}: the tensor cores take {' or '.join(MMA_DTYPES)} here")
+        raise AttentionError(f"attention: dtype {dtype!r}: the tensor cores take {', '.join(MMA_DTYPES)} here")
     if type(bm) is not int or bm not in (64, 128, 192, 256):
         raise AttentionError(f"attention: bm={bm!r}: 64 to 256 query rows, 64 (one consumer warp group) a step")
-    if type(bn) is not int or bn not in KEY_TILES:
-        raise AttentionError(f"attention: bn={bn!r}: {', '.join(map(str, KEY_TILES))} keys a tile")
+    tiles = FP8_KEY_TILES if dtype in FP8_DTYPES else KEY_TILES
+    if type(bn) is not int or bn not in tiles:
+        raise AttentionError(f"attention: bn={bn!r}: {', '.join(map(str, tiles))} keys a tile"
+                             + (f" for {dtype} (V^T's rows of bn bytes are one swizzle span)"
+                                if dtype in FP8_DTYPES else ""))
     if head_dim == 256 and bn > 80:
         raise AttentionError(f"attention: head_dim=256 with bn={bn}: the 64 x 256 float32 output fragment is 128 "
                              f"registers a thread, the {bn}-key scores {bn // 2} more and P {bn // 4}, with the "
@@ -97,6 +102,14 @@ def attention(stages=None, prefetch=None, war: Optional[str] = None, warp_specia
     """The attention forward over ``q [BH, Lq, D]``, ``k, v [BH, Lk, D]`` into ``o [BH, Lq, D]`` (and
     ``lse [BH, Lq]`` with ``lse=True``); ``scale`` defaults to ``1 / sqrt(head_dim)``. See the module doc.
 
+    FP8 (``dtype`` float8_e4m3 or float8_e5m2): the tensor cores read an FP8 B K-major only, so V comes
+    transposed, ``vt [BH, D, Lk]`` (Lk a multiple of 16: TMA's row pitch), and the kernel takes the
+    dequantization scales as float32 scalars ``scale_q``, ``scale_k``, ``scale_v`` (the inputs are
+    ``x / scale_x`` rounded to FP8): ``o = softmax(scale * scale_q * scale_k * q @ k^T) @ v * scale_v``,
+    o bfloat16. P is rounded to the same FP8 type for P @ V (FlashAttention-3's FP8 forward does the
+    same), its pairs moved between the lanes of a row into the FP8 A operand's layout
+    (:meth:`Kernel.fragment_convert`).
+
     Variants (examples/sliding_window_attention.py): ``mask_mod(e)`` returns the predicate that keeps a
     score element (``e.row`` its query, ``e.col`` its key; False sends it to -inf), on top of the keys'
     end and ``causal``; ``key_blocks(row0, key_tiles)`` returns ``(first, stop, partial)``: the key
@@ -113,19 +126,30 @@ def attention(stages=None, prefetch=None, war: Optional[str] = None, warp_specia
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     c = scale * LOG2E  # scores in the log2 domain: exp(scale * s - m) = exp2(c * s - m')
     groups = bm // MMA_M
-    panels = d // PANEL
+    fp8 = dtype in FP8_DTYPES
+    panel = min(d, 128 // DTYPE_BYTES[dtype])  # columns of D in one K-major row of at most 128 bytes
+    panels = d // panel
+    swizzle = SWIZZLES[panel * DTYPE_BYTES[dtype]]
     k = Kernel("attention", block=128 * groups)
     bh, lq, lk = k.symbol("BH"), k.symbol("Lq"), k.symbol("Lk")
-    q, kt, vt = (k.tensor(nm, (bh, ln, d), dtype) for nm, ln in (("q", lq), ("k", lk), ("v", lk)))
-    o = k.tensor("o", (bh, lq, d), dtype)
+    q, kt = (k.tensor(nm, (bh, ln, d), dtype) for nm, ln in (("q", lq), ("k", lk)))
+    # FP8: V transposed (K-major for P @ V, the only FP8 layout the tensor cores read)
+    vt = k.tensor("vt", (bh, d, lk), dtype) if fp8 else k.tensor("v", (bh, lk, d), dtype)
+    o = k.tensor("o", (bh, lq, d), "bfloat16" if fp8 else dtype)
     lse_out = k.tensor("lse", (bh, lq), "float32") if lse else None
-    q_map = k.tensor_map(q, box=(1, bm, PANEL), swizzle="128B")
-    k_map = k.tensor_map(kt, box=(1, bn, PANEL), swizzle="128B")
-    v_map = k.tensor_map(vt, box=(1, bn, PANEL), swizzle="128B")
-    # Q and K in 64-column panels (a K-major row is one 128-byte span): S = sum over panels of Q_p K_p^T
-    q_t = [k.alloc(f"q_t{p}", "shared", dtype, (bm, PANEL), align=1024) for p in range(panels)]
-    k_t = [k.alloc(f"k_t{p}", "shared", dtype, (bn, PANEL), align=1024) for p in range(panels)]
-    v_t = k.alloc("v_t", "shared", dtype, (bn, d), align=1024)  # [bn, D] as D/64 panels [bn, 64], MN-major B
+    if fp8:  # the dequantization scales: q k^T's into the exponent's factor, v's into the final 1 / l
+        scale_q, scale_k, scale_v = (k.scalar(nm) for nm in ("scale_q", "scale_k", "scale_v"))
+    q_map = k.tensor_map(q, box=(1, bm, panel), swizzle=swizzle)
+    k_map = k.tensor_map(kt, box=(1, bn, panel), swizzle=swizzle)
+    # Q and K in panels (a K-major row is one swizzle span): S = sum over panels of Q_p K_p^T
+    q_t = [k.alloc(f"q_t{p}", "shared", dtype, (bm, panel), align=1024) for p in range(panels)]
+    k_t = [k.alloc(f"k_t{p}", "shared", dtype, (bn, panel), align=1024) for p in range(panels)]
+    if fp8:  # V^T [D, bn]: rows of bn keys (one 64- or 128-byte span), K-major B
+        v_map = k.tensor_map(vt, box=(1, d, bn), swizzle=SWIZZLES[bn])
+        v_t = k.alloc("v_t", "shared", dtype, (d, bn), align=1024)
+    else:
+        v_map = k.tensor_map(vt, box=(1, bn, PANEL), swizzle="128B")
+        v_t = k.alloc("v_t", "shared", dtype, (bn, d), align=1024)  # [bn, D] as D/64 panels [bn, 64], MN-major B
 
     s = k.mma_accumulator(bm, bn, acc="s", groups=groups)
     out = k.mma_accumulator(bm, d, acc="o_acc", groups=groups)
@@ -151,19 +175,23 @@ def attention(stages=None, prefetch=None, war: Optional[str] = None, warp_specia
         first, partial = 0, None
         if key_blocks is not None:
             first, key_tiles, partial = key_blocks(row0, key_tiles)
+        cs = k.assign(k.mul(c, k.mul(scale_q, scale_k)), dst="score_scale") if fp8 else c
 
         with k.loop("r0", rows, kind="unroll") as r:
             k.store(m_run, r, NEG_INF)
             k.store(l_run, r, 0.0)
 
         for p in range(panels):  # once, before the loop: the rules give these loads their own barrier
-            k.tma_load(q_map, (head, row0, p * PANEL), q_t[p])
+            k.tma_load(q_map, (head, row0, p * panel), q_t[p])
         with k.loop("t", key_tiles - first, circular_buffer=cb) as t:
             key0 = (first + t) * bn
             for p in range(panels):
-                k.tma_load(k_map, (head, key0, p * PANEL), k_t[p])
-            for p in range(panels):
-                k.tma_load(v_map, (head, key0, p * PANEL), v_t, offset=p * bn * PANEL)
+                k.tma_load(k_map, (head, key0, p * panel), k_t[p])
+            if fp8:
+                k.tma_load(v_map, (head, 0, key0), v_t)
+            else:
+                for p in range(d // PANEL):
+                    k.tma_load(v_map, (head, key0, p * PANEL), v_t, offset=p * bn * PANEL)
             for p in range(panels):
                 k.mma(s, q_t[p], k_t[p], scale_d=0 if p == 0 else 1)
 
@@ -185,17 +213,17 @@ def attention(stages=None, prefetch=None, war: Optional[str] = None, warp_specia
             k.fragment_reduce(s, "row", "max", into=tile_max)
             with k.loop("r1", rows, kind="unroll") as r:
                 old = k.load(m_run, r)
-                new = k.max(old, k.mul(k.load(tile_max, r), c))
+                new = k.max(old, k.mul(k.load(tile_max, r), cs))
                 # a row with no kept key yet (-inf): its exponents stay -inf (0), not -inf - -inf (NaN)
                 use = k.select(new.eq(NEG_INF), 0.0, new)
                 k.store(alpha, r, k.exp2_approx(k.sub(old, use)))
                 k.store(m_run, r, new)
                 k.store(m_use, r, use)
-            k.fragment_map(s, lambda e: k.exp2_approx(k.sub(k.mul(e.value, c), k.load(m_use, _row_slot(e)))))
+            k.fragment_map(s, lambda e: k.exp2_approx(k.sub(k.mul(e.value, cs), k.load(m_use, _row_slot(e)))))
             _own_row_sums(k, s, l_run, alpha, bn, rows)
             k.fragment_map(out, lambda e: k.mul(e.value, k.load(alpha, _row_slot(e))))
             k.fragment_convert(s, p_regs)
-            k.mma(out, p_regs, v_t, b_layout="kn")
+            k.mma(out, p_regs, v_t, b_layout="nk" if fp8 else "kn")
 
         # the four lanes of a row hold its partial sums: two shuffles give each the row's l; O is scaled by
         # 1 / l, one division a row instead of one an element (the divisions were a fifth of the epilogue)
@@ -204,7 +232,7 @@ def attention(stages=None, prefetch=None, war: Optional[str] = None, warp_specia
             for lane in (1, 2):
                 part = k.add(part, k.shfl(part, lane, "xor"))
             k.store(l_run, r, part)
-            k.store(l_inv, r, k.div(1.0, part))
+            k.store(l_inv, r, k.div(scale_v, part) if fp8 else k.div(1.0, part))
         k.fragment_map(out, lambda e: k.mul(e.value, k.load(l_inv, _row_slot(e))))
         k.fragment_store(out, o, (head, row0, 0))  # a thread's two neighbouring columns in one store
         if lse_out is not None:

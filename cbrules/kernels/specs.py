@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
+import ml_dtypes
 import numpy as np
 
 from ..ir.bind import NP_DTYPES
@@ -317,6 +318,72 @@ def _attention_reference(head_dim: int, causal: bool, scale: Optional[float], ls
     return {"o": o, "lse": row_lse} if lse else {"o": o}
 
 
+def _attention_fp8_inputs(head_dim: int, lse: bool, shape, rng):
+    """FP8 attention's inputs: q, k and V transposed ``vt [BH, D, Lk]`` (rounded to the FP8 type by
+    make_inputs), the dequantization scales in 0.25..2, a bfloat16 o."""
+    args = _attention_inputs(head_dim, lse, shape, rng)
+    args["vt"] = np.ascontiguousarray(args.pop("v").transpose(0, 2, 1))
+    for nm in ("scale_q", "scale_k", "scale_v"):
+        args[nm] = float(np.float32(rng.uniform(0.25, 2.0)))
+    return args
+
+
+def attention_fp8_reference(a: dict, scale: float, causal: bool, bn: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """(o, lse) of FP8 attention computed in float64 the way the kernel computes it: key tiles of ``bn``,
+    a running row max in the log2 domain, P = exp2(c s - m) rounded (saturating) to ``dtype`` before
+    P @ V while the row sum l takes P unrounded, o = O / l * scale_v (c = scale * scale_q * scale_k *
+    log2 e). The rounding of P (2^-4 relative for e4m3) is the kernel's, not an error of it; what is
+    left is float32 arithmetic and the bfloat16 output."""
+    store = NP_DTYPES[dtype]
+    top = float(ml_dtypes.finfo(store).max)
+    q, k = (np.asarray(a[n]).astype(np.float64) for n in ("q", "k"))
+    v = np.asarray(a["vt"]).astype(np.float64).transpose(0, 2, 1)
+    c = scale * _att.LOG2E * a["scale_q"] * a["scale_k"]
+    bh, lq, _ = q.shape
+    lk = k.shape[1]
+    s = (q @ k.transpose(0, 2, 1)) * c
+    if causal:
+        s = np.where(np.arange(lk)[None, None, :] <= np.arange(lq)[None, :, None], s, -np.inf)
+    m = np.full((bh, lq, 1), -np.inf)
+    total = np.zeros((bh, lq, 1))
+    o = np.zeros((bh, lq, v.shape[2]))
+    for key0 in range(0, lk, bn):
+        tile = s[:, :, key0:key0 + bn]
+        new = np.maximum(m, tile.max(axis=-1, keepdims=True))
+        use = np.where(new == -np.inf, 0.0, new)
+        alpha, p = np.exp2(m - use), np.exp2(tile - use)
+        total = total * alpha + p.sum(axis=-1, keepdims=True)
+        rounded = np.minimum(p, top).astype(np.float32).astype(store).astype(np.float64)
+        o = o * alpha + rounded @ v[:, key0:key0 + bn]
+        m = new
+    return o / total * a["scale_v"], ((m + np.log2(total)) * _att.LN2)[..., 0]
+
+
+def _attention_fp8_reference(head_dim: int, causal: bool, scale: Optional[float], lse: bool, dtype: str, a):
+    o, row_lse = attention_fp8_reference(a, 1.0 / math.sqrt(head_dim) if scale is None else scale, causal,
+                                         _att.default_bn(head_dim), dtype)
+    return {"o": o, "lse": row_lse} if lse else {"o": o}
+
+
+def _attention_dtype(head_dim: int, causal: bool, scale: Optional[float], lse: bool, spec: "KernelSpec",
+                     dtype: str) -> "KernelSpec":
+    """attention in ``dtype``: for FP8, V transposed and the scales among the inputs, the kernel's own
+    rounding of P in the reference, a bfloat16 o, Lk a multiple of 16 (V^T's row pitch)."""
+    if dtype not in FP8_DTYPES:
+        return spec
+    bn = _att.default_bn(head_dim)
+    trips = (lambda t: (1, bn * t - 16, bn * t - 16)) if causal else (lambda t: (1, 70, bn * t - 16))
+    return replace(spec, inputs=functools.partial(_attention_fp8_inputs, head_dim, lse),
+                   reference=functools.partial(_attention_fp8_reference, head_dim, causal, scale, lse, dtype),
+                   shapes=ATTENTION_FP8_SHAPES, shape_for_trips=trips, tolerance=lambda s: (2 ** -7, 1e-3),
+                   output_dtype="bfloat16", operands=("q", "k", "vt"),
+                   float32_outputs=spec.float32_outputs + ("scale_q", "scale_k", "scale_v"), dtype_variant=None)
+
+
+# FP8 attention: V^T's rows are Lk bytes, which TMA needs in multiples of 16
+ATTENTION_FP8_SHAPES = ((1, 1, 16), (2, 17, 32), (1, 128, 128), (3, 200, 144), (16, 1024, 1024))
+
+
 def _attention_spec(base: "KernelSpec", head_dim: Optional[int] = None, causal: Optional[bool] = None,
                     lse: Optional[bool] = None, scale: Optional[float] = None,
                     persistent: Optional[int] = None) -> "KernelSpec":
@@ -344,7 +411,8 @@ def _attention_spec(base: "KernelSpec", head_dim: Optional[int] = None, causal: 
                    inputs=functools.partial(_attention_inputs, head_dim, lse),
                    reference=functools.partial(_attention_reference, head_dim, causal, scale, lse),
                    outputs=("o", "lse") if lse else ("o",), shape_for_trips=shape_for_trips,
-                   trips=lambda s: _cdiv(s[2], bn))
+                   trips=lambda s: _cdiv(s[2], bn),
+                   dtype_variant=functools.partial(_attention_dtype, head_dim, causal, scale, lse))
 
 
 def _persistent_attention(factory, blocks: int, **options) -> Kernel:
@@ -452,7 +520,8 @@ _SPECS = [
                (64, 4096, 4096), ((1, 1, 1), (2, 17, 17), (1, 128, 128), (3, 200, 130), (16, 1024, 1024)),
                trips=lambda s: _cdiv(s[2], _att.BN), tolerance=lambda s: (2e-3, 1.5e-2),
                shape_for_trips=lambda t: (1, 70, _att.BN * t - 8), dtypes=_att.MMA_DTYPES, seed=False,
-               float32_outputs=("lse",), variant=lambda **kw: _attention_spec(KERNELS["attention"], **kw)),
+               float32_outputs=("lse",), variant=lambda **kw: _attention_spec(KERNELS["attention"], **kw),
+               dtype_variant=functools.partial(_attention_dtype, 64, False, None, False)),
 ]
 _SPECS += [_row_spec(op) for op in _rows.OPS]
 KERNELS: dict[str, KernelSpec] = {s.name: s for s in _SPECS}
