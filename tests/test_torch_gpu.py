@@ -226,6 +226,7 @@ def test_a_second_launch_of_the_same_layouts_takes_new_addresses_and_still_refus
     for x, out in zip(xs, outs):
         assert rowsum(x=x, out=out) == {"M": 300, "N": 1000}
     planned = len(rowsum._plans)  # the fixture is shared: other tests' layouts may have plans too
+    s = torch.cuda.Stream()
     late = _poisoned(300)
     with torch.cuda.stream(s):
         big = torch.randn(4096, 4096, device="cuda")
