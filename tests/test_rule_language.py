@@ -146,7 +146,8 @@ def test_a_backoff_out_of_range_is_refused_by_the_rule_and_the_graph_checks(tmp_
 def test_every_device_function_is_modelled_by_the_interpreter():
     lane = np.arange(64)
     for name, fn in DEVICE_FUNCTIONS.items():
-        args = {"swizzle": [300, 2, 128]}.get(name, [1, 3][:fn.arity])  # elect_warp(1): warp 1 of the two
+        args = {"swizzle": [300, 2, 128], "byte_perm": [0x33221100, 0x77665544, 0x1054]}.get(
+            name, [1, 3][:fn.arity])  # elect_warp(1): warp 1 of the two
         chosen = (lane == 32) if name == "elect_warp" else (lane == 0)
 
         def elect(mask, *warp):  # the interpreter's election: the first thread of the warp asked for

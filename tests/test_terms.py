@@ -55,7 +55,7 @@ def test_ceil_div_matches_the_device_for_negative_operands():
 
 
 def test_calls_come_only_from_the_device_function_table():
-    assert set(DEVICE_FUNCTIONS) == {"elect_one", "elect_warp", "ceil_div", "min", "max", "swizzle"}
+    assert set(DEVICE_FUNCTIONS) == {"elect_one", "elect_warp", "ceil_div", "min", "max", "swizzle", "byte_perm"}
     with pytest.raises(DeviceFunctionError, match="not a device function.*ceil_div/2"):
         call("atomicAdd", 1)
     with pytest.raises(DeviceFunctionError, match=r"min\(\) takes 2 argument\(s\), got 3"):
