@@ -26,9 +26,9 @@ CATALOG: dict[str, str] = {
               "circular-buffered",
     "matmul_tc": "c = a @ b^T on the tensor cores (wgmma), a [M,K], b [N,K] bfloat16/float16, float32 accumulation; "
                  "128x256 tiles on two consumer warp groups, the K loop circular-buffered with swizzled TMA tiles",
-    "attention": "FlashAttention forward o = softmax(scale q k^T) v, q/k/v [BH, L, D] bfloat16/float16 (D 64 or 128, "
-                 "--causal, --lse): Q loaded once, the key-tile loop circular-buffered, softmax on the score fragment "
-                 "in registers, P as the register A of P @ V",
+    "attention": "FlashAttention forward o = softmax(scale q k^T) v, q/k/v [BH, L, D] bfloat16/float16 or FP8 "
+                 "(V^T [BH, D, L], scales) (D 64, 128 or 256, --causal, --lse): Q loaded once, the key-tile loop "
+                 "circular-buffered, softmax on the score fragment in registers, P as the register A of P @ V",
     "rms_norm": "out = x * rsqrt(mean(x^2) + eps) * weight per row of [M, D], the row in registers (16-byte vector "
                 "loads, one block a row; no TMA)",
     "layer_norm": "out = (x - mean) * rsqrt(var + eps) * weight + bias per row of [M, D], the row in registers",
