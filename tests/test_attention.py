@@ -169,6 +169,22 @@ def test_fp8_attention_scales_are_applied_once_each():
     assert not np.allclose(np.asarray(via_q).astype(np.float64), base, rtol=1e-2)
 
 
+def test_fp8_attention_takes_padded_v_rows_and_refuses_short_ones():
+    # Lk = 100: V^T's rows (100 bytes) cannot be TMA-loaded; padded with zeros to Lv = 112 they can, and the
+    # padding changes nothing (P is 0 there); a V^T with fewer keys than k is refused by name
+    spec = SPEC.variant(head_dim=64).for_dtype("float8_e4m3")
+    args = spec.make_inputs((1, 70, 100), np.random.default_rng(5), "float8_e4m3")
+    kg = api.lower(attention(head_dim=64, dtype="float8_e4m3", stages=2))
+    with pytest.raises(Exception, match="pad the innermost extent from 100 to 112"):
+        run(kg, dict(args))
+    vt = np.zeros((1, 64, 112), args["vt"].dtype)
+    vt[:, :, :100] = args["vt"]
+    got = np.asarray(run(kg, {**args, "vt": vt})["o"]).astype(np.float64)
+    np.testing.assert_allclose(got, spec.expected(args)["o"], rtol=2 ** -7, atol=1e-3)
+    with pytest.raises(Exception, match=r"holds fewer keys \(Lv\) than k \(Lk\).*Lv >= Lk is false"):
+        run(kg, {**args, "vt": np.ascontiguousarray(vt[:, :, :96])})
+
+
 def test_fp8_attention_compiles_with_the_k32_register_form():
     text = api.generate(attention(head_dim=128, dtype="float8_e4m3", causal=True, warp_specialize=True)).text
     assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in text  # S = Q K^T and P V, both k32

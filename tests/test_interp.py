@@ -259,6 +259,33 @@ def test_symbols_come_from_shapes_and_requires_are_checked_like_the_launcher():
         run(kg, {"x": np.zeros((4, 768)), "out": np.zeros((4, 768), F32)})
 
 
+def test_a_requirement_the_builder_declares_survives_lowering_and_refuses_by_name():
+    from cbrules.ir.builder import BuildError, ceil_div, circular_buffer
+    from cbrules.ir.terms import name
+    k = Kernel("req", block=256)
+    n, m = k.symbol("N"), k.symbol("M")
+    x, out = k.tensor("x", (n,)), k.tensor("out", (m,))
+    k.require(m.ge(n), "out must have room for every x")
+    x_map = k.tensor_map(x, box=(256,))
+    tile = k.alloc("tile", "shared", "float32", (256,))
+    k.grid(1)
+    with k.loop("t", ceil_div(n, 256), circular_buffer=circular_buffer(2)) as t:
+        k.tma_load(x_map, (t * 256,), tile)
+        i = t * 256 + threadIdx.x
+        with k.if_(i.lt(n)):
+            k.store(out, i, k.load(tile, threadIdx.x))
+    kg = api.lower(k)
+    got = run(kg, {"x": np.arange(600, dtype=F32), "out": np.zeros(600, F32)})["out"]
+    assert np.array_equal(got, np.arange(600, dtype=F32))
+    with pytest.raises(LaunchError, match=r"out must have room for every x \[M >= N is false for M=500, N=600\]"):
+        run(kg, {"x": np.arange(600, dtype=F32), "out": np.zeros(500, F32)})
+    assert api.generate(k).requires[0][1] == "out must have room for every x"  # the launcher checks it too
+    with pytest.raises(BuildError, match="names Q, which are not symbols"):
+        k.require(name("Q").gt(0), "q")
+    with pytest.raises(BuildError, match="non-empty string"):
+        k.require(n.gt(0), "")
+
+
 def test_inputs_are_not_modified_and_a_sample_of_blocks_runs():
     spec = get("exp1d_tma")
     x = np.random.default_rng(3).standard_normal(256 * 8 * 5).astype(F32)

@@ -135,6 +135,22 @@ class Kernel:
         self.graph.kernel()["grid"] = tuple(_term(d, where, f"grid[{i}]", 1) for i, d in enumerate(dims)) \
             + (as_term(1),) * (3 - len(dims))
 
+    def require(self, predicate: TermLike, message: str) -> None:
+        """A launch-time requirement over the kernel's symbols: a launch (or an interpreter run) whose
+        symbols make ``predicate`` false is refused with ``message`` before anything runs (a condition the
+        kernel needs to be right that its parameters' types cannot say, like one extent at least another)."""
+        where = f"require(...) at {_call_site()}"
+        pred = _term(predicate, where, "predicate")
+        symbols = {p.name for p in self.graph.kernel()["params"] if p.kind == "symbol"}
+        unknown = sorted(n for n in set(pred.names()) if n not in symbols)
+        if unknown:
+            raise BuildError(f"{where}: the predicate names {', '.join(unknown)}, which are not symbols of the kernel; "
+                             "a requirement is checked at launch, where only the symbols are known")
+        if not isinstance(message, str) or not message:
+            raise BuildError(f"{where}: give the refusal's message as a non-empty string")
+        kernel = self.graph.kernel()
+        kernel["requires"] = tuple(kernel.get("requires", ())) + ((pred, message),)
+
     # ---------------------------------------------------------------- node creation
     def _node(self, op: str, **attrs) -> int:
         for key in OPS[op].terms:  # before anything reads them: a term too deep or large cannot be walked or printed

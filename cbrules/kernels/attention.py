@@ -103,7 +103,8 @@ def attention(stages=None, prefetch=None, war: Optional[str] = None, warp_specia
     ``lse [BH, Lq]`` with ``lse=True``); ``scale`` defaults to ``1 / sqrt(head_dim)``. See the module doc.
 
     FP8 (``dtype`` float8_e4m3 or float8_e5m2): the tensor cores read an FP8 B K-major only, so V comes
-    transposed, ``vt [BH, D, Lk]`` (Lk a multiple of 16: TMA's row pitch), and the kernel takes the
+    transposed, ``vt [BH, D, Lv]`` (Lv >= Lk a multiple of 16, TMA's row pitch: rows padded past Lk with
+    zeros where Lk is not; refused by name at launch if Lv < Lk), and the kernel takes the
     dequantization scales as float32 scalars ``scale_q``, ``scale_k``, ``scale_v`` (the inputs are
     ``x / scale_x`` rounded to FP8): ``o = softmax(scale * scale_q * scale_k * q @ k^T) @ v * scale_v``,
     o bfloat16. P is rounded to the same FP8 type for P @ V (FlashAttention-3's FP8 forward does the
@@ -133,8 +134,15 @@ def attention(stages=None, prefetch=None, war: Optional[str] = None, warp_specia
     k = Kernel("attention", block=128 * groups)
     bh, lq, lk = k.symbol("BH"), k.symbol("Lq"), k.symbol("Lk")
     q, kt = (k.tensor(nm, (bh, ln, d), dtype) for nm, ln in (("q", lq), ("k", lk)))
-    # FP8: V transposed (K-major for P @ V, the only FP8 layout the tensor cores read)
-    vt = k.tensor("vt", (bh, d, lk), dtype) if fp8 else k.tensor("v", (bh, lk, d), dtype)
+    # FP8: V transposed (K-major for P @ V, the only FP8 layout the tensor cores read), its rows Lv >= Lk keys
+    # (Lv bytes: TMA needs a multiple of 16, so a caller may pad them; P is 0 past Lk)
+    if fp8:
+        lv = k.symbol("Lv")
+        vt = k.tensor("vt", (bh, d, lv), dtype)
+        k.require(lv.ge(lk), "FP8 attention: vt [BH, D, Lv] holds fewer keys (Lv) than k (Lk); its rows must cover "
+                             "every key (pad them past Lk with zeros to a multiple of 16: TMA's row pitch)")
+    else:
+        vt = k.tensor("v", (bh, lk, d), dtype)
     o = k.tensor("o", (bh, lq, d), "bfloat16" if fp8 else dtype)
     lse_out = k.tensor("lse", (bh, lq), "float32") if lse else None
     if fp8:  # the dequantization scales: q k^T's into the exponent's factor, v's into the final 1 / l

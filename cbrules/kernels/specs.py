@@ -368,7 +368,7 @@ def _attention_fp8_reference(head_dim: int, causal: bool, scale: Optional[float]
 def _attention_dtype(head_dim: int, causal: bool, scale: Optional[float], lse: bool, spec: "KernelSpec",
                      dtype: str) -> "KernelSpec":
     """attention in ``dtype``: for FP8, V transposed and the scales among the inputs, the kernel's own
-    rounding of P in the reference, a bfloat16 o, Lk a multiple of 16 (V^T's row pitch)."""
+    rounding of P in the reference, a bfloat16 o, Lk a multiple of 16 (V^T's row pitch, Lv = Lk)."""
     if dtype not in FP8_DTYPES:
         return spec
     bn = _att.default_bn(head_dim)
