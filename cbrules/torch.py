@@ -531,14 +531,89 @@ def _(q, k, v, causal, scale):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
+_FP8_TORCH = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+@torch.library.custom_op("cbrules::attention_fp8", mutates_args=())
+def _attention_fp8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
+                      descale: list[float]) -> torch.Tensor:
+    op = "cbrules.torch.attention"
+    if q.dim() < 2 or q.dim() != k.dim() or k.shape != v.shape or q.shape[:-2] != k.shape[:-2] \
+            or q.shape[-1] != k.shape[-1]:
+        raise TorchOpError(f"{op}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: give [..., L, D] "
+                           "tensors with the same leading dimensions and head dimension, k and v alike")
+    d = q.shape[-1]
+    if d not in (64, 128, 256):
+        raise TorchOpError(f"{op}: head dimension {d}: the kernel is built for 64, 128 and 256")
+    for what, t in (("q", q), ("k", k), ("v", v)):
+        _require_cuda(op, what, t)
+    lq, lk = q.shape[-2], k.shape[-2]
+    heads = 1
+    for n in q.shape[:-2]:
+        heads *= n
+    o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+    if o.numel() == 0:
+        return o
+    if lk == 0:
+        return o.fill_(float("nan"))
+    # V^T [heads, D, Lv]: the tensor cores read an FP8 B K-major only; rows padded with zeros to a multiple of
+    # 16 keys (TMA's row pitch; P is 0 past Lk)
+    lv = -(-lk // 16) * 16
+    vt = torch.zeros(heads, d, lv, dtype=v.dtype, device=v.device)
+    vt[:, :, :lk] = v.reshape(heads, lk, d).transpose(1, 2)
+    args = {"q": q.contiguous().view(heads, lq, d), "k": k.contiguous().view(heads, lk, d), "vt": vt,
+            "o": o.view(heads, lq, d), "scale_q": descale[0], "scale_k": descale[1], "scale_v": descale[2]}
+    _attention_kernel(q.dtype, d, causal, float(d ** -0.5 if scale is None else scale), args)(**args)
+    return o
+
+
+@_attention_fp8_op.register_fake
+def _(q, k, v, causal, scale, descale):
+    return torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+
+
+def _fp8_descale(op: str, dtypes: set, descale) -> list[float]:
+    """The three dequantization scales of FP8 q, k, v as floats (named refusals: types, values)."""
+    if len(dtypes) != 1:
+        raise TorchOpError(f"{op}: q, k and v of {', '.join(sorted(map(str, dtypes)))}: give FP8 operands of one dtype")
+    if descale is None or not isinstance(descale, (tuple, list)) or len(descale) != 3:
+        raise TorchOpError(f"{op}: FP8 q, k, v need descale=(scale_q, scale_k, scale_v), the floats that "
+                           "dequantize them (x = x_fp8 * scale_x), as Python numbers (a CUDA tensor's value "
+                           "would need a synchronization)")
+    out = []
+    for what, s in zip(("scale_q", "scale_k", "scale_v"), descale):
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not (0 < s < float("inf")):
+            raise TorchOpError(f"{op}: descale {what}={s!r}: give a positive finite Python number")
+        out.append(float(s))
+    return out
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-              scale: Optional[float] = None, enable_gqa: bool = False) -> torch.Tensor:
+              scale: Optional[float] = None, enable_gqa: bool = False,
+              descale: Optional[tuple] = None) -> torch.Tensor:
     """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=enable_gqa)``
     by the built-in FlashAttention kernel (warp-specialized): q [..., Lq, D], k and v [..., Lk, D] with the
     same leading dimensions, D in 64, 128, 256, bfloat16 or float16; causal is top-left aligned as
     torch's is_causal. ``enable_gqa=True`` takes k and v with fewer heads (dimension -3) than q, a
     divisor of q's: each key head serves that many query heads, as torch's; the kernel reads them
-    repeated (a copy of k and v, repeat_interleave), not through a head map of its own."""
+    repeated (a copy of k and v, repeat_interleave), not through a head map of its own.
+
+    FP8 q, k, v (``torch.float8_e4m3fn`` or ``float8_e5m2``, one dtype) take ``descale=(scale_q, scale_k,
+    scale_v)``, Python floats with x = x_fp8 * scale_x, and give a bfloat16 output; V is transposed into a
+    copy (its rows padded to 16 keys) for the kernel, which reads an FP8 V only that way (docs/fp8.md)."""
+    if isinstance(q, torch.Tensor) and q.dtype in _FP8_TORCH:
+        descale = _fp8_descale("cbrules.torch.attention",
+                               {t.dtype for t in (q, k, v) if isinstance(t, torch.Tensor)}, descale)
+        if enable_gqa and all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (q, k, v)) \
+                and k.shape[-3] != q.shape[-3] and k.shape[-3] and q.shape[-3] % k.shape[-3] == 0:
+            k, v = (t.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for t in (k, v))
+        for what, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TorchOpError(f"cbrules.torch.attention: {what} is a {type(t).__name__}, not a torch tensor")
+        return _attention_fp8_op(q, k, v, bool(causal), None if scale is None else float(scale), descale)
+    if descale is not None:
+        raise TorchOpError("cbrules.torch.attention: descale is for FP8 q, k, v; these are "
+                           f"{getattr(q, 'dtype', type(q).__name__)}")
     if enable_gqa and all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (q, k, v)) \
             and k.shape[-3] != q.shape[-3]:
         hq, hk = q.shape[-3], k.shape[-3]

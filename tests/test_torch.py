@@ -81,6 +81,33 @@ def test_grouped_query_attention_traces_with_the_query_heads():
         cbt.attention(q, kv, kv)  # without it, fewer key heads are refused by name
 
 
+def test_fp8_attention_traces_as_one_op_with_a_bfloat16_output():
+    q = torch.randn(2, 3, 100, 128).to(torch.float8_e4m3fn)
+    k = torch.randn(2, 3, 70, 128).to(torch.float8_e4m3fn)
+    graph = _graph_of(lambda q, k, v: cbt.attention(q, k, v, causal=True, descale=(0.5, 0.25, 2.0)), q, k, k)
+    (node,) = [n for n in graph.nodes if str(n.target) == "cbrules.attention_fp8.default"]
+    assert tuple(node.meta["val"].shape) == (2, 3, 100, 128) and node.meta["val"].dtype == torch.bfloat16
+    assert list(node.args[5]) == [0.5, 0.25, 2.0]
+
+
+def test_fp8_attention_refusals_by_name():
+    q8 = torch.randn(2, 10, 64).to(torch.float8_e4m3fn)
+    cases = [
+        (lambda: cbt.attention(q8, q8, q8), r"need descale=\(scale_q, scale_k, scale_v\)"),
+        (lambda: cbt.attention(q8, q8, q8, descale=(1.0, 1.0)), "need descale"),
+        (lambda: cbt.attention(q8, q8, q8, descale=(1.0, torch.tensor(2.0), 1.0)), "scale_k=tensor"),
+        (lambda: cbt.attention(q8, q8, q8, descale=(1.0, 1.0, float("nan"))), "positive finite"),
+        (lambda: cbt.attention(q8, q8.to(torch.float8_e5m2), q8, descale=(1, 1, 1)), "FP8 operands of one dtype"),
+        (lambda: cbt.attention(q8, q8, q8, descale=(1, 1, 1)), "on cpu; cbrules kernels run on CUDA"),
+        (lambda: cbt.attention(q8, q8[:, :, :32], q8, descale=(1, 1, 1)), "same leading dimensions"),
+        (lambda: cbt.attention(*(torch.randn(2, 10, 64, dtype=torch.bfloat16),) * 3, descale=(1, 1, 1)),
+         "descale is for FP8"),
+    ]
+    for call, what in cases:
+        with pytest.raises(cbt.TorchOpError, match=what):
+            call()
+
+
 def test_torch_compile_fullgraph_keeps_the_ops_whole():
     captured = []
 
