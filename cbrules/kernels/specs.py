@@ -74,6 +74,10 @@ class KernelSpec:
     output_dtype: Optional[str] = None
     operands: tuple[str, ...] = ()
     scaling: Optional[str] = None  # matmul_tc: the operands' scales its inputs carry (None: its default)
+    # where the GPU's arithmetic departs from the reference's model (FP8 attention: the tensor cores' FP8
+    # sums keep fewer bits than float32), the (rtol, atol) a run on the GPU is judged by, from its inputs
+    # and the reference's outputs; None: :meth:`tolerances` there too
+    device_tolerance: Optional[Callable[[dict, dict], tuple[float, float]]] = None
 
     def for_dtype(self, dtype: Optional[str]) -> "KernelSpec":
         """This kernel as built for ``dtype``: :attr:`dtype_variant`'s spec, or itself."""
@@ -365,6 +369,25 @@ def _attention_fp8_reference(head_dim: int, causal: bool, scale: Optional[float]
     return {"o": o, "lse": row_lse} if lse else {"o": o}
 
 
+# the tensor cores' FP8 sums: errors measured up to 5.3e-4 of the sum of |a_k b_k| (docs/fp8.md); twice that
+FP8_SUM_DRIFT = 1e-3
+
+
+def attention_fp8_device_tolerance(head_dim: int, scale: Optional[float], dtype: str, a: dict,
+                                   want: dict) -> tuple[float, float]:
+    """(0, atol) for FP8 attention on the GPU against :func:`attention_fp8_reference`: the scores summed by
+    the FP8 tensor cores drift by up to FP8_SUM_DRIFT of sum_k |q_k k_k| (times the scores' scale: P's and
+    lse's relative error), which can also flip P's rounding by one FP8 step (2^-3 relative for e4m3); both
+    times the largest |v|, plus the bfloat16 output's rounding."""
+    q, k = (np.asarray(a[n]).astype(np.float64) * a[f"scale_{n}"] for n in ("q", "k"))
+    v = np.abs(np.asarray(a["vt"]).astype(np.float64)).max(initial=0.0) * a["scale_v"]
+    s = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    drift = FP8_SUM_DRIFT * s * float((np.abs(q) @ np.abs(k).transpose(0, 2, 1)).max(initial=0.0))
+    step = {"float8_e4m3": 2 ** -3, "float8_e5m2": 2 ** -2}[dtype]
+    o = float(np.abs(want["o"]).max(initial=0.0))
+    return 0.0, (step + 2 * drift) * v + 2 ** -8 * o + 1e-4
+
+
 def _attention_dtype(head_dim: int, causal: bool, scale: Optional[float], lse: bool, spec: "KernelSpec",
                      dtype: str) -> "KernelSpec":
     """attention in ``dtype``: for FP8, V transposed and the scales among the inputs, the kernel's own
@@ -377,7 +400,8 @@ def _attention_dtype(head_dim: int, causal: bool, scale: Optional[float], lse: b
                    reference=functools.partial(_attention_fp8_reference, head_dim, causal, scale, lse, dtype),
                    shapes=ATTENTION_FP8_SHAPES, shape_for_trips=trips, tolerance=lambda s: (2 ** -7, 1e-3),
                    output_dtype="bfloat16", operands=("q", "k", "vt"),
-                   float32_outputs=spec.float32_outputs + ("scale_q", "scale_k", "scale_v"), dtype_variant=None)
+                   float32_outputs=spec.float32_outputs + ("scale_q", "scale_k", "scale_v"), dtype_variant=None,
+                   device_tolerance=functools.partial(attention_fp8_device_tolerance, head_dim, scale, dtype))
 
 
 # FP8 attention: V^T's rows are Lk bytes, which TMA needs in multiples of 16
