@@ -494,16 +494,13 @@ def _attention_kernel(dtype: torch.dtype, d: int, causal: bool, scale: float, ar
 
 
 
-@torch.library.custom_op("cbrules::attention", mutates_args=())
-def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                  scale: Optional[float]) -> torch.Tensor:
-    op = "cbrules.torch.attention"
-    dtype = _check_mma_operands(op, q=q, k=k, v=v)
+def _attention_shapes(op: str, q, k, v, scale: Optional[float], heads_hint: str) -> tuple[int, int, int, int]:
+    """(heads, Lq, Lk, D) of attention's [..., L, D] operands, each checked by name, the device last."""
     if q.dim() < 2 or q.dim() != k.dim() or k.shape != v.shape or q.shape[:-2] != k.shape[:-2] \
             or q.shape[-1] != k.shape[-1]:
         raise TorchOpError(f"{op}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: give [..., L, D] "
-                           "tensors with the same leading dimensions (one key head per query head; fewer key "
-                           "heads with enable_gqa=True) and head dimension, k and v alike")
+                           f"tensors with the same leading dimensions ({heads_hint}) and head dimension, k and "
+                           "v alike")
     d = q.shape[-1]
     if d not in (64, 128, 256):
         raise TorchOpError(f"{op}: head dimension {d}: the kernel is built for 64, 128 and 256")
@@ -511,10 +508,19 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         raise TorchOpError(f"{op}: scale={scale!r}: give a positive finite number (default 1/sqrt(D))")
     for what, t in (("q", q), ("k", k), ("v", v)):
         _require_cuda(op, what, t)
-    lq, lk = q.shape[-2], k.shape[-2]
     heads = 1
     for n in q.shape[:-2]:
         heads *= n
+    return heads, q.shape[-2], k.shape[-2], d
+
+
+@torch.library.custom_op("cbrules::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                  scale: Optional[float]) -> torch.Tensor:
+    op = "cbrules.torch.attention"
+    dtype = _check_mma_operands(op, q=q, k=k, v=v)
+    heads, lq, lk, d = _attention_shapes(op, q, k, v, scale, "one key head per query head; fewer key heads "
+                                                              "with enable_gqa=True")
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     if o.numel() == 0:
         return o
@@ -537,20 +543,7 @@ _FP8_TORCH = (torch.float8_e4m3fn, torch.float8_e5m2)
 @torch.library.custom_op("cbrules::attention_fp8", mutates_args=())
 def _attention_fp8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
                       descale: list[float]) -> torch.Tensor:
-    op = "cbrules.torch.attention"
-    if q.dim() < 2 or q.dim() != k.dim() or k.shape != v.shape or q.shape[:-2] != k.shape[:-2] \
-            or q.shape[-1] != k.shape[-1]:
-        raise TorchOpError(f"{op}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: give [..., L, D] "
-                           "tensors with the same leading dimensions and head dimension, k and v alike")
-    d = q.shape[-1]
-    if d not in (64, 128, 256):
-        raise TorchOpError(f"{op}: head dimension {d}: the kernel is built for 64, 128 and 256")
-    for what, t in (("q", q), ("k", k), ("v", v)):
-        _require_cuda(op, what, t)
-    lq, lk = q.shape[-2], k.shape[-2]
-    heads = 1
-    for n in q.shape[:-2]:
-        heads *= n
+    heads, lq, lk, d = _attention_shapes("cbrules.torch.attention", q, k, v, scale, "one key head per query head")
     o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
     if o.numel() == 0:
         return o
