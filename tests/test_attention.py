@@ -198,6 +198,21 @@ def test_fp8_attention_takes_padded_v_rows_and_refuses_short_ones():
         run(kg, {**args, "vt": np.ascontiguousarray(vt[:, :, :96])})
 
 
+def test_fp8_attention_refuses_bad_launch_arguments_by_name():
+    import ml_dtypes
+    from cbrules.ir.bind import LaunchError
+    spec = SPEC.variant(head_dim=64).for_dtype("float8_e4m3")
+    args = spec.make_inputs((1, 64, 64), np.random.default_rng(0), "float8_e4m3")
+    kg = api.lower(attention(head_dim=64, dtype="float8_e4m3", stages=2))
+    for bad, what in (({"scale_v": float("nan")}, "scale_v .* is not finite"),
+                      ({"scale_q": float("inf")}, "scale_q .* is not finite"),
+                      ({"vt": args["vt"].astype(np.float32).astype(ml_dtypes.float8_e5m2)}, "'vt' is float8_e5m2"),
+                      ({"q": args["q"].astype(ml_dtypes.bfloat16)}, "'q' is bfloat16"),
+                      ({"vt": np.zeros((1, 32, 64), args["vt"].dtype)}, "'vt' dimension 1 is 32")):
+        with pytest.raises(LaunchError, match=what):
+            run(kg, {**args, **bad})
+
+
 def test_fp8_attention_compiles_with_the_k32_register_form():
     text = api.generate(attention(head_dim=128, dtype="float8_e4m3", causal=True, warp_specialize=True)).text
     assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in text  # S = Q K^T and P V, both k32
