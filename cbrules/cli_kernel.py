@@ -151,7 +151,7 @@ def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=None, dtype: str = "
     rng = np.random.default_rng(0)
     args = spec.make_inputs(shape, rng, dtype)
     want = spec.expected(args)
-    rtol, atol = spec.device_tolerance(args, want) if spec.device_tolerance else spec.tolerances(shape, dtype)
+    rtol, atol = spec.tolerances(shape, dtype)
     bound = ck.bind(**args)
     for name in spec.outputs:  # poison outputs so a kernel that writes nothing cannot pass
         bound.arrays[name].fill_bytes(0xFF)
@@ -160,10 +160,13 @@ def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=None, dtype: str = "
     ok = True
     for name in spec.outputs:
         got = args[name].astype(np.float64)
-        err = float(np.max(np.abs(got - want[name]))) if got.size else 0.0
-        good = np.allclose(got, want[name], rtol=rtol, atol=atol)
+        if spec.device_check is not None:  # the GPU's arithmetic departs from the reference's model
+            good, what = spec.device_check(name, got, want, args)
+        else:
+            err = float(np.max(np.abs(got - want[name]))) if got.size else 0.0
+            good, what = bool(np.allclose(got, want[name], rtol=rtol, atol=atol)), f"max abs error {err:.3g} vs numpy"
         ok &= good
-        print(f"{name}: max abs error {err:.3g} vs numpy ({'ok' if good else 'MISMATCH'})", file=out)
+        print(f"{name}: {what} ({'ok' if good else 'MISMATCH'})", file=out)
     times = runtime.time_launch(bound.launch, reps)
     ms = statistics.median(times)
     nbytes = sum(a.nbytes for a in args.values() if isinstance(a, np.ndarray))

@@ -77,7 +77,7 @@ def check(head_dim, dtype, bm, bn, stages, scale) -> None:
     tiles = FP8_KEY_TILES if dtype in FP8_DTYPES else KEY_TILES
     if type(bn) is not int or bn not in tiles:
         raise AttentionError(f"attention: bn={bn!r}: {', '.join(map(str, tiles))} keys a tile"
-                             + (f" for {dtype} (V^T's rows of bn bytes are one swizzle span)"
+                             + (f" for {dtype} (V^T's rows of bn bytes, one 64- or 128-byte swizzle span)"
                                 if dtype in FP8_DTYPES else ""))
     if head_dim == 256 and bn > 80:
         raise AttentionError(f"attention: head_dim=256 with bn={bn}: the 64 x 256 float32 output fragment is 128 "
