@@ -47,7 +47,7 @@ from ..errors import CbrulesError
 from ..ir.builder import Kernel, blockIdx, ceil_div, circular_buffer
 from ..ir.builder_mma import MMA_M
 from ..ir.mma_layout import MMA_DTYPES
-from ..ir.limits import MAX_SHARED_BYTES
+from ..ir.limits import MAX_SHARED_BYTES, REGISTERS_PER_BLOCK
 from ..ir.ops import DTYPE_BYTES, FP8_DTYPES
 from ..ir.terms import call, name
 
@@ -309,9 +309,9 @@ def default_bn(head_dim) -> int:
 
 def ws_registers(groups: int) -> tuple[int, int]:
     """(producer, consumer) registers a thread when warp-specialized: the producer warp group keeps 24
-    (it only issues TMA loads), the ``groups`` consumer groups share the rest of the 65536, at most 240
+    (it only issues TMA loads), the ``groups`` consumer groups share the rest of the 65536 (REGISTERS_PER_BLOCK), at most 240
     each (setmaxnreg takes multiples of 8)."""
-    consumer = min(240, (65536 // 128 - 24) // groups // 8 * 8)
+    consumer = min(240, (REGISTERS_PER_BLOCK // 128 - 24) // groups // 8 * 8)
     return 24, consumer
 
 

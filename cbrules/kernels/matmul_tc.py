@@ -124,7 +124,7 @@ def _check_registers(bm: int, bn: int, groups: int, warp_specialize: bool, regis
         f"matmul_tc: a {bm}x{bn} tile on {groups} consumer warp group(s){' (warp-specialized)' if warp_specialize else ''} "
         f"gives each consumer thread {copies * blocks} x {bn // 2} accumulator floats"
         f"{' (the promoted sum and the k-step part)' if copies > 1 else ''}, {need} registers with what a wgmma needs "
-        f"besides, more than the {have} a thread gets ({'its setmaxnreg count' if consumer and warp_specialize else f'65536 / {128 * (groups + warp_specialize)} threads'}); "
+        f"besides, more than the {have} a thread gets ({'its setmaxnreg count' if consumer and warp_specialize else f'{REGISTERS_PER_BLOCK} / {128 * (groups + warp_specialize)} threads'}); "
         f"ptxas would fail (Insufficient registers) or spill the accumulator: use {' or '.join(fixes)}")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..ir.limits import REGISTERS_PER_BLOCK
 from ..ir.ops import DTYPE_BYTES
 from . import KERNELS
 
@@ -92,7 +93,7 @@ def ws_registers(consumers: int) -> tuple[int, int]:
     SM (65536 / threads, rounded down to ptxas's 8; at most 232 each, a multiple of 8). More would
     leave the consumers' setmaxnreg.inc waiting forever (codegen.registers refuses such a kernel)."""
     threads = consumers + 128
-    pool = threads * (65536 // threads // 8 * 8)
+    pool = threads * (REGISTERS_PER_BLOCK // threads // 8 * 8)
     per = (pool - 128 * PRODUCER_REGISTERS) // consumers // 8 * 8
     return PRODUCER_REGISTERS, min(232, per)
 
