@@ -224,6 +224,16 @@ def test_fp8_attention_refuses_bad_launch_arguments_by_name():
             run(kg, {**args, **bad})
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_fp8_attention_variants_compile_without_spills(d):
+    # NVRTC (no GPU needed): each head dim warp-specialized, causal both, persistent and plain
+    for options in (dict(warp_specialize=True), dict(warp_specialize=True, causal=True),
+                    dict(warp_specialize=True, persistent=132), dict(stages=2, causal=True)):
+        ck = api.compile(attention(head_dim=d, dtype="float8_e4m3", **options))
+        r = ck.cubin.resources
+        assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack_bytes == 0, (d, options)
+
+
 def test_fp8_attention_compiles_with_the_k32_register_form():
     text = api.generate(attention(head_dim=128, dtype="float8_e4m3", causal=True, warp_specialize=True)).text
     assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in text  # S = Q K^T and P V, both k32
