@@ -607,6 +607,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     if descale is not None:
         raise TorchOpError("cbrules.torch.attention: descale is for FP8 q, k, v; these are "
                            f"{getattr(q, 'dtype', type(q).__name__)}")
+    if any(isinstance(t, torch.Tensor) and t.dtype in _FP8_TORCH for t in (k, v)):
+        raise TorchOpError(f"cbrules.torch.attention: q is {getattr(q, 'dtype', type(q).__name__)} but k or v is "
+                           "FP8: give q, k and v all in one FP8 type (with descale=...) or all bfloat16/float16")
     if enable_gqa and all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (q, k, v)) \
             and k.shape[-3] != q.shape[-3]:
         hq, hk = q.shape[-3], k.shape[-3]

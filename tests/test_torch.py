@@ -102,6 +102,7 @@ def test_fp8_attention_refusals_by_name():
         (lambda: cbt.attention(q8, q8[:, :, :32], q8, descale=(1, 1, 1)), "same leading dimensions"),
         (lambda: cbt.attention(*(torch.randn(2, 10, 64, dtype=torch.bfloat16),) * 3, descale=(1, 1, 1)),
          "descale is for FP8"),
+        (lambda: cbt.attention(torch.randn(2, 10, 64, dtype=torch.bfloat16), q8, q8), "all in one FP8 type"),
     ]
     for call, what in cases:
         with pytest.raises(cbt.TorchOpError, match=what):

@@ -970,7 +970,10 @@ class _BlockRunner:
         rows = bm // groups
         acc, regs = self.regarrays.get(a["acc"]), self.regarrays.get(a["a"])
         tile_b = self.proto.shared.get(a["b"])
-        size, kk = DTYPE_BYTES.get(dtype), interp_mma.k_step(dtype) if dtype in MMA_DTYPES else MMA_K
+        if dtype not in MMA_DTYPES:
+            raise MmaIssueError(f"an mma with A from registers of dtype {dtype!r}: one of {', '.join(MMA_DTYPES)}",
+                                self.site())
+        size, kk = DTYPE_BYTES[dtype], interp_mma.k_step(dtype)
         if acc is None or acc.shape[1] != (rows // MMA_M) * bn // 2 or regs is None or regs.dtype != np.uint32 \
                 or tile_b is None or tile_b.data.dtype.itemsize != size:
             raise MmaIssueError(f"an mma of {dtype} tile ({bm}, {bn}, {bk}) with A from registers needs float32 "
