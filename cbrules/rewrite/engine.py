@@ -66,6 +66,11 @@ DEFAULT_TIME_LIMIT = 60.0
 # anchored matching (anchors.py) on; off, every rule is matched on the whole graph each time: the same
 # applications in the same order (tests/test_anchors.py compares the two)
 ANCHORED = True
+# what the engine remembers between applications to match less (the graph's kept effects, sibling orders,
+# resource and op indexes; which rules may have news; the attribute tables; anchored matching); off,
+# every batch matches every rule on the whole graph as read afresh: the same applications, the same
+# lowered graph, slower (tests/test_engine_memory.py compares the two over every built-in kernel)
+REMEMBER = True
 
 # what a rule's matching or actions may raise on a graph or bindings it does not expect: reported
 # as a LoweringError naming the rule (a hostile rule must not end in a traceback)
@@ -188,7 +193,8 @@ def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: O
                 trace = run.trace = Trace(kg.copy(), rules={r.name: r for r in rules.rules},
                                           phases=list(rules.phases), files=list(rules.files),
                                           disabled=dict(rules.disabled))
-            kg.keep_derived()  # every change to the private copy goes through the Rewriter, which says what it touched
+            if REMEMBER:
+                kg.keep_derived()  # every change to the private copy goes through the Rewriter, which says what it touched
             return run.lower(kg)
     except LoweringError as e:
         if not run.verify_phases and not e.timed_out:  # the first phase that left an invalid graph, as a checked run names it
@@ -251,7 +257,8 @@ class _Run:
         # GraphRule.anchor, GraphRule.watched): the step at which a rule's every match was last known
         # (found, or all fired already)
         self.known: dict[str, int] = {}
-        self.anchored = ANCHORED
+        self.anchored = ANCHORED and REMEMBER
+        self.remember = REMEMBER
         self.changes = AnchorChanges(frozenset(r.anchor.op for r in rules.rules if r.anchor is not None)
                                      if self.anchored else frozenset())
         # this batch: step -> the nodes touched since, and (step, op) -> those of op, in id order
@@ -443,6 +450,8 @@ class _Run:
     def _kept_tables(self) -> dict:
         """The attribute index's tables still true of the graph: those of ops no application has
         touched since the last batch (a batch's whole-graph searches index the same few ops)."""
+        if not self.remember:
+            return {}
         since, self.tables_step = self.tables_step, self.step
         for key in [key for key in self.tables if self.touched.get(key[0], -1) > since]:
             del self.tables[key]
@@ -501,7 +510,7 @@ class _Run:
     def _may_have_news(self, rule: GraphRule) -> bool:
         """Whether ``rule`` may match something it has not fired on: it never looked, or a node of
         an op it watches changed since it last found nothing new."""
-        since = self.quiet.get(rule.name)
+        since = self.quiet.get(rule.name) if self.remember else None
         if since is None:
             return True
         ops = rule.watched
