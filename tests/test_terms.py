@@ -76,3 +76,12 @@ def test_host_evaluation_follows_the_table():
     assert evaluate(call("max", 3, 4), {}) == 4
     with pytest.raises(KeyError, match="elect_one"):
         evaluate(call("elect_one"), {})  # only the device can elect a thread
+
+
+def test_byte_perm_takes_integers_in_the_interpreter():
+    import numpy as np
+    from cbrules.reference.vterms import CACHE, Lanes, TermError, compile_term
+    lanes = Lanes(np.ones(4, bool), None)
+    assert int(compile_term(call("byte_perm", 0x33221100, 0x77665544, 0x1054))({CACHE: {}}, lanes)) == 0x11005544
+    with pytest.raises(TermError, match="takes unsigned integers"):
+        compile_term(call("byte_perm", 1.5, 2, 0x5410))({CACHE: {}}, lanes)

@@ -159,8 +159,16 @@ _CALLS: dict[str, Callable[..., Value]] = {
     "rsqrt": _float_fn(lambda x: x.dtype.type(1) / np.sqrt(x)), "fabs": _float_fn(np.abs),
     "abs": _float_fn(np.abs),
     "swizzle": lambda i, esize, span: swizzle_index(i, int(esize), int(span)),
-    "byte_perm": lambda x, y, s: _as_uint32(byte_perm(x, y, s)),
+    "byte_perm": lambda x, y, s: _as_uint32(byte_perm(*_integers("byte_perm", x, y, s))),
 }
+
+
+def _integers(fn: str, *args: Value) -> tuple:
+    """``args`` if every one is a C integer (a float reaching __byte_perm would convert as C does, not
+    as numpy truncates negative values: refused by name instead)."""
+    if any(_ctype(a) for a in args):
+        raise TermError(f"{fn}() takes unsigned integers (packed register values); one argument is a float")
+    return args
 
 
 def _as_uint32(v: Value) -> Value:
