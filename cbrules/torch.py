@@ -594,12 +594,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     FP8 q, k, v (``torch.float8_e4m3fn`` or ``float8_e5m2``, one dtype) take ``descale=(scale_q, scale_k,
     scale_v)``, Python floats with x = x_fp8 * scale_x, and give a bfloat16 output; V is transposed into a
     copy (its rows padded to 16 keys) for the kernel, which reads an FP8 V only that way (docs/fp8.md)."""
+    if enable_gqa and all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (q, k, v)) \
+            and k.shape[-3] != q.shape[-3]:
+        hq, hk = q.shape[-3], k.shape[-3]
+        if hk == 0 or hq % hk or v.shape[-3] != hk:
+            raise TorchOpError(f"cbrules.torch.attention: enable_gqa with {hq} query heads and k {tuple(k.shape)}, "
+                               f"v {tuple(v.shape)}: the key heads (dimension -3, k and v alike) must divide the "
+                               "query heads")
+        k, v = k.repeat_interleave(hq // hk, dim=-3), v.repeat_interleave(hq // hk, dim=-3)
     if isinstance(q, torch.Tensor) and q.dtype in _FP8_TORCH:
         descale = _fp8_descale("cbrules.torch.attention",
                                {t.dtype for t in (q, k, v) if isinstance(t, torch.Tensor)}, descale)
-        if enable_gqa and all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (q, k, v)) \
-                and k.shape[-3] != q.shape[-3] and k.shape[-3] and q.shape[-3] % k.shape[-3] == 0:
-            k, v = (t.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3) for t in (k, v))
         for what, t in (("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor):
                 raise TorchOpError(f"cbrules.torch.attention: {what} is a {type(t).__name__}, not a torch tensor")
@@ -610,12 +615,4 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     if any(isinstance(t, torch.Tensor) and t.dtype in _FP8_TORCH for t in (k, v)):
         raise TorchOpError(f"cbrules.torch.attention: q is {getattr(q, 'dtype', type(q).__name__)} but k or v is "
                            "FP8: give q, k and v all in one FP8 type (with descale=...) or all bfloat16/float16")
-    if enable_gqa and all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (q, k, v)) \
-            and k.shape[-3] != q.shape[-3]:
-        hq, hk = q.shape[-3], k.shape[-3]
-        if hk == 0 or hq % hk or v.shape[-3] != hk:
-            raise TorchOpError(f"cbrules.torch.attention: enable_gqa with {hq} query heads and k {tuple(k.shape)}, "
-                               f"v {tuple(v.shape)}: the key heads (dimension -3, k and v alike) must divide the "
-                               "query heads")
-        k, v = k.repeat_interleave(hq // hk, dim=-3), v.repeat_interleave(hq // hk, dim=-3)
     return _attention_op(q, k, v, bool(causal), None if scale is None else float(scale))

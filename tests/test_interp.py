@@ -284,6 +284,10 @@ def test_a_requirement_the_builder_declares_survives_lowering_and_refuses_by_nam
         k.require(name("Q").gt(0), "q")
     with pytest.raises(BuildError, match="non-empty string"):
         k.require(n.gt(0), "")
+    from cbrules.errors import CbrulesError
+    for hostile in ("N >=", "printf(N)", 1.5, None):  # each a named error, no traceback
+        with pytest.raises(CbrulesError):
+            k.require(hostile, "m")
 
 
 def test_inputs_are_not_modified_and_a_sample_of_blocks_runs():

@@ -88,10 +88,15 @@ def test_fp8_attention_traces_as_one_op_with_a_bfloat16_output():
     (node,) = [n for n in graph.nodes if str(n.target) == "cbrules.attention_fp8.default"]
     assert tuple(node.meta["val"].shape) == (2, 3, 100, 128) and node.meta["val"].dtype == torch.bfloat16
     assert list(node.args[5]) == [0.5, 0.25, 2.0]
+    kv = torch.randn(2, 1, 70, 128).to(torch.float8_e4m3fn)  # grouped-query: the key heads read repeated
+    graph = _graph_of(lambda q, k, v: cbt.attention(q, k, v, enable_gqa=True, descale=(1.0, 1.0, 1.0)), q, kv, kv)
+    (node,) = [n for n in graph.nodes if str(n.target) == "cbrules.attention_fp8.default"]
+    assert [tuple(a.meta["val"].shape) for a in node.args[:3]] == [(2, 3, 100, 128), (2, 3, 70, 128), (2, 3, 70, 128)]
 
 
 def test_fp8_attention_refusals_by_name():
     q8 = torch.randn(2, 10, 64).to(torch.float8_e4m3fn)
+    q3, kv2 = (torch.randn(1, h, 10, 64).to(torch.float8_e4m3fn) for h in (3, 2))  # 2 key heads for 3 query heads
     cases = [
         (lambda: cbt.attention(q8, q8, q8), r"need descale=\(scale_q, scale_k, scale_v\)"),
         (lambda: cbt.attention(q8, q8, q8, descale=(1.0, 1.0)), "need descale"),
@@ -100,6 +105,7 @@ def test_fp8_attention_refusals_by_name():
         (lambda: cbt.attention(q8, q8.to(torch.float8_e5m2), q8, descale=(1, 1, 1)), "FP8 operands of one dtype"),
         (lambda: cbt.attention(q8, q8, q8, descale=(1, 1, 1)), "on cpu; cbrules kernels run on CUDA"),
         (lambda: cbt.attention(q8, q8[:, :, :32], q8, descale=(1, 1, 1)), "same leading dimensions"),
+        (lambda: cbt.attention(q3, kv2, kv2, enable_gqa=True, descale=(1, 1, 1)), "must divide the query heads"),
         (lambda: cbt.attention(*(torch.randn(2, 10, 64, dtype=torch.bfloat16),) * 3, descale=(1, 1, 1)),
          "descale is for FP8"),
         (lambda: cbt.attention(torch.randn(2, 10, 64, dtype=torch.bfloat16), q8, q8), "all in one FP8 type"),

@@ -763,7 +763,7 @@ class Kernel:
 
         FP8 (saturating to the largest finite value, ``cvt.rn.satfinite``): a thread's A register holds
         four neighbouring columns where its accumulator holds two, so the four lanes of each row exchange
-        their pairs (two shuffles and four byte permutes for every two registers: :meth:`_fp8_convert`)."""
+        their pairs (two shuffles and six byte permutes for every two registers: :meth:`_fp8_convert`)."""
         where = f"fragment_convert at {_call_site()}"
         bm, bn, groups = self._mma_fragment(acc, "fragment_convert")
         target = self._operands.get(self._known(into, ("buffer",), "fragment_convert"))

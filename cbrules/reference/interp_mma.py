@@ -26,6 +26,7 @@ from ..ir.mma_layout import (K_STEP_BYTES, MMA_DTYPES, MMA_K, MMA_M, WARPGROUP, 
                              check_n, fp8_operand_slot, fragment_slot, k_step, operand_address)
 from ..ir.ops import DTYPE_BYTES
 from .hazards import InterpError
+from .interp_memory import saturated
 
 Descriptor = Union[int, MatrixDescriptor]
 _STORAGE = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float8_e4m3": ml_dtypes.float8_e4m3fn,
@@ -118,11 +119,9 @@ def pack_pairs(lo: np.ndarray, hi: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def _fp8_bits(v, dtype: str) -> np.ndarray:
-    """``v`` rounded to nearest even to an FP8 ``dtype``, saturated (satfinite: NaN stays NaN), as uint32 bits."""
-    x = np.asarray(v, np.float32)
-    top = float(ml_dtypes.finfo(_STORAGE[dtype]).max)
-    x = np.where(np.isnan(x), x, np.clip(x, -top, top))
-    return x.astype(_STORAGE[dtype]).view(np.uint8).astype(np.uint32)
+    """``v`` rounded to nearest even to an FP8 ``dtype``, saturated as a store is (satfinite: NaN stays
+    NaN), as uint32 bits."""
+    return np.asarray(saturated(v, np.dtype(_STORAGE[dtype]))).view(np.uint8).astype(np.uint32)
 
 
 def register_operand(packed: np.ndarray, dtype: str) -> np.ndarray:
