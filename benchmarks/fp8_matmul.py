@@ -30,11 +30,13 @@ SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (4096, 716
 WS = dict(warp_specialize=True, registers=(40, 232), stages=4)
 # label -> matmul_tc parameters (all e4m3); the default first
 VARIANTS = {
-    "cbrules promoted (default, bn=192)": dict(),
+    "cbrules promoted (default, bn=256: two column blocks)": dict(),
+    "cbrules promoted bn=192 (two column blocks)": dict(bn=192),
     "cbrules promoted bn=128": dict(bn=128),
     "cbrules fast accumulation (promote=False)": dict(promote=False),
     "cbrules fast accumulation, persistent": dict(promote=False, persistent=132),
-    "cbrules block-scaled": dict(scaling="block"),
+    "cbrules block-scaled (default, bn=256)": dict(scaling="block"),
+    "cbrules block-scaled bn=128": dict(scaling="block", bn=128),
 }
 
 

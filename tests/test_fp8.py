@@ -44,11 +44,14 @@ def test_fp8_operands_are_k_major_only():
 
 
 def test_instruction_text_is_k32_without_transpose_immediates():
+    # the promoted default tile (128 x 256) is promoted in two column blocks of 128: n128 instructions
     src = api.generate(matmul_tc(dtype="float8_e4m3", b_dtype="float8_e5m2", **WS)).text
-    assert set(re.findall(r"wgmma\.mma_async\S*", src)) == {"wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e5m2"}
-    line = next(x for x in src.splitlines() if "m64n192k32" in x)
+    assert set(re.findall(r"wgmma\.mma_async\S*", src)) == {"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e5m2"}
+    line = next(x for x in src.splitlines() if "m64n128k32" in x)
     assert line.rstrip().endswith('p, 1, 1;\\n}\\n"'), line  # scale-d, imm-scale-a/b: no tnspA/tnspB for FP8
     assert "cb_wgmma_n192_e4m3_e5m2" in PRELUDE_NAMES and "cb_e4m3" in PRELUDE_NAMES
+    fast = api.generate(matmul_tc(dtype="float8_e4m3", promote=False, **WS)).text
+    assert set(re.findall(r"wgmma\.mma_async\S*", fast)) == {"wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3"}
     assert "CB_FP8_TYPE(cb_e4m3" in src  # the operand tensors' type is declared (the prelude defines both)
     bf16 = api.generate(matmul_tc(**WS)).text
     assert "cb_e4m3" not in bf16 and "m64n256k16.f32.bf16.bf16" in bf16
@@ -72,11 +75,12 @@ def test_fp8_store_rounds_and_saturates(dtype, np_type, largest):
     (dict(dtype="float8_e4m3", b_layout="kn"), "K-major only"),
     (dict(dtype="bfloat16", b_dtype="float8_e4m3"), "only the FP8 types mix"),
     (dict(dtype="float8_e4m3", scaling="block", promote=False), "give promote=True"),
-    (dict(dtype="float8_e4m3", scaling="block", bn=192), "bn must divide 128"),
+    (dict(dtype="float8_e4m3", scaling="block", bn=192), "its width \\(96\\) must divide 128"),
     (dict(dtype="float8_e4m3", scaling="rows"), "scaling='rows'"),
     (dict(dtype="float8_e4m3", bk=64, promote=False), None),  # 64-byte rows: allowed, k32 x 2
     (dict(dtype="float8_e4m3", bk=96), "use bk = 32, 64 or 128"),
-    (dict(dtype="float8_e4m3", bn=256), "the promoted sum and the k-step part"),
+    (dict(dtype="float8_e4m3", bn=256, groups=1), "2 x 64 of the k-step part"),
+    (dict(dtype="float8_e4m3", bn=200), "column blocks of equal width, a multiple of 8"),
 ])
 def test_matmul_tc_refuses_by_name(kw, match):
     if match is None:
@@ -177,7 +181,17 @@ def test_mutation_scale_applied_twice_is_caught(monkeypatch):
 
 
 def test_mutation_missing_promotion_is_caught(monkeypatch):
-    monkeypatch.setattr(mtc, "_promote", lambda k, acc, part, factor: None)
+    monkeypatch.setattr(mtc, "_promote", lambda k, acc, part, factor, columns=None: None)
+    assert _fails(SPEC.for_dtype("float8_e4m3"))
+
+
+def test_mutation_promotion_into_the_wrong_column_block_is_caught(monkeypatch):
+    # the checker's kernel is the promoted default, 128 x 256 in two column blocks: each block's part must
+    # go into its own columns of the sum
+    assert "b_tile1" in api.generate(SPEC.for_dtype("float8_e4m3").build(dtype="float8_e4m3", **WS)).text
+    promote = mtc._promote
+    monkeypatch.setattr(mtc, "_promote", lambda k, acc, part, factor, columns=None:
+                        promote(k, acc, part, factor, None if columns is None else (0, columns[1])))
     assert _fails(SPEC.for_dtype("float8_e4m3"))
 
 

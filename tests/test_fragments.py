@@ -141,6 +141,34 @@ def test_fragment_coords_is_public_and_the_models_layout():
             tuple(int(x) for x in mma_layout.fragment_coords(tid, r, 64))
 
 
+def test_a_map_over_a_column_block_changes_those_columns_only():
+    # columns 16..47 of a 64-wide tile get + 1000 * (their place among the visited elements, part_index)
+    # + row * 10: columns outside are the product, and part_index counts the visited registers only
+    def body(k, acc, t, origin):
+        k.fragment_map(acc, lambda e: k.add(e.value, k.assign(k.mul(e.part_index, 1000.0) + e.tile_row * 10)),
+                       origin=origin, columns=(16, 32))
+    args = _args((64, 64, 32), seed=3)
+    want = _product(args)
+    lane = np.arange(128)
+    rows = (lane // 32) * 16 + (lane % 32) // 4
+    for r in range(16):  # a thread's registers of columns 16..47: (r / 4) * 8 + (lane % 4) * 2 + r % 2 + 16
+        row = rows + (r // 2) % 2 * 8
+        col = 16 + (r // 4) * 8 + (lane % 4) * 2 + r % 2
+        want[row, col] += 1000.0 * r + row * 10
+    for got in _both(_gemm(body=body), args):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
+
+
+def test_a_column_block_is_whole_register_groups_inside_the_tile():
+    k = _gemm()
+    from cbrules.ir.builder_values import Buffer
+    acc = Buffer("acc", "float32", (32,), "register")
+    for columns, match in (((4, 16), "multiples of 8"), ((0, 12), "multiples of 8"), ((48, 24), "first \\+ count"),
+                           ((0,), "give \\(first column, count\\)"), (("0", 8), "must be an int")):
+        with pytest.raises(BuildError, match=match):
+            k.fragment_map(acc, lambda e: e.value, columns=columns)
+
+
 def test_element_fields_are_terms_of_the_unrolled_element():
     k = _gemm()
     seen = []

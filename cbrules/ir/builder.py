@@ -850,7 +850,8 @@ class Kernel:
 
     # ---------------------------------------------------------------- fragments as values
     @contextmanager
-    def fragment_elements(self, acc, origin: Sequence[TermLike] = (0, 0)) -> Iterator[FragmentElement]:
+    def fragment_elements(self, acc, origin: Sequence[TermLike] = (0, 0),
+                          columns: Optional[tuple[int, int]] = None) -> Iterator[FragmentElement]:
         """Compute on an accumulator after its MMA: the body runs for every element this thread holds
         (loops over its 64-row blocks and registers, unrolled) with a :class:`FragmentElement` giving
         the element's value, its (row, col) in the output (``origin``, the tile's first element, plus
@@ -858,6 +859,10 @@ class Kernel:
 
             with k.fragment_elements(acc, origin=(row0, col0)) as e:
                 e.set(k.max(k.add(e.value, e.load_col(bias)), 0.0))   # relu(acc + bias[col])
+
+        ``columns=(first, count)`` visits only the tile's columns ``first .. first + count - 1`` (both
+        multiples of 8: whole groups of a thread's registers); ``e.part_index`` is then the element's index
+        in an accumulator ``count`` columns wide (a column block's own part, promoted into this sum).
 
         Read it after the MMA loop (the rules wait for the MMA groups there); write the result with
         :meth:`mma_store` or :meth:`fragment_store`."""
@@ -867,19 +872,37 @@ class Kernel:
                              "the tile's first element")
         row0, col0 = (as_term(c) for c in origin)
         half = bn // 2
+        first, count = self._fragment_columns(columns, bn)
         with self.loop(f"{acc.name}_ej", bm // groups // MMA_M, kind="unroll") as j:
-            with self.loop(f"{acc.name}_er", half, kind="unroll") as r:
-                index = j * half + r
-                row, col = builder_mma.fragment_coords(bn, bm // groups, j, r, name("threadIdx.x"))
-                yield FragmentElement(self.load(acc, index), row0 + row, col0 + col, row, col, index, acc, self, j, r)
+            with self.loop(f"{acc.name}_er", count // 2, kind="unroll") as r:
+                register = r + first // 2 if first else r
+                index = j * half + register
+                row, col = builder_mma.fragment_coords(bn, bm // groups, j, register, name("threadIdx.x"))
+                yield FragmentElement(self.load(acc, index), row0 + row, col0 + col, row, col, index, acc, self, j,
+                                      register, j * (count // 2) + r)
+
+    def _fragment_columns(self, columns, bn: int) -> tuple[int, int]:
+        """(first column, column count) of ``columns`` (None: all ``bn``), checked."""
+        if columns is None:
+            return 0, bn
+        where = f"fragment_elements at {_call_site()}"
+        if not isinstance(columns, (tuple, list)) or len(columns) != 2:
+            raise BuildError(f"{where}: columns={columns!r}: give (first column, count)")
+        first, count = _int(columns[0], where, "the first column", 0), _int(columns[1], where, "the column count", 8)
+        if first % 8 or count % 8 or first + count > bn:
+            raise BuildError(f"{where}: columns={tuple(columns)!r} of a {bn}-column accumulator: the first column and "
+                             f"the count are multiples of 8 (a thread's registers go in groups of 8 columns) and "
+                             f"first + count <= {bn}")
+        return first, count
 
     def fragment_map(self, acc, fn: Callable[[FragmentElement], TermLike],
-                     origin: Sequence[TermLike] = (0, 0)) -> None:
+                     origin: Sequence[TermLike] = (0, 0), columns: Optional[tuple[int, int]] = None) -> None:
         """Replace every element of ``acc`` by ``fn(element)`` (a :class:`FragmentElement`; ``fn`` builds
-        its value with the kernel's calls and returns it): :meth:`fragment_elements` in one call."""
+        its value with the kernel's calls and returns it): :meth:`fragment_elements` in one call (of the
+        ``columns`` given only)."""
         if not callable(fn):
             raise BuildError(f"fragment_map at {_call_site()}: fn {fn!r} must be a function of one element")
-        with self.fragment_elements(acc, origin) as e:
+        with self.fragment_elements(acc, origin, columns) as e:
             e.set(fn(e))
 
     def fragment_reduce(self, acc, axis: str = "row", combine: str = "max", dst: Optional[str] = None,

@@ -60,6 +60,9 @@ class FragmentElement:
     kernel: Any  # the Kernel being built (writes go through it)
     block: Term  # the element's 64-row block j and its register r in the block (index = j * BN/2 + r)
     register: Term
+    # its index among the visited columns only (fragment_elements(columns=(first, count)): j * count/2 + r -
+    # first/2, the element's place in a part accumulator count columns wide; ``index`` where all are visited)
+    part_index: Term
 
     def set(self, value: TermLike) -> None:
         """Write ``value`` (rounded to float32) as this element's new value."""

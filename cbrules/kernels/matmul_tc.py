@@ -47,10 +47,14 @@ OUT_DTYPES = MMA_DTYPES + ("float32",)
 # one a 128x128 block of B, applied as each K stage's part is promoted into the sum (needs promote)
 SCALINGS = ("none", "tensor", "rowcol", "block")
 SCALE_BLOCK = 128  # K (and N) elements of one block scale
-# the default bn where the K stages are promoted (two accumulators a consumer thread): 192 measured 8-17 %
-# faster than 128 on the H200 (benchmarks/results/fp8_matmul) where the consumers' registers hold it (split
-# registers: --registers 40,232), else 128; block scales take one column block a tile: 128
-PROMOTED_BN, BLOCK_SCALED_BN = 192, 128
+# where the K stages are promoted, the part accumulator spans at most PART_COLS columns: a wider tile is
+# promoted a column block at a time (each block its own B tile, sum and wgmma group), so a 128 x 256 tile
+# takes 128 + 64 registers a consumer thread instead of 2 x 128 (benchmarks/FINDINGS.md: the wider tile
+# runs 8-17 % faster than 192 columns promoted whole)
+PART_COLS = 128
+# the default bn where the K stages are promoted (block scales too: each column block of 128 takes its own
+# scale of B), where the consumers' registers hold it (split registers: --registers 40,232), else 128
+PROMOTED_BN, PROMOTED_FALLBACK_BN = 256, 128
 _SWIZZLE = {32: "32B", 64: "64B", 128: "128B"}
 
 
@@ -87,9 +91,18 @@ def register_limit(threads: int, consumer_registers: Optional[int] = None) -> in
     return min(MAX_THREAD_REGISTERS, REGISTERS_PER_BLOCK // threads // 8 * 8)
 
 
-def _accumulator_need(bm: int, bn: int, groups: int, copies: int = 1) -> int:
+def column_blocks(bn: int, promote: bool) -> int:
+    """How many column blocks a tile's K stages are promoted in: one where it spans at most
+    :data:`PART_COLS` columns (or nothing is promoted), else ceil(bn / PART_COLS)."""
+    return 1 if not promote or not isinstance(bn, int) or bn <= PART_COLS else -(-bn // PART_COLS)
+
+
+def _accumulator_need(bm: int, bn: int, groups: int, promote: bool = False) -> int:
+    """Registers a consumer thread needs for a bm x bn tile's accumulator (and, promoted, the part of one
+    column block) on ``groups`` consumer warp groups."""
     blocks = bm // groups // 64
-    return copies * blocks * (bn // 2) + WGMMA_EXTRA_REGISTERS + WGMMA_EXTRA_PER_BLOCK * (blocks - 1)
+    part = bn // column_blocks(bn, True) if promote else 0
+    return blocks * (bn // 2 + part // 2) + WGMMA_EXTRA_REGISTERS + WGMMA_EXTRA_PER_BLOCK * (blocks - 1)
 
 
 def _consumer_count(registers) -> Optional[int]:
@@ -103,7 +116,7 @@ def _consumer_limit(groups: int, warp_specialize: bool, registers) -> int:
                           _consumer_count(registers) if warp_specialize else None)
 
 
-def _check_registers(bm: int, bn: int, groups: int, warp_specialize: bool, registers, copies: int = 1) -> None:
+def _check_registers(bm: int, bn: int, groups: int, warp_specialize: bool, registers, promote: bool = False) -> None:
     """Refuse, before NVRTC, a tile whose accumulator a consumer thread cannot hold (ptxas would end
     in C7602 "Insufficient registers", or spill the accumulator), naming what fits."""
     if not all(isinstance(x, int) and not isinstance(x, bool) for x in (bm, bn, groups)) or bm % (64 * groups):
@@ -112,18 +125,18 @@ def _check_registers(bm: int, bn: int, groups: int, warp_specialize: bool, regis
 
     def limit(g: int) -> int:
         return _consumer_limit(g, warp_specialize, registers)
-    need, have = _accumulator_need(bm, bn, groups, copies), limit(groups)
+    need, have = _accumulator_need(bm, bn, groups, promote), limit(groups)
     if need <= have:
         return
     blocks = bm // groups // 64
-    widest = max((n for n in range(8, 257, 8) if _accumulator_need(bm, n, groups, copies) <= have), default=None)
-    groups_ok = [g for g in range(1, 5) if bm % (64 * g) == 0 and _accumulator_need(bm, bn, g, copies) <= limit(g)]
+    widest = max((n for n in range(8, 257, 8) if _accumulator_need(bm, n, groups, promote) <= have), default=None)
+    groups_ok = [g for g in range(1, 5) if bm % (64 * g) == 0 and _accumulator_need(bm, bn, g, promote) <= limit(g)]
     fixes = ([f"bn <= {widest}"] if widest else []) + \
         ([f"groups={' or '.join(map(str, groups_ok))}"] if groups_ok else []) + ["a smaller bm"]
     raise MatmulTileError(
         f"matmul_tc: a {bm}x{bn} tile on {groups} consumer warp group(s){' (warp-specialized)' if warp_specialize else ''} "
-        f"gives each consumer thread {copies * blocks} x {bn // 2} accumulator floats"
-        f"{' (the promoted sum and the k-step part)' if copies > 1 else ''}, {need} registers with what a wgmma needs "
+        f"gives each consumer thread {blocks} x {bn // 2} accumulator floats"
+        f"{f' and {blocks} x {bn // column_blocks(bn, True) // 2} of the k-step part' if promote else ''}, {need} registers with what a wgmma needs "
         f"besides, more than the {have} a thread gets ({'its setmaxnreg count' if consumer and warp_specialize else f'{REGISTERS_PER_BLOCK} / {128 * (groups + warp_specialize)} threads'}); "
         f"ptxas would fail (Insufficient registers) or spill the accumulator: use {' or '.join(fixes)}")
 
@@ -145,14 +158,15 @@ def _b_span(bn) -> int:
         raise MatmulTileError(f"matmul_tc: b_layout='kn' with bn={bn!r}: {e}") from None
 
 
-def _promote(k: Kernel, acc, part, factor) -> None:
+def _promote(k: Kernel, acc, part, factor, columns: Optional[tuple[int, int]] = None) -> None:
     """``acc += part`` (times the stage's block scale of each element where ``factor`` is given), in float32
-    registers: the K stage's MMAs, summed on the tensor cores, promoted into the full-precision sum. The rules
-    wait for the stage's MMA group before its part is read (rules/mma.rules)."""
+    registers: the K stage's MMAs, summed on the tensor cores, promoted into the full-precision sum (into its
+    ``columns`` (first, count) only where the part is one column block of it). The rules wait for the stage's
+    MMA group before its part is read (rules/mma.rules)."""
     if factor is None:
-        k.fragment_map(acc, lambda e: k.add(e.value, k.load(part, e.index)))
+        k.fragment_map(acc, lambda e: k.add(e.value, k.load(part, e.part_index)), columns=columns)
     else:
-        k.fragment_map(acc, lambda e: k.fma(k.load(part, e.index), factor(e), e.value))
+        k.fragment_map(acc, lambda e: k.fma(k.load(part, e.part_index), factor(e), e.value), columns=columns)
 
 
 def _grouped_order(pid: Term, tiles_m: Term, tiles_n: Term, group_m: int) -> tuple[Term, Term]:
@@ -188,15 +202,16 @@ def epilogue_inputs(epilogue: str) -> tuple[str, ...]:
 def _block_scales(k: Kernel, m: Term, n: Term, kk: Term, bm: int, bn: int, groups: int):
     """The block scales declared, and ``load(row0, col0, t)``, which loads K stage ``t``'s factors
     scale_a[row, t] * scale_b[col0 / 128, t] once for each of the thread's accumulator rows (two a 64-row
-    block; a tile of bn dividing 128 lies in one column block) and returns the factor of a fragment
-    element. Rows past the tensor read its last row's scale (their elements are not stored)."""
+    block; the columns promoted at once, a width dividing 128, lie in one column block) and returns the
+    factor of a fragment element. Rows and columns past the tensor read its last row's or column block's
+    scale (their elements are not stored)."""
     kt, nt = ceil_div(kk, SCALE_BLOCK), ceil_div(n, SCALE_BLOCK)
     sa, sb = k.tensor("scale_a", (m, kt), "float32"), k.tensor("scale_b", (nt, kt), "float32")
     rows = (bm // groups // 64) * 2
     factors = k.alloc("block_scale", "register", "float32", (rows,))
 
     def load(row0: Term, col0: Term, t: Term):
-        col_scale = k.load(sb, (col0 / SCALE_BLOCK) * kt + t)
+        col_scale = k.load(sb, call("min", col0 / SCALE_BLOCK, nt - 1) * kt + t)
         with k.loop("block_scale_r", rows, kind="unroll") as r:
             row, _ = fragment_coords(bn, bm // groups, r / 2, (r % 2) * 2, threadIdx.x)
             k.store(factors, r, k.mul(k.load(sa, call("min", row0 + row, m - 1) * kt + t), col_scale))
@@ -324,19 +339,22 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
         raise MatmulTileError("matmul_tc: scaling='block' applies each K stage's scales as its part is promoted; "
                               "give promote=True (or leave it to the FP8 default)")
     bk = 128 // DTYPE_BYTES[dtype] if bk is None else bk
-    if bn is None and promote and scaling != "block":  # 192 where two accumulators of it fit, else 128
+    if bn is None and promote:  # 256 where its sum and part fit, else 128
         fits = isinstance(groups, int) and isinstance(bm, int) and groups >= 1 and bm % (64 * groups) == 0 and \
-            _accumulator_need(bm, PROMOTED_BN, groups, 2) <= _consumer_limit(groups, bool(warp_specialize), registers)
-        bn = PROMOTED_BN if fits else BLOCK_SCALED_BN
+            _accumulator_need(bm, PROMOTED_BN, groups, True) <= _consumer_limit(groups, bool(warp_specialize), registers)
+        bn = PROMOTED_BN if fits else PROMOTED_FALLBACK_BN
     if bn is None:
-        bn = BLOCK_SCALED_BN if scaling == "block" else BN
+        bn = BN
     if scaling == "block" and bk != SCALE_BLOCK:
         raise MatmulTileError(f"matmul_tc: scaling='block' with bk={bk}: a K stage must be one scale block of "
                               f"{SCALE_BLOCK} elements (FP8's 128-byte row); use bk={SCALE_BLOCK}")
-    if scaling == "block" and (pingpong or not isinstance(bn, int) or SCALE_BLOCK % bn):
-        raise MatmulTileError(f"matmul_tc: scaling='block' with bn={bn}{' and pingpong' if pingpong else ''}: a tile "
-                              f"takes one column block's scale of B, so bn must divide {SCALE_BLOCK} (e.g. 128), and "
-                              "the ping-pong kernel does not take block scales; drop pingpong")
+    blocks = column_blocks(bn, promote)
+    width = bn // blocks if isinstance(bn, int) else bn  # of a column block (the whole tile unless promoted in blocks)
+    if scaling == "block" and (pingpong or not isinstance(bn, int) or SCALE_BLOCK % width):
+        raise MatmulTileError(f"matmul_tc: scaling='block' with bn={bn}{' and pingpong' if pingpong else ''}: each "
+                              f"column block the tile is promoted in takes one scale of B, so its width ({width}) "
+                              f"must divide {SCALE_BLOCK} (e.g. bn=128 or 256), and the ping-pong kernel does not "
+                              "take block scales; drop pingpong")
     row = bk * DTYPE_BYTES[dtype] if isinstance(bk, int) and not isinstance(bk, bool) else None
     if row not in _SWIZZLE:
         size = DTYPE_BYTES[dtype]
@@ -352,7 +370,12 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
                                      if pingpong is True else ""))
     if not isinstance(groups, int) or isinstance(groups, bool) or not 1 <= groups <= 4:
         raise MatmulTileError(f"matmul_tc: groups={groups!r}: use 1 to 4 consumer warp groups")
-    _check_registers(bm, bn, groups, bool(warp_specialize), registers, 2 if promote else 1)
+    _check_registers(bm, bn, groups, bool(warp_specialize), registers, promote)
+    if blocks > 1 and (bn % (8 * blocks) or b_layout != "nk"):
+        raise MatmulTileError(f"matmul_tc: promote with bn={bn}{' and b_layout=' + repr(b_layout) if b_layout != 'nk' else ''}: "
+                              f"a tile wider than {PART_COLS} columns is promoted in {blocks} column blocks of equal "
+                              "width, a multiple of 8, each its own [N, K] B tile: use a bn that divides so (e.g. 192 "
+                              f"or 256){', b_layout=' + repr('nk') if b_layout != 'nk' else ''}, or bn <= {PART_COLS}")
     if not isinstance(persistent, int) or isinstance(persistent, bool) or persistent < 0:
         raise MatmulTileError(f"matmul_tc: persistent={persistent!r}: give the number of blocks (0: one a tile)")
     if store_swizzle is not None and not isinstance(store_swizzle, bool):
@@ -372,7 +395,7 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
     element = _epilogue(k, epilogue, m, n, out_dtype, scaling)
     a_map = k.tensor_map(a, box=(bm, bk), swizzle=_SWIZZLE[row])
     if b_layout == "nk":
-        b_map = k.tensor_map(b, box=(bn, bk), swizzle=_SWIZZLE[row])
+        b_map = k.tensor_map(b, box=(width, bk), swizzle=_SWIZZLE[row])
     else:  # MN-major panels [bk, w], one box each, in the swizzle of a panel row
         b_span = _b_span(bn)
         w = b_span // DTYPE_BYTES[dtype]
@@ -384,11 +407,14 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
                               "box must span one swizzle (32, 64 or 128 bytes)")
     c_map = k.tensor_map(c, box=(bm, cols), **({"swizzle": c_swizzle} if c_swizzle else {}))
     a_tile = k.alloc("a_tile", "shared", dtype, (bm, bk), align=1024)
-    b_tile = k.alloc("b_tile", "shared", b_dtype, (bn, bk) if b_layout == "nk" else (bk, bn), align=1024)
+    # one B tile a column block (where promoted in blocks: each block's MMAs have their own tile)
+    b_tiles = [k.alloc(f"b_tile{j if blocks > 1 else ''}", "shared", b_dtype,
+                       (width, bk) if b_layout == "nk" else (bk, bn), align=1024) for j in range(blocks)]
     tiles_m, tiles_n = ceil_div(m, bm), ceil_div(n, bn)
     acc = k.mma_accumulator(bm, bn, groups=groups)
-    # promote: each K stage's MMAs overwrite this part (scale_d 0), then the threads add it into acc
-    part = k.mma_accumulator(bm, bn, acc="part", groups=groups) if promote else None
+    # promote: each K stage's MMAs of a column block overwrite this part (scale_d 0), then the threads add it
+    # into the block's columns of acc
+    part = k.mma_accumulator(bm, width, acc="part", groups=groups) if promote else None
     block_scales = _block_scales(k, m, n, kk, bm, bn, groups) if scaling == "block" else None
     cb = circular_buffer(stages, prefetch, war, warp_specialize, registers, pingpong=pingpong)
 
@@ -398,16 +424,19 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
         with k.loop("t", ceil_div(kk, bk), circular_buffer=cb) as t:
             k.tma_load(a_map, (row0, t * bk), a_tile)  # past K: zeros on both sides, adding nothing
             if b_layout == "nk":
-                k.tma_load(b_map, (col0, t * bk), b_tile)
+                for j, b_tile in enumerate(b_tiles):
+                    k.tma_load(b_map, (col0 + j * width, t * bk), b_tile)
             else:
                 for p in range(bn // w):
-                    k.tma_load(b_map, (t * bk, col0 + p * w), b_tile, offset=p * bk * w)
+                    k.tma_load(b_map, (t * bk, col0 + p * w), b_tiles[0], offset=p * bk * w)
             layout = {} if b_layout == "nk" else {"b_layout": "kn"}
-            if part is None:
-                k.mma(acc, a_tile, b_tile, **layout)
-            else:
-                k.mma(part, a_tile, b_tile, scale_d=0, **layout)
-                _promote(k, acc, part, None if block_scales is None else block_scales(row0, col0, t))
+            for j, b_tile in enumerate(b_tiles):
+                if part is None:
+                    k.mma(acc, a_tile, b_tile, **layout)
+                else:
+                    k.mma(part, a_tile, b_tile, scale_d=0, **layout)
+                    _promote(k, acc, part, None if block_scales is None else block_scales(row0, col0 + j * width, t),
+                             None if blocks == 1 else (j * width, width))
         if element is not None:  # computed on the fragment in registers, then stored as the product is
             k.fragment_map(acc, element, origin=(row0, col0))
         k.mma_store(acc, c_map, (row0, col0))  # staged and TMA-stored by the rules, a column chunk at a time
