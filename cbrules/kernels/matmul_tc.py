@@ -298,9 +298,10 @@ def matmul_tc(stages: int = 4, prefetch=None, war: Optional[str] = None, warp_sp
     ``promote`` (default: True for FP8, where the tensor cores add each k32 step into the accumulator keeping
     fewer bits than float32): each K stage's MMAs go into a zeroed part accumulator, which the threads then
     add into the float32 sum (``acc += part``, with the block scales where ``scaling="block"``), so rounding
-    does not build up over K; it holds two accumulators a thread (so bn defaults to 192 then where the
-    consumer's registers hold two of it, else 128; 128 with block scales). ``promote=False`` is the fast
-    accumulation of cuBLASLt's ``use_fast_accum``.
+    does not build up over K. A tile wider than :data:`PART_COLS` columns is promoted in column blocks (each
+    its own B tile, MMAs and part, one part accumulator of the block's width), so a thread holds the sum and
+    one block's part: bn defaults to 256 then where the consumer's registers hold them (else 128).
+    ``promote=False`` is the fast accumulation of cuBLASLt's ``use_fast_accum``.
 
     ``pingpong=True`` (persistent and warp-specialized only): the kernel is written for ONE consumer warp
     group that computes whole bm x bn tiles (``groups`` does not apply; bm=128 is two 64-row blocks), and
