@@ -1,9 +1,11 @@
-"""What the engine remembers between applications (engine.REMEMBER: the graph's kept effects, sibling
-orders and resource and op indexes, which rules may have news, the attribute tables, anchored matching)
-decides how much it matches, never what it does: with it off, every batch matches every rule on the whole
-graph read afresh. Over every built-in kernel (and its warp-specialized, FP8, persistent and ping-pong
-variants) and the synthetic families, the lowered graph is the same node for node, and where the trace
-is kept the applications are the same, in the same order, with the same bindings."""
+"""What the engine remembers between applications (cbrules.rewrite.memory; engine.REMEMBER: the kept
+effects, sibling orders and resource and op indexes of its private copy, which rules may have news, the
+attribute tables, anchored matching) decides how much it matches, never what it does: with it off, every
+batch matches every rule on the whole graph read afresh. Over every built-in kernel (and its
+warp-specialized, FP8, persistent and ping-pong variants) and the synthetic families, the lowered graph
+is the same node for node, and where the trace is kept the applications are the same, in the same
+order, with the same bindings; rules whose matches appear only after later applications find them
+both ways; and at the end of a lowering the memory's answers are those of the graph read afresh."""
 import pytest
 
 from cbrules import api

@@ -185,7 +185,7 @@ class Rewriter:
             mem.add_depends(n, s, scope)
         # the new order without sorting the scope again: at entry n precedes every source and at
         # exit follows every sink, whatever its id; a new node (the largest id) next to an anchor
-        # joins where the sort would put it when that moves no other sibling (see order.KeptOrder)
+        # joins where the sort would put it when that moves no other sibling (see memory.KeptOrder)
         if kept is not None and kept.place(kg, n, where, at, anchor_preds):
             mem.remember_order(scope, kept)
 

@@ -13,7 +13,8 @@ node's subtree looks only at the nodes of that op the applications since touched
 (:mod:`cbrules.rewrite.anchors`), and only where an application changed a node of an op it
 watches; such a match found for a batch is applied without matching it again when nothing of
 those ops changed at its node since. Lowering works on a private copy of the user's graph,
-so a failure leaves the graph as it was. ``verify()`` checks the lowered kernel; a lowering that fails is run again with
+so a failure leaves the graph as it was; what the engine remembers about that copy and about the
+rules' news between applications is :mod:`cbrules.rewrite.memory`'s (off: ``REMEMBER``). ``verify()`` checks the lowered kernel; a lowering that fails is run again with
 ``verify()`` after each phase that changed the graph, so the error names the first phase that left
 an invalid graph (debug mode and a lowering stopped early check each phase on the first run, and
 in debug mode the structural checks also run after each application). A verified graph costs a
