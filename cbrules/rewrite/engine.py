@@ -66,7 +66,8 @@ GRAPH_NODES_EXTRA = 2000
 # the built-in kernels lower in well under a second, 1,000-node synthetic kernels in seconds
 DEFAULT_TIME_LIMIT = 60.0
 # anchored matching (anchors.py) on; off, every rule is matched on the whole graph each time: the same
-# applications in the same order (tests/test_anchors.py compares the two)
+# applications in the same order (tests/test_engine_memory.py compares them, with REMEMBER, which turns
+# it off too)
 ANCHORED = True
 # what the engine remembers between applications to match less (memory.py: the kept effects, sibling
 # orders, resource and op indexes of its private copy; which rules may have news; the attribute tables;
