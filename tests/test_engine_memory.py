@@ -1,16 +1,19 @@
-"""What the engine remembers between applications (engine.REMEMBER: the graph's kept effects, sibling
-orders and resource and op indexes, which rules may have news, the attribute tables, anchored matching)
-decides how much it matches, never what it does: with it off, every batch matches every rule on the whole
-graph read afresh. Over every built-in kernel (and its warp-specialized, FP8, persistent and ping-pong
-variants) and the synthetic families, the lowered graph is the same node for node, and where the trace
-is kept the applications are the same, in the same order, with the same bindings."""
+"""What the engine remembers between applications (cbrules.rewrite.memory; engine.REMEMBER: the kept
+effects, sibling orders and resource and op indexes of its private copy, which rules may have news, the
+attribute tables, anchored matching) decides how much it matches, never what it does: with it off, every
+batch matches every rule on the whole graph read afresh. Over every built-in kernel (and its
+warp-specialized, FP8, persistent and ping-pong variants) and the synthetic families, the lowered graph
+is the same node for node, and where the trace is kept the applications are the same, in the same
+order, with the same bindings; rules whose matches appear only after later applications find them
+both ways; and at the end of a lowering the memory's answers are those of the graph read afresh."""
 import pytest
 
 from cbrules import api
 from cbrules.kernels import KERNELS
 from cbrules.kernels.attention import attention
 from cbrules.kernels.matmul_tc import matmul_tc
-from cbrules.rewrite import engine
+from cbrules.ir import order
+from cbrules.rewrite import engine, memory
 from synthetic import synthetic
 
 
@@ -65,14 +68,41 @@ def test_the_same_applications_with_and_without_the_engines_memory(name, monkeyp
     assert applications(True) == without
 
 
-def test_the_same_late_matches_with_and_without_the_engines_memory(tmp_path, monkeypatch):
-    """Rules that find matches only after a later rule made them (test_anchors' LATE_MATCHES: what the
-    anchored search and the rules' news must not miss), on the synthetic loops."""
+# mark: anchored at each loop, it finds nothing until tag has fired, then one match in each loop that
+# tag touched (three of the six)
+LATE_MATCHES = """(phases p)
+(graph-rule mark :phase p :match ((for ?L) (load ?r :in ?L :tag "late")) :rewrite ((set ?r :tag "done")))
+(graph-rule tag :phase p :after (mark) :match ((for ?L :var ?i) (load ?r :in ?L :tag (absent)))
+  :where ((or (= ?i "j0") (= ?i "j2") (= ?i "j4"))) :rewrite ((set ?r :tag "late")))
+"""
+# use: anchored at each loop with an outside pattern (a ready alloc); it finds nothing until ready has
+# fired. touch changes every alloc without making one ready (news of the op that gains no match), ready
+# makes one alloc ready (news that does): the matches appear then, at every loop, as a whole-graph search
+# finds them
+OUTSIDE_NEWS = """(phases p)
+(graph-rule use :phase p :match ((for ?L) (load ?r :in ?L :tag (absent)) (alloc ?a :tag "ready"))
+  :rewrite ((set ?r :tag "used")))
+(graph-rule touch :phase p :after (use) :match ((alloc ?a :tag (absent) :stage (absent)))
+  :rewrite ((set ?a :stage "seen")))
+(graph-rule ready :phase p :after (touch) :match ((alloc ?a :buf "tile3" :tag (absent))) :rewrite ((set ?a :tag "ready")))
+"""
+LATE = {"late matches": (LATE_MATCHES, ["tag"] * 3 + ["mark"] * 3),
+        "outside news": (OUTSIDE_NEWS, ["touch"] * 6 + ["ready"] + ["use"] * 6)}
+
+
+@pytest.mark.parametrize("case", sorted(LATE))
+def test_the_same_late_matches_with_and_without_the_engines_memory(tmp_path, monkeypatch, case):
+    """Rules that find matches only after a later rule made them, on the synthetic loops: an anchored
+    rule matched again at the loops another rule touched since (late matches), and one whose outside
+    pattern a node comes to match, which sends it back to the whole graph (outside news). What the
+    anchored search and the rules' news must not miss, found in the order the whole-graph search
+    finds it."""
     from cbrules.rewrite import rulefile
     from rulekit import write_rules
-    from test_anchors import LATE_MATCHES
-    write_rules(tmp_path / "rules", LATE_MATCHES)
+    text, expected = LATE[case]
+    write_rules(tmp_path / "rules", text)
     rules = rulefile.load([tmp_path / "rules"])
+    assert all(r.anchor is not None for r in rules.rules if r.name in ("mark", "use"))
 
     def applications(remember):
         with monkeypatch.context() as m:
@@ -81,23 +111,76 @@ def test_the_same_late_matches_with_and_without_the_engines_memory(tmp_path, mon
                                  stop_after_phase="p").trace
         return [(r.rule, r.bindings) for r in trace.records]
     without = applications(False)
-    assert [rule for rule, _ in without].count("mark") == 3
+    assert [rule for rule, _ in without] == expected
     assert applications(True) == without
 
 
 def test_the_memory_is_what_the_switch_turns_off(monkeypatch):
-    """Off, the engine keeps no derived facts on its copy and runs no anchored matching (so the test above
-    compares two different ways of matching, not one twice)."""
-    kept = []
-    real = engine.KernelGraph.keep_derived
+    """Off, the engine's memory keeps nothing of its copy and no anchored matching runs (so the tests
+    above compare two different ways of matching, not one twice)."""
+    made = []
+    real = memory.Memory.__init__
 
-    def spy(self, keep=True):
-        kept.append(keep)
-        return real(self, keep)
-    monkeypatch.setattr(engine.KernelGraph, "keep_derived", spy)
+    def spy(self, kg, remember=True):
+        made.append(remember)
+        real(self, kg, remember)
+    monkeypatch.setattr(memory.Memory, "__init__", spy)
     for remember in (True, False):
-        kept.clear()
+        made.clear()
         with monkeypatch.context() as m:
             m.setattr(engine, "REMEMBER", remember)
             api.lower(CASES["single_dim_unswitch S=3"]())
-        assert (True in kept) == remember
+        assert made == [remember]
+
+
+def _fresh_resources(kg, scope) -> tuple[dict, dict]:
+    users: dict = {}
+    writers: dict = {}
+    for c in kg.children(scope):
+        reads, writes = kg.effects(c)
+        for r in reads | writes:
+            users.setdefault(r, set()).add(c)
+        for r in writes:
+            writers.setdefault(r, set()).add(c)
+    return users, writers
+
+
+@pytest.mark.parametrize("name", ["single_dim S=3", "two_pass S=3", "matmul_tc warp-specialized", "many loops"])
+def test_what_the_memory_answers_is_what_the_graph_read_afresh_answers(name, monkeypatch):
+    """At the end of a lowering the memory's answers about its copy (every node's effects, every
+    scope's sibling order and resource index, the nodes by op) are those of the graph read afresh:
+    what it kept and grew instead of reading again is true, also where the lowered graph would not
+    show it."""
+    checked = []
+    done = engine._Run._done
+
+    def check_then_done(self, kg):
+        mem = self.memory
+        assert mem is not None and mem.kg is kg
+        assert mem.by_op() == kg.by_op()
+        for n in kg.nodes():
+            assert tuple(map(frozenset, mem.effects(n))) == tuple(map(frozenset, kg.effects(n))), kg.describe(n)
+            if kg.is_scope(n):
+                assert mem.sibling_order(n) == order.sibling_order(kg, n), kg.describe(n)
+                users, writers = mem.sibling_resources(n)
+                fresh = _fresh_resources(kg, n)
+                assert ({r: c for r, c in users.items() if c}, {r: c for r, c in writers.items() if c}) == fresh, \
+                    kg.describe(n)
+        checked.append(len(kg))
+        return done(self, kg)
+    monkeypatch.setattr(engine._Run, "_done", check_then_done)
+    lowered = engine.lower(CASES[name]().graph, api.load_rules(), simplify=False, time_limit=None)
+    assert checked == [len(lowered.graph)] and checked[0] > 30
+
+
+def test_the_kept_op_index_follows_added_and_removed_nodes():
+    """The memory's op index (a lowering asks for it in every batch) answers as a scan of the graph
+    does after nodes come and go, and the graph it wraps keeps nothing of it."""
+    kg = CASES["single_dim S=3"]().graph.copy()
+    mem = memory.Memory(kg)
+    assert mem.by_op() == kg.by_op()
+    loop = kg.nodes("for")[0]
+    added = [mem.add("syncthreads", loop, {}) for _ in range(3)]
+    mem.remove_nodes([added[1], kg.nodes("load")[0]])
+    assert mem.by_op() == kg.by_op() and mem.by_op()["syncthreads"][-2:] == [added[0], added[2]]
+    assert set(vars(kg)) == {"g", "_next_id", "trace", "root"}

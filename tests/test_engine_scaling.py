@@ -23,8 +23,9 @@ from cbrules import api
 from cbrules.ir import graph as graph_module, order
 from cbrules.ir.graph import KernelGraph
 from cbrules.kernels import specs
-from cbrules.rewrite import engine
+from cbrules.rewrite import engine, memory
 from cbrules.rewrite.actions import Rewriter
+from cbrules.rewrite.memory import KeptOrder, Memory
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +104,7 @@ def graph_work(rules, family: str, nodes: int, monkeypatch) -> tuple[int, int]:
     with monkeypatch.context() as m:
         m.setattr(KernelGraph, "_inside", counting_inside)
         m.setattr(graph_module, "effects", counting_effects)
+        m.setattr(memory, "effects", counting_effects)
         k = synthetic(family, nodes)
         engine.lower(k.graph, rules, simplify=False, time_limit=None)
     return len(k.graph), seen[0]
@@ -126,13 +128,9 @@ def test_kept_order_is_the_sorted_order(rules, monkeypatch, kernel):
 
     def checking(self, n, scope, where, anchor=None):
         place(self, n, scope, where, anchor)
-        kept = self.kg.remembered_order(scope)
-        if kept is None:
-            return
-        fresh = self.kg.copy()
-        fresh._orders = {}
-        assert order.sibling_order(fresh, scope) == kept.seq
-        again = fresh.remembered_order(scope)
+        kept = self.mem.kept_order(scope)  # as the placement left it (sorted now if it was dropped)
+        assert order.sibling_order(self.kg, scope) == kept.seq
+        again = KeptOrder(*order.sibling_sort(self.kg, scope))
         assert (again.alone, again.sources, again.sinks) == (kept.alone, kept.sources, kept.sinks)
         assert sorted(kept.seq, key=kept.key.__getitem__) == kept.seq
         checked.append(where)
@@ -176,7 +174,7 @@ def test_incremental_matching_skips_quiet_rules(rules):
     k = synthetic("many loops", 96)
     lowered = engine.lower(k.graph, rules, simplify=False, time_limit=None)
     run = engine._Run(rules, False, None, None, False)
-    run.quiet = _NeverQuiet()  # every rule looks again after every batch
+    run.news.quiet = _NeverQuiet()  # every rule looks again after every batch
     full = run.lower(k.graph.copy())
     assert lowered.steps == full.steps
     assert lowered.match_work < full.match_work
@@ -220,16 +218,16 @@ def test_kept_order_joins_as_the_sort_does(seed):
     sorting, order, sources, sinks and the children taken alone are what a fresh sort gives."""
     rng = random.Random(seed)
     kg = KernelGraph("k")
-    kg.keep_derived()
-    kids = [kg.add("syncthreads", kg.root) for _ in range(12)]
+    mem = Memory(kg)
+    kids = [mem.add("syncthreads", kg.root, {}) for _ in range(12)]
     for _ in range(10):
         a, b = sorted(rng.sample(kids, 2))
-        kg.add_depends(a, b)
+        mem.add_depends(a, b)
     joined = 0
     for _ in range(150):
-        kept = order.kept_order(kg, kg.root)
+        kept = mem.kept_order(kg.root)
         seq = list(kept.seq)
-        n = kg.add("syncthreads", kg.root)
+        n = mem.add("syncthreads", kg.root, {})
         kind = rng.choice(["join", "join", "join", "entry", "exit"])
         at = {"entry": 0, "exit": len(seq)}.get(kind, rng.randrange(len(seq) + 1))
         preds = {"entry": [], "exit": seq}.get(kind, [c for c in seq[:at] if rng.random() < 0.15])
@@ -237,18 +235,16 @@ def test_kept_order_joins_as_the_sort_does(seed):
                                                  + [c for c in seq[at + 1:] if rng.random() < 0.1])
         anchor_preds = kept.preds(kg, seq[at]) if at < len(seq) else []
         for p in preds:
-            kg.add_depends(p, n)
+            mem.add_depends(p, n)
         for s in succs:
-            kg.add_depends(n, s)
+            mem.add_depends(n, s)
         if not kept.place(kg, n, kind, at, anchor_preds):
             continue  # sorted afresh when next asked
         joined += 1
-        fresh = kg.copy()
-        fresh._orders = {}
-        assert order.sibling_order(fresh, kg.root) == kept.seq
-        again = fresh.remembered_order(kg.root)
+        assert order.sibling_order(kg, kg.root) == kept.seq
+        again = KeptOrder(*order.sibling_sort(kg, kg.root))
         assert (again.alone, again.sources, again.sinks) == (kept.alone, kept.sources, kept.sinks)
-        kg.remember_order(kg.root, kept)
+        mem.remember_order(kg.root, kept)
     assert joined > 30
 
 

@@ -306,24 +306,6 @@ def test_grid_terms_use_symbols_only():
     expect(k.graph, "name-defined", "kernel")
 
 
-def test_kept_op_index_follows_added_and_removed_nodes():
-    """While a graph keeps derived facts it keeps its op index (a lowering asks for it in every
-    batch): it answers as a scan of the graph does after nodes come and go."""
-    kg = small().graph
-    kg.keep_derived()
-    assert kg.by_op() == kg._by_op()
-    loop = kg.nodes("for")[0]
-    added = [kg.add("syncthreads", loop) for _ in range(3)]
-    kg.remove_nodes([added[1], kg.nodes("exp")[0]])
-    assert kg.by_op() == kg._by_op() and "exp" not in kg.by_op()
-    assert kg.nodes("syncthreads") == [added[0], added[2]] == sorted(n for n in kg.g if kg.op(n) == "syncthreads")
-    c = kg.copy()  # a copy keeps its own index
-    c.add("syncthreads", c.root)
-    assert len(c.nodes("syncthreads")) == 3 and len(kg.nodes("syncthreads")) == 2
-    kg.keep_derived(False)
-    assert kg.by_op() == kg._by_op()
-
-
 def test_verify_walks_and_orders_as_the_graph_does():
     """verify() reads the tree and the depends edges once: the same walk as ``kg.walk()``, and an
     edge between nodes of different scopes named as before (the first in id order)."""

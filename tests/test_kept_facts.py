@@ -1,75 +1,16 @@
-"""What lowering keeps instead of reading again must be what reading again gives: the effects a
-placement grows instead of re-reading (``KernelGraph.joined``), the scopes' resource indexes, what
-terms keep about themselves, and rule values compiled into closures (``values.compiled``)."""
+"""What is kept instead of computed again must be what computing again gives: what terms keep about
+themselves, and rule values compiled into closures (``values.compiled``). What the rule engine keeps
+about the graph it lowers is tests/test_engine_memory.py's."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from synthetic import synthetic
-from cbrules import api
 from cbrules.ir.attributes import term_problem
-from cbrules.ir.graph import KernelGraph
-from cbrules.ir.ops import effects as own_effects
 from cbrules.ir.terms import Term, const, extent, name, substitute
-from cbrules.kernels import KERNELS
 from cbrules.rewrite.sexpr import RuleError, read
 from cbrules.rewrite.values import Env, NodeRef, compiled, evaluate
-
-
-def _true_effects(kg: KernelGraph, n: int) -> tuple[frozenset, frozenset]:
-    """A node's reads and writes with everything inside it, read from its attributes alone."""
-    reads, writes = set(), set()
-    for m in [n, *kg.descendants(n)]:
-        r, w = own_effects(kg.op(m), kg[m])
-        reads |= r
-        writes |= w
-    return frozenset(reads), frozenset(writes)
-
-
-def _check_kept(kg: KernelGraph) -> int:
-    """Compare every remembered effect and every scope's resource index with a fresh read; return
-    how many were compared."""
-    compared = 0
-    for n, (r, w) in list(kg._scope_effects.items()):
-        if n in kg:
-            assert (frozenset(r), frozenset(w)) == _true_effects(kg, n), kg.describe(n)
-            compared += 1
-    for scope in list(kg._resources):
-        if scope not in kg:
-            continue
-        users, writers = kg.sibling_resources(scope)
-        want_users: dict[str, set] = {}
-        want_writers: dict[str, set] = {}
-        for c in kg.children(scope):
-            r, w = _true_effects(kg, c)
-            for res in r | w:
-                want_users.setdefault(res, set()).add(c)
-            for res in w:
-                want_writers.setdefault(res, set()).add(c)
-        assert {k: v for k, v in users.items() if v} == want_users, kg.describe(scope)
-        assert {k: v for k, v in writers.items() if v} == want_writers, kg.describe(scope)
-        seen = kg._resources[scope].seen  # what the index last read of each child: what a change is compared with
-        assert {c: (frozenset(r), frozenset(w)) for c, (r, w) in seen.items()} == \
-            {c: _true_effects(kg, c) for c in kg.children(scope)}, kg.describe(scope)
-        compared += 1
-    return compared
-
-
-@pytest.mark.parametrize("kernel", ["single_dim", "two_pass", "matmul", "matmul_tc", "many loops"])
-def test_remembered_effects_and_resource_indexes_are_what_a_fresh_read_gives(kernel, monkeypatch):
-    checked = []
-    forget = KernelGraph.keep_derived
-
-    def check_then_forget(self, keep=True):
-        if not keep and self._scope_effects is not None and self._resources is not None:
-            checked.append(_check_kept(self))
-        forget(self, keep)
-    monkeypatch.setattr(KernelGraph, "keep_derived", check_then_forget)
-    k = synthetic("many loops", 160) if kernel == "many loops" else KERNELS[kernel].build(KERNELS[kernel].default_shape)
-    api.lower(k)
-    assert checked and max(checked) > 20  # the lowering kept facts, and they were compared
 
 
 def test_a_term_keeps_its_names_size_and_verdict_and_they_are_what_a_fresh_term_gives():

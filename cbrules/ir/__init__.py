@@ -1,9 +1,7 @@
 """The IR and its builder: what a kernel is before and while rules rewrite it.
 
 Owns the op table (:mod:`.ops`), index/predicate terms (:mod:`.terms`), the name rules
-(:mod:`.names`), the kernel graph (:mod:`.graph`) with its sibling order (:mod:`.order`), the facts it keeps
-while lowering (each scope's children by resource, :mod:`.resources`; what changed at which step,
-:mod:`.touch_log`) and
+(:mod:`.names`), the kernel graph (:mod:`.graph`) with its sibling order (:mod:`.order`) and
 invariants (:mod:`.verify`; what value an attribute may hold: :mod:`.attributes`), the hardware limits (:mod:`.limits`), the builder a kernel is written
 with (:mod:`.builder`, one class: its argument values and handles in :mod:`.builder_values`, the tensor
 cores' fragment model its MMA calls use in :mod:`.builder_mma`; what TMA loads cover in :mod:`.coverage`), the tensor cores' layout facts (:mod:`.mma_layout`) and the binding of host

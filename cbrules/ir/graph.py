@@ -8,18 +8,15 @@ cloned, so that debug queries can trace any node back to the kernel the user bui
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 import networkx as nx
 
 from .names import BUILTINS  # noqa: F401  (the CUDA builtins a term may name; public here too)
-from .ops import EFFECT_KEYS, OPS, SCOPES, DependenceTracker, effects
-from .order import CONTAINS, DEPENDS, EDGE_DATA, KeptOrder
+from .ops import OPS, SCOPES, DependenceTracker, effects
+from .order import CONTAINS, DEPENDS, EDGE_DATA
 from .terms import const
-from .resources import ScopeResources
-from .touch_log import TouchLog
 
 
 @dataclass(frozen=True)
@@ -42,33 +39,14 @@ class Param:
     split: tuple = ()  # tmap: (dimension, inner extent) pairs its view splits (cbrules.ir.tma_view)
 
 
-_ABSENT_KEYS = itertools.repeat(object())  # the value map(d.get, keys, ...) gives for a key d lacks
-
-
 class KernelGraph:
     """A kernel as a graph; the root node is the ``kernel`` scope."""
-
-    _scope_effects: Optional[dict] = None  # a graph made by __new__ (trace files) keeps none
-    _orders: Optional[dict] = None
-    _resources: Optional[dict] = None
-    _log: Optional[TouchLog] = None  # while lowering: what changed at which step (see log_touches)
-    _ops_kept = False  # while True, by_op() reads a kept index (see keep_derived)
-    _ops: Optional[dict] = None  # that index once built: op -> its node ids in id order
-    _ops_gone: Any = frozenset()  # the ops whose lists may still hold removed nodes
 
     def __init__(self, name: str, params: tuple = (), block: tuple = (1, 1, 1), grid: Optional[tuple] = None,
                  symbols: tuple = ()):
         grid = tuple(const(g) if isinstance(g, int) else g for g in (grid or (1, 1, 1)))
         self.g = nx.DiGraph()
         self._next_id = 0
-        self._effects: dict = {}  # node -> (its attribute items, reads, writes): see effects()
-        self._scope_effects: Optional[dict] = None  # node -> (reads, writes) while kept: see keep_derived()
-        self._orders: Optional[dict] = None  # scope -> its children's order.KeptOrder, while kept
-        self._resources: Optional[dict] = None  # scope -> its resources.ScopeResources, while kept
-        self._log: Optional[TouchLog] = None
-        self._ops_kept = False
-        self._ops: Optional[dict] = None
-        self._ops_gone = set()
         self.trace = None  # set by lowering in debug mode
         self.root = self.add("kernel", None, origin={"by": "build"}, name=name, params=params,
                              block=block, grid=grid, symbols=symbols, requires=())
@@ -89,14 +67,10 @@ class KernelGraph:
         nid = self._new_node(d)
         if parent is not None:
             self._edge(parent, nid, CONTAINS)
-            self.touch(parent)
-            self.touch(nid)
         return nid
 
     def remove_nodes(self, nodes: list[int]) -> None:
         """Remove ``nodes`` and their edges (the caller keeps the rest a tree with acyclic sibling order)."""
-        if self._ops is not None:
-            self._ops_gone.update(self.g._node[n]["op"] for n in nodes)
         self.g.remove_nodes_from(nodes)
 
     def _new_node(self, d: dict) -> int:
@@ -107,10 +81,6 @@ class KernelGraph:
         g = self.g
         g._succ[nid], g._pred[nid], g._node[nid] = {}, {}, d
         nx._clear_cache(g)
-        if self._ops is not None:  # the largest id: the list stays in id order
-            self._ops.setdefault(d["op"], []).append(nid)
-        if self._log is not None:
-            self._log.mark(nid)
         return nid
 
     def _edge(self, a: int, b: int, kind: str) -> None:
@@ -124,42 +94,33 @@ class KernelGraph:
         nx._clear_cache(g)
 
     def contain(self, scope: int, n: int) -> None:
-        """Make ``n`` a child of ``scope`` (the contains edge alone: the caller then tells the graph,
-        with :meth:`joined` or :meth:`touch`, unless ``scope`` is in no scope yet)."""
+        """Make ``n`` a child of ``scope`` (the contains edge alone: its place among the siblings is
+        for the caller to order)."""
         self._edge(scope, n, CONTAINS)
 
-    def add_depends(self, a: int, b: int, scope: Optional[int] = None) -> None:
-        """Order ``a`` before ``b`` (siblings; ``scope``: their scope, when the caller knows it)."""
+    def add_depends(self, a: int, b: int) -> None:
+        """Order ``a`` before ``b`` (siblings)."""
         self._edge(a, b, DEPENDS)
-        if self._orders or self._log is not None:
-            self._reordered(self.parent(a) if scope is None else scope)
 
     def remove_depends(self, a: int, b: int) -> None:
         self.g.remove_edge(a, b)
-        if self._orders or self._log is not None:
-            self._reordered(self.parent(a))
 
-    def _reordered(self, scope: Optional[int]) -> None:
-        """The depends edges among ``scope``'s children changed: its kept order goes, and the
-        touch log marks it and its scopes (up to one this step marked already: those above it are)."""
-        if self._orders:
-            self._orders.pop(scope, None)
-        log = self._log
-        if log is not None:
-            while scope is not None and not log.marked_now(scope):
-                log.mark(scope)
-                scope = self.parent(scope)
-
-    def order_by_effects(self, seq: list[int]) -> None:
+    def order_by_effects(self, seq: list[int],
+                         effects_of: Optional[Callable[[int], tuple[set[str], set[str]]]] = None) -> int:
         """Add the depends edges that keep siblings ``seq`` (in program order) in that order
-        wherever their effects conflict (RAW/WAR/WAW on registers, buffers, the sync token)."""
+        wherever their effects conflict (RAW/WAR/WAW on registers, buffers, the sync token);
+        ``effects_of`` reads a node's effects (:meth:`effects` by default). Returns how many
+        edges it added."""
+        added = 0
         if len(seq) < 2:
-            return  # nothing to order
+            return added  # nothing to order
         tracker = DependenceTracker()
-        scope = self.parent(seq[0])  # siblings: one scope
+        effects_of = effects_of or self.effects
         for n in seq:
-            for p in tracker.add(n, self.effects(n)):
-                self.add_depends(p, n, scope)
+            for p in tracker.add(n, effects_of(n)):
+                self.add_depends(p, n)
+                added += 1
+        return added
 
     # ---------------------------------------------------------------------------- queries
     # queries read networkx's adjacency dicts directly (``_node``, ``_succ``, ``_pred``): its view
@@ -168,7 +129,7 @@ class KernelGraph:
         return self.g._node[n]
 
     def __contains__(self, n: int) -> bool:
-        return n in self.g
+        return n in self.g._node
 
     def __len__(self) -> int:
         return len(self.g._node)
@@ -181,31 +142,12 @@ class KernelGraph:
         return {k: v for k, v in self.g._node[n].items() if k not in ("op", "origin")}
 
     def nodes(self, op: Optional[str] = None) -> list[int]:
-        if op is not None and self._ops_kept:
-            return list(self._kept_ops().get(op, ()))
         if op is None:
             return sorted(self.g._node)
         return sorted(n for n, d in self.g._node.items() if op is None or d["op"] == op)
 
     def by_op(self) -> dict[str, list[int]]:
-        """Node ids grouped by op, each list sorted (matchers index with it): one pass, or while the
-        graph keeps derived facts its kept index (a lowering asks once per batch of applications)."""
-        if self._ops_kept:
-            return {op: list(ids) for op, ids in self._kept_ops().items() if ids}
-        return self._by_op()
-
-    def _kept_ops(self) -> dict[str, list[int]]:
-        """The kept op index, built on first use and cleared of removed nodes."""
-        if self._ops is None:
-            self._ops = self._by_op()
-        if self._ops_gone:
-            nodes = self.g._node
-            for op in self._ops_gone:
-                self._ops[op] = [n for n in self._ops.get(op, ()) if n in nodes]
-            self._ops_gone.clear()
-        return self._ops
-
-    def _by_op(self) -> dict[str, list[int]]:
+        """Node ids grouped by op, each list sorted (matchers index with it), in one pass."""
         out: dict[str, list[int]] = {}
         for n, d in self.g._node.items():  # ids mostly in order already: each list's sort is a pass
             if d["op"] in out:
@@ -273,170 +215,35 @@ class KernelGraph:
         return self.g._node[n]["op"] in SCOPES
 
     def effects(self, n: int) -> tuple[set[str], set[str]]:
-        """Reads and writes of a node, including everything inside it when it is a scope (callers
-        must not change the sets)."""
-        kept = self._scope_effects
-        if kept is not None and n in kept:
-            return kept[n]
-        r, w = self._own_effects(n)
-        if self.g._node[n]["op"] not in SCOPES:
-            if kept is not None:
-                kept[n] = (frozenset(r), frozenset(w))
-                return kept[n]
-            return set(r), set(w)
-        reads, writes = set(r), set(w)
-        succ, stack = self.g._succ, [n]
-        while stack:  # a union: order does not matter; a kept inner scope is not walked again
-            for c, d in succ[stack.pop()].items():
-                if d["kind"] != CONTAINS:
-                    continue
-                if kept is not None and c in kept:
-                    r, w = kept[c]
-                else:
-                    r, w = self._own_effects(c)
-                    if self.g._node[c]["op"] in SCOPES:
-                        stack.append(c)
-                    elif kept is not None:  # a leaf's are its own: kept until touch() drops them
-                        kept[c] = (r, w)
-                reads |= r
-                writes |= w
-        if kept is not None:
-            kept[n] = (frozenset(reads), frozenset(writes))
-            return kept[n]
+        """Reads and writes of a node, including everything inside it when it is a scope, read from
+        the attributes (the rewrite engine remembers them instead: :mod:`cbrules.rewrite.memory`)."""
+        nodes = self.g._node
+        reads, writes = effects(nodes[n]["op"], nodes[n])
+        if nodes[n]["op"] not in SCOPES:
+            return set(reads), set(writes)
+        reads, writes = set(reads), set(writes)
+        for c in self._inside(n):  # a union: order does not matter
+            r, w = effects(nodes[c]["op"], nodes[c])
+            reads |= r
+            writes |= w
         return reads, writes
 
-    def keep_derived(self, keep: bool = True) -> None:
-        """Remember each node's effects (a scope's: with everything inside) and each scope's sibling
-        order until it changes, and the nodes of each op. Placing a node asks for the order and the
-        effects of every sibling; without this a scope of k children holding m nodes costs
-        O(m + k log k) per placement. Only for a graph whose every change goes through :meth:`add`,
-        :meth:`remove_nodes` and :meth:`add_depends` / :meth:`remove_depends` or is followed by
-        :meth:`touch` (the rewrite engine's private copy); ``keep=False`` forgets."""
-        self._scope_effects = {} if keep else None
-        self._orders = {} if keep else None
-        self._resources = {} if keep else None
-        self._ops_kept, self._ops, self._ops_gone = keep, None, set()  # the index: built on first use
+    def predecessors(self, n: int) -> list[int]:
+        """The siblings ``n`` waits for (its depends predecessors), in no particular order."""
+        return [p for p, d in self.g._pred[n].items() if d["kind"] == DEPENDS]
 
-    def touch(self, n: int) -> None:
-        """``n`` changed (its attributes, its children, the depends edges among them, or it joins or
-        is about to leave its scope): the remembered effects of ``n`` and its scopes and the sibling
-        order of ``n``'s children go, each scope's resource index rereads the child that holds ``n``,
-        and the touch log marks ``n`` and its scopes."""
-        if self._orders:
-            self._orders.pop(n, None)
-        kept, index, log = self._scope_effects, self._resources, self._log
-        if not kept and not index and log is None:
-            return
-        while n is not None:
-            if log is not None:
-                log.mark(n)
-            if kept:
-                kept.pop(n, None)
-            p = self.parent(n)
-            if index and p in index:
-                index[p].stale.add(n)
-            n = p
-
-    def joined(self, n: int) -> None:
-        """``n`` (with what it holds) was just put into its scope, and nothing inside it changed after
-        its effects were last read: what :meth:`touch` of ``n`` and of the scope does, except that
-        the remembered effects of the scopes around ``n``, and the resource indexes that list those
-        scopes, grow by ``n``'s effects instead of being read again (a scope's effects are the union
-        of what it holds: adding a node adds exactly its own)."""
-        if self._orders:
-            self._orders.pop(n, None)
-        kept, index, log = self._scope_effects, self._resources, self._log
-        if not kept and not index and log is None:
-            return
-        reads, writes = self.effects(n)
-        if self._orders:
-            self._orders.pop(self.parent(n), None)
-        x = n
-        while x is not None:
-            if log is not None:
-                log.mark(x)
-            p = self.parent(x)
-            if x != n and kept:
-                had = kept.get(x)
-                if had is not None:
-                    kept[x] = (had[0] | reads, had[1] | writes)
-            if index and p in index:
-                index[p].grow(x, reads, writes, new=x == n)
-            x = p
-
-    def log_touches(self, step: Optional[int]) -> None:
-        """From now on mark each node that changes, or that holds a node that changes (as
-        :meth:`touch` and :meth:`add` say), with ``step`` (:class:`cbrules.ir.touch_log.TouchLog`);
-        None stops (and forgets). The rewrite engine sets the step before each application and asks
-        :meth:`touched_since`."""
-        if step is None or self._log is None:
-            self._log = None if step is None else TouchLog(step)
-        else:
-            self._log.step = step
-
-    def move_touch_log(self, other: "KernelGraph") -> None:
-        """Hand the touch log to ``other`` (a copy that replaces this graph) and stop logging here."""
-        other._log, self._log = self._log, None
-
-    def touched_since(self, step: int) -> list[int]:
-        """The nodes of the graph marked after ``step`` by the touch log, in no particular order."""
-        return [] if self._log is None else self._log.since(step, self.g._node)
-
-    def touched_at(self, step: int) -> list[int]:
-        """The nodes the touch log marked with ``step`` (removed ones too), in no particular order."""
-        return [] if self._log is None else self._log.at(step)
-
-    def sibling_resources(self, scope: int) -> tuple[dict[str, set[int]], dict[str, set[int]]]:
-        """Each resource the children of ``scope`` read or write -> those children, and each one
-        they write -> the writers (kept while the graph keeps derived facts, and updated for the
-        children touched since)."""
-        index = self._resources
-        entry = None if index is None else index.get(scope)
-        if entry is None:
-            entry = ScopeResources(self.children(scope))
-            if index is not None:
-                index[scope] = entry
-        nodes = self.g._node
-        return entry.refresh(lambda c: self.effects(c) if c in nodes and self.parent(c) == scope else None)
-
-    def remembered_order(self, scope: int) -> Optional[KeptOrder]:
-        """The sibling order of ``scope``'s children while kept and unchanged (see :mod:`cbrules.ir.order`)."""
-        return None if self._orders is None else self._orders.get(scope)
-
-    def remember_order(self, scope: int, order: KeptOrder) -> None:
-        if self._orders is not None:
-            self._orders[scope] = order
-
-    def _own_effects(self, n: int) -> tuple[set[str], set[str]]:
-        """One node's own effects (callers must not change the sets), remembered: placing a node
-        asks for the effects of every sibling, so a scope of k children costs O(k) per placement,
-        not O(k) times the term walks. Attribute values are never changed in place (see copy()),
-        so the same value objects under the same keys mean the same effects."""
-        d = self.g._node[n]
-        cache = vars(self).setdefault("_effects", {})  # a graph made by __new__ (trace files) starts one
-        seen = cache.get(n)
-        items = tuple(map(d.get, EFFECT_KEYS[d["op"]], _ABSENT_KEYS))  # what effects() reads, absent keys told apart
-        if seen is not None and seen[0] == items:  # compared in C, the same objects at once
-            return seen[1], seen[2]
-        r, w = effects(d["op"], d)
-        cache[n] = (items, r, w)
-        return r, w
+    def successors(self, n: int) -> list[int]:
+        """The siblings that wait for ``n`` (its depends successors), in no particular order."""
+        return [s for s, d in self.g._succ[n].items() if d["kind"] == DEPENDS]
 
     def copy_node(self, src: int, origin: dict, changed: Optional[Mapping[str, Any]] = None) -> int:
         """A new node, in no scope yet, with ``src``'s op and attributes (``changed`` replacing some) and
-        the dict ``origin``; return its id. With nothing changed it has ``src``'s own effects, remembered
-        instead of read from its terms again (a clone copies every node of a loop)."""
+        the dict ``origin``; return its id."""
         attrs = self.g._node[src]
         d = {**attrs, "origin": origin}  # "origin" keeps its place: the attributes read in the same order
         if changed:
             d.update(changed)
-        nid = self._new_node(d)
-        if not changed:
-            cache = vars(self).setdefault("_effects", {})
-            seen = cache.get(src)
-            if seen is not None:  # the same values under every key effects() reads: the same effects
-                cache[nid] = seen
-        return nid
+        return self._new_node(d)
 
     def kernel(self) -> dict:
         return self.g.nodes[self.root]
@@ -466,13 +273,7 @@ class KernelGraph:
         # one level deep is enough: attribute values are immutable (terms, tuples, strings) or, like
         # annotation and origin dicts, replaced rather than changed in place by builder and rules
         new.g = self.g.copy()
-        new._next_id, new.root, new.trace, new._effects = self._next_id, self.root, None, {}
-        new._scope_effects = None if self._scope_effects is None else dict(self._scope_effects)
-        # a kept order changes in place as nodes join it: each copy keeps its own
-        new._orders = None if self._orders is None else {s: o.copy() for s, o in self._orders.items()}
-        new._resources = None if self._resources is None else {}  # rebuilt on use
-        new._ops_kept, new._ops, new._ops_gone = self._ops_kept, None, set()  # rebuilt on use
-        new._log = None  # a copy starts without a touch log (see move_touch_log)
+        new._next_id, new.root, new.trace = self._next_id, self.root, None
         return new
 
     def verify(self, ready: bool = False, structure_only: bool = False) -> None:

@@ -7,7 +7,6 @@ so the graph, its verifier and the scheduler all import it and none imports anot
 """
 from __future__ import annotations
 
-import bisect
 import heapq
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -82,169 +81,48 @@ def sibling_order(kg: KernelGraph, scope: int, edges: Optional[dict] = None) -> 
     Without ``edges`` (from :func:`sibling_edges`) only the edges between the children themselves
     count, which is all a verified graph has and costs only the scope's own adjacency."""
     if edges is None:
-        kept = kg.remembered_order(scope)
-        if kept is not None:
-            return list(kept.seq)
+        return sibling_sort(kg, scope)[0]
     kids = kg.children(scope)
-    pairs = None if edges is None else [(a, b) for a, b, _ in edges.get(scope, ()) if a != b]
+    pairs = [(a, b) for a, b, _ in edges.get(scope, ()) if a != b]
+    order = _smallest_first(*_adjacency(kids, pairs))
+    if order is None:
+        raise _cycle_error(kg, scope, kids, pairs)
+    return order
+
+
+def sibling_sort(kg: KernelGraph, scope: int) -> tuple[list[int], list[int], set[int], set[int]]:
+    """:func:`sibling_order` of ``scope`` by the edges among its children, with what the sort saw on
+    the way: (the order, the children taken while no other was ready, the children no sibling
+    precedes, those no sibling follows). The rewrite engine keeps them to place a new node without
+    sorting again (:class:`cbrules.rewrite.memory.KeptOrder`)."""
+    kids = kg.children(scope)
     alone: list[int] = []
-    waiting, after = _sibling_adjacency(kg, kids) if pairs is None else _adjacency(kids, pairs)
-    if edges is None:
-        sources, sinks = {c for c, k in waiting.items() if not k}, {c for c in kids if c not in after}
+    waiting, after = _sibling_adjacency(kg, kids)
+    sources, sinks = {c for c, k in waiting.items() if not k}, {c for c in kids if c not in after}
     order = _smallest_first(waiting, after, alone)
     if order is None:
-        if pairs is None:  # the edges in adjacency order, so that the cycle reported is always the same
-            kid_set = set(kids)
-            pairs = [(c, s) for c in kids for s, d in kg.g._succ[c].items() if d["kind"] == DEPENDS and s in kid_set]
-        dag = nx.DiGraph()
-        dag.add_nodes_from(kids)
-        dag.add_edges_from(pairs)
-        cycle = nx.find_cycle(dag)
-        names = " -> ".join(kg.describe(u) for u, _ in cycle) + f" -> {kg.describe(cycle[0][0])}"
-        raise ScheduleError(f"depends edges form a cycle inside {kg.describe(scope)}: {names}; "
-                            "remove one of these edges (a rule or builder call ordered them both ways)")
-    if edges is None:
-        kg.remember_order(scope, KeptOrder(order, alone, sources, sinks))
-        return list(order)
-    return order
+        raise _cycle_error(kg, scope, kids, None)
+    return order, alone, sources, sinks
+
+
+def _cycle_error(kg: KernelGraph, scope: int, kids: list[int], pairs: Optional[list[tuple[int, int]]]) -> ScheduleError:
+    """The cycle among ``scope``'s children (``pairs``: the edges sorted, None: those among ``kids``)."""
+    if pairs is None:  # the edges in adjacency order, so that the cycle reported is always the same
+        kid_set = set(kids)
+        pairs = [(c, s) for c in kids for s, d in kg.g._succ[c].items() if d["kind"] == DEPENDS and s in kid_set]
+    dag = nx.DiGraph()
+    dag.add_nodes_from(kids)
+    dag.add_edges_from(pairs)
+    cycle = nx.find_cycle(dag)
+    names = " -> ".join(kg.describe(u) for u, _ in cycle) + f" -> {kg.describe(cycle[0][0])}"
+    return ScheduleError(f"depends edges form a cycle inside {kg.describe(scope)}: {names}; "
+                         "remove one of these edges (a rule or builder call ordered them both ways)")
 
 
 def order_among(kids: list[int], pairs: list[tuple[int, int]]) -> Optional[list[int]]:
     """``kids`` (in id order) in the order :func:`sibling_order` gives them when ``pairs`` are the
     depends edges among them; None when those form a cycle (:func:`sibling_order` names it)."""
     return _smallest_first(*_adjacency(kids, [(a, b) for a, b in pairs if a != b]))
-
-
-def kept_order(kg: KernelGraph, scope: int) -> Optional["KeptOrder"]:
-    """The kept sibling order of ``scope`` (sorted now when not kept), or None when the graph
-    keeps no derived facts (see ``KernelGraph.keep_derived``)."""
-    if kg.remembered_order(scope) is None:
-        sibling_order(kg, scope)
-    return kg.remembered_order(scope)
-
-
-class KeptOrder:
-    """A scope's sibling order kept while the graph changes, so that a new node joins it without
-    sorting the scope again (the order stays the one :func:`sibling_order` sorts).
-
-    ``seq``: the children in order; ``key``: a label per child that compares as its position does,
-    spaced so that an insertion relabels nothing until a gap is used up; ``alone``: the children,
-    in order, that were the only ready sibling when the sort took them; ``sources`` / ``sinks``:
-    the children no sibling precedes / follows. The sort takes a new node (the largest id) only
-    when nothing else is ready; so one whose first successor ``s`` is such a child, with every
-    predecessor before ``s`` and every other successor after it, goes right before ``s`` and moves
-    nothing else (:meth:`join`; anything else is sorted again)."""
-
-    __slots__ = ("seq", "key", "alone", "top", "sources", "sinks")
-    GAP = 1 << 20
-
-    def __init__(self, seq: list[int], alone: list[int], sources: set[int], sinks: set[int]):
-        self.seq, self.alone, self.top = seq, alone, max(seq, default=-1)
-        self.sources, self.sinks = sources, sinks
-        self.key = dict(zip(seq, range(0, self.GAP * len(seq), self.GAP)))
-
-    def copy(self) -> "KeptOrder":
-        new = KeptOrder.__new__(KeptOrder)
-        new.seq, new.key, new.alone, new.top = list(self.seq), dict(self.key), list(self.alone), self.top
-        new.sources, new.sinks = set(self.sources), set(self.sinks)
-        return new
-
-    def index(self, n: int) -> int:
-        """The position of child ``n`` (a bisection over the labels)."""
-        return bisect.bisect_left(self.seq, self.key[n], key=self.key.__getitem__)
-
-    # as a mapping child -> position, read only for the children asked about
-    __getitem__ = index
-
-    def __contains__(self, n: int) -> bool:
-        return n in self.key
-
-    def preds(self, kg: KernelGraph, n: int) -> list[int]:
-        """The children in this order that ``n`` waits for."""
-        return [p for p, d in kg.g._pred[n].items() if d["kind"] == DEPENDS and p in self.key]
-
-    def succs(self, kg: KernelGraph, n: int) -> list[int]:
-        """The children in this order that wait for ``n``."""
-        return [s for s, d in kg.g._succ[n].items() if d["kind"] == DEPENDS and s in self.key]
-
-    def _is_alone(self, n: int) -> bool:
-        i = bisect.bisect_left(self.alone, self.key[n], key=self.key.__getitem__)
-        return i < len(self.alone) and self.alone[i] == n
-
-    def join(self, n: int, at: int, preds: list[int], succs: list[int], anchor_preds: list[int]) -> bool:
-        """Put new node ``n`` (``preds`` / ``succs``: its siblings before / after it) at position
-        ``at`` when that is where the sort puts it and nothing else moves; False (and nothing
-        changed) otherwise. ``anchor_preds``: the other predecessors of the child at ``at``."""
-        seq, key = self.seq, self.key
-        if n < self.top:  # the argument needs the largest id among the siblings
-            return False
-        head = seq[at] if at < len(seq) else None
-        last_pred = max(preds, key=key.__getitem__) if preds else None
-        if head is None:
-            if succs:
-                return False
-        elif (head not in succs or any(key[s] < key[head] for s in succs) or not self._is_alone(head)
-              or last_pred is not None and key[last_pred] > key[head]):
-            return False
-        # n waits beside the sibling taken at each step from the one after its last predecessor
-        # until the one after the head's (from there the head, now blocked, waited instead); were
-        # the head ready first, a step where it alone waited might now be alone: sort again
-        until = max(anchor_preds, key=key.__getitem__) if anchor_preds else None
-        if head is not None and last_pred is not None and (until is None or key[until] < key[last_pred]):
-            return False
-        if head is None or until is not None and (last_pred is None or key[until] > key[last_pred]):
-            self._not_alone_after(last_pred, until)
-        self._insert(n, at, preds, succs)
-        return True
-
-    def place(self, kg: KernelGraph, n: int, where: str, at: int, anchor_preds: list[int]) -> bool:
-        """Put new node ``n`` (its ordering edges already in ``kg``) into the order: first (``where``
-        "entry": it precedes every source), last ("exit": it follows every sink), or at position
-        ``at`` when :meth:`join` can take it there. False when the scope must be sorted again."""
-        mine = self.preds(kg, n), self.succs(kg, n)
-        if where == "entry":
-            self.first(n, *mine)
-        elif where == "exit":
-            self.last(n, *mine)
-        else:
-            return self.join(n, at, *mine, anchor_preds)
-        return True
-
-    def first(self, n: int, preds: list[int], succs: list[int]) -> None:
-        """Put new node ``n``, which precedes every other source, first."""
-        self._insert(n, 0, preds, succs)
-
-    def last(self, n: int, preds: list[int], succs: list[int]) -> None:
-        """Put new node ``n``, which follows every other sink, last."""
-        self._insert(n, len(self.seq), preds, succs)
-
-    def _insert(self, n: int, at: int, preds: list[int], succs: list[int]) -> None:
-        self.sources.difference_update(succs)
-        self.sinks.difference_update(preds)
-        if not preds:
-            self.sources.add(n)
-        if not succs:
-            self.sinks.add(n)
-        seq, key = self.seq, self.key
-        lo = key[seq[at - 1]] if at else (key[seq[0]] if seq else 0) - 2 * self.GAP
-        hi = key[seq[at]] if at < len(seq) else lo + 2 * self.GAP
-        if hi - lo < 2:  # the gap is used up: space every label again (same order)
-            self.key = key = dict(zip(seq, range(0, self.GAP * len(seq), self.GAP)))
-            lo = key[seq[at - 1]] if at else -2 * self.GAP
-            hi = key[seq[at]] if at < len(seq) else lo + 2 * self.GAP
-        key[n] = (lo + hi) // 2
-        seq.insert(at, n)
-        self.top = max(self.top, n)
-        # n is the only ready sibling at its step: the others there wait for it or were taken
-        self.alone.insert(bisect.bisect_left(self.alone, key[n], key=key.__getitem__), n)
-
-    def _not_alone_after(self, first: Optional[int], last: Optional[int]) -> None:
-        """The children after ``first`` up to ``last`` (None: from the start / to the end) now
-        wait beside another ready sibling."""
-        alone, key = self.alone, self.key.__getitem__
-        lo = 0 if first is None else bisect.bisect_right(alone, self.key[first], key=key)
-        hi = len(alone) if last is None else bisect.bisect_right(alone, self.key[last], key=key)
-        del alone[lo:hi]
 
 
 def sibling_pairs(kg: KernelGraph, kids: list[int]) -> list[tuple[int, int]]:

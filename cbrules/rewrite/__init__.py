@@ -6,7 +6,9 @@ rule (:mod:`.rulecheck`), the matcher (:mod:`.match`: node patterns and joins, w
 :mod:`.value_patterns`, relations in :mod:`.relations` and join plans and indexes in :mod:`.plan`), the
 actions (:mod:`.actions`, the clone primitive among them, with the checks on the values they set
 in :mod:`.action_values`), the words rules hand each other (:mod:`.vocabulary`), the engine that fires rules phase by phase (:mod:`.engine`, matching the rules
-whose matches read one node's subtree again only where the graph changed: :mod:`.anchors`), the loading of
+whose matches read one node's subtree again only where the graph changed: :mod:`.anchors`; what it
+remembers between applications about its private copy of the graph and about the rules' news:
+:mod:`.memory`), the loading of
 egglog forms (:mod:`.eggload`), the egglog bridge that simplifies index terms (:mod:`.egg`) and the
 lowering's simplification step that uses it (:mod:`.simplifier`).
 Imports only :mod:`cbrules.ir` and :mod:`cbrules.errors`; reading a rule file loads no egglog.

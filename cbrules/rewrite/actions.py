@@ -37,13 +37,13 @@ import re
 from typing import Any, Optional
 
 from ..userio import printable
-from ..ir.graph import KernelGraph
 from ..ir.ops import OPS, conflicts, nearest_conflicts_among
-from ..ir.order import kept_order, sibling_order, sibling_pairs
+from ..ir.order import sibling_pairs
 from .schema import ACTIONS, settable as _settable, split_keys, split_keys_once  # noqa: F401  (ACTIONS: public)
 from .sexpr import Atom, RuleError, SList, derived
 from ..ir.terms import Term, as_term, extent, substitute
 from .match import Matcher
+from .memory import Memory
 from .values import Env, NodeRef, compiled
 from .action_values import (MAX_VALUE_DEPTH, MAX_VALUE_SIZE, VALUE_PARTS_PER_NODE, check_bounded,  # noqa: F401
                             coerce, check_printable, replace_term, show_value)
@@ -79,10 +79,13 @@ class RuleFailure(Exception):
 
 
 class Rewriter:
-    """Applies one rule application's actions to a graph (the engine hands it a copy)."""
+    """Applies one rule application's actions to the engine's private copy of the graph, through the
+    engine's :class:`cbrules.rewrite.memory.Memory` of it: each change goes through the memory, or is
+    told to it (``touch``), so that what it keeps stays true."""
 
-    def __init__(self, kg: KernelGraph, bindings: dict, origin: dict):
-        self.kg = kg
+    def __init__(self, memory: Memory, bindings: dict, origin: dict):
+        self.mem = memory
+        self.kg = kg = memory.kg
         self.b = dict(bindings)
         self.origin = origin
         self.created: list[int] = []
@@ -144,14 +147,14 @@ class Rewriter:
         entry: before every child; exit: after every child; before / after: next to the anchor.
         Against the other siblings, memory order follows from conflicting effects at that position.
         """
-        kg = self.kg
-        kept = kept_order(kg, scope)
+        kg, mem = self.kg, self.mem
+        kept = mem.kept_order(scope)
         if kept is not None and n in kept.key:
             kept = None  # n moves within its scope: sorted again when next asked
-        seq = kept.seq if kept is not None else [c for c in sibling_order(kg, scope) if c != n]
+        seq = kept.seq if kept is not None else [c for c in mem.sibling_order(scope) if c != n]
         if kg.parent(n) != scope:
             kg.contain(scope, n)
-            kg.joined(n)  # the scopes around grow by n's effects
+            mem.joined(n)  # the scopes around grow by n's effects
         # entry/exit: before the siblings nothing precedes / after those nothing follows; the rest
         # is ordered through them (edges stay linear in the number of siblings)
         if where in ("entry", "exit"):
@@ -170,21 +173,21 @@ class Rewriter:
             at, before, after = (at, [], [anchor]) if where == "before" else (at + 1, [anchor], [])
         anchor_preds = kept.preds(kg, seq[at]) if kept is not None and at < len(seq) and anchor else []
         for s in before:
-            kg.add_depends(s, n, scope)
+            mem.add_depends(s, n, scope)
         for s in after:
-            kg.add_depends(n, s, scope)
+            mem.add_depends(n, s, scope)
         # only the siblings that touch n's resources, by the scope's resource index
         label = kept.key if kept is not None else {c: i for i, c in enumerate(seq)}  # orders siblings as seq does
-        preds, succs = nearest_conflicts_among(seq, kg.effects, at, kg.effects(n), kg.sibling_resources(scope), label)
+        preds, succs = nearest_conflicts_among(seq, mem.effects, at, mem.effects(n), mem.sibling_resources(scope), label)
         for s in sorted(preds, key=label.__getitem__):
-            kg.add_depends(s, n, scope)
+            mem.add_depends(s, n, scope)
         for s in sorted(succs, key=label.__getitem__):
-            kg.add_depends(n, s, scope)
+            mem.add_depends(n, s, scope)
         # the new order without sorting the scope again: at entry n precedes every source and at
         # exit follows every sink, whatever its id; a new node (the largest id) next to an anchor
-        # joins where the sort would put it when that moves no other sibling (see order.KeptOrder)
+        # joins where the sort would put it when that moves no other sibling (see memory.KeptOrder)
         if kept is not None and kept.place(kg, n, where, at, anchor_preds):
-            kg.remember_order(scope, kept)
+            mem.remember_order(scope, kept)
 
     def instantiate(self, t: SList, parent: Optional[int]) -> int:
         """Create the nodes of a template under ``parent`` (not yet ordered among its siblings)."""
@@ -203,12 +206,12 @@ class Rewriter:
                 check_printable(op, k, attrs[k], v)
                 if isinstance(v, Atom) and v.kind != "var" and _small(attrs[k]):
                     _remember_literal(t, k, attrs[k])
-        n = self.kg.add(op, parent, origin=self.origin, **attrs)
+        n = self.mem.add(op, parent, self.origin, **attrs)
         self.created.append(n)
         if "as" in keys:
             self.b[keys["as"].value] = NodeRef(n)
         kids = [self.instantiate(child, n) for child in pos]  # body of a scope, in program order
-        self.kg.order_by_effects(kids)
+        self.mem.order_by_effects(kids)
         return n
 
     def _insert(self, where: str, target, templates) -> None:
@@ -235,8 +238,9 @@ class Rewriter:
         """Take ``n`` out of its scope; a predecessor and a successor that conflict stay ordered."""
         preds = [p for p in self.kg.g.predecessors(n) if self.kg.g.edges[p, n]["kind"] == "depends"]
         succs = [s for s in self.kg.g.successors(n) if self.kg.g.edges[n, s]["kind"] == "depends"]
-        succ_effects = {s: self.kg.effects(s) for s in succs}
-        needed = {(p, s) for p in preds for s in succs if conflicts(self.kg.effects(p), succ_effects[s])}
+        effects = self.mem.effects
+        succ_effects = {s: effects(s) for s in succs}
+        needed = {(p, s) for p in preds for s in succs if conflicts(effects(p), succ_effects[s])}
         g = self.kg.g
         for p in preds:
             g.remove_edge(p, n)
@@ -244,13 +248,13 @@ class Rewriter:
         for p, s in needed:
             if not any((q, s) in needed and g.has_edge(p, q) and g.edges[p, q]["kind"] == "depends"
                        for q in preds if q != p):
-                self.kg.add_depends(p, s)
+                self.mem.add_depends(p, s)
         for s in succs:
             self.kg.g.remove_edge(n, s)
         parent = self.kg.parent(n)
-        if parent is not None:
-            self.kg.touch(n)
-            self.kg.touch(parent)
+        if parent is not None:  # told before n leaves: the memory walks n's scopes
+            self.mem.touch(n)
+            self.mem.touch(parent)
             self.kg.g.remove_edge(parent, n)
 
     def _erase(self, a, target) -> None:
@@ -260,7 +264,7 @@ class Rewriter:
         gone = [n, *self.kg.descendants(n)]
         self.detach(n)
         self.erased_ops.update(self.kg.op(x) for x in gone)
-        self.kg.remove_nodes(gone)
+        self.mem.remove_nodes(gone)
         self.erased.extend(gone)
 
     def _set(self, a, target, *kv) -> None:
@@ -304,7 +308,7 @@ class Rewriter:
 
     def _touched(self, n: int) -> None:
         """``n``'s attributes changed: the engine matches it again (a node this step made is new anyway)."""
-        self.kg.touch(n)
+        self.mem.touch(n)
         if n not in self.created:
             self.changed.append(n)
 
@@ -315,26 +319,26 @@ class Rewriter:
     def _wrap(self, a, target, t) -> None:
         n = self.node(target)
         self.not_root(target, n, "wrap")
-        kg, g = self.kg, self.kg.g
+        kg, g, mem = self.kg, self.kg.g, self.mem
         parent = kg.parent(n)
         s = self.instantiate(t, None)
         if not kg.is_scope(s):
             raise RuleError(t.pos, f"wrap needs a scope template (for, if ...) to hold {kg.describe(n)}, "
                             f"got {t.head()}")
         g.add_edge(parent, s, kind="contains")
-        kg.touch(parent)
-        kg.touch(s)
+        mem.touch(parent)
+        mem.touch(s)
         # the new scope takes ?n's place: its depends edges move over, then ?n moves inside
         for p in [p for p in g.pred[n] if g.edges[p, n]["kind"] == "depends"]:
             g.remove_edge(p, n)
-            kg.add_depends(p, s)
+            mem.add_depends(p, s)
         for q in [q for q in g.succ[n] if g.edges[n, q]["kind"] == "depends"]:
             g.remove_edge(n, q)
-            kg.add_depends(s, q)
-        kg.touch(n)  # leaves parent's resource index
+            mem.add_depends(s, q)
+        mem.touch(n)  # leaves parent's resource index
         g.remove_edge(parent, n)
-        kg.touch(s)
-        kg.touch(parent)
+        mem.touch(s)
+        mem.touch(parent)
         if kg.children(s):
             self.place(n, s, "exit")  # after the template's own body
         else:
@@ -344,7 +348,7 @@ class Rewriter:
 
     def _wrap_body(self, a, target, t) -> None:
         s = self.node(target)
-        kg, g = self.kg, self.kg.g
+        kg, g, mem = self.kg, self.kg.g, self.mem
         if not kg.is_scope(s):
             raise RuleError(a.pos, f"wrap-body: {kg.describe(s)} is not a scope")
         if split_keys(t.items, 1)[0]:
@@ -353,12 +357,12 @@ class Rewriter:
         new = self.instantiate(t, None)
         # the body keeps its depends edges: its nodes stay siblings, now inside the new scope
         for c in body:
-            kg.touch(c)  # leaves s's resource index
+            mem.touch(c)  # leaves s's resource index
             g.remove_edge(s, c)
             g.add_edge(new, c, kind="contains")
         g.add_edge(s, new, kind="contains")
-        kg.touch(new)
-        kg.touch(s)
+        mem.touch(new)
+        mem.touch(s)
         self.changed.extend(body)
         self.moved.extend(body)
 
@@ -409,7 +413,7 @@ class Rewriter:
             raise RuleError(a.pos, f"add-edge {x} {y}: {kg.describe(v)} already runs before {kg.describe(u)}, "
                             "so the edge would make the order cyclic; remove-edge the other way first or "
                             "guard the rule")
-        kg.add_depends(u, v)
+        self.mem.add_depends(u, v)
 
     def _reaches(self, a: int, b: int) -> bool:
         """Whether depends edges lead from ``a`` to ``b`` (siblings)."""
@@ -427,7 +431,7 @@ class Rewriter:
     def _remove_edge(self, a, x, y) -> None:
         u, v = self.node(x), self.node(y)
         if self.kg.g.has_edge(u, v) and self.kg.g.edges[u, v]["kind"] == "depends":  # never a contains edge
-            self.kg.remove_depends(u, v)
+            self.mem.remove_depends(u, v)
 
     def _rewrite_terms(self, a, scope, old, new) -> None:
         frm, to = as_term(self.value(old)), as_term(self.value(new))
@@ -444,7 +448,7 @@ class Rewriter:
                     replace_term(v, frm, to) if isinstance(v, Term) else v
                 if nv is not v and nv != v:
                     attrs[key] = nv
-                    self.kg.touch(n)
+                    self.mem.touch(n)
                     self.changed.append(n)
 
     def _let(self, a, var, expr) -> None:
@@ -464,7 +468,7 @@ class Rewriter:
         src = self.node(target)
         self.not_root(target, src, "clone")
         _, keys = split_keys(kv, 0)
-        matcher = Matcher(self.kg)
+        matcher = Matcher(self.kg, memory=self.mem)
         leaves = {n for n in self.kg.descendants(src) if not self.kg.is_scope(n)}
         kept = leaves if "keep" not in keys else matcher.select(keys["keep"], self.b, src) & leaves
         mapping: dict[str, Term] = {}
@@ -527,15 +531,15 @@ class Rewriter:
         first = kg[n]["origin"]
         source = first.get("source") or (f"{first['rule']} @ {first['at']}" if first.get("rule")
                                          else f"build @ {first.get('where', '?')}")
-        new = kg.copy_node(n, {**self.origin, "from": n, "source": source}, changed)
+        new = self.mem.copy_node(n, {**self.origin, "from": n, "source": source}, changed)
         self.created.append(new)
         if not scope:
             return new
         seq = []
-        for c in sibling_order(kg, n):
+        for c in self.mem.sibling_order(n):
             cc = self._copy(c, kept, mapping, shifted, at, holds, mixed)
             if cc is not None:  # the copy is not in the graph's tree yet: nothing around it to tell
                 kg.contain(new, cc)
                 seq.append(cc)
-        kg.order_by_effects(seq)  # the copies keep the original's order wherever effects conflict
+        self.mem.order_by_effects(seq)  # the copies keep the original's order wherever effects conflict
         return new

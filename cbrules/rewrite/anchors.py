@@ -6,8 +6,8 @@ scope key, and everything after it reads only what is inside ``?A`` (or ``?A`` i
 ``:in`` or ``:child-of`` ``?A`` or a node bound inside it, relations over such nodes (their order
 among siblings inside ``?A``, their effects), and node patterns of other ops with no scope key
 ("outside" patterns, e.g. the ``alloc`` a loop's buffer names). Its matches at an anchor node then
-change only when something inside that node changes (the graph records it, see
-:meth:`cbrules.ir.graph.KernelGraph.touched_since`) or when a node that changed now passes an
+change only when something inside that node changes (the engine's memory records it, see
+:class:`cbrules.rewrite.memory.RuleNews`) or when a node that changed now passes an
 outside pattern's op and attribute checks (the engine then matches the whole graph again; a node
 that leaves an outside pattern, or goes, only takes matches away). Guards that ask egglog
 (``provably-*``) read every loop's range: a rule with one is not anchored.
@@ -34,37 +34,6 @@ class Anchor:
     var: str
     outside: frozenset
     patterns: tuple = field(default=(), repr=False, compare=False)  # the outside node patterns
-
-
-class AnchorChanges:
-    """Per node of an op some rule anchors on (``ops``): the step and the touched ops (as
-    :meth:`cbrules.rewrite.actions.Rewriter.touched_ops` gives them) of each application that changed
-    it or a node inside it. An anchored rule's matches at such a node read only the nodes inside it
-    of the ops it watches (:func:`cbrules.rewrite.plan.watched_ops`), so the engine looks again at a
-    changed node only when an application changed a node of one of those ops there."""
-
-    def __init__(self, ops: frozenset):
-        self.ops = ops
-        self.news: dict[int, list[tuple[int, frozenset]]] = {}
-
-    def record(self, kg, step: int, touched: frozenset) -> None:
-        """Note application ``step`` (which touched nodes of ``touched`` ops) on each node it changed."""
-        nodes = kg.g._node
-        for n in kg.touched_at(step):  # an erased node too: a match bound to it is gone
-            if n not in nodes or nodes[n]["op"] in self.ops:
-                self.news.setdefault(n, []).append((step, touched))
-
-    def changed(self, n: int, since: int, watched: Optional[frozenset]) -> bool:
-        """Whether an application after step ``since`` changed node ``n`` or a node inside it of an op
-        in ``watched`` (None: of any op)."""
-        for step, touched in reversed(self.news.get(n, ())):
-            if step <= since:
-                return False
-            if watched is None or not watched.isdisjoint(touched):
-                return True
-        return False
-
-
 
 
 def _var(x: Expr) -> Optional[str]:

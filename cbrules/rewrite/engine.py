@@ -13,7 +13,8 @@ node's subtree looks only at the nodes of that op the applications since touched
 (:mod:`cbrules.rewrite.anchors`), and only where an application changed a node of an op it
 watches; such a match found for a batch is applied without matching it again when nothing of
 those ops changed at its node since. Lowering works on a private copy of the user's graph,
-so a failure leaves the graph as it was. ``verify()`` checks the lowered kernel; a lowering that fails is run again with
+so a failure leaves the graph as it was; what the engine remembers about that copy and about the
+rules' news between applications is :mod:`cbrules.rewrite.memory`'s (off: ``REMEMBER``). ``verify()`` checks the lowered kernel; a lowering that fails is run again with
 ``verify()`` after each phase that changed the graph, so the error names the first phase that left
 an invalid graph (debug mode and a lowering stopped early check each phase on the first run, and
 in debug mode the structural checks also run after each application). A verified graph costs a
@@ -40,10 +41,11 @@ from typing import Iterator, Optional
 import networkx as nx
 
 from .actions import Rewriter, RuleFailure
-from .anchors import Anchor, AnchorChanges
+from .anchors import Anchor
 from ..errors import CbrulesError
 from ..ir.graph import KernelGraph
 from .match import Matcher, MatchTimeout
+from .memory import Memory, RuleNews
 from .plan import absent_requirement
 from .rulefile import GraphRule, RuleSet
 from ..ir.order import ScheduleError
@@ -64,12 +66,14 @@ GRAPH_NODES_EXTRA = 2000
 # the built-in kernels lower in well under a second, 1,000-node synthetic kernels in seconds
 DEFAULT_TIME_LIMIT = 60.0
 # anchored matching (anchors.py) on; off, every rule is matched on the whole graph each time: the same
-# applications in the same order (tests/test_anchors.py compares the two)
+# applications in the same order (tests/test_engine_memory.py compares them, with REMEMBER, which turns
+# it off too)
 ANCHORED = True
-# what the engine remembers between applications to match less (the graph's kept effects, sibling orders,
-# resource and op indexes; which rules may have news; the attribute tables; anchored matching); off,
-# every batch matches every rule on the whole graph as read afresh: the same applications, the same
-# lowered graph, slower (tests/test_engine_memory.py compares the two over every built-in kernel)
+# what the engine remembers between applications to match less (memory.py: the kept effects, sibling
+# orders, resource and op indexes of its private copy; which rules may have news; the attribute tables;
+# anchored matching); off, every batch matches every rule on the whole graph as read afresh: the same
+# applications, the same lowered graph, slower (tests/test_engine_memory.py compares the two over
+# every built-in kernel)
 REMEMBER = True
 
 # what a rule's matching or actions may raise on a graph or bindings it does not expect: reported
@@ -193,8 +197,6 @@ def lower(kg: KernelGraph, rules: RuleSet, *, debug: bool = False, stop_after: O
                 trace = run.trace = Trace(kg.copy(), rules={r.name: r for r in rules.rules},
                                           phases=list(rules.phases), files=list(rules.files),
                                           disabled=dict(rules.disabled))
-            if REMEMBER:
-                kg.keep_derived()  # every change to the private copy goes through the Rewriter, which says what it touched
             return run.lower(kg)
     except LoweringError as e:
         if not run.verify_phases and not e.timed_out:  # the first phase that left an invalid graph, as a checked run names it
@@ -249,24 +251,16 @@ class _Run:
         self.by_name: dict[str, GraphRule] = {}
         self.stop_after_phase: Optional[str] = None
         self.match_work = 0
-        # incremental matching: a rule's step when it last had nothing new to fire, and per op the
-        # step that last touched one of its nodes (see plan.watched_ops)
-        self.quiet: dict[str, int] = {}
-        self.touched: dict[str, int] = {}
         # anchored rules (see anchors.py; a rule's anchor and watched ops are derived once per rule:
-        # GraphRule.anchor, GraphRule.watched): the step at which a rule's every match was last known
-        # (found, or all fired already)
-        self.known: dict[str, int] = {}
+        # GraphRule.anchor, GraphRule.watched)
         self.anchored = ANCHORED and REMEMBER
         self.remember = REMEMBER
-        self.changes = AnchorChanges(frozenset(r.anchor.op for r in rules.rules if r.anchor is not None)
-                                     if self.anchored else frozenset())
+        # which rules may have new matches where (incremental and anchored matching read it)
+        self.news = RuleNews(frozenset(r.anchor.op for r in rules.rules if r.anchor is not None)
+                             if self.anchored else frozenset(), REMEMBER)
+        self.memory: Optional[Memory] = None  # the private copy and what is kept of it, while rules run
         # this batch: step -> the nodes touched since, and (step, op) -> those of op, in id order
         self.found: dict = {}
-        # the whole-graph searches' attribute index, (op, path) -> table, kept from batch to batch
-        # while no application touches a node of its op (see _kept_tables)
-        self.tables: dict[tuple, Optional[dict]] = {}
-        self.tables_step = 0
         self.verified = False  # the graph is unchanged since it last passed verify()
         self.verify_phases = True  # verify() after each phase that changed the graph, not only at the end
         self.oracle = oracle_for(tuple(rules.egg_forms)) if rules.egg_forms else None
@@ -286,7 +280,8 @@ class _Run:
 
     def lower(self, kg: KernelGraph) -> Lowered:
         self.verified = True  # lower() verified the copy it hands over
-        kg.log_touches(self.step)  # what each application changes, for the anchored rules
+        # every change to the private copy goes through the Rewriter, which tells the memory
+        self.memory = Memory(kg, self.remember)
         self.input_nodes = len(kg)
         most = graph_bound(self.input_nodes)
         for phase in self.rules.phases:
@@ -339,14 +334,13 @@ class _Run:
                 self.step += 1
                 PROGRESS.step, PROGRESS.rule = self.step, rule.name
                 self.per_rule[rule.name] += 1
-                kg.log_touches(self.step)
+                self.memory.at_step(self.step)
                 before = len(kg)
-                kg, ops = _apply(kg, rule, at, b, self.step, phase, self.trace, self.debug)
+                kg, ops = _apply(self.memory, rule, at, b, self.step, phase, self.trace, self.debug)
                 self.grown[rule.name] += len(kg) - before
                 if len(kg) > most:
                     raise self._size_error(rule, len(kg), most)
-                self.touched.update(dict.fromkeys(ops, self.step))
-                self.changes.record(kg, self.step, frozenset(ops))
+                self.news.applied(self.memory, self.step, ops)
                 self.verified = False
                 if self.stop_after is not None and self.step >= self.stop_after:
                     return kg, True
@@ -368,8 +362,7 @@ class _Run:
             raise
 
     def _done(self, kg: KernelGraph) -> Lowered:
-        kg.keep_derived(False)  # the caller may change the graph it gets without telling it
-        kg.log_touches(None)
+        self.memory = None  # the graph handed back is plain: the caller may change it as it likes
         return Lowered(kg, self.trace, self.step, self.match_work)
 
     def _simplified(self, kg: KernelGraph) -> KernelGraph:
@@ -379,6 +372,7 @@ class _Run:
         self._check_time()
         self.step += 1
         PROGRESS.step, PROGRESS.rule = self.step, "egglog simplification"
+        self.memory = None  # egglog rewrites terms without telling it, and no rule runs after
         try:
             return _simplify(kg, self.rules, self.step, self.phase, self.trace)
         except _RULE_ERRORS as e:
@@ -434,28 +428,19 @@ class _Run:
     def _next_batch(self, kg: KernelGraph, rules: list[GraphRule]):
         """The first rule (in order) with matches not applied yet, and all those matches."""
         index = Matcher(kg, deadline=self.deadline, decide=self._decider(kg), plan=True,  # the graph does not change while we look
-                        attr_tables=self._kept_tables())
+                        attr_tables=self.news.kept_tables(self.step), memory=self.memory)
         self.found = {}
+        news = self.news
         for rule in rules:
-            if not self._may_have_news(rule):
+            if not news.may_have_news(rule):
                 continue
             keyed = ((_match_key(rule, b), b) for b in self._search(kg, index, rule))
             batch = [(key, b) for key, b in keyed if key not in self.fired]  # each match's key read once
-            self.known[rule.name] = self.step
+            news.known[rule.name] = self.step
             if batch:
                 return rule, batch
-            self.quiet[rule.name] = self.step
+            news.quiet[rule.name] = self.step
         return None
-
-    def _kept_tables(self) -> dict:
-        """The attribute index's tables still true of the graph: those of ops no application has
-        touched since the last batch (a batch's whole-graph searches index the same few ops)."""
-        if not self.remember:
-            return {}
-        since, self.tables_step = self.tables_step, self.step
-        for key in [key for key in self.tables if self.touched.get(key[0], -1) > since]:
-            del self.tables[key]
-        return self.tables
 
     def _search(self, kg: KernelGraph, index: Matcher, rule: GraphRule) -> Iterator[dict]:
         """``rule``'s matches: on the whole graph (unless a node it needs is missing), or for an
@@ -463,7 +448,7 @@ class _Run:
         at the anchors changed since in an op it watches (in
         id order: the order of the whole-graph search; the matches elsewhere are those known then,
         all of them fired or about to be)."""
-        since = self.known.get(rule.name)
+        since = self.news.known.get(rule.name)
         anchor = rule.anchor if self.anchored else None
         if since is None or anchor is None or self._outside_news(kg, index, anchor, since):
             if not absent_requirement(rule.match, index):
@@ -472,9 +457,8 @@ class _Run:
         m = index.fresh()
         todo = self.found.get((since, anchor.op))  # rules that last looked at one step share it
         if todo is None:
-            nodes = kg.g._node
-            todo = self.found[since, anchor.op] = sorted(n for n in self._touched_since(kg, since)
-                                                         if nodes[n]["op"] == anchor.op)
+            op = kg.op
+            todo = self.found[since, anchor.op] = sorted(n for n in self._touched_since(since) if op(n) == anchor.op)
         first = rule.match[0]
         for n in todo:
             held = m.attributes_hold(first, n) if self._changed_for(rule, n, since) else None
@@ -487,48 +471,39 @@ class _Run:
         pattern's op and attribute checks: only such a node can join a match not known then (an
         outside pattern is a plain node pattern, so a node that leaves it, or goes, only takes matches
         away, and a node that did not change matches as it did)."""
-        ops = {op for op in anchor.outside if self.touched.get(op, -1) > since}
+        ops = self.news.ops_touched_since(anchor.outside, since)
         if not ops:
             return False
-        nodes = kg.g._node
+        op = kg.op
         patterns = [p for p in anchor.patterns if p.head() in ops]
-        return any(nodes[n]["op"] in ops and any(m.attributes_hold(p, n) is not None for p in patterns)
-                   for n in self._touched_since(kg, since))
+        return any(op(n) in ops and any(m.attributes_hold(p, n) is not None for p in patterns)
+                   for n in self._touched_since(since))
 
-    def _touched_since(self, kg: KernelGraph, since: int) -> list[int]:
-        """``kg.touched_since(since)``, read once a batch (the rules that last looked at one step share it)."""
+    def _touched_since(self, since: int) -> list[int]:
+        """The nodes the memory's touch log marked after step ``since``, read once a batch (the rules
+        that last looked at one step share it)."""
         got = self.found.get(since)
         if got is None:
-            got = self.found[since] = kg.touched_since(since)
+            got = self.found[since] = self.memory.touched_since(since)
         return got
 
     def _changed_for(self, rule: GraphRule, n: int, since: int) -> bool:
         """Whether anchored ``rule``'s matches at node ``n`` may differ from those known at step ``since``."""
-        return self.changes.changed(n, since, rule.watched)
-
-
-    def _may_have_news(self, rule: GraphRule) -> bool:
-        """Whether ``rule`` may match something it has not fired on: it never looked, or a node of
-        an op it watches changed since it last found nothing new."""
-        since = self.quiet.get(rule.name) if self.remember else None
-        if since is None:
-            return True
-        ops = rule.watched
-        return ops is None or any(self.touched.get(op, -1) > since for op in ops)
+        return self.news.changed(n, since, rule.watched)
 
     def _still_matches(self, kg: KernelGraph, rule: GraphRule, b: dict, key: tuple) -> Optional[tuple[tuple, dict]]:
         """``b``'s nodes matched again on the current graph (values re-read), with the match's key
         (``key``: ``b``'s), unless already applied. An anchored rule's match whose anchor no
         application since the batch was found changed in an op the rule watches, and whose outside
         ops none touched, is ``b`` itself (its matches there are as they were)."""
-        anchor, since = rule.anchor if self.anchored else None, self.known[rule.name]
+        anchor, since = rule.anchor if self.anchored else None, self.news.known[rule.name]
         if anchor is not None and not self._changed_for(rule, b[anchor.var].id, since) and \
-                all(self.touched.get(op, -1) <= since for op in anchor.outside):
+                not self.news.ops_touched_since(anchor.outside, since):
             return (key, b) if key not in self.fired else None
         nodes = {k: v for k, v in b.items() if isinstance(v, NodeRef)}
         if any(v.id not in kg for v in nodes.values()):
             return None
-        m = Matcher(kg, deadline=self.deadline, decide=self._decider(kg), plan=True)
+        m = Matcher(kg, deadline=self.deadline, decide=self._decider(kg), plan=True, memory=self.memory)
         keyed = ((_match_key(rule, b2), b2) for b2 in self._matches(m, rule, nodes))
         return next(((k2, b2) for k2, b2 in keyed if k2 not in self.fired), None)
 
@@ -551,16 +526,17 @@ def _rule_error(rule: GraphRule, doing: str, e: Exception) -> LoweringError:
     return LoweringError(f"rule {rule.name} ({rule.at}) failed while {doing}: {type(e).__name__}: {e}")
 
 
-def _apply(kg: KernelGraph, rule: GraphRule, at: str, b: dict, step: int, phase: str, trace: Optional[Trace],
-           debug: bool) -> KernelGraph:
+def _apply(memory: Memory, rule: GraphRule, at: str, b: dict, step: int, phase: str, trace: Optional[Trace],
+           debug: bool) -> tuple[KernelGraph, set[str]]:
+    """Apply ``rule`` with bindings ``b`` to the memory's graph: the graph after (in debug mode a copy,
+    the one before kept in the trace), and the ops of the nodes the application touched."""
     t0 = time.perf_counter()
     # lowering works on a private copy of the user's graph, so a failure (which stops lowering)
     # cannot touch what the user built; debug mode also keeps the graph as it was after each step
-    work = kg.copy() if debug else kg
+    work = memory.kg.copy() if debug else memory.kg
     if debug:
-        kg.keep_derived(False)  # kept in the trace, where nothing tells it of changes
-        kg.move_touch_log(work)
-    rw = Rewriter(work, b, {"by": "rule", "rule": rule.name, "at": at, "step": step})
+        memory.moved_to(work)
+    rw = Rewriter(memory, b, {"by": "rule", "rule": rule.name, "at": at, "step": step})
     where = f"rule {rule.name} ({at}), step {step}"
     try:
         rw.run(rule.rewrite)
@@ -586,7 +562,6 @@ def _simplify(kg: KernelGraph, rules: RuleSet, step: int, phase: str, trace: Opt
     t0 = time.perf_counter()
     if trace is not None:
         kg = kg.copy()  # the trace holds the graph of the previous step
-    kg.keep_derived(False)  # terms change below without touch()
     changed, matches = simplify_terms(kg, rules.egg_forms)
     if trace is not None:
         trace.records.append(Application(step, "egglog", "egglog", phase, {}, [], [], sorted(changed),

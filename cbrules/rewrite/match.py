@@ -12,7 +12,7 @@ Value patterns: ``?x`` (bind, or compare when bound), ``_``, a literal, ``(one-o
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from ..ir.graph import KernelGraph
 from ..ir.order import DEPENDS, sibling_order
@@ -22,6 +22,9 @@ from .schema import RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS, split_keys, 
 from .plan import AttrIndex, join_order, joined, known_values, pattern_parts, read_once
 from .value_patterns import MISSING, first_miss, short_text, compiled, match_value  # noqa: F401  (public here too)
 from .values import Env, NodeRef, evaluate, holds
+
+if TYPE_CHECKING:
+    from .memory import Memory
 
 # an op with at most this many nodes is looked up inside a scope through the op index (each node's
 # scopes: the nesting depth) rather than by walking the scope's subtree (its size)
@@ -73,15 +76,18 @@ class Matcher:
 
     def __init__(self, kg: KernelGraph, deadline: Optional[float] = None,
                  decide: Optional[Callable[[Term], bool]] = None, plan: bool = False,
-                 attr_tables: Optional[dict] = None):
+                 attr_tables: Optional[dict] = None, memory: Optional["Memory"] = None):
         """``deadline`` (a ``time.monotonic()`` value): past it, matching raises :class:`MatchTimeout`
         (a rule with many node patterns can take time exponential in their number). ``decide``
         proves predicate terms for the ``provably-*`` guards (the engine's egglog oracle).
         ``plan``: search the leading node patterns in a joined order (:mod:`cbrules.rewrite.plan`);
         the bindings are the same, in the same order, but the deepest failure that :meth:`explain`
         reports is the written search's only without it. ``attr_tables``: the attribute index's
-        tables (see :class:`cbrules.rewrite.plan.AttrIndex`), kept by the caller across matchers."""
+        tables (see :class:`cbrules.rewrite.plan.AttrIndex`), kept by the caller across matchers.
+        ``memory``: the rewrite engine's memory of ``kg`` (its private copy), which answers the
+        questions about effects, sibling order and nodes by op from what it keeps."""
         self.kg = kg
+        self.memory = memory
         self.decide = decide
         self.plan = plan
         # the op index ("index") and the attribute index ("attrs"), built on first use and shared by
@@ -101,7 +107,7 @@ class Matcher:
         """A matcher over the same (unchanged) graph sharing this one's indexes, with its own
         failure record."""
         m = Matcher.__new__(Matcher)
-        m.kg, m._orders, m._shared, m._within = self.kg, self._orders, self._shared, self._within
+        m.kg, m.memory, m._orders, m._shared, m._within = self.kg, self.memory, self._orders, self._shared, self._within
         m._grouped, m._kids = self._grouped, self._kids
         m._places = self._places
         m.decide, m.plan = self.decide, self.plan
@@ -114,7 +120,7 @@ class Matcher:
         matcher for an anchored match (every node bound) costs nothing proportional to the graph."""
         index = self._shared.get("index")
         if index is None:
-            index = self._shared["index"] = self.kg.by_op()
+            index = self._shared["index"] = (self.kg if self.memory is None else self.memory).by_op()
             index["_"] = sorted(self.kg.g.nodes)
         return index
 
@@ -164,7 +170,8 @@ class Matcher:
 
     def order(self, scope: int) -> list[int]:
         if scope not in self._orders:
-            self._orders[scope] = sibling_order(self.kg, scope)
+            self._orders[scope] = sibling_order(self.kg, scope) if self.memory is None else \
+                self.memory.sibling_order(scope)
         return self._orders[scope]
 
     def env(self, b: dict) -> Env:
@@ -443,7 +450,7 @@ class Matcher:
         yield from self._rel_inside(e, b, direct=True)
 
     def _touches(self, n: int, buf: str, write: bool) -> bool:
-        reads, writes = self.kg.effects(n)
+        reads, writes = (self.kg if self.memory is None else self.memory).effects(n)
         return f"mem:{buf}" in (writes if write else reads)
 
     def _rel_reads(self, e, b, write=False):
