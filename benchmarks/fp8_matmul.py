@@ -35,6 +35,7 @@ VARIANTS = {
     "cbrules promoted bn=128": dict(bn=128),
     "cbrules fast accumulation (promote=False)": dict(promote=False),
     "cbrules fast accumulation, persistent": dict(promote=False, persistent=132),
+    "cbrules promoted, persistent": dict(persistent=132),
     "cbrules block-scaled (default, bn=256)": dict(scaling="block"),
     "cbrules block-scaled bn=128": dict(scaling="block", bn=128),
 }

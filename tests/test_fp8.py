@@ -130,6 +130,18 @@ def test_checker_passes_fp8_matmul(dtype, scaling, extra, stages, ws):
         assert res.ok and res.status == "ok", f"trips {trips}: {res.status} {res.detail}"
 
 
+@pytest.mark.parametrize("shape", [(130, 104, 256), (70, 296, 384)])
+def test_block_scales_in_column_blocks_past_n(shape):
+    # bn=256 in two column blocks of 128, each with its own scale of B: N = 104 puts the second block
+    # wholly past the tensor (its scale index clamped to the last block, its columns not stored); N = 296
+    # has a second tile whose second block starts past N
+    checker = Checker(blocks=None, dtype="float8_e4m3")  # every block: the ragged tiles too
+    spec = _fp8_spec("float8_e4m3", "block", {})
+    assert "b_tile1" in api.generate(spec.build(dtype="float8_e4m3", **WS)).text
+    res = checker.check(spec, shape[2] // 128, 2, warp_specialize=True, registers=(40, 232), shape=shape)
+    assert res.ok and res.status == "ok", f"{shape}: {res.status} {res.detail}"
+
+
 def test_mixed_pair_on_the_interpreter():
     # e4m3 A with e5m2 B: each read through its own type, against the float64 product
     k = matmul_tc(dtype="float8_e4m3", b_dtype="float8_e5m2", stages=2, **WS)
