@@ -4,15 +4,33 @@ from __future__ import annotations
 import numpy as np
 
 
-def poisoned_run(ck, args: dict, want: dict, outputs, rtol: float, atol: float, shape) -> list[str]:
+def poisoned_launch(ck, args: dict, outputs) -> None:
     """Launch ``ck`` on ``args`` with every output first filled with 0xFF bytes (NaN in every float
-    type: an element the kernel does not write cannot pass), then compare each output with ``want``;
-    returns one line per output that differs."""
+    type: an element the kernel does not write stays NaN); the outputs are back in ``args``."""
     bound = ck.bind(**args)
     for out in outputs:
         bound.arrays[out].fill_bytes(0xFF)
     bound.launch()
     bound.finish()
+
+
+def unwritten_or_not_finite(args: dict, outputs, shape) -> list[str]:
+    """One line for each output of ``args`` holding a NaN or an infinity (after :func:`poisoned_launch`:
+    an element not written, or a value that overflowed)."""
+    failures = []
+    for out in outputs:
+        got = np.asarray(args[out]).astype(np.float64)
+        bad = np.argwhere(~np.isfinite(got))
+        if len(bad):
+            failures.append(f"shape {shape}: {out} has {len(bad)} elements not written or not finite, first "
+                            f"{bad[0].tolist()}: {got[tuple(bad[0])]}")
+    return failures
+
+
+def poisoned_run(ck, args: dict, want: dict, outputs, rtol: float, atol: float, shape) -> list[str]:
+    """:func:`poisoned_launch` (an element the kernel does not write cannot pass), then compare each output
+    with ``want``; returns one line per output that differs."""
+    poisoned_launch(ck, args, outputs)
     failures = []
     for out in outputs:
         got = np.asarray(args[out]).astype(np.float64)
