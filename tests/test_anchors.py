@@ -7,7 +7,7 @@ from cbrules import api
 from cbrules.kernels import KERNELS
 from cbrules.rewrite import engine, rulefile
 from cbrules.rewrite.anchors import anchor_of
-from cbrules.rewrite.sexpr import read
+from cbrules.sexpr import read
 from rulekit import write_rules
 
 

@@ -14,7 +14,7 @@ from cbrules.ir.graph import KernelGraph
 from cbrules.ir.ops import effects as own_effects
 from cbrules.ir.terms import Term, const, extent, name, substitute
 from cbrules.kernels import KERNELS
-from cbrules.rewrite.sexpr import RuleError, read
+from cbrules.sexpr import RuleError, read
 from cbrules.rewrite.values import Env, NodeRef, compiled, evaluate
 
 

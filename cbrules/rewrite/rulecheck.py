@@ -14,7 +14,7 @@ from ..ir.ops import OPS, SCOPES
 from .schema import (ACTIONS, FUNCTIONS, NODE_FUNCTIONS, RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS,
                      split_keys)
 from .schema import settable as _settable
-from .sexpr import Atom, Expr, Pos, RuleError, SList, variables
+from ..sexpr import Atom, Expr, Pos, RuleError, SList, variables
 
 if TYPE_CHECKING:
     from .rulefile import GraphRule

@@ -29,7 +29,7 @@ from .plan import watched_ops
 from .rulecheck import Suggester, key_pos, check_rule, did_you_mean
 from .rulelint import rechecks
 from .schema import EGGLOG_FORMS, EGGLOG_REFUSED, EggForm, split_keys
-from .sexpr import Atom, Elements, Expr, Pos, RuleError, RulePathError, SList, read, read_file, source_text
+from ..sexpr import Atom, Elements, Expr, Pos, RuleError, RulePathError, SList, read, read_file, source_text
 from .vocabulary import Vocabulary, check as check_vocabulary
 
 SHIPPED = RULES

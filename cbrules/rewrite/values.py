@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Optional
 from ..ir.names import IdentifierError, check_term_name
 from ..ir.limits import RULE_LIMITS
 from ..ir.ops import DTYPE_BYTES, term_values
-from .sexpr import Atom, Expr, RuleError, derived
+from ..sexpr import Atom, Expr, RuleError, derived
 from ..ir.terms import (DeviceFunctionError, Term, as_term, call, coefficient, const, divisor,
                         evaluate as eval_term, name, substitute)
 

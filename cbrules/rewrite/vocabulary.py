@@ -21,7 +21,7 @@ from typing import Iterator
 
 from ..ir.builder_values import CB_OPTION_KEYS
 from .rulecheck import Suggester
-from .sexpr import Atom, Expr, RuleError, SList
+from ..sexpr import Atom, Expr, RuleError, SList
 
 WORDS = ("tag", "stage", "part")  # attributes whose values are handles
 ANNOTATIONS = ("circular_buffer", "tma_store")  # a loop's annotations whose keys are options
