@@ -20,7 +20,7 @@ from ..sexpr import Atom, Expr, Pos, RuleError, SList, read, read_file
 
 SCHEMA_FILE = RULES / "options.rules"
 TYPES = ("int", "bool", "word", "pair", "count")  # see rules/options.rules
-KEYS = ("type", "doc", "auto", "choices", "min", "max", "true", "default", "flag", "help", "refusals")
+KEYS = ("type", "doc", "auto", "choices", "min", "max", "true", "default", "flag", "metavar", "help", "refusals")
 LITERALS = {"true": True, "false": False, "none": None}
 OPERATORS = {"+": 2, "-": 2, "if": 3}  # what a :default expression may use, with its operand count
 MAX_DEFAULT_DEPTH = 8  # a :default nests this deep at most (the shipped ones: 2)
@@ -42,6 +42,7 @@ class Option:
     true: Optional[int] = None  # count: what True stands for
     default: Optional[Expr] = None  # None: no value when not given
     flag: Optional[str] = None
+    metavar: Optional[str] = None  # the flag's value as its help names it (a pair: e.g. P,C)
     help: str = ""
     refusals: tuple = ()  # ((code, rule name, where the schema names them), ...)
 
@@ -168,6 +169,11 @@ def parse_option(form: SList) -> Option:
         out["flag"] = flag
     if "help" in keys:
         out["help"] = _word(keys["help"], name, "help")
+    if "metavar" in keys:
+        out["metavar"] = _word(keys["metavar"], name, "metavar")
+    for key in ("help", "metavar"):
+        if key in keys and "flag" not in keys:
+            raise RuleError(keys[key].pos, f"option {name}: :{key} is the command line's: give the option a :flag too")
     if "refusals" in keys:
         out["refusals"] = _refusals(keys["refusals"], name)
     return Option(**out)
@@ -307,6 +313,11 @@ def option(name: str) -> Option:
 def names() -> tuple[str, ...]:
     """The options' names: the keys ``circular_buffer(...)`` may record."""
     return tuple(_shipped())
+
+
+def flags() -> dict[str, str]:
+    """Option name -> its command-line flag, for the options the command line takes (those with :flag)."""
+    return {o.name: o.flag for o in _shipped().values() if o.flag}
 
 
 def default(name: str, given: Mapping[str, Any] = {}) -> Any:
