@@ -22,6 +22,7 @@ from .ir import option_schema
 from .ir.limits import MAX_CHECK_STAGES
 from .ir.ops import STORAGE_DTYPES
 from .rewrite import rulefile
+from .shipped import shown
 from .userio import printable, write_text
 from .cli_check import cmd_check
 from .cli_progress import progress_lines
@@ -51,6 +52,23 @@ def cmd_ops(a) -> int:
         defaults = "".join(f"; :{k} defaults to {v!r}" for k, v in spec.defaults.items())
         print(f"{'':35s} required {names(spec.required)}; optional {names(spec.optional)}{defaults}")
     print(f"\n* the attribute holds a term (an index expression the rules and egglog rewrite)\n{COMMON_DOC}")
+    return 0
+
+
+def cmd_options(a) -> int:
+    for opt in option_schema.options().values():
+        values = {"int": "an int", "bool": "True or False", "word": " or ".join(f'"{c}"' for c in opt.choices),
+                  "pair": "a pair of ints", "count": f"True ({opt.true}) or a count"}[opt.type]
+        values += f' or "{option_schema.AUTO}"' if opt.auto else ""
+        bounds = ", ".join(f"{k} {getattr(opt, k)}" for k in ("min", "max") if getattr(opt, k) is not None)
+        default = "none (not given: absent)" if opt.default is None else str(opt.default)
+        print(f"{opt.name:18s} {values}{'; ' + bounds if bounds else ''}; default {default}"
+              f"{'; ' + opt.flag if opt.flag else ''}")
+        print(f"{'':18s} {opt.doc}")
+        if opt.refusals:
+            print(f"{'':18s} refused by name: " + ", ".join(f"{code} ({rule})" for code, rule, _ in opt.refusals))
+    print(f"\ndeclared in {shown(option_schema.SCHEMA_FILE)}; a default in parentheses is computed from the loop's "
+          "other options (an option not given counts as its own default)")
     return 0
 
 
@@ -389,6 +407,8 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("kernels", help="list the built-in kernels").set_defaults(fn=cmd_kernels)
     sub.add_parser("ops", help="the node ops rules match and build: attributes, which hold terms, what each "
                    "does").set_defaults(fn=cmd_ops)
+    sub.add_parser("options", help="the circular-buffer options (rules/options.rules): values, bounds, defaults, "
+                   "flags and the named refusals of each").set_defaults(fn=cmd_options)
     lo = sub.add_parser("lower", help="print the lowered kernel as a linear program")
     _kernel_options(lo)
     _rule_options(lo, debug=True)
