@@ -278,9 +278,10 @@ def _check_table_name(head: str, first: Atom, second: Optional[Expr]) -> None:
     from ..ir.limits import RULE_LIMITS
     known = list(RULE_LIMITS) if head == "limit" else list(option_schema.names())
     if first.value not in known:
-        what = "limit" if head == "limit" else "circular-buffer option (rules/options.rules)"
+        what, where = ("limit", "the limits are") if head == "limit" else \
+            ("circular-buffer option", "the options (rules/options.rules) are")
         raise RuleError(first.pos, f"({head} {first} ...): no {what} {first.value!r}" + did_you_mean(first.value, known)
-                        + f"; they are {', '.join(known)}")
+                        + f"; {where} {', '.join(known)}")
     if head == "option" and isinstance(second, Atom) and second.kind == "str":
         try:
             option_schema.value_of(first.value, second.value)
