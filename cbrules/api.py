@@ -5,6 +5,7 @@ import os
 from typing import Optional, Sequence, Union
 
 from .rewrite import engine, rulefile
+from .ir import option_schema
 from .ir.builder import Kernel
 from .ir.graph import KernelGraph
 from .schedule import Step, schedule
@@ -101,7 +102,7 @@ def check(kernel, inputs=None, reference=None, *, trips=None, outputs: Optional[
     ``(rtol, atol)``. The kernel's own ``circular_buffer(...)`` says how it is pipelined.
 
     For a name or a kernel file, inputs, reference, outputs and tolerances are the kernel's own;
-    ``stages`` (default 3), ``prefetch``, ``war``, ``warp_specialize``, ``registers``, ``dtype``,
+    ``stages`` (default: the options schema's, 3), ``prefetch``, ``war``, ``warp_specialize``, ``registers``, ``dtype``,
     ``tma_store`` and ``swizzle`` build it as the command line's options do, and ``trips`` defaults
     to ``0 .. 4*S``.
 
@@ -147,7 +148,7 @@ def _check_spec(kernel, inputs, reference, outputs, tolerance, stages, options: 
                             "reference and outputs; build a Kernel to check it with yours")
         if kernel.inputs is None or not kernel.outputs or (kernel.reference is None):
             raise ValueError(f"{kernel.name}: checking needs inputs(shape, rng), reference(inputs) and OUTPUTS")
-        stages = 3 if stages is None else stages
+        stages = option_schema.default("stages") if stages is None else stages
         if stages == "auto":
             raise ValueError("check(stages='auto'): the checker runs trip counts around a given S; give a number")
         one_case = [None] if kernel.shape_for_trips is None else None

@@ -175,11 +175,11 @@ class Checker:
 
         ``shape`` defaults to ``spec.shape_for_trips(trips)``; given, it must make the loop run
         ``trips`` times (``trips`` also sets the build parameters of ``spec.trips_params``).
-        ``war`` None is the default: sync, or mbarrier when warp-specialized."""
+        ``war`` None is the rules' default (the options schema's: sync, or mbarrier when warp-specialized;
+        a rule folder's own where it sets one), as for any kernel built without it."""
         if shape is None and spec.shape_for_trips is None:
             raise ValueError(f"{spec.name}: no small shapes for the CPU checker (KernelSpec.shape_for_trips)")
         shape = tuple(shape if shape is not None else spec.shape_for_trips(max(trips, 1)))
-        war = war or ("mbarrier" if warp_specialize else "sync")
         res = CaseResult(spec.name, stages, prefetch, war, trips, shape, "FAIL", warp_specialize=warp_specialize,
                          registers=registers)
         t0 = time.perf_counter()

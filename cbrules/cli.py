@@ -18,9 +18,11 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from . import __version__, cli_output
 from .errors import CbrulesError, CliError
+from .ir import option_schema
 from .ir.limits import MAX_CHECK_STAGES
 from .ir.ops import STORAGE_DTYPES
 from .rewrite import rulefile
+from .shipped import shown
 from .userio import printable, write_text
 from .cli_check import cmd_check
 from .cli_progress import progress_lines
@@ -50,6 +52,23 @@ def cmd_ops(a) -> int:
         defaults = "".join(f"; :{k} defaults to {v!r}" for k, v in spec.defaults.items())
         print(f"{'':35s} required {names(spec.required)}; optional {names(spec.optional)}{defaults}")
     print(f"\n* the attribute holds a term (an index expression the rules and egglog rewrite)\n{COMMON_DOC}")
+    return 0
+
+
+def cmd_options(a) -> int:
+    for opt in option_schema.options().values():
+        values = {"int": "an int", "bool": "True or False", "word": " or ".join(f'"{c}"' for c in opt.choices),
+                  "pair": "a pair of ints", "count": f"True ({opt.true}) or a count"}[opt.type]
+        values += f' or "{option_schema.AUTO}"' if opt.auto else ""
+        bounds = ", ".join(f"{k} {getattr(opt, k)}" for k in ("min", "max") if getattr(opt, k) is not None)
+        default = "none (not given: absent)" if opt.default is None else str(opt.default)
+        print(f"{opt.name:18s} {values}{'; ' + bounds if bounds else ''}; default {default}"
+              f"{'; ' + opt.flag if opt.flag else ''}")
+        print(f"{'':18s} {opt.doc}")
+        if opt.refusals:
+            print(f"{'':18s} refused by name: " + ", ".join(f"{code} ({rule})" for code, rule, _ in opt.refusals))
+    print(f"\ndeclared in {shown(option_schema.SCHEMA_FILE)}; a default in parentheses is computed from the loop's "
+          "other options (an option not given counts as its own default)")
     return 0
 
 
@@ -266,7 +285,7 @@ def cmd_demo(a) -> int:
     from .codegen import runtime
     from .kernels import get
     spec = get("single_dim")
-    kernel = spec.build(stages=3)
+    kernel = spec.build(stages=option_schema.default("stages"))
     ck, summary = _compile(spec, kernel, annotate=a.annotate)
     if not a.quiet:
         print(ck.source.text.split("// cbrules prelude")[0] + ck.source.text[ck.source.text.index('extern "C"'):])
@@ -293,14 +312,26 @@ def _count(least: int) -> Callable[[str], int]:
     return parse
 
 
-def _stages(text: str):
-    """--stages: an integer, or auto (chosen by the rules)."""
-    if text == "auto":
+def _int_or_auto(text: str):
+    """An option with :auto in the schema (--stages, --prefetch): an integer, or auto (chosen by the rules)."""
+    if text == option_schema.AUTO:
         return text
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither an integer nor auto") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an integer nor {option_schema.AUTO}") from None
+
+
+def _circular_buffer_options(p: argparse.ArgumentParser) -> None:
+    """A flag for each option of the options schema that has one (rules/options.rules: its :flag, :help,
+    :choices; an int with :auto also takes auto, a bool is a switch)."""
+    for opt in option_schema.options().values():
+        if opt.flag is None:
+            continue
+        kind = {"int": {"type": _int_or_auto if opt.auto else int}, "bool": {"action": "store_true"},
+                "word": {"choices": list(opt.choices)}, "pair": {"metavar": opt.metavar or "A,B"},
+                "count": {"type": int}}[opt.type]
+        p.add_argument(opt.flag, help=opt.help_text, **kind)
 
 
 def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
@@ -310,15 +341,7 @@ def _kernel_options(p: argparse.ArgumentParser, check: bool = False) -> None:
     else:
         p.add_argument("kernel", help="a built-in kernel name (see `cbrules kernels`) or a Python file defining "
                        "build() (trace: also a saved FILE.cbtrace)")
-    p.add_argument("--stages", type=_stages, help="circular-buffer stages S (>= 2), or auto: the rules choose S "
-                   "from the stage's bytes, the shared memory per block, the trip count and a cap (the trace says why)")
-    p.add_argument("--prefetch", type=int, help="prefetch distance P in [0, S) (negative counts from S; default S-1)")
-    p.add_argument("--war", choices=["sync", "mbarrier"], help="WAR protection (default sync; mbarrier when "
-                   "warp-specialized)")
-    p.add_argument("--warp-specialize", action="store_true", help="a producer warp group of 128 threads, added "
-                   "after the block's threads, issues the loads; the block's threads compute")
-    p.add_argument("--registers", metavar="P,C", help="with --warp-specialize: registers of each producer and "
-                   "each consumer thread (setmaxnreg), e.g. 40,232")
+    _circular_buffer_options(p)
     if check:
         p.add_argument("--shape", help="one case at this problem shape, e.g. 3,1000, instead of the small shapes "
                        "of trip counts 0..4S")
@@ -384,6 +407,8 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("kernels", help="list the built-in kernels").set_defaults(fn=cmd_kernels)
     sub.add_parser("ops", help="the node ops rules match and build: attributes, which hold terms, what each "
                    "does").set_defaults(fn=cmd_ops)
+    sub.add_parser("options", help="the circular-buffer options (rules/options.rules): values, bounds, defaults, "
+                   "flags and the named refusals of each").set_defaults(fn=cmd_options)
     lo = sub.add_parser("lower", help="print the lowered kernel as a linear program")
     _kernel_options(lo)
     _rule_options(lo, debug=True)

@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Optional
 
 from .errors import CbrulesError, CliError
+from .ir import option_schema
 from .ir.limits import MAX_CHECK_STAGES
 
 if TYPE_CHECKING:
@@ -17,7 +18,7 @@ from .cli_progress import Task
 
 
 def cmd_check(a) -> int:
-    stages = a.stages if a.stages is not None else 3
+    stages = a.stages if a.stages is not None else option_schema.default("stages")
     if stages == "auto":
         raise CliError("check --stages auto: the checker runs trip counts around a given S; give a number "
                        "(`cbrules lower KERNEL --stages auto` shows the S the rules choose)")

@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Optional
 
 from .errors import CliError
+from .ir import option_schema
 from .kernelfile import load_kernel, refuse_untaken
 
 if TYPE_CHECKING:
@@ -105,9 +106,7 @@ def _file_options(a, spec: KernelSpec) -> None:
     """A kernel file gets every option given that its build() takes; one it does not take is an error
     (--shape is also the problem's shape for `run` and `check` when the file defines inputs())."""
     shape_for_inputs = getattr(a, "command", "") in ("run", "check") and spec.inputs is not None
-    refuse_untaken(spec, {"stages": getattr(a, "stages", None), "prefetch": getattr(a, "prefetch", None),
-                          "war": getattr(a, "war", None), "warp_specialize": getattr(a, "warp_specialize", False),
-                          "registers": getattr(a, "registers", None),
+    refuse_untaken(spec, {**{k: getattr(a, k, None) for k in option_schema.flags()},
                           "shape": None if shape_for_inputs else getattr(a, "shape", None),
                           "dtype": None if getattr(a, "dtype", None) in (None, "float32") else a.dtype,
                           "tma_store": getattr(a, "tma_store", False), "swizzle": getattr(a, "swizzle", None)})
@@ -116,11 +115,10 @@ def _file_options(a, spec: KernelSpec) -> None:
 def _kernel(a, spec: KernelSpec):
     """The kernel with the command line's circular-buffer options; options it cannot take are an error."""
     _file_options(a, spec)
-    given = [k for k in ("stages", "prefetch", "war", "registers") if getattr(a, k, None) is not None]
-    given += ["warp-specialize"] if getattr(a, "warp_specialize", False) else []
+    given = [flag for k, flag in option_schema.flags().items() if getattr(a, k, None) not in (None, False)]
     if given and not spec.pipelined:
         raise CliError(f"{spec.name}: its build() takes no circular-buffer options, so "
-                       f"{', '.join('--' + k for k in given)} would be ignored; drop them, or give build() "
+                       f"{', '.join(given)} would be ignored; drop them, or give build() "
                        "keyword parameters (stages=None, prefetch=None, war=None, ...) and pass them on")
     return spec.build(_shape(a, spec), stages=getattr(a, "stages", None), prefetch=getattr(a, "prefetch", None),
                       war=getattr(a, "war", None), dtype=_dtype(a, spec),

@@ -28,14 +28,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from .errors import CliError
+from .ir import option_schema
 from .userio import check_readable, printable
 
 if TYPE_CHECKING:
     from .kernels.specs import KernelSpec
 
 # build() keyword <- the command-line option that gives it
-BUILD_OPTIONS = {"stages": "--stages", "prefetch": "--prefetch", "war": "--war", "warp_specialize": "--warp-specialize",
-                 "registers": "--registers", "shape": "--shape", "dtype": "--dtype", "tma_store": "--tma-store",
+# (the circular-buffer options' flags from the options schema, rules/options.rules)
+BUILD_OPTIONS = {**option_schema.flags(), "shape": "--shape", "dtype": "--dtype", "tma_store": "--tma-store",
                  "swizzle": "--swizzle"}
 
 
@@ -104,7 +105,7 @@ def load_kernel(ref: str) -> KernelSpec:
                           _guarded(path, "calling reference() of", reference) if callable(reference) else None,
                           outputs, shape, tolerance=lambda s: tolerance,
                           build_params=(lambda s: {"shape": s}) if "shape" in takes else (lambda s: {}),
-                          pipelined=bool(takes & {"stages", "prefetch", "war", "warp_specialize", "registers"}),
+                          pipelined=bool(takes & set(option_schema.flags())),
                           dtypes=tuple(dtypes), tile_output=True, swizzles=True,
                           shape_for_trips=(_guarded(path, "calling shape_for_trips() of", trips_shape)
                                            if callable(trips_shape) else None),

@@ -1,14 +1,15 @@
 """The circular-buffer options a kernel asked for, and the ones it was lowered with.
 
 The builder and the command line record only the options the user gave; the ``cb-default-*``
-rules fill in the rest (a rule folder may change a default). What a loop was lowered with is read
+rules fill in the rest with the defaults of the options schema (:mod:`cbrules.ir.option_schema`; a rule
+folder may change a default). What a loop was lowered with is read
 off the lowered graph, so a report never guesses a default the rules did not apply.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .ir.builder_values import CB_OPTION_KEYS as OPTION_KEYS
+from .ir import option_schema
 from .ir.graph import KernelGraph
 
 
@@ -23,7 +24,7 @@ def _given(kg: KernelGraph):
 
 def requested(kg: KernelGraph) -> set[str]:
     """The option names given anywhere in the kernel as built (on a loop or on a TMA load)."""
-    return {k for cb in _given(kg) for k in OPTION_KEYS if cb.get(k) is not None}
+    return {k for cb in _given(kg) for k in option_schema.names() if cb.get(k) is not None}
 
 
 def strict_trip_count(kg: KernelGraph) -> bool:
@@ -40,7 +41,7 @@ def effective(kg: KernelGraph) -> list[tuple[str, dict[str, Any]]]:
         d = kg[n]
         cb = (d.get("annotations") or {}).get("circular_buffer")
         if isinstance(cb, dict) and d.get("part") in (None, "main", "consumer"):
-            out.append((str(d["var"]), {k: cb[k] for k in OPTION_KEYS if cb.get(k) is not None}))
+            out.append((str(d["var"]), {k: cb[k] for k in option_schema.names() if cb.get(k) is not None}))
     return out
 
 

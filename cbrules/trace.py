@@ -17,7 +17,7 @@ from .rewrite.match import RELATIONS, Matcher, split_keys
 from .rewrite.rulecheck import did_you_mean
 from .rewrite.rulefile import GraphRule
 from .schedule import print_program, schedule
-from .rewrite.sexpr import Atom
+from .sexpr import Atom
 from .rewrite.values import NodeRef
 
 

@@ -20,7 +20,7 @@ from .errors import CbrulesError
 from .ir.graph import CONTAINS, DEPENDS, KernelGraph, Param
 from .ir.ops import OPS
 from .rewrite.rulefile import from_texts
-from .rewrite.sexpr import MAX_FILE_BYTES, RuleError
+from .sexpr import MAX_FILE_BYTES, RuleError
 from .ir.terms import BINARY_OPS, UNARY_OPS, Term, call_problem
 from .ir.verify import GraphError, verify_values
 from .userio import printable, read_regular, write_text

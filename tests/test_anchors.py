@@ -5,7 +5,7 @@ import pytest
 
 from cbrules import api
 from cbrules.rewrite.anchors import anchor_of
-from cbrules.rewrite.sexpr import read
+from cbrules.sexpr import read
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from cbrules.ir.builder import circular_buffer
 from cbrules.cli import main
 from cbrules.kernels import get
 from cbrules.rewrite.rulefile import RuleErrors, load, rule_dirs
-from cbrules.rewrite.sexpr import RuleError
+from cbrules.sexpr import RuleError
 from rulekit import write_rules
 import numpy as np
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from cbrules.rewrite import egg
 from cbrules.rewrite.egg import EggRuleError, Range, forms_from_file, load_check, simplify
 from cbrules.ir.terms import Term, const, evaluate, name, parse
-from cbrules.rewrite.sexpr import MAX_DEPTH
+from cbrules.sexpr import MAX_DEPTH
 
 LIMIT = 30000  # evaluation points per term; every point of the ranges when there are fewer
 RANGES = {"i": Range(0, 100), "k": Range(0, 1000)}

@@ -16,7 +16,7 @@ from cbrules.ir.builder import Kernel, circular_buffer, threadIdx
 from cbrules.rewrite.egg import Oracle, Range, SHIPPED_RULES, forms_from_file
 from cbrules.kernels import KERNELS, SEED_MATRIX
 from cbrules.rewrite.match import Matcher
-from cbrules.rewrite.sexpr import read
+from cbrules.sexpr import read
 from cbrules.ir.terms import Term, parse
 from cbrules.rewrite.values import Env, evaluate
 from rulekit import write_rules

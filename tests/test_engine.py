@@ -7,7 +7,7 @@ from cbrules import api
 from cbrules.rewrite import engine, rulefile
 from cbrules.ir.builder import Kernel, threadIdx
 from cbrules.rewrite.match import Matcher
-from cbrules.rewrite.sexpr import read
+from cbrules.sexpr import read
 from cbrules.schedule import linear_order, print_program, schedule
 from cbrules.ir.terms import parse
 from cbrules.rewrite.values import NodeRef
@@ -288,7 +288,7 @@ def test_a_value_too_deep_is_refused_also_on_counted_subterms():
     """Terms are counted once (their size and height remembered): a value built on a counted term
     is refused past MAX_VALUE_DEPTH levels as one counted from scratch."""
     from cbrules.rewrite.action_values import MAX_VALUE_DEPTH, check_bounded
-    from cbrules.rewrite.sexpr import RuleError, read
+    from cbrules.sexpr import RuleError, read
     from cbrules.ir.terms import Term, const, name
     expr = read("(+ ?n 1)")[0]
     t = name("N")

@@ -10,7 +10,7 @@ from cbrules.cli import main
 from cbrules.kernels import get
 from cbrules.ir.ops import OPS
 from cbrules.rewrite.rulefile import SHIPPED, load, rule_dirs
-from cbrules.rewrite.sexpr import RuleError
+from cbrules.sexpr import RuleError
 
 GUIDE = SHIPPED / "README.md"
 

@@ -387,7 +387,7 @@ def test_file_names_and_fail_texts_print_escaped(tmp_path, capsys):
 
 
 def test_a_symlinked_rule_file_outside_any_folder_is_refused_unread(tmp_path, capsys, monkeypatch):
-    from cbrules.rewrite import sexpr
+    from cbrules import sexpr
     secret = tmp_path / "secret" / "key.txt"
     secret.parent.mkdir()
     secret.write_text("SECRET-TOKEN-8472\n")
@@ -433,7 +433,7 @@ def test_error_text_keeps_only_the_lines_an_error_has():
     from cbrules import cli_output
     from cbrules.codegen.errors import CompileError
     from cbrules.rewrite.rulefile import RuleErrors
-    from cbrules.rewrite.sexpr import Pos, RuleError
+    from cbrules.sexpr import Pos, RuleError
     assert cli_output.error_text(ValueError(f"a\n{FORGED}\x1b[2J")) == f"a\\n{FORGED}\\x1b[2J"
     both = RuleErrors([RuleError(Pos("a\nb.rules", 1, 2), "x\x1by"), RuleError(Pos("c.rules", 3, 4), "z")])
     assert cli_output.error_text(both) == "a\\nb.rules:1:2: x\\x1by\nc.rules:3:4: z"

@@ -16,7 +16,7 @@ from cbrules.rewrite.engine import LoweringError
 from cbrules.kernels import KERNELS
 from cbrules.ir.names import IdentifierError, NameClashError
 from cbrules.schedule import schedule
-from cbrules.rewrite.sexpr import RuleError
+from cbrules.sexpr import RuleError
 from cbrules.codegen.cuda import PRELUDE, PRELUDE_ROLES, emit
 from cbrules.codegen.stats import STATS_PRELUDE
 

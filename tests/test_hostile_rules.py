@@ -16,7 +16,7 @@ import pytest
 from cbrules import api
 from cbrules.rewrite import rulefile
 from cbrules.rewrite.egg import EGGLOG_REFUSED, EggRuleError
-from cbrules.rewrite.sexpr import MAX_DEPTH, RuleError, RulePathError
+from cbrules.sexpr import MAX_DEPTH, RuleError, RulePathError
 from rulekit import write_rules
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -105,7 +105,7 @@ def test_a_rule_that_needs_an_absent_node_matches_nothing(rules, kernel):
 
 def test_absent_requirement_reads_ops_and_literal_values(rules):
     from cbrules.rewrite.plan import absent_requirement
-    from cbrules.rewrite.sexpr import read
+    from cbrules.sexpr import read
     g = KERNELS["pointwise"].build(KERNELS["pointwise"].default_shape).graph
     m = Matcher(g)
 

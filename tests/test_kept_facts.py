@@ -9,7 +9,7 @@ import pytest
 
 from cbrules.ir.attributes import term_problem
 from cbrules.ir.terms import Term, const, extent, name, substitute
-from cbrules.rewrite.sexpr import RuleError, read
+from cbrules.sexpr import RuleError, read
 from cbrules.rewrite.values import Env, NodeRef, compiled, evaluate
 
 

@@ -8,7 +8,7 @@ from cbrules.check import Checker
 from cbrules.kernels import get
 from cbrules.rewrite.match import Matcher
 from cbrules.rewrite.rulefile import load, rule_dirs
-from cbrules.rewrite.sexpr import RuleError, read
+from cbrules.sexpr import RuleError, read
 from cbrules.ir.terms import DEVICE_FUNCTIONS, Term, call
 from cbrules.ir.verify import GraphError
 from cbrules.reference.vterms import CACHE, Lanes, compile_term

@@ -5,7 +5,7 @@ import pytest
 
 from cbrules.rewrite import rulefile
 from cbrules.rewrite.egg import EggRuleError
-from cbrules.rewrite.sexpr import RuleError, read
+from cbrules.sexpr import RuleError, read
 from rulekit import load_only, write_rules
 
 GOOD = """
@@ -120,7 +120,7 @@ def test_rule_loading_never_executes_python():
     import cbrules.rewrite.rulecheck as rc
     import cbrules.rewrite.rulefile as rf
     import cbrules.rewrite.schema as sc
-    import cbrules.rewrite.sexpr as sx
+    import cbrules.sexpr as sx
     import cbrules.rewrite.values as va
     for mod in (rf, rc, sc, sx, va, eg, el):
         src = open(mod.__file__).read()

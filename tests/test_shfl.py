@@ -157,7 +157,7 @@ def test_codegen_prints_the_full_mask_intrinsics_and_nvrtc_compiles_them():
 
 def test_rules_match_and_set_a_shuffles_attributes_and_a_bad_width_names_the_rule(tmp_path):
     from cbrules.rewrite import engine, rulefile
-    from cbrules.rewrite.sexpr import RuleError
+    from cbrules.sexpr import RuleError
     from rulekit import write_rules
 
     def lower(body, folder):

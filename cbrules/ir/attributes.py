@@ -7,14 +7,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .limits import SETMAXNREG_MAX, SETMAXNREG_MIN, SETMAXNREG_STEP
 from .names import RULES, problem
 from .ops import BINARY, CACHE_HINTS, L2_PROMOTIONS, MAX_BACKOFF_NS, MAX_WAIT_TIMEOUT_NS, OPS, UNARY, WARP_SIZE
 from .terms import BINARY_OPS, MAX_TERM_DEPTH, MAX_TERM_PARTS, UNARY_OPS, Term, call_problem, extent
 
 
 def register_count(x) -> bool:
-    """A register count setmaxnreg accepts: a multiple of 8 in 24..256."""
-    return isinstance(x, int) and not isinstance(x, bool) and 24 <= x <= 256 and x % 8 == 0
+    """A register count setmaxnreg accepts: a multiple of 8 in 24..256 (:mod:`.limits`)."""
+    return isinstance(x, int) and not isinstance(x, bool) and SETMAXNREG_MIN <= x <= SETMAXNREG_MAX \
+        and x % SETMAXNREG_STEP == 0
 
 
 # identifier-valued attributes codegen prints, per op (compute ops: their ``dst`` register)

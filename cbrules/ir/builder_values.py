@@ -11,6 +11,8 @@ from typing import Any, Optional, Sequence, Union
 
 from ..errors import CbrulesError
 from ..shipped import shown
+from . import option_schema
+from .limits import MAX_BLOCK_THREADS
 from .ops import DTYPE_BYTES
 from .terms import BUILT_TERM_DEPTH, BUILT_TERM_PARTS, Term, TermLike, as_term, call, extent, fits, name
 
@@ -115,35 +117,24 @@ def _bounded_term(t: Term, where: str, what: str) -> Term:
 
 
 def _cb_options(options: Any, where: str) -> dict:
-    """Type checks of circular-buffer options (their ranges are the rules' to check)."""
+    """The circular-buffer options as the rules read them, each checked against its type in the options
+    schema (:mod:`.option_schema`; its ranges are the rules' to check, by name)."""
     if not isinstance(options, dict):
         raise BuildError(f"{where}: circular_buffer must be a dict from circular_buffer(...), got {options!r}")
     out = dict(options)
-    if "stages" in out and out["stages"] != AUTO:
-        out["stages"] = _int(out["stages"], where, "circular_buffer stages")
-    if out.get("prefetch") is not None and out["prefetch"] != AUTO:
-        out["prefetch"] = _int(out["prefetch"], where, "circular_buffer prefetch")
-    if "war" in out and not isinstance(out["war"], str):
-        raise BuildError(f"{where}: circular_buffer war must be \"sync\" or \"mbarrier\", got {out['war']!r}")
-    if "warp_specialize" in out and not isinstance(out["warp_specialize"], bool):
-        raise BuildError(f"{where}: circular_buffer warp_specialize must be True or False, "
-                         f"got {out['warp_specialize']!r}")
-    if "strict_trip_count" in out and not isinstance(out["strict_trip_count"], bool):
-        raise BuildError(f"{where}: circular_buffer strict_trip_count must be True or False, "
-                         f"got {out['strict_trip_count']!r}")
-    if "pingpong" in out and (isinstance(out["pingpong"], bool) or not isinstance(out["pingpong"], int)):
-        raise BuildError(f"{where}: circular_buffer pingpong must be True or a count of consumer warp groups "
-                         f"(2 or more), got {out['pingpong']!r}")
-    if isinstance(out.get("registers"), list):
-        out["registers"] = tuple(out["registers"])  # the rules check the pair and its counts
+    schema = option_schema.options()
+    for key, value in options.items():
+        opt = schema.get(key)
+        if opt is None:
+            continue  # not an option (a rule folder may read keys of its own)
+        problem = opt.type_problem(value)
+        if problem:
+            raise BuildError(f"{where}: circular_buffer {key} {problem}")
+        out[key] = opt.normalized(value)
     return out
 
 
-AUTO = "auto"  # stages/prefetch chosen by the rules (cb-auto-stages, cb-auto-prefetch)
-
-
-# the keys circular_buffer(...) may record (the rules add the rest of a loop's dictionary themselves)
-CB_OPTION_KEYS = ("stages", "prefetch", "war", "warp_specialize", "registers", "strict_trip_count", "pingpong")
+AUTO = option_schema.AUTO  # stages/prefetch chosen by the rules (cb-auto-stages, cb-auto-prefetch)
 
 
 def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = None, war: Optional[str] = None,
@@ -151,9 +142,9 @@ def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = N
                     strict_trip_count: bool = False, pingpong: Union[bool, int] = False) -> dict:
     """Options of a circular-buffered loop: ``stages`` S, ``prefetch`` P (negative counts from S),
     ``war`` = "sync" (block sync ends each main iteration) or "mbarrier" (empty barriers).
-    Only the options given are recorded: the rules fill in the rest (``cb-default-prefetch``: S-1,
-    ``cb-default-war``: "sync", or "mbarrier" when warp-specialized), so a rule folder can change a
-    default. ``stages="auto"`` lets the rules choose S from the bytes a stage loads, the shared memory a
+    Only the options given are recorded: the rules fill in the rest with the defaults the options schema
+    declares (``rules/options.rules``, printed by ``cbrules options``: prefetch S-1, war "sync", or
+    "mbarrier" when warp-specialized), so a rule folder can change a default. ``stages="auto"`` lets the rules choose S from the bytes a stage loads, the shared memory a
     block may use at the occupancy target, the trip count when known, and a cap (see the trace for
     why); ``prefetch="auto"`` is S-1.
 
@@ -169,8 +160,8 @@ def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = N
     of consumers (the block's threads); the rules run G such groups, group g taking tiles g, g+G, ... of
     the walk, and hand the tensor cores from one group to the next through named barriers once its loop
     has issued its work, so one group's epilogue runs under the next one's loop (rules/ws_pingpong.rules).
-    Non-int stages or prefetch are a :class:`BuildError` here; the rules check the ranges and
-    refuse bad ones with a named error."""
+    A value of the wrong type (the schema's ``:type``) is a :class:`BuildError` here; the rules check the
+    ranges and refuse bad ones with a named error."""
     given = {"stages": stages, "prefetch": prefetch, "war": war}
     opts = {k: v for k, v in given.items() if v is not None}
     if warp_specialize or registers is not None:  # absent otherwise: annotations stay as they were
@@ -178,8 +169,8 @@ def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = N
         opts["registers"] = registers
     if strict_trip_count is not False:  # absent otherwise, as above; a non-bool is refused below
         opts["strict_trip_count"] = strict_trip_count
-    if pingpong is not False:  # absent otherwise, as above
-        opts["pingpong"] = 2 if pingpong is True else pingpong
+    if pingpong is not False:  # absent otherwise, as above (True: the schema's count, 2)
+        opts["pingpong"] = pingpong
     return _cb_options(opts, "circular_buffer(...)")
 
 
@@ -207,7 +198,6 @@ def _call_site() -> str:
 
 
 _MEMORY = ("tensor", "buffer")  # what load and store may address
-MAX_BLOCK_THREADS = 1024  # CUDA's limit on threads per block
 
 
 def _dims(x, where: str) -> tuple[int, int, int]:

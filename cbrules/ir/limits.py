@@ -19,9 +19,15 @@ SM_SHARED_BYTES = 228 * 1024  # shared memory of one SM, which its resident bloc
 BLOCK_RESERVED_SHARED_BYTES = 1024  # what the hardware keeps of an SM's shared memory for each resident block
 REGISTERS_PER_BLOCK = 65536  # 32-bit registers of an SM, all a block may take (sm_90)
 MAX_THREAD_REGISTERS = 255  # registers one thread may have
-# the limits rules read with (limit NAME) (stages="auto" in rules/circular_buffer.rules)
+MAX_BLOCK_THREADS = 1024  # CUDA's limit on threads per block
+# the register counts setmaxnreg takes: multiples of SETMAXNREG_STEP in SETMAXNREG_MIN..SETMAXNREG_MAX
+SETMAXNREG_MIN, SETMAXNREG_MAX, SETMAXNREG_STEP = 24, 256, 8
+# the limits rules read with (limit NAME) (stages="auto" in rules/circular_buffer.rules, the checks of
+# rules/warp_specialize.rules and rules/ws_pingpong.rules)
 RULE_LIMITS = {"shared-bytes-per-block": MAX_SHARED_BYTES, "shared-bytes-per-sm": SM_SHARED_BYTES,
-               "shared-bytes-reserved-per-block": BLOCK_RESERVED_SHARED_BYTES, "registers-per-block": REGISTERS_PER_BLOCK}
+               "shared-bytes-reserved-per-block": BLOCK_RESERVED_SHARED_BYTES, "registers-per-block": REGISTERS_PER_BLOCK,
+               "threads-per-block": MAX_BLOCK_THREADS, "setmaxnreg-min": SETMAXNREG_MIN,
+               "setmaxnreg-max": SETMAXNREG_MAX, "setmaxnreg-step": SETMAXNREG_STEP}
 
 
 class TmaLimitError(CbrulesError, ValueError):

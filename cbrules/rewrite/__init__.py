@@ -1,6 +1,6 @@
 """The rule engine: reads rule files and rewrites a kernel graph with them.
 
-Owns the s-expression reader (:mod:`.sexpr`), the rule language's schema (:mod:`.schema`), rule
+Owns the rule language's schema (:mod:`.schema`), rule
 values (:mod:`.values`), the rule-file reader (:mod:`.rulefile`) and its static checks of each
 rule (:mod:`.rulecheck`), the matcher (:mod:`.match`: node patterns and joins, with value patterns in
 :mod:`.value_patterns`, relations in :mod:`.relations` and join plans and indexes in :mod:`.plan`), the
@@ -11,5 +11,6 @@ remembers between applications about its private copy of the graph and about the
 :mod:`.memory`), the loading of
 egglog forms (:mod:`.eggload`), the egglog bridge that simplifies index terms (:mod:`.egg`) and the
 lowering's simplification step that uses it (:mod:`.simplifier`).
-Imports only :mod:`cbrules.ir` and :mod:`cbrules.errors`; reading a rule file loads no egglog.
+Reads rule text with the s-expression reader :mod:`cbrules.sexpr`. Imports only :mod:`cbrules.ir` and the base
+modules (:mod:`cbrules.errors`, :mod:`cbrules.sexpr`, ...); reading a rule file loads no egglog.
 """

@@ -8,7 +8,7 @@ from typing import Any
 from ..ir.graph import KernelGraph
 from ..ir.terms import MAX_TERM_DEPTH, MAX_TERM_PARTS, Term, as_term, extent
 from ..ir.attributes import attribute_problem
-from .sexpr import RuleError
+from ..sexpr import RuleError
 from .values import NodeRef
 
 # values a rule sets: the shipped rules' largest term has 27 nodes and is 7 deep

@@ -40,7 +40,7 @@ from ..userio import printable
 from ..ir.ops import OPS, conflicts, nearest_conflicts_among
 from ..ir.order import sibling_pairs
 from .schema import ACTIONS, settable as _settable, split_keys, split_keys_once  # noqa: F401  (ACTIONS: public)
-from .sexpr import Atom, RuleError, SList, derived
+from ..sexpr import Atom, RuleError, SList, derived
 from ..ir.terms import Term, as_term, extent, substitute
 from .match import Matcher
 from .memory import Memory

@@ -22,7 +22,7 @@ from typing import Optional
 
 from .plan import pattern_parts
 from .schema import RELATIONS, STRUCTURAL_KEYS, split_keys_once
-from .sexpr import Atom, Expr, SList, variables
+from ..sexpr import Atom, Expr, SList, variables
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from egglog import bindings as eb
 
 from ..errors import CbrulesError
 from .schema import EGGLOG_FORMS, EggForm
-from .sexpr import MAX_DEPTH, RuleError, read_file
+from ..sexpr import MAX_DEPTH, RuleError, read_file
 
 # The egglog forms a rule file may hold: declarations only. Each one adds sorts, tables, rulesets
 # or rules to the e-graph and computes nothing when loaded (a rule fires only when the bridge

@@ -49,7 +49,7 @@ from .memory import Memory, RuleNews
 from .plan import absent_requirement
 from .rulefile import GraphRule, RuleSet
 from ..ir.order import ScheduleError
-from .sexpr import RuleError
+from ..sexpr import RuleError
 from .simplifier import SIMPLIFIED, oracle_for, simplify_terms, term_ranges  # noqa: F401  (public here too)
 from ..ir.terms import Term
 from .values import NodeRef

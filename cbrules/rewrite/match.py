@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from ..ir.graph import KernelGraph
 from ..ir.order import DEPENDS, sibling_order
-from .sexpr import Atom, Expr, Pos, RuleError, SList, derived, variables
+from ..sexpr import Atom, Expr, Pos, RuleError, SList, derived, variables
 from ..ir.terms import Term, evaluate as eval_term
 from .schema import RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS, split_keys, split_keys_once  # noqa: F401  (public here too)
 from .plan import AttrIndex, join_order, joined, known_values, pattern_parts, read_once

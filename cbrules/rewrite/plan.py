@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from ..ir.terms import Term
 from .schema import RELATIONS, STRUCTURAL_KEYS, split_keys_once
-from .sexpr import Atom, Expr, SList, derived, variables
+from ..sexpr import Atom, Expr, SList, derived, variables
 
 _UNINDEXED = object()
 
@@ -220,7 +220,7 @@ def written_rank(els: tuple, b: dict) -> dict[str, int]:
 
 def read_once(els: tuple, what: str, derive) -> Any:
     """``derive(els)`` for a rule's :match elements, kept on them under ``what`` (see
-    :func:`cbrules.rewrite.sexpr.derived`): the engine asks about the same rule text at every search."""
+    :func:`cbrules.sexpr.derived`): the engine asks about the same rule text at every search."""
     memo = derived(els)
     if what not in memo:
         memo[what] = derive(els)

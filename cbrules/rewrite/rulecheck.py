@@ -8,13 +8,13 @@ from __future__ import annotations
 import difflib
 import heapq
 import re
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Optional
 
 from ..ir.ops import OPS, SCOPES
 from .schema import (ACTIONS, FUNCTIONS, NODE_FUNCTIONS, RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS,
                      split_keys)
 from .schema import settable as _settable
-from .sexpr import Atom, Expr, Pos, RuleError, SList, variables
+from ..sexpr import Atom, Expr, Pos, RuleError, SList, variables
 
 if TYPE_CHECKING:
     from .rulefile import GraphRule
@@ -265,8 +265,28 @@ def _check_value(e: Expr, bound: set[str]) -> None:
         elif literal not in BUILTINS and problem(literal, RULES):
             why, fix = problem(literal, RULES)  # type: ignore[misc]
             raise RuleError(first.pos, f"(var ...): name {literal!r} {why}; {fix}")
+    if head in ("option", "option-default", "limit") and isinstance(first, Atom) and first.kind == "str":
+        _check_table_name(head, first, e.items[2] if n > 1 else None)
     for a in e.items[1:]:
         _check_value(a, bound)
+
+
+def _check_table_name(head: str, first: Atom, second: Optional[Expr]) -> None:
+    """A literal limit or option a rule reads names one the tables declare (:data:`cbrules.ir.limits.RULE_LIMITS`,
+    the options schema), and ``(option NAME KEY)`` a key that option has."""
+    from ..ir import option_schema
+    from ..ir.limits import RULE_LIMITS
+    known = list(RULE_LIMITS) if head == "limit" else list(option_schema.names())
+    if first.value not in known:
+        what, where = ("limit", "the limits are") if head == "limit" else \
+            ("circular-buffer option", "the options (rules/options.rules) are")
+        raise RuleError(first.pos, f"({head} {first} ...): no {what} {first.value!r}" + did_you_mean(first.value, known)
+                        + f"; {where} {', '.join(known)}")
+    if head == "option" and isinstance(second, Atom) and second.kind == "str":
+        try:
+            option_schema.value_of(first.value, second.value)
+        except ValueError as e:
+            raise RuleError(second.pos, f"(option {first} {second}): {e}") from None
 
 
 def _check_template(t: Expr, bound: set[str]) -> None:

@@ -7,6 +7,9 @@ A rule file is a list of top-level forms:
   touch files (``run``, ``output``, ``include`` ...) are refused;
 * ``(phases A B ...)`` declares phases in order; ``(phase NAME :after A)`` / ``:before A`` adds one;
 * ``(disable RULE ...)`` switches shipped rules off (from a user folder);
+* ``(vocabulary KIND "word" ...)`` declares words rules read that no rule writes;
+* ``(option NAME :type T ...)`` declares a circular-buffer option (only in the shipped
+  ``options.rules``: :mod:`cbrules.ir.option_schema`; its refusals are checked against the rules);
 * ``(graph-rule NAME :doc S :phase P :after (R ...) :match (...) :where (...) :rewrite (...))``.
 
 Every problem is reported as ``file:line:col: message`` with a "did you mean" where it helps.
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
+from ..ir import option_schema
 from ..shipped import RULES, shown
 from ..userio import printable
 from .anchors import anchor_of
@@ -29,12 +33,12 @@ from .plan import watched_ops
 from .rulecheck import Suggester, key_pos, check_rule, did_you_mean
 from .rulelint import rechecks
 from .schema import EGGLOG_FORMS, EGGLOG_REFUSED, EggForm, split_keys
-from .sexpr import Atom, Elements, Expr, Pos, RuleError, RulePathError, SList, read, read_file, source_text
+from ..sexpr import Atom, Elements, Expr, Pos, RuleError, RulePathError, SList, read, read_file, source_text
 from .vocabulary import Vocabulary, check as check_vocabulary
 
 SHIPPED = RULES
 ENV_VAR = "CBRULES_RULES"
-OWN_HEADS = ("graph-rule", "phases", "phase", "disable", "vocabulary")
+OWN_HEADS = ("graph-rule", "phases", "phase", "disable", "vocabulary", "option")
 MAX_PHASES = 1000  # the shipped rules use 5; placing a phase scans the list
 RULE_KEYS = ("doc", "phase", "after", "match", "where", "rewrite")
 
@@ -98,6 +102,7 @@ class RuleSet:
     files: list[str] = field(default_factory=list)
     phase_pos: dict[str, Pos] = field(default_factory=dict)  # where each phase is declared
     vocabulary: Vocabulary = field(default_factory=Vocabulary)  # words declared by (vocabulary ...)
+    options: dict = field(default_factory=dict)  # the (option ...) forms read: name -> Option
     _order: dict = field(default_factory=dict, repr=False, compare=False)  # phase -> (stamp, rules)
     _rechecks: list = field(default_factory=list, repr=False, compare=False)  # [(stamp, phase -> rules)]
 
@@ -105,7 +110,7 @@ class RuleSet:
         """A rule set whose lists and tables can change without changing this one (the rules, frozen,
         are shared)."""
         return RuleSet(list(self.rules), list(self.phases), list(self.egg_forms), dict(self.disabled),
-                       list(self.files), dict(self.phase_pos), self.vocabulary.copy(), dict(self._order),
+                       list(self.files), dict(self.phase_pos), self.vocabulary.copy(), dict(self.options), dict(self._order),
                        list(self._rechecks))  # both caches carry their stamp: a changed copy recomputes them
 
     def active(self) -> list[GraphRule]:
@@ -281,6 +286,7 @@ def _parsed(sources: list[tuple[Path, str]]) -> RuleSet:
     for f, text in sources:
         _read_text(rs, text, f, errors)
     _check_names(rs, errors)
+    _check_refusals(rs, errors)
     check_vocabulary(rs.rules, rs.vocabulary, errors)
     for phase in rs.phases:
         try:
@@ -297,12 +303,17 @@ def from_texts(texts: dict[str, str]) -> RuleSet:
     rs = RuleSet()
     errors: list[RuleError] = []
     for path, text in texts.items():
-        _read_text(rs, text, Path(path), errors)
+        _read_text(rs, text, Path(path), errors, schema=True)  # as recorded: its options were the shipped ones
     _raise_all(errors)
     return rs
 
 
-def _read_text(rs: RuleSet, text: str, path: Path, errors: list[RuleError]) -> None:
+def _is_schema(path: Path) -> bool:
+    """Whether ``path`` is the shipped options schema (the one file that may declare options)."""
+    return os.path.realpath(path) == os.path.realpath(option_schema.SCHEMA_FILE)
+
+
+def _read_text(rs: RuleSet, text: str, path: Path, errors: list[RuleError], schema: Optional[bool] = None) -> None:
     rs.files.append(str(path))
     try:
         forms = read(text, str(path))
@@ -311,14 +322,15 @@ def _read_text(rs: RuleSet, text: str, path: Path, errors: list[RuleError]) -> N
     except RuleError as e:
         errors.append(e)
         return
+    schema = _is_schema(path) if schema is None else schema
     for form in forms:
         try:
-            _read_form(rs, form, text, path, errors)
+            _read_form(rs, form, text, path, errors, schema)
         except RuleError as e:
             errors.append(e)
 
 
-def _read_form(rs: RuleSet, form: Expr, text: str, path: Path, errors: list[RuleError]) -> None:
+def _read_form(rs: RuleSet, form: Expr, text: str, path: Path, errors: list[RuleError], schema: bool) -> None:
     if not isinstance(form, SList) or not form.head():
         raise RuleError(form.pos, f"a top-level form must be a list starting with a name, got {form}")
     head = form.head()
@@ -339,9 +351,53 @@ def _read_form(rs: RuleSet, form: Expr, text: str, path: Path, errors: list[Rule
             rs.disabled[_name(a)] = a.pos
     elif head == "vocabulary":
         rs.vocabulary.declare(form)
+    elif head == "option":
+        _declare_option(rs, form, schema)
     else:
         raise RuleError(form.pos, f"unknown top-level form {head!r}" + did_you_mean(
             head, tuple(EGGLOG_FORMS) + OWN_HEADS))
+
+
+def _declare_option(rs: RuleSet, form: SList, schema: bool) -> None:
+    if not schema:
+        raise RuleError(form.pos, f"(option ...) declares a circular-buffer option, which only the shipped "
+                        f"{shown(option_schema.SCHEMA_FILE)} does (the builder and the command line read only that "
+                        "file); to change an option's default, set it from a rule of your own in a phase before "
+                        "cb-check, e.g. (set-option ?L \"circular_buffer\" :war \"mbarrier\") on loops where it is "
+                        "(absent) (rules/README.md, example 1)")
+    opt = option_schema.parse_option(form)
+    if opt.name in rs.options:
+        raise RuleError(form.pos, f"option {opt.name} is already declared at {rs.options[opt.name].pos}; declare each "
+                        "option once")
+    rs.options[opt.name] = opt
+    rs.vocabulary.declared["circular_buffer"].add(opt.name)
+
+
+def _check_refusals(rs: RuleSet, errors: list[RuleError]) -> None:
+    """The options' defaults name declared options, and each refusal an option names is a rule that fails with
+    that code."""
+    try:
+        option_schema.check_defaults(rs.options)
+    except RuleError as e:
+        errors.append(e)
+    rules = rs.by_name()
+    for opt in rs.options.values():
+        for code, name, pos in opt.refusals:
+            rule = rules.get(name)
+            if rule is None:
+                errors.append(RuleError(pos, f"option {opt.name}: refusal {code} names rule {name}, which no rule file "
+                                        "defines" + did_you_mean(name, rules) + "; name the rule that refuses it"))
+            elif code not in _fail_codes(rule):
+                have = ", ".join(sorted(_fail_codes(rule))) or "none"
+                errors.append(RuleError(pos, f"option {opt.name}: rule {name} ({rule.pos}) does not fail with :code "
+                                        f"{code} (its codes: {have}); give the code its (fail :code ...) gives"))
+
+
+def _fail_codes(rule: GraphRule) -> set:
+    """The codes of the ``(fail :code CODE ...)`` actions of a rule."""
+    return {str(a.items[i + 1].value) for a in rule.rewrite if isinstance(a, SList) and a.head() == "fail"
+            for i, x in enumerate(a.items[:-1]) if isinstance(x, Atom) and x.kind == "kw" and x.value == "code"
+            and isinstance(a.items[i + 1], Atom)}
 
 
 def _declare_phase(rs: RuleSet, a: Expr) -> str:

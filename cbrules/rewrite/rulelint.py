@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Optional
 from ..ir.attributes import ENUM_ATTRS, INT_HIGH, TERM_OR_INT, _INT_ATTR, attribute_problem, ident_keys
 from ..ir.ops import OPS
 from .schema import split_keys
-from .sexpr import Atom, Expr, RuleError, SList
+from ..sexpr import Atom, Expr, RuleError, SList
 
 if TYPE_CHECKING:
     from .rulefile import GraphRule, RuleSet

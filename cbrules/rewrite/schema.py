@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..ir.ops import OPS, SCOPES  # noqa: F401  (the op table, public here)
-from .sexpr import Atom, RuleError, derived
+from ..sexpr import Atom, RuleError, derived
 from .values import FUNCTIONS, NODE_FUNCTIONS  # noqa: F401  (the value functions, public here)
 
 STRUCTURAL_KEYS = ("in", "child-of")
@@ -102,7 +102,7 @@ def split_keys(items, start: int) -> tuple[list, dict]:
 
 def split_keys_once(e, start: int) -> tuple[list, dict]:
     """:func:`split_keys` of a list of rule text from item ``start`` on, kept on the text (see
-    :func:`cbrules.rewrite.sexpr.derived`): the matcher splits the same patterns for every candidate
+    :func:`cbrules.sexpr.derived`): the matcher splits the same patterns for every candidate
     node. The caller must not change what it gets."""
     splits = derived(e).setdefault("split", {})
     got = splits.get(start)

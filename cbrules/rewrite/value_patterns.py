@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 from ..ir.terms import Term, as_term
 from .schema import split_keys, split_keys_once
-from .sexpr import Atom, Expr, SList, derived
+from ..sexpr import Atom, Expr, SList, derived
 
 MISSING = object()
 

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from ..ir.names import IdentifierError, check_term_name
+from ..ir import option_schema
 from ..ir.limits import RULE_LIMITS
 from ..ir.ops import DTYPE_BYTES, term_values
-from .sexpr import Atom, Expr, RuleError, derived
+from ..sexpr import Atom, Expr, RuleError, derived
 from ..ir.terms import (DeviceFunctionError, Term, as_term, call, coefficient, const, divisor,
                         evaluate as eval_term, name, substitute)
 
@@ -147,6 +148,10 @@ FUNCTIONS: dict[str, tuple[int, int | None, Callable | None]] = {
     "get": (2, 3, lambda d, k, *default: (d or {}).get(k, *default) if default else (d or {}).get(k)),
     "bytes-of": (1, 1, lambda dtype: DTYPE_BYTES[dtype]),
     "limit": (1, 1, lambda what: _limit(what)),  # a hardware limit by name (cbrules.ir.limits.RULE_LIMITS)
+    # a circular-buffer option's bound or words (min, max, true, choices, a literal default), and its default
+    # for a loop's options (a dict), from the options schema (rules/options.rules, cbrules.ir.option_schema)
+    "option": (2, 2, lambda name, key: _option(option_schema.value_of, name, key)),
+    "option-default": (2, 2, lambda name, given: _option(option_schema.default, name, given or {})),
     "known": (1, 1, lambda x: _const_value(x) is not None),
     "int": (1, 1, lambda x: _const_value(x)),
     "term": (1, 1, lambda x: as_term(x)),
@@ -178,6 +183,13 @@ def _limit(what: Any) -> int:
     if what not in RULE_LIMITS:
         raise ValueError(f"no limit {what!r}; the limits are {', '.join(RULE_LIMITS)}")
     return RULE_LIMITS[what]
+
+
+def _option(fn: Callable, name: Any, arg: Any) -> Any:
+    try:
+        return fn(name, arg)
+    except KeyError as e:  # an option the schema does not declare: a ValueError, as a bad limit is
+        raise ValueError(e.args[0]) from None
 
 
 def _conj(xs) -> Term:

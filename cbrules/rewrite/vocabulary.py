@@ -8,7 +8,7 @@ a clone's ``:keep`` or ``:substitute`` filter). Words written outside the rules 
 declared in a rule file with ``(vocabulary KIND "word" ...)``. An option key is read where a pattern
 names it (``:annotations (:circular_buffer (:prefetch ?P))``) and written by ``set-option`` or a
 ``(dict "circular_buffer" (dict "key" ...))``; the keys the builder's ``circular_buffer(...)`` records
-(:data:`cbrules.ir.builder_values.CB_OPTION_KEYS`) are known from the start.
+(the options of :mod:`cbrules.ir.option_schema`) are known from the start.
 
 A word a pattern reads that no rule writes and no file declares can never match (or, under ``not``,
 always holds): :func:`check` reports it at its position with the closest known word, when the rule
@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ..ir.builder_values import CB_OPTION_KEYS
+from ..ir import option_schema
 from .rulecheck import Suggester
-from .sexpr import Atom, Expr, RuleError, SList
+from ..sexpr import Atom, Expr, RuleError, SList
 
 WORDS = ("tag", "stage", "part")  # attributes whose values are handles
 ANNOTATIONS = ("circular_buffer", "tma_store")  # a loop's annotations whose keys are options
@@ -34,7 +34,7 @@ class Vocabulary:
     """The words of each kind: declared by ``(vocabulary ...)`` forms, or written by rules."""
 
     declared: dict[str, set] = field(default_factory=lambda: {k: set() for k in KINDS} | {
-        "circular_buffer": set(CB_OPTION_KEYS)})
+        "circular_buffer": set(option_schema.names())})
 
     def copy(self) -> "Vocabulary":
         return Vocabulary({k: set(v) for k, v in self.declared.items()})

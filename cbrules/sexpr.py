@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from ..errors import CbrulesError
-from ..userio import NotRegularFile, printable, read_regular
+from .errors import CbrulesError
+from .userio import NotRegularFile, printable, read_regular
 
 # Bounds applied before anything else (egglog included) sees the text: the shipped rules nest 8
 # deep and are 20 KiB; egglog's parser overflows its stack near 10,000 levels.
