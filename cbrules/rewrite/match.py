@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from ..ir.graph import KernelGraph
-from ..ir.order import DEPENDS, sibling_order
+from ..ir.order import sibling_order
 from .sexpr import Atom, Expr, Pos, RuleError, SList, derived, variables
 from ..ir.terms import Term, evaluate as eval_term
 from .schema import RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS, split_keys, split_keys_once  # noqa: F401  (public here too)
@@ -121,7 +121,7 @@ class Matcher:
         index = self._shared.get("index")
         if index is None:
             index = self._shared["index"] = (self.kg if self.memory is None else self.memory).by_op()
-            index["_"] = sorted(self.kg.g.nodes)
+            index["_"] = self.kg.nodes()
         return index
 
     def attr_index(self) -> AttrIndex:
@@ -158,7 +158,7 @@ class Matcher:
         got = self._kids.get(key)
         if got is None:
             kids = self.kg.children(scope)
-            nodes = self.kg.g._node
+            nodes = self.kg.node_table
             got = self._kids[key] = kids if op == "_" else [n for n in kids if nodes[n]["op"] == op]
         return got
 
@@ -304,12 +304,12 @@ class Matcher:
         op, var, keys = np.op, np.var, np.keys
         if var is not None and var in b:
             ref = b[var]
-            nodes = self.kg.g._node
+            nodes = self.kg.node_table
             if isinstance(ref, NodeRef) and ref.id in nodes and (op == "_" or nodes[ref.id]["op"] == op):
                 return (ref.id,), None
             return (), None
         elif among is not None:
-            nodes = self.kg.g._node
+            nodes = self.kg.node_table
             return [n for n in among if op == "_" or nodes[n]["op"] == op], None
         elif within is not None:
             return self.inside(within, op), None
@@ -350,7 +350,7 @@ class Matcher:
         """:meth:`node_matches` for a pattern whose node is bound already: its one candidate checked
         without a pool (an anchored search starts so, and rules name a bound node again to read more
         of its attributes)."""
-        ref, nodes = b[np.var], self.kg.g._node
+        ref, nodes = b[np.var], self.kg.node_table
         if not (isinstance(ref, NodeRef) and ref.id in nodes and (np.op == "_" or nodes[ref.id]["op"] == np.op)):
             return
         self.ticks += 1  # _tick, inline: once per candidate
@@ -375,7 +375,7 @@ class Matcher:
         bound before the pattern is read once."""
         var, late, checks = np.var, np.late, np.checks
         scopes: dict[str, int] = {}
-        kg, nodes = self.kg, self.kg.g._node
+        kg, nodes = self.kg, self.kg.node_table
         pool, held = self._candidates(np, b, within, among)
         for n in pool:
             self.ticks += 1  # _tick, inline: once per candidate
@@ -410,7 +410,7 @@ class Matcher:
         anchors an application leaves behind are new nodes of the op that match no rule's anchor: a
         barrier loop is a ``for`` too), and the bindings it then starts from."""
         np = _node_pattern(e)
-        attrs = self.kg.g._node[n]
+        attrs = self.kg.node_table[n]
         if np.op != "_" and attrs["op"] != np.op:
             return None
         # no check names the node's variable (``late``): the checks start from no bindings
@@ -597,12 +597,13 @@ class Matcher:
         if scope is None or scope != self.kg.parent(c) or a == c:
             return None
         kids = set(self.children(scope, "_"))
+        successors = self.kg.successors
 
         def reaches(x: int, y: int) -> bool:
             seen, todo = {x}, [x]
             while todo:
-                for s, d in self.kg.g.succ[todo.pop()].items():
-                    if d["kind"] == DEPENDS and s in kids and s not in seen:
+                for s in successors(todo.pop()):
+                    if s in kids and s not in seen:
                         if s == y:
                             return True
                         seen.add(s)

@@ -93,7 +93,7 @@ class AttrIndex:
 
     def _build(self, op: str, path: tuple) -> Optional[dict]:
         table: dict = {}
-        nodes = self.kg.g._node
+        nodes = self.kg.node_table
         for n in self.by_op().get(op, ()):
             v = nodes[n]
             for key in path:
