@@ -162,7 +162,7 @@ class Matcher:
             got = self._kids[key] = kids if op == "_" else [n for n in kids if nodes[n]["op"] == op]
         return got
 
-    def _tick(self) -> None:
+    def tick(self) -> None:
         """Count a step of the search; look at the clock every 1024 steps."""
         self.ticks += 1
         if self.deadline is not None and not self.ticks & 1023 and time.monotonic() >= self.deadline:
@@ -191,7 +191,7 @@ class Matcher:
         if b and self.plan and not self._absences_hold(elements, b):
             return
         order = join_order(elements, frozenset(b or ())) if self.plan else None
-        found = self._elements(elements, held, dict(b or {})) if order is None else \
+        found = self.elements_from(elements, held, dict(b or {})) if order is None else \
             joined(self, elements, order, dict(b or {}))
         for bound in found:
             ok = True
@@ -216,8 +216,10 @@ class Matcher:
                 return False
         return True
 
-    def _elements(self, els: tuple, i: int, b: dict) -> Iterator[dict]:
-        self._tick()
+    def elements_from(self, els: tuple, i: int, b: dict) -> Iterator[dict]:
+        """The bindings of pattern elements ``els[i:]`` extending ``b``, searched as written (a
+        planned search joins its leading node patterns first: :func:`cbrules.rewrite.plan.joined`)."""
+        self.tick()
         if i == len(els):
             yield b
             return
@@ -225,10 +227,10 @@ class Matcher:
         for b2 in self.element(els[i], b):
             found = True
             if last:  # what the call for the end would do, without a generator per binding
-                self._tick()
+                self.tick()
                 yield b2
             else:
-                yield from self._elements(els, i + 1, b2)
+                yield from self.elements_from(els, i + 1, b2)
         if not found:
             self._fail(i, "no node matches" if els[i].head() not in RELATIONS else "relation does not hold", els[i], b)
 
@@ -353,7 +355,7 @@ class Matcher:
         ref, nodes = b[np.var], self.kg.node_table
         if not (isinstance(ref, NodeRef) and ref.id in nodes and (np.op == "_" or nodes[ref.id]["op"] == np.op)):
             return
-        self.ticks += 1  # _tick, inline: once per candidate
+        self.ticks += 1  # tick, inline: once per candidate
         if not self.ticks & 1023 and self.deadline is not None and time.monotonic() >= self.deadline:
             raise MatchTimeout()
         n, attrs, kg, b2 = ref.id, nodes[ref.id], self.kg, b
@@ -378,7 +380,7 @@ class Matcher:
         kg, nodes = self.kg, self.kg.node_table
         pool, held = self._candidates(np, b, within, among)
         for n in pool:
-            self.ticks += 1  # _tick, inline: once per candidate
+            self.ticks += 1  # tick, inline: once per candidate
             if not self.ticks & 1023 and self.deadline is not None and time.monotonic() >= self.deadline:
                 raise MatchTimeout()
             b2: Optional[dict] = b if var is None or late else {**b, var: NodeRef(n)}
@@ -514,7 +516,7 @@ class Matcher:
         x, y = e.items[1], e.items[2]
         nx_, ny = self._node(x, b), self._node(y, b)
         if nx_ is not None and ny is not None:  # both bound: compare their places, not every later sibling
-            self._tick()
+            self.tick()
             order, i = self._position(nx_)
             j = self._position(ny)[1] if self.kg.parent(ny) == self.kg.parent(nx_) else -1
             if j == i + 1 or not adjacent and j > i:
@@ -534,7 +536,7 @@ class Matcher:
                     pairs += [(order[i], order[k]) for i in range(len(order))
                               for k in (range(i + 1, min(i + 2, len(order))) if adjacent else range(i + 1, len(order)))]
         for m, n in pairs:
-            self._tick()
+            self.tick()
             r = self._bind_node(x, m, b)
             r = self._bind_node(y, n, r) if r is not None else None
             if r is not None:
