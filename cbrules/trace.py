@@ -324,12 +324,11 @@ def relation_facts(g: KernelGraph, where, bindings: dict) -> str:
 
 def _depends_path(g: KernelGraph, a: int, b: int) -> bool:
     """A chain of depends edges from ``a`` to ``b``."""
-    from .ir.order import DEPENDS
     seen, todo = {a}, [a]
     while todo:
         n = todo.pop()
-        for m, d in g.g._succ[n].items():
-            if d.get("kind") == DEPENDS and m not in seen:
+        for m in g.successors(n):
+            if m not in seen:
                 if m == b:
                     return True
                 seen.add(m)
@@ -410,7 +409,7 @@ def to_dot(trace: Trace, step: int) -> str:
             elif n in rec.changed:
                 color = ', style=filled, fillcolor="#f7f0c5"'
             lines.append(f'    {tag}_{n} [label="{_dot_text(g.describe(n).split(" [")[0])}"{color}];')
-        for a, b, kind in g.g.edges(data="kind"):
+        for a, b, kind in g.edges():
             style = "" if kind == "contains" else f' [style=dashed, color=blue, label="{_dot_text(kind)}", fontsize=8]'
             lines.append(f"    {tag}_{a} -> {tag}_{b}{style};")
         lines.append("  }")

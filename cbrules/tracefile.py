@@ -157,30 +157,36 @@ def _key(k: Any) -> Any:
 
 # ------------------------------------------------------------------------------ graphs and traces
 def _graph(kg: KernelGraph) -> dict:
-    return {"root": kg.root, "next": kg._next_id,
+    return {"root": kg.root, "next": kg.next_id,
             "nodes": [[n, _value(dict(kg[n]))] for n in kg.nodes()],
-            "edges": [[a, b, k] for a, b, k in kg.g.edges(data="kind")]}
+            "edges": [[a, b, k] for a, b, k in kg.edges()]}
 
 
 def _read_graph(doc: dict) -> KernelGraph:
-    kg = KernelGraph.__new__(KernelGraph)
-    import networkx as nx
-    kg.g, kg.trace = nx.DiGraph(), None
+    nodes: dict[int, dict] = {}
     for n, attrs in doc["nodes"]:
         attrs = _unvalue(attrs)
         if not isinstance(n, int) or not isinstance(attrs, dict) or attrs.get("op") not in OPS \
                 or not isinstance(attrs.get("origin"), dict) or not all(isinstance(k, str) for k in attrs):
             raise ValueError(f"node {str(n)[:20]} is not a node cbrules wrote")
-        kg.g.add_node(n, **attrs)
+        nodes.setdefault(n, {}).update(attrs)  # a node listed twice: its attributes merged, as a graph adds them
+
+    def known(n: Any) -> bool:
+        try:
+            return n in nodes
+        except TypeError:  # unhashable: no node's id
+            return False
+    edges = []
     for a, b, kind in doc["edges"]:
-        if a not in kg.g or b not in kg.g or kind not in (CONTAINS, DEPENDS):
+        if not known(a) or not known(b) or kind not in (CONTAINS, DEPENDS):
             raise ValueError(f"edge {a!r} -> {b!r} ({kind!r}) joins no two nodes of the graph")
-        kg.g.add_edge(a, b, kind=kind)
-    kg.root, kg._next_id = doc["root"], doc["next"]
-    if kg.root not in kg.g or not isinstance(kg._next_id, int) or kg._next_id <= max(kg.g, default=-1):
+        edges.append((a, b, kind))
+    root, next_id = doc["root"], doc["next"]
+    if not known(root) or not isinstance(next_id, int) or next_id <= max(nodes, default=-1):
         raise ValueError("the graph's root or id counter is wrong")
-    for n, attrs in kg.g.nodes(data=True):
+    for n, attrs in nodes.items():
         _origin(n, attrs["origin"])
+    kg = KernelGraph.restored(root, next_id, nodes, edges)
     verify_values(kg)  # names, integers and terms as the rules left them: the queries print them all
     return kg
 

@@ -92,7 +92,7 @@ def _check_tensor_map(param, array: HostOrDevice) -> None:
     """The TMA limits for ``param``'s tensor as it will be on the device: numpy arrays become fresh
     C-contiguous allocations (cuMemAlloc aligns to 256 bytes), borrowed arrays stay as they are."""
     if isinstance(array, np.ndarray):
-        checked_view(param.name, array.shape, runtime._c_strides(array.shape, array.itemsize), array.itemsize, 0,
+        checked_view(param.name, array.shape, runtime.c_strides(array.shape, array.itemsize), array.itemsize, 0,
                      param.box, param.split)
     else:
         checked_view(param.name, array.shape, array.strides, array.dtype.itemsize, array.ptr, param.box, param.split)
@@ -196,7 +196,7 @@ class _TorchPlan:
         for i, p, tensor in self.maps:
             raw = self.encoded.get((i, ptrs[tensor]))
             if raw is None:
-                raw = self.kernel._encode(p, runtime.as_device_array(kwargs[tensor]))
+                raw = self.kernel.encode_map(p, runtime.as_device_array(kwargs[tensor]))
                 with self.lock:
                     if len(self.encoded) >= self._MAPS * len(self.maps):
                         self.encoded.pop(next(iter(self.encoded)))
@@ -296,13 +296,13 @@ class CompiledKernel:
             if p.kind == "tensor":
                 args.append(("ptr", arrays[p.name].ptr))
             elif p.kind == "tmap":
-                args.append(("tmap", self._encode(p, arrays[p.tensor])))
+                args.append(("tmap", self.encode_map(p, arrays[p.tensor])))
             else:  # a symbol, or a scalar of another dtype (k.scalar)
                 args.append((_ARG_KINDS[p.dtype], symbols[p.name]))
         return BoundLaunch(fn, grid, self.source.block, self.source.shared_bytes, args,
                            arrays, copy_back, symbols)
 
-    def _encode(self, p, array: DeviceArray) -> bytes:
+    def encode_map(self, p, array: DeviceArray) -> bytes:
         """The 128 bytes of tensor map ``p`` over ``array``."""
         asked = dict(getattr(self.source, "l2_promotion", ()))  # a source pickled before the field: none
         promotion = {"l2_promotion": asked[p.name]} if p.name in asked else {}

@@ -21,7 +21,7 @@ _primary: dict[str, Any] = {}  # "dev", "ctx" once created
 _tls = threading.local()  # the current context is per thread in the driver
 
 
-def _check(result: Any, call: str) -> Any:
+def checked(result: Any, call: str) -> Any:
     """Raise CudaError naming ``call`` unless it succeeded; return its outputs."""
     err, *rest = result if isinstance(result, tuple) else (result,)
     if err != cu.CUresult.CUDA_SUCCESS:
@@ -37,15 +37,15 @@ def _driver_device() -> Any:
         raise NoGpuError(f"CUDA driver library (libcuda) could not be loaded: {e}") from e
     if err == cu.CUresult.CUDA_ERROR_NO_DEVICE:
         raise NoGpuError("the CUDA driver loaded but found no CUDA device")
-    _check((err,), "cuInit")
-    if _check(cu.cuDeviceGetCount(), "cuDeviceGetCount") < 1:
+    checked((err,), "cuInit")
+    if checked(cu.cuDeviceGetCount(), "cuDeviceGetCount") < 1:
         raise NoGpuError("the CUDA driver loaded but found no CUDA device")
-    return _check(cu.cuDeviceGet(0), "cuDeviceGet")
+    return checked(cu.cuDeviceGet(0), "cuDeviceGet")
 
 
 def _dev_attr(attr: Any, dev: Any = None) -> int:
     dev = _primary["dev"] if dev is None else dev
-    return int(_check(cu.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute"))
+    return int(checked(cu.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute"))
 
 
 def gpu_available() -> bool:
@@ -59,7 +59,7 @@ def gpu_available() -> bool:
 def device_info() -> dict:
     """Name, compute capability, SM count, opt-in shared memory per block and L2 size of device 0."""
     dev = _driver_device()
-    name = _check(cu.cuDeviceGetName(256, dev), "cuDeviceGetName")
+    name = checked(cu.cuDeviceGetName(256, dev), "cuDeviceGetName")
     return {
         "name": name.split(b"\0")[0].decode(),
         "cc": (_dev_attr(_DA.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
@@ -71,26 +71,27 @@ def device_info() -> dict:
     }
 
 
-def _context() -> Any:
+def current_context() -> Any:
     """Make device 0's primary context current on this thread, retaining it on first use."""
     if getattr(_tls, "ctx", None) is None:
         with _lock:
             if "ctx" not in _primary:
                 dev = _driver_device()
-                _primary["ctx"] = _check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+                _primary["ctx"] = checked(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
                 _primary["dev"] = dev
-        _check(cu.cuCtxSetCurrent(_primary["ctx"]), "cuCtxSetCurrent")
+        checked(cu.cuCtxSetCurrent(_primary["ctx"]), "cuCtxSetCurrent")
         _tls.ctx = _primary["ctx"]
     return _tls.ctx
 
 
 def synchronize() -> None:
     """Wait for all work in the context; asynchronous kernel faults surface here as CudaError."""
-    _context()
-    _check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+    current_context()
+    checked(cu.cuCtxSynchronize(), "cuCtxSynchronize")
 
 
-def _c_strides(shape: tuple, itemsize: int) -> tuple:
+def c_strides(shape: tuple, itemsize: int) -> tuple:
+    """The byte strides of a C-contiguous array of ``shape`` (an empty extent counts as one)."""
     strides, acc = [], itemsize
     for n in reversed(shape):
         strides.append(acc)
@@ -114,7 +115,7 @@ class DeviceArray:
         self.ptr = int(ptr)
         self.shape = tuple(int(n) for n in shape)
         self.dtype = np.dtype(dtype)
-        c = _c_strides(self.shape, self.dtype.itemsize)
+        c = c_strides(self.shape, self.dtype.itemsize)
         self.strides = c if strides is None else tuple(int(s) for s in strides)
         self.owner = owner
 
@@ -124,15 +125,15 @@ class DeviceArray:
     @property
     def is_contiguous(self) -> bool:
         """C-contiguous, ignoring the strides of length-1 axes as numpy does."""
-        c = _c_strides(self.shape, self.dtype.itemsize)
+        c = c_strides(self.shape, self.dtype.itemsize)
         return all(n <= 1 or s == cs for n, s, cs in zip(self.shape, self.strides, c))
 
     @classmethod
     def empty(cls, shape: Sequence[int], dtype: Any) -> "DeviceArray":
         """Allocate an uninitialised owned array."""
-        _context()
+        current_context()
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-        ptr = _check(cu.cuMemAlloc(max(nbytes, 1)), "cuMemAlloc")  # 0 bytes is an error
+        ptr = checked(cu.cuMemAlloc(max(nbytes, 1)), "cuMemAlloc")  # 0 bytes is an error
         return cls(int(ptr), shape, dtype, owned=True)
 
     @classmethod
@@ -154,23 +155,23 @@ class DeviceArray:
         if a.size != self.size:
             raise ValueError(f"copy_from: host array has {a.size} elements, device {self.size}")
         if self.nbytes:
-            _context()
-            _check(cu.cuMemcpyHtoD(self.ptr, a.ctypes.data, self.nbytes), "cuMemcpyHtoD")
+            current_context()
+            checked(cu.cuMemcpyHtoD(self.ptr, a.ctypes.data, self.nbytes), "cuMemcpyHtoD")
 
     def to_numpy(self) -> np.ndarray:
         """Copy to a new C-contiguous host array (strided views are gathered on the host)."""
         out = np.empty(self.shape, self.dtype)
         if self.size == 0:
             return out
-        _context()
+        current_context()
         if self.is_contiguous:
-            _check(cu.cuMemcpyDtoH(out.ctypes.data, self.ptr, self.nbytes), "cuMemcpyDtoH")
+            checked(cu.cuMemcpyDtoH(out.ctypes.data, self.ptr, self.nbytes), "cuMemcpyDtoH")
             return out
         if min(self.strides) < 0:
             raise CodegenError("to_numpy does not support negative strides")
         span = sum((n - 1) * s for n, s in zip(self.shape, self.strides)) + self.dtype.itemsize
         raw = np.empty(span, np.uint8)
-        _check(cu.cuMemcpyDtoH(raw.ctypes.data, self.ptr, span), "cuMemcpyDtoH")
+        checked(cu.cuMemcpyDtoH(raw.ctypes.data, self.ptr, span), "cuMemcpyDtoH")
         out[...] = np.ndarray(self.shape, self.dtype, buffer=raw, strides=self.strides)
         return out
 
@@ -178,14 +179,14 @@ class DeviceArray:
         """Set every byte to ``byte_value`` (cuMemsetD8), e.g. to poison outputs."""
         self._require_contiguous("fill_bytes")
         if self.nbytes:
-            _context()
-            _check(cu.cuMemsetD8(self.ptr, byte_value & 0xFF, self.nbytes), "cuMemsetD8")
+            current_context()
+            checked(cu.cuMemsetD8(self.ptr, byte_value & 0xFF, self.nbytes), "cuMemsetD8")
 
     def free(self) -> None:
         """Release owned memory now; a no-op for borrowed or already freed arrays."""
         if getattr(self, "owned", False) and self.ptr:
             ptr, self.ptr = self.ptr, 0
-            _check(cu.cuMemFree(ptr), "cuMemFree")
+            checked(cu.cuMemFree(ptr), "cuMemFree")
 
     def __del__(self) -> None:
         try:
@@ -248,7 +249,7 @@ def _parse_dlpack(capsule: Any) -> tuple[int, tuple, tuple, np.dtype, tuple[int,
     strides = (None if not t.strides else
                tuple(t.strides[i] * dtype.itemsize for i in range(t.ndim)))
     if strides is None:
-        strides = _c_strides(shape, dtype.itemsize)
+        strides = c_strides(shape, dtype.itemsize)
     ptr = (t.data or 0) + t.byte_offset
     _check_span("DLPack tensor", ptr, shape, strides, dtype.itemsize)
     return ptr, shape, strides, dtype, (t.device_type, t.device_id)
@@ -269,7 +270,7 @@ def _check_span(what: str, ptr: int, shape: tuple, strides: tuple | None, itemsi
         raise ValueError(f"{what} shape {shape} holds {elements} elements of {itemsize} bytes, more than a signed "
                          "64-bit byte count (2**63) can hold")
     if elements:
-        strides = _c_strides(shape, itemsize) if strides is None else strides
+        strides = c_strides(shape, itemsize) if strides is None else strides
         last = ptr + sum((n - 1) * abs(st) for n, st in zip(shape, strides))
         if last + itemsize > 1 << 64:
             raise ValueError(f"{what} at {ptr:#x} with shape {shape} and strides {strides} reaches past the end of "
@@ -466,7 +467,7 @@ class Function:
         self._dynamic_ok = 0  # largest dynamic shared size already allowed
 
     def _attr(self, attr: Any) -> int:
-        return int(_check(cu.cuFuncGetAttribute(attr, self.handle), "cuFuncGetAttribute"))
+        return int(checked(cu.cuFuncGetAttribute(attr, self.handle), "cuFuncGetAttribute"))
 
     def attributes(self) -> dict:
         """Registers, static shared, local (spill/stack) bytes and max threads per block."""
@@ -486,7 +487,7 @@ class Function:
             raise CodegenError(
                 f"kernel '{self.name}' requests {shared_bytes} bytes of dynamic shared memory "
                 f"(+{self._static} static) but the device allows at most {optin} bytes per block")
-        _check(cu.cuFuncSetAttribute(
+        checked(cu.cuFuncSetAttribute(
             self.handle, _FA.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes),
             "cuFuncSetAttribute")
         self._dynamic_ok = shared_bytes
@@ -508,9 +509,9 @@ class Function:
                       params: int) -> None:
         """Launch with ``params``, the address of the kernelParams array (see :class:`PackedArgs`);
         ``grid`` and ``block`` have three entries. cuLaunchKernel copies the arguments before it returns."""
-        _context()
+        current_context()
         self._reserve_shared(shared_bytes)
-        _check(cu.cuLaunchKernel(self.handle, *grid, *block, shared_bytes, stream, params, 0), "cuLaunchKernel")
+        checked(cu.cuLaunchKernel(self.handle, *grid, *block, shared_bytes, stream, params, 0), "cuLaunchKernel")
 
 
 class PackedArgs:
@@ -548,12 +549,12 @@ class Module:
 
     def __init__(self, cubin: Any):
         image = bytes(getattr(cubin, "cubin", cubin))  # also accepts a cbrules.codegen.nvrtc.Cubin
-        _context()
-        self.handle = _check(cu.cuModuleLoadData(image), "cuModuleLoadData")
+        current_context()
+        self.handle = checked(cu.cuModuleLoadData(image), "cuModuleLoadData")
 
     def function(self, name: str) -> Function:
         """The kernel ``name`` (an extern "C" entry) of this module."""
-        return Function(self, _check(cu.cuModuleGetFunction(self.handle, name.encode()),
+        return Function(self, checked(cu.cuModuleGetFunction(self.handle, name.encode()),
                                      "cuModuleGetFunction"), name)
 
     def __del__(self) -> None:
@@ -569,16 +570,16 @@ def time_launch(fn: Callable[[], Any], reps: int, stream: Any = None) -> list[fl
     """Call ``fn`` ``reps`` times, returning each call's GPU time in ms (CUDA events)."""
     if reps <= 0:
         return []
-    _context()
+    current_context()
     s = _stream(stream)
-    events = [_check(cu.cuEventCreate(0), "cuEventCreate") for _ in range(2 * reps)]
+    events = [checked(cu.cuEventCreate(0), "cuEventCreate") for _ in range(2 * reps)]
     try:
         for i in range(reps):
-            _check(cu.cuEventRecord(events[2 * i], s), "cuEventRecord")
+            checked(cu.cuEventRecord(events[2 * i], s), "cuEventRecord")
             fn()
-            _check(cu.cuEventRecord(events[2 * i + 1], s), "cuEventRecord")
-        _check(cu.cuEventSynchronize(events[-1]), "cuEventSynchronize")
-        return [float(_check(cu.cuEventElapsedTime(events[2 * i], events[2 * i + 1]),
+            checked(cu.cuEventRecord(events[2 * i + 1], s), "cuEventRecord")
+        checked(cu.cuEventSynchronize(events[-1]), "cuEventSynchronize")
+        return [float(checked(cu.cuEventElapsedTime(events[2 * i], events[2 * i + 1]),
                              "cuEventElapsedTime")) for i in range(reps)]
     finally:
         for e in events:
@@ -591,6 +592,6 @@ def memcpy_dtod(dst: DeviceArray, src: DeviceArray, stream: Any = None) -> None:
         raise ValueError(f"memcpy_dtod: {src.nbytes} bytes into {dst.nbytes}")
     dst._require_contiguous("memcpy_dtod")
     src._require_contiguous("memcpy_dtod")
-    _context()
-    _check(cu.cuMemcpyDtoDAsync(dst.ptr, src.ptr, dst.nbytes, _stream(stream)),
+    current_context()
+    checked(cu.cuMemcpyDtoDAsync(dst.ptr, src.ptr, dst.nbytes, _stream(stream)),
            "cuMemcpyDtoDAsync")

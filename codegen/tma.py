@@ -10,7 +10,7 @@ from cuda.bindings import driver as cu
 
 from ..ir.limits import TmaLimitError, check_swizzle, check_tensor_map  # noqa: F401 (check_tensor_map: re-exported)
 from ..ir.tma_view import checked_view
-from .runtime import DeviceArray, _check, _context, as_device_array
+from .runtime import DeviceArray, as_device_array, checked, current_context
 
 _TMA_DTYPES = {np.dtype(t): n for t, n in [
     (np.uint8, "UINT8"), (np.uint16, "UINT16"), (np.uint32, "UINT32"), (np.int32, "INT32"),
@@ -48,13 +48,13 @@ def encode_tensor_map(name: str, array: DeviceArray, box: Sequence[int], *,
     shape, strides_bytes = checked_view(name, array.shape, array.strides, array.dtype.itemsize, array.ptr, box, split,
                                         es)
     check_swizzle(name, box, array.dtype.itemsize, swizzle)
-    _context()
+    current_context()
     # The driver lists axes innermost first and omits the innermost stride.
     u64, u32 = cu.cuuint64_t, cu.cuuint32_t  # plain ints are rejected by the bindings
     strides = [u64(s) for s in reversed(strides_bytes[:-1])]
     if not strides:  # rank 1: an empty list becomes NULL, which the driver refuses
         strides = [u64(-(-array.nbytes // 16) * 16)]  # never read; a valid value anyway
-    tmap = _check(cu.cuTensorMapEncodeTiled(
+    tmap = checked(cu.cuTensorMapEncodeTiled(
         getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kind}"), len(box), array.ptr,
         [u64(n) for n in reversed(shape)], strides,
         [u32(b) for b in reversed(box)], [u32(e) for e in reversed(es)],

@@ -38,7 +38,7 @@ def no_driver(monkeypatch):
     """Any driver use (context, allocation, module load) fails the test."""
     def reached(*_a, **_k):
         raise AssertionError("a launch check reached the CUDA driver")
-    monkeypatch.setattr(runtime, "_context", reached)
+    monkeypatch.setattr(runtime, "current_context", reached)
 
 
 class FakeCai:

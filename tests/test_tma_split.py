@@ -239,7 +239,7 @@ def test_a_symbolic_dimension_the_split_does_not_divide_is_refused_at_launch():
 def test_the_gpu_launcher_refuses_an_undivided_dimension_before_the_driver(tmp_path, monkeypatch):
     """The launcher encodes the view from the real shape: a row of 464 is no whole number of 64s."""
     ck = api.compile(split_copy(*CASES[0][:3]), cache_dir=str(tmp_path))
-    monkeypatch.setattr(runtime, "_context", lambda *a, **k: pytest.fail("a launch check reached the driver"))
+    monkeypatch.setattr(runtime, "current_context", lambda *a, **k: pytest.fail("a launch check reached the driver"))
     with pytest.raises(TmaSplitError, match=r"'x_tmap' \(at launch\): dimension 1 of extent 464"):
         ck.bind(x=FakeCai((5, 464)), out=FakeCai((15, 384), ptr=FAKE_PTR + 0x10_0000))
     ck.check(x=FakeCai((5, 448)), out=FakeCai((15, 384), ptr=FAKE_PTR + 0x10_0000))  # 7 x 64: accepted

@@ -217,7 +217,7 @@ def test_launcher_refuses_a_misaligned_vector_tensor(monkeypatch):
 
     def reached(*_a, **_k):
         raise AssertionError("a launch check reached the CUDA driver")
-    monkeypatch.setattr(runtime, "_context", reached)
+    monkeypatch.setattr(runtime, "current_context", reached)
 
     class FakeCai:
         def __init__(self, shape, ptr):

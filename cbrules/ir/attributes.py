@@ -55,7 +55,7 @@ def attribute_problem(op: str, key: str, value: Any) -> str | None:
     if choices is not None:
         return None if isinstance(value, str) and value in choices else \
             f"{value!r} is not one of {', '.join(map(repr, choices))}"
-    entry = _INT_ATTR.get((op, key))
+    entry = INT_LOWEST.get((op, key))
     if entry is None:
         return None
     low, many = entry
@@ -108,10 +108,10 @@ ENUM_ATTRS = {("tma_load", "cache_hint"): CACHE_HINTS, ("tma_store", "cache_hint
 ENUM_KEYS: dict[str, list[str]] = {}  # op -> its word-valued keys
 for (_o, _k) in ENUM_ATTRS:
     ENUM_KEYS.setdefault(_o, []).append(_k)
-_INT_ATTR: dict[tuple[str, str], tuple[int, bool]] = {}  # (op, key) -> (lowest value, a tuple?)
+INT_LOWEST: dict[tuple[str, str], tuple[int, bool]] = {}  # (op, key) -> (lowest value, a tuple?); the linter reads it too
 INT_KEYS: dict[str, list[tuple[str, int]]] = {}  # op -> its (key, lowest value), in INT_ATTRS order
 for _o, _k, _low, _many in INT_ATTRS:
-    _INT_ATTR.setdefault((_o, _k), (_low, _many))
+    INT_LOWEST.setdefault((_o, _k), (_low, _many))
     INT_KEYS.setdefault(_o, []).append((_k, _low))
 
 

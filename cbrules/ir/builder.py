@@ -879,7 +879,7 @@ class Kernel:
                 index = j * half + register
                 row, col = builder_mma.fragment_coords(bn, bm // groups, j, register, name("threadIdx.x"))
                 yield FragmentElement(self.load(acc, index), row0 + row, col0 + col, row, col, index, acc, self, j,
-                                      register, j * (count // 2) + r)
+                                      register, j * (count // 2) + r, reductions=self._reductions)
 
     def _fragment_columns(self, columns, bn: int) -> tuple[int, int]:
         """(first column, column count) of ``columns`` (None: all ``bn``), checked."""

@@ -18,8 +18,8 @@ A kernel author writes a tile step ``C[BM, BN] += A[BM, BK] @ B[BK, BN]`` as
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
 
 from .builder_values import Buffer, BuildError, _call_site
 from .terms import Term, TermLike, as_term, call
@@ -63,6 +63,8 @@ class FragmentElement:
     # its index among the visited columns only (fragment_elements(columns=(first, count)): j * count/2 + r -
     # first/2, the element's place in a part accumulator count columns wide; ``index`` where all are visited)
     part_index: Term
+    # the kernel's fragment reductions so far, reduction buffer -> (accumulator, axis), which reduced() reads
+    reductions: Mapping[str, tuple[str, str]] = field(default_factory=dict, repr=False, compare=False)
 
     def set(self, value: TermLike) -> None:
         """Write ``value`` (rounded to float32) as this element's new value."""
@@ -100,7 +102,7 @@ class FragmentElement:
     def reduced(self, reduction: Buffer) -> Term:
         """The value of :meth:`MmaBuilder.fragment_reduce`'s ``reduction`` for this element: the reduction
         over its row (axis "row") or its column (axis "col") of the tile, as float32."""
-        got = self.kernel._reductions.get(getattr(reduction, "name", None))
+        got = self.reductions.get(getattr(reduction, "name", None))
         if got is None or got[0] != self.fragment.name:
             raise BuildError(f"reduced at {_call_site()}: {reduction!r} is not a reduction of fragment "
                              f"{self.fragment.name!r}; pass what fragment_reduce(...) of it returned")

@@ -103,7 +103,35 @@ class KernelGraph:
         self._edge(a, b, DEPENDS)
 
     def remove_depends(self, a: int, b: int) -> None:
+        """Drop the depends edge ``a`` -> ``b``."""
         self.g.remove_edge(a, b)
+
+    def remove_contains(self, scope: int, n: int) -> None:
+        """Take ``n`` out of ``scope`` (the contains edge alone: ``n``'s depends edges are the caller's
+        to drop first, see :meth:`detach_order`), leaving it in no scope."""
+        self.g.remove_edge(scope, n)
+
+    def detach_order(self, n: int) -> tuple[list[int], list[int]]:
+        """Drop ``n``'s depends edges; return its depends predecessors and successors, as
+        :meth:`predecessors` and :meth:`successors` list them (whether any of them must stay ordered
+        is the caller's to say: it knows their effects)."""
+        preds, succs = self.predecessors(n), self.successors(n)
+        g = self.g
+        for p in preds:
+            g.remove_edge(p, n)
+        for s in succs:
+            g.remove_edge(n, s)
+        return preds, succs
+
+    def take_place(self, new: int, n: int) -> None:
+        """``new`` takes sibling ``n``'s place in its scope's order: ``n``'s depends edges become
+        ``new``'s (``new`` already in ``n``'s scope; ``n`` stays there, unordered, for the caller to move)."""
+        for p in self.predecessors(n):
+            self.g.remove_edge(p, n)
+            self._edge(p, new, DEPENDS)
+        for s in self.successors(n):
+            self.g.remove_edge(n, s)
+            self._edge(new, s, DEPENDS)
 
     def order_by_effects(self, seq: list[int],
                          effects_of: Optional[Callable[[int], tuple[set[str], set[str]]]] = None) -> int:
@@ -127,6 +155,13 @@ class KernelGraph:
     # objects cost more than the lookups themselves, and the engine asks millions of them
     def __getitem__(self, n: int) -> dict:
         return self.g._node[n]
+
+    @property
+    def node_table(self) -> Mapping[int, dict]:
+        """Every node's attribute dict (``op`` and ``origin`` included) by id: the graph's own table,
+        for loops over many nodes (a lookup in it costs about a fifth of ``kg[n]``, a method call, measured
+        in a loop over the nodes). Read it, never change it (add and remove nodes through this class)."""
+        return self.g._node
 
     def __contains__(self, n: int) -> bool:
         return n in self.g._node
@@ -166,6 +201,21 @@ class KernelGraph:
 
     def children(self, n: int) -> list[int]:
         return sorted(c for c, d in self.g._succ[n].items() if d["kind"] == CONTAINS)
+
+    def containers(self, n: int) -> list[int]:
+        """Every scope holding ``n`` through a contains edge: one, or none for the root, in a graph
+        the verifier accepts (which asks this, to name a node with several)."""
+        return [p for p, d in self.g._pred[n].items() if d["kind"] == CONTAINS]
+
+    def edges(self) -> Iterator[tuple[int, int, str]]:
+        """``(a, b, kind)`` of every edge, contains and depends, in the graph's own order (read from its
+        adjacency tables: networkx's edge views cost several times the lookups on a large graph)."""
+        return ((a, b, d["kind"]) for a, nbrs in self.g._succ.items() for b, d in nbrs.items())
+
+    def has_depends(self, a: int, b: int) -> bool:
+        """Whether a depends edge orders ``a`` right before ``b``."""
+        d = self.g._succ[a].get(b)
+        return d is not None and d["kind"] == DEPENDS
 
     def depends_edges(self) -> list[tuple[int, int]]:
         return sorted((a, b) for a, nbrs in self.g._succ.items() for b, d in nbrs.items() if d["kind"] == DEPENDS)
@@ -266,7 +316,25 @@ class KernelGraph:
         where = o.get("where") or (f"rule {o['rule']} @ {o.get('at', '?')}" if o.get("rule") else None)
         return f"#{n} {d['op']}({inner})" + (f" [{_plain(where)}]" if where else "")
 
+    @property
+    def next_id(self) -> int:
+        """The id the next new node gets (ids are never reused)."""
+        return self._next_id
+
     # ---------------------------------------------------------------------------- whole graph
+    @classmethod
+    def restored(cls, root: int, next_id: int, nodes: Mapping[int, dict],
+                 edges: Iterable[tuple[int, int, str]]) -> "KernelGraph":
+        """A graph from its parts as :meth:`node_table`, :meth:`edges`, ``root`` and :attr:`next_id`
+        gave them (a saved trace read back); the caller checked them (:func:`cbrules.ir.verify.verify_values`)."""
+        kg = cls.__new__(cls)
+        kg.g, kg.root, kg._next_id, kg.trace = nx.DiGraph(), root, next_id, None
+        for n, attrs in nodes.items():
+            kg.g.add_node(n, **attrs)
+        for a, b, kind in edges:
+            kg.g.add_edge(a, b, kind=kind)
+        return kg
+
     def copy(self) -> "KernelGraph":
         """An independent deep copy (rules rewrite copies so failures leave the input untouched)."""
         new = KernelGraph.__new__(KernelGraph)

@@ -37,19 +37,13 @@ class ScheduleError(CbrulesError):
     """The depends edges among some siblings form a cycle."""
 
 
-def _edges(kg: KernelGraph):
-    """(a, b, kind) of every edge, in networkx's order, read from the adjacency dicts (its edge
-    views cost several times the lookups on a large graph)."""
-    return ((a, b, d["kind"]) for a, nbrs in kg.g._succ.items() for b, d in nbrs.items())
-
-
 def sibling_edges(kg: KernelGraph) -> dict[int, list[tuple[int, int, tuple[int, int]]]]:
     """Depends edges grouped by the scope whose children they order: scope -> [(a', b', (a, b))].
 
     An edge between nodes of different scopes is lifted to the sibling ancestors that hold them;
     an edge between a scope and its own descendant orders nothing and is dropped.
     """
-    parent = {c: p for p, c, k in _edges(kg) if k == CONTAINS}
+    parent = {c: p for p, c, k in kg.edges() if k == CONTAINS}
 
     def chain(n: int) -> list[int]:
         out = [n]
@@ -58,7 +52,7 @@ def sibling_edges(kg: KernelGraph) -> dict[int, list[tuple[int, int, tuple[int, 
         return out
 
     grouped: dict[int, list] = {}
-    for a, b, k in _edges(kg):
+    for a, b, k in kg.edges():
         if k != DEPENDS:
             continue
         if parent.get(a) is not None and parent.get(a) == parent.get(b):
@@ -109,7 +103,7 @@ def _cycle_error(kg: KernelGraph, scope: int, kids: list[int], pairs: Optional[l
     """The cycle among ``scope``'s children (``pairs``: the edges sorted, None: those among ``kids``)."""
     if pairs is None:  # the edges in adjacency order, so that the cycle reported is always the same
         kid_set = set(kids)
-        pairs = [(c, s) for c in kids for s, d in kg.g._succ[c].items() if d["kind"] == DEPENDS and s in kid_set]
+        pairs = [(c, s) for c in kids for s in kg.successors(c) if s in kid_set]
     dag = nx.DiGraph()
     dag.add_nodes_from(kids)
     dag.add_edges_from(pairs)
@@ -129,19 +123,19 @@ def sibling_pairs(kg: KernelGraph, kids: list[int]) -> list[tuple[int, int]]:
     """The depends edges among ``kids`` (siblings), read from their predecessors: a scope's
     successors include everything it contains, its predecessors only its parent and siblings."""
     kid_set = set(kids)
-    return [(p, c) for c in kids for p, d in kg.g._pred[c].items() if d["kind"] == DEPENDS and p in kid_set]
+    return [(p, c) for c in kids for p in kg.predecessors(c) if p in kid_set]
 
 
 def _sibling_adjacency(kg: KernelGraph, kids: list[int]) -> tuple[dict[int, int], dict[int, list[int]]]:
     """For each of ``kids`` the number of siblings it waits for, and the siblings waiting for it
     (read from predecessors, as in :func:`sibling_pairs`; a DiGraph holds each edge once)."""
-    kid_set, pred = set(kids), kg.g._pred
+    kid_set, predecessors = set(kids), kg.predecessors
     waiting: dict[int, int] = {}
     after: dict[int, list[int]] = {}
     for c in kids:
         k = 0
-        for p, d in pred[c].items():
-            if p in kid_set and d["kind"] == DEPENDS:
+        for p in predecessors(c):
+            if p in kid_set:
                 k += 1
                 if p in after:
                     after[p].append(c)

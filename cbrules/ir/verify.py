@@ -15,7 +15,7 @@ from .attributes import (ARG_COUNTS, ENUM_KEYS, INT_HIGH, INT_KEYS, attribute_pr
 from .names import BUILTINS, RULES, problem
 from .ops import (DTYPES, FLOAT32_ONLY, FP8_DTYPES, FLOAT_REGISTERS, HALF_DTYPES, LOOP_KINDS, MATH, MAX_SCOPE_DEPTH, OPS, REDUCE_COMBINE, SCOPES,
                   SHFL_MODES, SPACES, STORAGE_DTYPES, WARP_SIZE, term_values)
-from .order import CONTAINS, DEPENDS, ScheduleError, order_among, sibling_order
+from .order import DEPENDS, ScheduleError, order_among, sibling_order
 from .terms import Term
 from .tma_view import TmaSplitError, normalize_split
 
@@ -67,7 +67,7 @@ def verify_values(kg: KernelGraph) -> None:
     graph read back from a file (a saved trace) is held to; uniqueness of names and the barrier
     protocol hold only between phases."""
     verify(kg, structure_only=True)
-    walked = list(kg.g._node)
+    walked = list(kg.node_table)
     for n in walked:
         for key, name in _ident_attrs(kg, n):
             why = problem(name, RULES)
@@ -88,9 +88,9 @@ def _tree(kg: KernelGraph, by_op: dict[str, list[int]] | None = None
         extra = [n for n in kernels if n != kg.root]
         raise GraphError("single-root", f"{kg.describe(extra[0])} is a second kernel node; a graph "
                          "has exactly one root", extra[0] if extra else None)
-    root, nodes = kg.root, kg.g._node
-    for n, preds in kg.g._pred.items():
-        parents = [p for p, d in preds.items() if d["kind"] == CONTAINS]
+    root, nodes, containers = kg.root, kg.node_table, kg.containers
+    for n in nodes:
+        parents = containers(n)
         if n == root:
             if parents:
                 raise GraphError("single-root", f"the kernel node is contained by {kg.describe(parents[0])}", n)
@@ -112,7 +112,7 @@ def _tree(kg: KernelGraph, by_op: dict[str, list[int]] | None = None
             raise GraphError("else-branch", f"{kg.describe(p)} has more than one else branch", n)
     walked, kids = _walk(kg, parent)
     if len(walked) != len(kg):  # each node but the root has one parent: the walk meets each at most once
-        lost = sorted(set(kg.g.nodes) - set(walked))
+        lost = sorted(set(nodes) - set(walked))
         raise GraphError("scope-tree", f"{kg.describe(lost[0])} is not reachable from the kernel "
                          "(its scopes form a cycle)", lost[0])
     depth = {root: 0}
@@ -146,7 +146,7 @@ def _preorder(root: int, children: dict[int, list[int]]) -> list[int]:
 
 
 def _attributes(kg: KernelGraph) -> None:
-    for n, d in kg.g._node.items():
+    for n, d in kg.node_table.items():
         op = d["op"]
         spec = OPS.get(op)
         if spec is None:
@@ -198,22 +198,21 @@ def _depends(kg: KernelGraph, walked: list[int], parent: dict[int, int],
     # children as it is: :func:`sibling_edges` without lifting any
     edges: dict[int, list] = {}
     apart = False
-    for a, nbrs in kg.g._succ.items():
-        pa = parent.get(a)
-        for b, d in nbrs.items():
-            if d["kind"] == DEPENDS:
-                if pa is not None and parent.get(b) == pa:
-                    edges.setdefault(pa, []).append((a, b))
-                elif pa != parent.get(b):
-                    apart = True
-                # else: the root's self-edge, which orders nothing (sibling_edges drops it too)
+    for a, b, kind in kg.edges():
+        if kind == DEPENDS:
+            pa = parent.get(a)
+            if pa is not None and parent.get(b) == pa:
+                edges.setdefault(pa, []).append((a, b))
+            elif pa != parent.get(b):
+                apart = True
+            # else: the root's self-edge, which orders nothing (sibling_edges drops it too)
     if apart:
         for a, b in kg.depends_edges():
             if parent.get(a) != parent.get(b):
                 raise GraphError("depends-siblings", f"depends edge {kg.describe(a)} -> {kg.describe(b)} joins "
                                  "nodes of different scopes; order their enclosing siblings instead", b)
     orders = {}
-    nodes = kg.g._node
+    nodes = kg.node_table
     for scope in walked:
         if nodes[scope]["op"] in SCOPES:
             if scope not in edges:  # no edge orders its children: the sort takes them in id order
@@ -231,7 +230,7 @@ def _depends(kg: KernelGraph, walked: list[int], parent: dict[int, int],
 
 def _buffers(kg: KernelGraph, by_op: dict[str, list[int]]) -> dict[str, int]:
     """``kg.buffers()`` from the nodes by op read already."""
-    nodes = kg.g._node
+    nodes = kg.node_table
     return {nodes[n]["buf"]: n for n in by_op.get("alloc", ())}
 
 
@@ -263,7 +262,7 @@ def _identifiers(kg: KernelGraph, walked: list[int]) -> None:
                              f"{kg.describe(had[1])}; the generated CUDA would mix them up: rename one", n)
         what.setdefault(name, (kind, n))
 
-    nodes, keys_of = kg.g._node, {}
+    nodes, keys_of = kg.node_table, {}
     for n in walked:
         d = nodes[n]
         op = d["op"]
@@ -295,7 +294,7 @@ def _values(kg: KernelGraph, walked: list[int]) -> None:
     """Integer attributes are ints in range, enumerations hold known values, and every term is
     made of known operators, device functions and constants (infinities and NaN only where a value
     is computed: an index, bound or predicate holding one is a mistake)."""
-    nodes = kg.g._node
+    nodes = kg.node_table
     for n in walked:
         d = nodes[n]
         op = d["op"]
@@ -353,7 +352,7 @@ def _names(kg: KernelGraph, walked: list[int], parent: dict[int, int], by_op: di
     symbols = {p for p in params if params[p].kind == "symbol"}
     buffers = _buffers(kg, by_op)
     written_bufs, registers = set(), set()
-    for d in kg.g._node.values():
+    for d in kg.node_table.values():
         if d["op"] in ("tma_load", "store", "copy"):
             written_bufs.add(d["dst"])
         if OPS[d["op"]].category == "compute" or d["op"] == "load":
@@ -363,7 +362,7 @@ def _names(kg: KernelGraph, walked: list[int], parent: dict[int, int], by_op: di
     everywhere = symbols | set(BUILTINS) | registers  # one lookup a name besides the loops around it
     # the variables of the loops around each scope (a scope's own included), parents first
     scope_vars: dict[int, frozenset] = {}
-    nodes = kg.g._node
+    nodes = kg.node_table
     for n in walked:
         d = nodes[n]
         if d["op"] in SCOPES:
@@ -423,7 +422,7 @@ def _barriers(kg: KernelGraph, order: list[int], by_op: dict[str, list[int]]) ->
     warp-specialized producer): its uses are left to the protocol checker of the interpreter."""
     uses: dict[str, list[int]] = {}
     concurrent = {d for e in by_op.get("else", ()) for d in kg.descendants(e)}
-    nodes = kg.g._node
+    nodes = kg.node_table
     for n in order:
         if nodes[n]["op"] in BARRIER_OPS and n not in concurrent:
             uses.setdefault(kg[n]["barrier"], []).append(n)

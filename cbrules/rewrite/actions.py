@@ -236,26 +236,20 @@ class Rewriter:
     # ------------------------------------------------------------------ removal and change
     def detach(self, n: int) -> None:
         """Take ``n`` out of its scope; a predecessor and a successor that conflict stay ordered."""
-        preds = [p for p in self.kg.g.predecessors(n) if self.kg.g.edges[p, n]["kind"] == "depends"]
-        succs = [s for s in self.kg.g.successors(n) if self.kg.g.edges[n, s]["kind"] == "depends"]
-        effects = self.mem.effects
+        kg, mem = self.kg, self.mem
+        preds, succs = kg.detach_order(n)
+        effects = mem.effects
         succ_effects = {s: effects(s) for s in succs}
         needed = {(p, s) for p in preds for s in succs if conflicts(effects(p), succ_effects[s])}
-        g = self.kg.g
-        for p in preds:
-            g.remove_edge(p, n)
         # skip p -> s where p already precedes another predecessor that will precede s
         for p, s in needed:
-            if not any((q, s) in needed and g.has_edge(p, q) and g.edges[p, q]["kind"] == "depends"
-                       for q in preds if q != p):
-                self.mem.add_depends(p, s)
-        for s in succs:
-            self.kg.g.remove_edge(n, s)
-        parent = self.kg.parent(n)
+            if not any((q, s) in needed and kg.has_depends(p, q) for q in preds if q != p):
+                mem.add_depends(p, s)
+        parent = kg.parent(n)
         if parent is not None:  # told before n leaves: the memory walks n's scopes
-            self.mem.touch(n)
-            self.mem.touch(parent)
-            self.kg.g.remove_edge(parent, n)
+            mem.touch(n)
+            mem.touch(parent)
+            kg.remove_contains(parent, n)
 
     def _erase(self, a, target) -> None:
         n = self.node(target)
@@ -319,36 +313,33 @@ class Rewriter:
     def _wrap(self, a, target, t) -> None:
         n = self.node(target)
         self.not_root(target, n, "wrap")
-        kg, g, mem = self.kg, self.kg.g, self.mem
+        kg, mem = self.kg, self.mem
         parent = kg.parent(n)
         s = self.instantiate(t, None)
         if not kg.is_scope(s):
             raise RuleError(t.pos, f"wrap needs a scope template (for, if ...) to hold {kg.describe(n)}, "
                             f"got {t.head()}")
-        g.add_edge(parent, s, kind="contains")
+        kg.contain(parent, s)
         mem.touch(parent)
         mem.touch(s)
-        # the new scope takes ?n's place: its depends edges move over, then ?n moves inside
-        for p in [p for p in g.pred[n] if g.edges[p, n]["kind"] == "depends"]:
-            g.remove_edge(p, n)
-            mem.add_depends(p, s)
-        for q in [q for q in g.succ[n] if g.edges[n, q]["kind"] == "depends"]:
-            g.remove_edge(n, q)
-            mem.add_depends(s, q)
+        # the new scope takes ?n's place: its depends edges move over, then ?n moves inside. The
+        # touch of parent above told the memory its children's order changed (what add_depends
+        # would tell it again for each moved edge)
+        kg.take_place(s, n)
         mem.touch(n)  # leaves parent's resource index
-        g.remove_edge(parent, n)
+        kg.remove_contains(parent, n)
         mem.touch(s)
         mem.touch(parent)
         if kg.children(s):
             self.place(n, s, "exit")  # after the template's own body
         else:
-            g.add_edge(s, n, kind="contains")
+            kg.contain(s, n)
         self.changed.append(n)
         self.moved.append(n)
 
     def _wrap_body(self, a, target, t) -> None:
         s = self.node(target)
-        kg, g, mem = self.kg, self.kg.g, self.mem
+        kg, mem = self.kg, self.mem
         if not kg.is_scope(s):
             raise RuleError(a.pos, f"wrap-body: {kg.describe(s)} is not a scope")
         if split_keys(t.items, 1)[0]:
@@ -358,9 +349,9 @@ class Rewriter:
         # the body keeps its depends edges: its nodes stay siblings, now inside the new scope
         for c in body:
             mem.touch(c)  # leaves s's resource index
-            g.remove_edge(s, c)
-            g.add_edge(new, c, kind="contains")
-        g.add_edge(s, new, kind="contains")
+            kg.remove_contains(s, c)
+            kg.contain(new, c)
+        kg.contain(s, new)
         mem.touch(new)
         mem.touch(s)
         self.changed.extend(body)
@@ -417,11 +408,11 @@ class Rewriter:
 
     def _reaches(self, a: int, b: int) -> bool:
         """Whether depends edges lead from ``a`` to ``b`` (siblings)."""
-        g, seen, stack = self.kg.g, {a}, [a]
+        successors, seen, stack = self.kg.successors, {a}, [a]
         while stack:
             n = stack.pop()
-            for s, d in g.succ[n].items():
-                if d["kind"] == "depends" and s not in seen:
+            for s in successors(n):
+                if s not in seen:
                     if s == b:
                         return True
                     seen.add(s)
@@ -430,7 +421,7 @@ class Rewriter:
 
     def _remove_edge(self, a, x, y) -> None:
         u, v = self.node(x), self.node(y)
-        if self.kg.g.has_edge(u, v) and self.kg.g.edges[u, v]["kind"] == "depends":  # never a contains edge
+        if self.kg.has_depends(u, v):  # never a contains edge
             self.mem.remove_depends(u, v)
 
     def _rewrite_terms(self, a, scope, old, new) -> None:

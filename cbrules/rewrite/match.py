@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from ..ir.graph import KernelGraph
-from ..ir.order import DEPENDS, sibling_order
+from ..ir.order import sibling_order
 from ..sexpr import Atom, Expr, Pos, RuleError, SList, derived, variables
 from ..ir.terms import Term, evaluate as eval_term
 from .schema import RELATIONS, STRUCTURAL_KEYS, VARIADIC_RELATIONS, split_keys, split_keys_once  # noqa: F401  (public here too)
@@ -121,7 +121,7 @@ class Matcher:
         index = self._shared.get("index")
         if index is None:
             index = self._shared["index"] = (self.kg if self.memory is None else self.memory).by_op()
-            index["_"] = sorted(self.kg.g.nodes)
+            index["_"] = self.kg.nodes()
         return index
 
     def attr_index(self) -> AttrIndex:
@@ -158,11 +158,11 @@ class Matcher:
         got = self._kids.get(key)
         if got is None:
             kids = self.kg.children(scope)
-            nodes = self.kg.g._node
+            nodes = self.kg.node_table
             got = self._kids[key] = kids if op == "_" else [n for n in kids if nodes[n]["op"] == op]
         return got
 
-    def _tick(self) -> None:
+    def tick(self) -> None:
         """Count a step of the search; look at the clock every 1024 steps."""
         self.ticks += 1
         if self.deadline is not None and not self.ticks & 1023 and time.monotonic() >= self.deadline:
@@ -191,7 +191,7 @@ class Matcher:
         if b and self.plan and not self._absences_hold(elements, b):
             return
         order = join_order(elements, frozenset(b or ())) if self.plan else None
-        found = self._elements(elements, held, dict(b or {})) if order is None else \
+        found = self.elements_from(elements, held, dict(b or {})) if order is None else \
             joined(self, elements, order, dict(b or {}))
         for bound in found:
             ok = True
@@ -216,8 +216,10 @@ class Matcher:
                 return False
         return True
 
-    def _elements(self, els: tuple, i: int, b: dict) -> Iterator[dict]:
-        self._tick()
+    def elements_from(self, els: tuple, i: int, b: dict) -> Iterator[dict]:
+        """The bindings of pattern elements ``els[i:]`` extending ``b``, searched as written (a
+        planned search joins its leading node patterns first: :func:`cbrules.rewrite.plan.joined`)."""
+        self.tick()
         if i == len(els):
             yield b
             return
@@ -225,10 +227,10 @@ class Matcher:
         for b2 in self.element(els[i], b):
             found = True
             if last:  # what the call for the end would do, without a generator per binding
-                self._tick()
+                self.tick()
                 yield b2
             else:
-                yield from self._elements(els, i + 1, b2)
+                yield from self.elements_from(els, i + 1, b2)
         if not found:
             self._fail(i, "no node matches" if els[i].head() not in RELATIONS else "relation does not hold", els[i], b)
 
@@ -304,12 +306,12 @@ class Matcher:
         op, var, keys = np.op, np.var, np.keys
         if var is not None and var in b:
             ref = b[var]
-            nodes = self.kg.g._node
+            nodes = self.kg.node_table
             if isinstance(ref, NodeRef) and ref.id in nodes and (op == "_" or nodes[ref.id]["op"] == op):
                 return (ref.id,), None
             return (), None
         elif among is not None:
-            nodes = self.kg.g._node
+            nodes = self.kg.node_table
             return [n for n in among if op == "_" or nodes[n]["op"] == op], None
         elif within is not None:
             return self.inside(within, op), None
@@ -350,10 +352,10 @@ class Matcher:
         """:meth:`node_matches` for a pattern whose node is bound already: its one candidate checked
         without a pool (an anchored search starts so, and rules name a bound node again to read more
         of its attributes)."""
-        ref, nodes = b[np.var], self.kg.g._node
+        ref, nodes = b[np.var], self.kg.node_table
         if not (isinstance(ref, NodeRef) and ref.id in nodes and (np.op == "_" or nodes[ref.id]["op"] == np.op)):
             return
-        self.ticks += 1  # _tick, inline: once per candidate
+        self.ticks += 1  # tick, inline: once per candidate
         if not self.ticks & 1023 and self.deadline is not None and time.monotonic() >= self.deadline:
             raise MatchTimeout()
         n, attrs, kg, b2 = ref.id, nodes[ref.id], self.kg, b
@@ -375,10 +377,10 @@ class Matcher:
         bound before the pattern is read once."""
         var, late, checks = np.var, np.late, np.checks
         scopes: dict[str, int] = {}
-        kg, nodes = self.kg, self.kg.g._node
+        kg, nodes = self.kg, self.kg.node_table
         pool, held = self._candidates(np, b, within, among)
         for n in pool:
-            self.ticks += 1  # _tick, inline: once per candidate
+            self.ticks += 1  # tick, inline: once per candidate
             if not self.ticks & 1023 and self.deadline is not None and time.monotonic() >= self.deadline:
                 raise MatchTimeout()
             b2: Optional[dict] = b if var is None or late else {**b, var: NodeRef(n)}
@@ -410,7 +412,7 @@ class Matcher:
         anchors an application leaves behind are new nodes of the op that match no rule's anchor: a
         barrier loop is a ``for`` too), and the bindings it then starts from."""
         np = _node_pattern(e)
-        attrs = self.kg.g._node[n]
+        attrs = self.kg.node_table[n]
         if np.op != "_" and attrs["op"] != np.op:
             return None
         # no check names the node's variable (``late``): the checks start from no bindings
@@ -514,7 +516,7 @@ class Matcher:
         x, y = e.items[1], e.items[2]
         nx_, ny = self._node(x, b), self._node(y, b)
         if nx_ is not None and ny is not None:  # both bound: compare their places, not every later sibling
-            self._tick()
+            self.tick()
             order, i = self._position(nx_)
             j = self._position(ny)[1] if self.kg.parent(ny) == self.kg.parent(nx_) else -1
             if j == i + 1 or not adjacent and j > i:
@@ -534,7 +536,7 @@ class Matcher:
                     pairs += [(order[i], order[k]) for i in range(len(order))
                               for k in (range(i + 1, min(i + 2, len(order))) if adjacent else range(i + 1, len(order)))]
         for m, n in pairs:
-            self._tick()
+            self.tick()
             r = self._bind_node(x, m, b)
             r = self._bind_node(y, n, r) if r is not None else None
             if r is not None:
@@ -597,12 +599,13 @@ class Matcher:
         if scope is None or scope != self.kg.parent(c) or a == c:
             return None
         kids = set(self.children(scope, "_"))
+        successors = self.kg.successors
 
         def reaches(x: int, y: int) -> bool:
             seen, todo = {x}, [x]
             while todo:
-                for s, d in self.kg.g.succ[todo.pop()].items():
-                    if d["kind"] == DEPENDS and s in kids and s not in seen:
+                for s in successors(todo.pop()):
+                    if s in kids and s not in seen:
                         if s == y:
                             return True
                         seen.add(s)

@@ -93,7 +93,7 @@ class AttrIndex:
 
     def _build(self, op: str, path: tuple) -> Optional[dict]:
         table: dict = {}
-        nodes = self.kg.g._node
+        nodes = self.kg.node_table
         for n in self.by_op().get(op, ()):
             v = nodes[n]
             for key in path:
@@ -193,9 +193,9 @@ def joined(m, els: tuple, order: list[int], b: dict) -> Iterator[dict]:
     run, picked, found = len(order), [0] * len(order), []
 
     def search(k: int, b: dict) -> None:
-        m._tick()
+        m.tick()
         if k == run:
-            for tail in m._elements(els, run, b):
+            for tail in m.elements_from(els, run, b):
                 found.append((tuple(picked), tail))
             return
         i = order[k]

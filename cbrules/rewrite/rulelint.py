@@ -15,7 +15,7 @@ import difflib
 import os
 from typing import TYPE_CHECKING, Optional
 
-from ..ir.attributes import ENUM_ATTRS, INT_HIGH, TERM_OR_INT, _INT_ATTR, attribute_problem, ident_keys
+from ..ir.attributes import ENUM_ATTRS, INT_HIGH, INT_LOWEST, TERM_OR_INT, attribute_problem, ident_keys
 from ..ir.ops import OPS
 from .schema import split_keys
 from ..sexpr import Atom, Expr, RuleError, SList
@@ -50,9 +50,9 @@ def literal_problem(op: str, key: str, value: Expr) -> Optional[RuleError]:
     if key in ident_keys(op):  # a name codegen prints: the check a rule action makes when it sets one
         why = attribute_problem(op, key, v)
         return RuleError(value.pos, f"{op} :{key} is a name the CUDA uses: {why}") if why else None
-    if (op, key) not in _INT_ATTR and (op, key) not in ENUM_ATTRS:
+    if (op, key) not in INT_LOWEST and (op, key) not in ENUM_ATTRS:
         return None
-    if isinstance(v, str) and (op, key) in _INT_ATTR:
+    if isinstance(v, str) and (op, key) in INT_LOWEST:
         hint = f"; write {v} without quotes" if v.strip().lstrip("-").isdigit() else ""
         return RuleError(value.pos, f"{op} :{key} takes {_wants(op, key)}, not the text {value}{hint}")
     if (op, key) in ENUM_ATTRS and v not in ENUM_ATTRS[op, key]:
@@ -69,7 +69,7 @@ def literal_problem(op: str, key: str, value: Expr) -> Optional[RuleError]:
 def _wants(op: str, key: str) -> str:
     if (op, key) in ENUM_ATTRS:
         return "one of " + ", ".join(f'"{w}"' for w in ENUM_ATTRS[op, key])
-    low, many = _INT_ATTR[op, key]
+    low, many = INT_LOWEST[op, key]
     high = INT_HIGH.get((op, key))
     span = f"an int in {low}..{high}" if high is not None else f"an int >= {low}"
     return ("a tuple of ints >= " + str(low)) if many else span + (" or a term" if (op, key) in TERM_OR_INT else "")

@@ -93,7 +93,7 @@ def _loop_names(kg: KernelGraph) -> tuple[dict[int, dict[str, Term]], dict, set]
     scoped: dict[int, dict[str, Term]] = {}
     ranges: dict = {}
     renamed: set[str] = set()
-    nodes, succ = kg.g._node, kg.g._succ
+    nodes = kg.node_table
     stack: list[tuple[int, dict[str, Term]]] = [(kg.root, {})]
     while stack:
         n, outer = stack.pop()
@@ -108,7 +108,7 @@ def _loop_names(kg: KernelGraph) -> tuple[dict[int, dict[str, Term]], dict, set]
                 ranges[scoped_name] = Range(lo, None if hi is None else hi - 1)
         if d["op"] not in SCOPES:  # most nodes: nothing inside
             continue
-        kids = [c for c, e in succ[n].items() if e["kind"] == "contains"]
+        kids = kg.children(n)
         if kids and inner is not outer:  # a variable some node is inside: its range is per loop
             renamed.add(d["var"])
         stack.extend((c, inner) for c in kids)
@@ -198,7 +198,7 @@ def simplify_terms(kg: KernelGraph, forms: tuple) -> tuple[set[int], dict]:
     kept = set(ranges) | set(BUILTINS)  # names with one range for the whole kernel, asked as they are
     question = _questioner(loop_ranges, kept, asked_ranges)
     sites = []
-    nodes = kg.g._node
+    nodes = kg.node_table
     for n in kg.nodes():
         d, loops = nodes[n], scoped[n]
         for k in OPS[d["op"]].terms:
