@@ -26,7 +26,7 @@ from .shipped import shown
 from .userio import printable, write_text
 from .cli_check import cmd_check
 from .cli_progress import progress_lines
-from .cli_kernel import _compile, _dtype, _kernel, _lower_options, _rule_folders, _run, _shape, load_spec
+from .cli_kernel import compile_kernel, dtype_of, kernel_of, lowering_options, rule_folders, run_kernel, shape_of, load_spec
 
 
 TRACEBACK_VAR = "CBRULES_TRACEBACK"
@@ -76,8 +76,8 @@ def cmd_lower(a) -> int:
     from . import api, options, trace
     from .schedule import print_program, schedule
     spec = load_spec(a)
-    built = _kernel(a, spec)
-    kg = api.lower(built, **_lower_options(a))
+    built = kernel_of(a, spec)
+    kg = api.lower(built, **lowering_options(a))
     print(options.describe(kg, built.graph))
     print(print_program(schedule(kg), ids=True))  # #id: the node ids --debug and `cbrules trace` name
     if kg.trace is not None:
@@ -86,7 +86,7 @@ def cmd_lower(a) -> int:
 
 
 def cmd_rules(a) -> int:
-    _rule_folders(a)
+    rule_folders(a)
     # a user folder adds to the shipped rules (its phases and disables refer to them), so it is
     # always checked together with them
     dirs = rulefile.rule_dirs([*(a.rules or ()), *(a.dirs or ())])
@@ -119,9 +119,9 @@ def cmd_trace(a) -> int:
         kg = trace.final_graph(t)
     else:
         spec = load_spec(a)
-        built = _kernel(a, spec)
+        built = kernel_of(a, spec)
         try:
-            kg = api.lower(built, rules=_rule_folders(a) or None, debug=True, stop_after=a.stop_after,
+            kg = api.lower(built, rules=rule_folders(a) or None, debug=True, stop_after=a.stop_after,
                            stop_after_phase=a.stop_after_phase)
         except LoweringError as e:
             if a.html and e.trace is not None:  # the steps up to the failure are what one wants to see
@@ -214,11 +214,11 @@ def _need(a, *names: str) -> None:
 
 def cmd_compile(a) -> int:
     spec = load_spec(a)
-    kernel = _kernel(a, spec)
-    ck, summary = _compile(spec, kernel, annotate=a.annotate, **_lower_options(a))
+    kernel = kernel_of(a, spec)
+    ck, summary = compile_kernel(spec, kernel, annotate=a.annotate, **lowering_options(a))
     if a.ptx:
         from . import api
-        text = api.ptx(kernel, annotate=a.annotate, **_lower_options(a))
+        text = api.ptx(kernel, annotate=a.annotate, **lowering_options(a))
     else:
         text = ck.source.text
     if a.output:
@@ -232,16 +232,16 @@ def cmd_compile(a) -> int:
 def cmd_run(a) -> int:
     from .codegen import runtime
     spec = load_spec(a)
-    kernel = _kernel(a, spec)
+    kernel = kernel_of(a, spec)
     if spec.inputs is None or spec.reference is None:
         raise CliError(f"{spec.name}: the kernel file defines no inputs()/reference(), so it cannot be run")
-    ck, summary = _compile(spec, kernel, **_lower_options(a))
+    ck, summary = compile_kernel(spec, kernel, **lowering_options(a))
     print(summary, file=sys.stderr)
     if not runtime.gpu_available():  # not a wrong command line (exit 2): the machine lacks the GPU (exit 1)
         from .codegen.errors import NoGpuError
         raise NoGpuError("no compute-capability 9.x GPU here: `cbrules run` needs a Hopper GPU "
                          "(`cbrules compile` and `cbrules check` work without one)")
-    return 0 if _run(spec, ck, _shape(a, spec), a.reps, dtype=_dtype(a, spec)) else 1
+    return 0 if run_kernel(spec, ck, shape_of(a, spec), a.reps, dtype=dtype_of(a, spec)) else 1
 
 
 def cmd_tune(a) -> int:
@@ -261,8 +261,8 @@ def cmd_tune(a) -> int:
     if not runtime.gpu_available():
         from .codegen.errors import NoGpuError
         raise NoGpuError("no compute-capability 9.x GPU here: `cbrules tune` measures on a Hopper GPU")
-    dtype = _dtype(a, spec)
-    shape = _shape(a, spec)
+    dtype = dtype_of(a, spec)
+    shape = shape_of(a, spec)
     args = {k: DeviceArray.from_numpy(v) if isinstance(v, np.ndarray) else v
             for k, v in spec.make_inputs(shape, np.random.default_rng(0), dtype).items()}
     build = functools.partial(tune_build, spec.factory, dtype)
@@ -286,7 +286,7 @@ def cmd_demo(a) -> int:
     from .kernels import get
     spec = get("single_dim")
     kernel = spec.build(stages=option_schema.default("stages"))
-    ck, summary = _compile(spec, kernel, annotate=a.annotate)
+    ck, summary = compile_kernel(spec, kernel, annotate=a.annotate)
     if not a.quiet:
         print(ck.source.text.split("// cbrules prelude")[0] + ck.source.text[ck.source.text.index('extern "C"'):])
     print(summary)
@@ -295,7 +295,7 @@ def cmd_demo(a) -> int:
         return 0
     info = runtime.device_info()
     print(f"running on {info['name']}")
-    return 0 if _run(spec, ck, (a.size,), a.reps) else 1
+    return 0 if run_kernel(spec, ck, (a.size,), a.reps) else 1
 
 
 def _count(least: int) -> Callable[[str], int]:

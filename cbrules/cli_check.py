@@ -13,7 +13,7 @@ from .ir.limits import MAX_CHECK_STAGES
 if TYPE_CHECKING:
     from .kernels.specs import KernelSpec
 
-from .cli_kernel import _dtype, _file_options, _lower_options, _warp_options, load_spec
+from .cli_kernel import dtype_of, file_options, lowering_options, warp_options, load_spec
 from .cli_progress import Task
 
 
@@ -37,13 +37,13 @@ def cmd_check(a) -> int:
         if missing:
             raise CliError(f"{a.kernel}: `cbrules check` compares the lowered kernel with the unlowered one and with "
                            f"reference(); the kernel file must define {', '.join(missing)}")
-        _file_options(a, spec)
+        file_options(a, spec)
     elif not spec.pipelined or spec.shape_for_trips is None:
         raise CliError(f"{spec.name}: `cbrules check` needs a built-in circular-buffered kernel with small "
                        "shapes for the CPU checker (one of: " + ", ".join(
                            n for n, s in sorted(KERNELS.items()) if s.pipelined and s.shape_for_trips) + "), "
                        "or a kernel file defining inputs, reference and OUTPUTS")
-    ws = _warp_options(a)
+    ws = warp_options(a)
     shape = _check_shape(a, spec)
     asked = " ".join(f"--{k} {v}" for k, v in (("stages", a.stages), ("prefetch", a.prefetch), ("war", a.war),
                                                 ("registers", a.registers), ("dtype", a.dtype),
@@ -67,8 +67,8 @@ def cmd_check(a) -> int:
     print(f"{spec.name}: options given: {asked.strip() or 'none'}; {cases}, "
           f"{'a sample of' if a.sample else 'all'} blocks{roles}; lowered vs before lowering vs numpy, "
           "protocol checked")
-    options = dict(dtype=_dtype(a, spec), tma_store=a.tma_store, swizzle=a.swizzle or "none")
-    rules = api.load_rules(_lower_options(a)["rules"])
+    options = dict(dtype=dtype_of(a, spec), tma_store=a.tma_store, swizzle=a.swizzle or "none")
+    rules = api.load_rules(lowering_options(a)["rules"])
     print(_check_options(spec, rules, stages, a.prefetch, a.war, ws, **options))
     print(TABLE_NOTE)
     print(TABLE_HEADER, flush=True)
@@ -101,8 +101,8 @@ def _check_shape(a, spec: KernelSpec) -> Optional[tuple]:
     """``--shape``: one case at that shape (its loop's trip count follows from it), else None."""
     if not getattr(a, "shape", None):
         return None
-    from .cli_kernel import _shape
-    return _shape(a, spec)
+    from .cli_kernel import shape_of
+    return shape_of(a, spec)
 
 
 def _progress(text: str) -> None:

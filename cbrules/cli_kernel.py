@@ -53,11 +53,12 @@ def load_spec(a) -> KernelSpec:
 PINGPONG_BLOCKS, PINGPONG_CHECK_BLOCKS = 132, 1
 
 
-def _lower_options(a) -> dict:
-    return {"rules": _rule_folders(a) or None, "debug": True if getattr(a, "debug", False) else None}
+def lowering_options(a) -> dict:
+    """What the command line asks of a lowering: its rule folders and debug mode (absent when not given)."""
+    return {"rules": rule_folders(a) or None, "debug": True if getattr(a, "debug", False) else None}
 
 
-def _rule_folders(a) -> list:
+def rule_folders(a) -> list:
     """The ``--rules`` folders; an empty one would mean the working directory, which is never meant."""
     folders = list(getattr(a, "rules", None) or ()) + list(getattr(a, "dirs", None) or ())
     for f in folders:
@@ -66,7 +67,8 @@ def _rule_folders(a) -> list:
     return list(getattr(a, "rules", None) or ())
 
 
-def _shape(a, spec: KernelSpec) -> tuple:
+def shape_of(a, spec: KernelSpec) -> tuple:
+    """--shape as a tuple of ints (checked), else the kernel's default shape."""
     if getattr(a, "shape", None) is None:  # given empty (--shape ''), it is refused below, not the default
         return spec.default_shape
     try:
@@ -96,13 +98,13 @@ def _registers(a) -> Optional[tuple[int, int]]:
     return producer, consumer
 
 
-def _warp_options(a) -> dict:
+def warp_options(a) -> dict:
     """The command line's warp-specialization options (absent when not asked for)."""
     ws = getattr(a, "warp_specialize", False) or getattr(a, "pingpong", False)  # ping-pong is warp-specialized
     return {"warp_specialize": True if ws else None, "registers": _registers(a)}
 
 
-def _file_options(a, spec: KernelSpec) -> None:
+def file_options(a, spec: KernelSpec) -> None:
     """A kernel file gets every option given that its build() takes; one it does not take is an error
     (--shape is also the problem's shape for `run` and `check` when the file defines inputs())."""
     shape_for_inputs = getattr(a, "command", "") in ("run", "check") and spec.inputs is not None
@@ -112,26 +114,27 @@ def _file_options(a, spec: KernelSpec) -> None:
                           "tma_store": getattr(a, "tma_store", False), "swizzle": getattr(a, "swizzle", None)})
 
 
-def _kernel(a, spec: KernelSpec):
+def kernel_of(a, spec: KernelSpec):
     """The kernel with the command line's circular-buffer options; options it cannot take are an error."""
-    _file_options(a, spec)
+    file_options(a, spec)
     given = [flag for k, flag in option_schema.flags().items() if getattr(a, k, None) not in (None, False)]
     if given and not spec.pipelined:
         raise CliError(f"{spec.name}: its build() takes no circular-buffer options, so "
                        f"{', '.join(given)} would be ignored; drop them, or give build() "
                        "keyword parameters (stages=None, prefetch=None, war=None, ...) and pass them on")
-    return spec.build(_shape(a, spec), stages=getattr(a, "stages", None), prefetch=getattr(a, "prefetch", None),
-                      war=getattr(a, "war", None), dtype=_dtype(a, spec),
+    return spec.build(shape_of(a, spec), stages=getattr(a, "stages", None), prefetch=getattr(a, "prefetch", None),
+                      war=getattr(a, "war", None), dtype=dtype_of(a, spec),
                       tma_store=bool(getattr(a, "tma_store", False)),
-                      swizzle=getattr(a, "swizzle", None) or "none", **_warp_options(a))
+                      swizzle=getattr(a, "swizzle", None) or "none", **warp_options(a))
 
 
-def _dtype(a, spec: KernelSpec) -> str:
+def dtype_of(a, spec: KernelSpec) -> str:
     """--dtype, else the kernel's first dtype (float32 for every kernel that takes it)."""
     return getattr(a, "dtype", None) or spec.dtypes[0]
 
 
-def _compile(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
+def compile_kernel(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
+    """Lower and compile ``kernel``: (the compiled kernel, one line of its registers, shared memory and spills)."""
     from . import api
     ck = api.compile(kernel, annotate=annotate, **lower_options)
     r = ck.cubin.resources
@@ -140,7 +143,9 @@ def _compile(spec: KernelSpec, kernel, annotate: bool = False, **lower_options):
                 f"{r.stack_bytes} B stack{' (cached)' if ck.cubin.cached else ''}")
 
 
-def _run(spec: KernelSpec, ck, shape: tuple, reps: int, out=None, dtype: str = "float32") -> bool:
+def run_kernel(spec: KernelSpec, ck, shape: tuple, reps: int, out=None, dtype: str = "float32") -> bool:
+    """Launch ``ck`` ``reps`` times on random inputs of ``shape`` and judge its outputs against the reference
+    (the spec's device check where it has one); prints what it measured to ``out``; True when they pass."""
     import numpy as np
 
     out = sys.stdout if out is None else out  # looked up now: the command line guards sys.stdout while it runs

@@ -30,7 +30,7 @@ from . import builder_mma
 from .builder_mma import (FRAGMENT_COMBINE, FRAGMENT_OPS, MMA_M, MMA_MAX_N, PACKED, WARPGROUP,
                           FragmentElement, fragment_coords, unrolled)  # noqa: F401  (FragmentElement: public via the builder)
 from .builder_values import (MAX_BLOCK_THREADS, Buffer, BuildError, StagingAlignmentError, TensorMap,  # noqa: F401
-                             _call_site, _cb_options, _choice, _dims, _inside, _int, _ints, _MEMORY, _bounded_term, _term,
+                             call_site, checked_cb_options, checked_choice, launch_dims, tile_inside, checked_int, checked_ints, ADDRESSABLE, bounded_term, checked_term,
                              blockDim, blockIdx, ceil_div, circular_buffer, gridDim, lanes, threadIdx)
 from .coverage import PartialTileError  # noqa: F401  (public via the builder)
 from .graph import KernelGraph, Param
@@ -51,9 +51,9 @@ class Kernel:
     """A kernel under construction; ``graph`` is the :class:`KernelGraph` being built."""
 
     def __init__(self, name: str, block: int | Sequence[int] = 256):
-        where = f"Kernel({name!r}) at {_call_site()}"
+        where = f"Kernel({name!r}) at {call_site()}"
         names.check(name, where)
-        self.graph = KernelGraph(name, block=_dims(block, where))
+        self.graph = KernelGraph(name, block=launch_dims(block, where))
         self._scopes: list[int] = [self.graph.root]
         self._regs = itertools.count()
         self._trackers: dict[int, DependenceTracker] = {}
@@ -71,7 +71,7 @@ class Kernel:
     def _claim(self, nm: Any, what: str, call: str, reuse: bool = False) -> str:
         """Check ``nm`` (given to builder call ``call``) and record it as naming a ``what``;
         ``reuse`` lets a name stand that already names the same kind of thing (registers, sibling loops)."""
-        where = f"{call} at {_call_site()}"
+        where = f"{call} at {call_site()}"
         names.check(nm, where)
         had = self._names.get(nm)
         if what == "loop variable" and nm in self._loop_vars:
@@ -89,7 +89,7 @@ class Kernel:
         """The name of a handle this kernel made (a forged or foreign handle is refused)."""
         nm = getattr(handle, "name", None)
         if self._names.get(nm) not in kinds:
-            raise BuildError(f"{call} at {_call_site()}: {handle!r} is not a {' or '.join(kinds)} of kernel "
+            raise BuildError(f"{call} at {call_site()}: {handle!r} is not a {' or '.join(kinds)} of kernel "
                              f"{self.graph.kernel()['name']!r}; pass the handle its builder call returned")
         return nm  # type: ignore[return-value]
 
@@ -108,8 +108,8 @@ class Kernel:
         """A scalar parameter of ``dtype`` (``eps``, a scale) passed at launch like a symbol
         (``kernel(x=..., eps=1e-5)``); the launcher checks its type and range, and with ``finite``
         (floats) refuses infinities and NaN. Storage types (half, 8-bit float) are refused: registers compute in float32."""
-        where = f"scalar({sname!r}) at {_call_site()}"
-        _choice(dtype, where, "dtype", [d for d in DTYPES if d not in ("mbarrier",) + STORAGE_DTYPES])
+        where = f"scalar({sname!r}) at {call_site()}"
+        checked_choice(dtype, where, "dtype", [d for d in DTYPES if d not in ("mbarrier",) + STORAGE_DTYPES])
         if not isinstance(finite, bool):
             raise BuildError(f"{where}: finite must be True or False, got {finite!r}")
         self._add_param(Param(sname, "symbol", dtype, finite=finite), "symbol", f"scalar({sname!r})")
@@ -117,30 +117,30 @@ class Kernel:
 
     def tensor(self, tname: str, shape: Sequence[TermLike], dtype: str = "float32") -> Buffer:
         """A global-memory tensor parameter; ``shape`` is outermost-first, terms over symbols."""
-        where = f"tensor({tname!r}) at {_call_site()}"
+        where = f"tensor({tname!r}) at {call_site()}"
         if dtype not in DTYPES or dtype == "mbarrier":
             raise BuildError(f"{where}: unsupported dtype {dtype!r}; use one of "
                              f"{', '.join(d for d in DTYPES if d != 'mbarrier')}")
         if not isinstance(shape, (tuple, list)) or not shape:
             raise BuildError(f"{where}: shape must be a non-empty tuple of extents, got {shape!r}")
-        shape_t = tuple(_term(s, where, f"shape[{i}]", 1) for i, s in enumerate(shape))
+        shape_t = tuple(checked_term(s, where, f"shape[{i}]", 1) for i, s in enumerate(shape))
         self._add_param(Param(tname, "tensor", dtype, shape_t), "tensor", f"tensor({tname!r})")
         return Buffer(tname, dtype, shape_t, "global")
 
     def grid(self, *dims: TermLike) -> None:
         """Launch grid as terms over symbols (missing dimensions are 1)."""
-        where = f"grid(...) at {_call_site()}"
+        where = f"grid(...) at {call_site()}"
         if not 1 <= len(dims) <= 3:
             raise BuildError(f"{where}: a grid has 1 to 3 dimensions, got {len(dims)}")
-        self.graph.kernel()["grid"] = tuple(_term(d, where, f"grid[{i}]", 1) for i, d in enumerate(dims)) \
+        self.graph.kernel()["grid"] = tuple(checked_term(d, where, f"grid[{i}]", 1) for i, d in enumerate(dims)) \
             + (as_term(1),) * (3 - len(dims))
 
     def require(self, predicate: TermLike, message: str) -> None:
         """A launch-time requirement over the kernel's symbols: a launch (or an interpreter run) whose
         symbols make ``predicate`` false is refused with ``message`` before anything runs (a condition the
         kernel needs to be right that its parameters' types cannot say, like one extent at least another)."""
-        where = f"require(...) at {_call_site()}"
-        pred = _term(predicate, where, "predicate")
+        where = f"require(...) at {call_site()}"
+        pred = checked_term(predicate, where, "predicate")
         symbols = {p.name for p in self.graph.kernel()["params"] if p.kind == "symbol"}
         unknown = sorted(n for n in set(pred.names()) if n not in symbols)
         if unknown:
@@ -157,8 +157,8 @@ class Kernel:
             v = attrs.get(key)
             for i, t in enumerate(v if isinstance(v, tuple) else (v,)):
                 if isinstance(t, Term) and not fits(t, BUILT_TERM_DEPTH, BUILT_TERM_PARTS):  # the call site: only then
-                    _bounded_term(t, f"{op} at {_call_site()}", key if not isinstance(v, tuple) else f"{key}[{i}]")
-        n = self.graph.add(op, self._scopes[-1], origin={"by": "build", "where": _call_site()}, **attrs)
+                    bounded_term(t, f"{op} at {call_site()}", key if not isinstance(v, tuple) else f"{key}[{i}]")
+        n = self.graph.add(op, self._scopes[-1], origin={"by": "build", "where": call_site()}, **attrs)
         if op not in ("for", "if"):
             self._order(n)
         return n
@@ -172,7 +172,7 @@ class Kernel:
     @contextmanager
     def _scope(self, op: str, **attrs) -> Iterator[int]:
         if len(self._scopes) > BUILT_SCOPE_DEPTH:  # the kernel's own scope counts as one
-            raise BuildError(f"{op} at {_call_site()}: scopes nested more than {BUILT_SCOPE_DEPTH} deep, more than the "
+            raise BuildError(f"{op} at {call_site()}: scopes nested more than {BUILT_SCOPE_DEPTH} deep, more than the "
                              "generated code and the simplifier take; flatten the nest (one loop over the product of "
                              "the trip counts, or an if whose predicate joins the conditions with &&)")
         n = self._node(op, **attrs)
@@ -191,13 +191,13 @@ class Kernel:
         ``circular_buffer=circular_buffer(stages=3)`` asks the rules to pipeline the TMA loads in it."""
         if stop is None:
             start, stop = 0, start
-        where = f"loop({var!r}) at {_call_site()}"
-        _choice(kind, where, "kind", LOOP_KINDS)
+        where = f"loop({var!r}) at {call_site()}"
+        checked_choice(kind, where, "kind", LOOP_KINDS)
         # a literal step below 1 would never end on the device; a term step is the launch's to get right
-        bounds = {k: _term(v, where, k, 1 if k == "step" else None)
+        bounds = {k: checked_term(v, where, k, 1 if k == "step" else None)
                   for k, v in (("start", start), ("stop", stop), ("step", step))}
         if "circular_buffer" in annotations:
-            annotations["circular_buffer"] = _cb_options(annotations["circular_buffer"], where)
+            annotations["circular_buffer"] = checked_cb_options(annotations["circular_buffer"], where)
         self._claim(var, "loop variable", f"loop({var!r})", reuse=True)
         with self._scope("for", var=var, **bounds, kind=kind, annotations=dict(annotations)):
             self._loop_vars.append(var)
@@ -220,17 +220,17 @@ class Kernel:
 
     def alloc(self, buf: str, space: str, dtype: str, shape: Sequence[int], align: Optional[int] = None) -> Buffer:
         """Allocate a shared- or register-memory buffer (shape in elements, outermost-first)."""
-        where = f"alloc({buf!r}) at {_call_site()}"
-        _choice(space, where, "space", [s for s in SPACES if s != "global"])
-        _choice(dtype, where, "dtype", list(DTYPES))
+        where = f"alloc({buf!r}) at {call_site()}"
+        checked_choice(space, where, "space", [s for s in SPACES if s != "global"])
+        checked_choice(dtype, where, "dtype", list(DTYPES))
         if space == "register" and dtype in STORAGE_DTYPES:
             raise BuildError(f"{where}: a register array of {dtype}; registers compute in float32 (half and 8-bit "
                              "float types are storage types of tensors and shared buffers): allocate it as float32")
-        shape = _ints(shape, where, "shape")
+        shape = checked_ints(shape, where, "shape")
         if not shape:
             raise BuildError(f"{where}: shape must have at least one dimension")
         if align is not None:
-            align = _int(align, where, "align", 1)
+            align = checked_int(align, where, "align", 1)
             if align & (align - 1):
                 raise BuildError(f"{where}: align {align} must be a power of two")
         self._claim(buf, "buffer", f"alloc({buf!r})")
@@ -241,8 +241,8 @@ class Kernel:
     def _reg(self, dst: Optional[str], call: str, dtype: Optional[str] = None) -> str:
         """The register a compute call writes: ``dst`` (checked), or the next free ``v<n>``."""
         if dtype is not None:
-            where = f"{call} at {_call_site()}"
-            _choice(dtype, where, "dtype", [d for d in DTYPES if d != "mbarrier"])
+            where = f"{call} at {call_site()}"
+            checked_choice(dtype, where, "dtype", [d for d in DTYPES if d != "mbarrier"])
             if dtype in STORAGE_DTYPES:
                 raise BuildError(f"{where}: a {dtype} register; registers compute in float32 (a load of a "
                                  f"{dtype} buffer converts, a store rounds): use dtype='float32'")
@@ -255,8 +255,8 @@ class Kernel:
         """A read of a TMA-loaded shared buffer sees only elements its loads write (coverage)."""
         if src.space != "shared" or src.name not in self._tile_writes:
             return
-        where = _call_site()
-        _bounded_term(index, f"load at {where}", "index")
+        where = call_site()
+        bounded_term(index, f"load at {where}", "index")
         coverage.check_read(src.name, src.shape, index, coverage.scope_ranges(self.graph, self._scopes),
                             coverage.scope_preds(self.graph, self._scopes), where)
         if src.name not in self._stored:
@@ -265,7 +265,7 @@ class Kernel:
     def load(self, src: Buffer, index: TermLike, dst: Optional[str] = None) -> Term:
         """Read one element ``src[index]`` (flat index) into a register; returns the register.
         A float16/bfloat16/float8 element arrives as float32."""
-        src_name = self._known(src, _MEMORY, "load")
+        src_name = self._known(src, ADDRESSABLE, "load")
         self._check_read(src, as_term(index))
         dst = self._reg(dst, "load")
         self._node("load", dst=dst, src=src_name, index=as_term(index), dtype=compute_dtype(src.dtype))
@@ -286,8 +286,8 @@ class Kernel:
         clips the box at the tensor's edges (tma-store-drop-tile-bounds). Through a swizzled map the
         staging slots hold the box in that swizzle (the 16-byte chunks of a row XORed by the row, so a
         warp writing a column of rows spreads over the banks) and the TMA store reads it back dense."""
-        where = f"store at {_call_site()}"
-        dst_name = self._known(dst, _MEMORY, "store")
+        where = f"store at {call_site()}"
+        dst_name = self._known(dst, ADDRESSABLE, "store")
         if dst.space == "global":
             self._mark_written(dst_name)
         else:
@@ -321,7 +321,7 @@ class Kernel:
         elif clip:
             raise BuildError(f"{where}: clip=True needs tile=: it tests the element's place in the tile's box")
         if clip:
-            with self._scope("if", pred=_inside(attrs["tile"], dst.shape), tag="tile-bounds"):
+            with self._scope("if", pred=tile_inside(attrs["tile"], dst.shape), tag="tile-bounds"):
                 self._node("store", dst=dst_name, index=as_term(index), value=as_term(value), **attrs)
             return
         self._node("store", dst=dst_name, index=as_term(index), value=as_term(value), **attrs)
@@ -344,9 +344,9 @@ class Kernel:
                dst: Optional[str] = None, dtype: str = "float32") -> Term:
         """``kind='block'``: combine ``src`` over all threads of the block (every thread gets the result);
         ``kind='serial'``: ``dst = dst (combine) src``, accumulating across loop iterations."""
-        where = f"reduce at {_call_site()}"
-        _choice(kind, where, "kind", ("block", "serial"))
-        _choice(combine, where, "combine", REDUCE_COMBINE)
+        where = f"reduce at {call_site()}"
+        checked_choice(kind, where, "kind", ("block", "serial"))
+        checked_choice(combine, where, "combine", REDUCE_COMBINE)
         dst = self._reg(dst, "reduce", dtype)
         self._node("reduce", dst=dst, src=as_term(src), kind=kind, combine=combine, dtype=dtype)
         return name(dst)
@@ -357,7 +357,7 @@ class Kernel:
         from that mean) over ``n`` elements of its own, in one block reduction that does not cancel when
         the mean is large against the spread (the variance is M2 / (n * threads)). Every thread gets
         both; the block must be a power-of-two count of whole warps."""
-        where = f"block_stats at {_call_site()}"
+        where = f"block_stats at {call_site()}"
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise BuildError(f"{where}: n={n!r} must be the count of elements each thread's mean covers, a "
                              "whole number of at least 1")
@@ -386,14 +386,14 @@ class Kernel:
         segment. As ``__shfl_*_sync(0xffffffff, ...)``: every lane of the warp must execute it together
         (not inside an ``if`` that splits a warp; the interpreter refuses that), so the block must be whole
         warps. ``dtype`` is the register's type (float32, float64 or an int type)."""
-        where = f"shfl at {_call_site()}"
-        _choice(mode, where, "mode", SHFL_MODES)
-        width = _int(width, where, "width", 1)
+        where = f"shfl at {call_site()}"
+        checked_choice(mode, where, "mode", SHFL_MODES)
+        width = checked_int(width, where, "width", 1)
         if width > WARP_SIZE or width & (width - 1):
             raise BuildError(f"{where}: width {width} is not a power of two in 1..{WARP_SIZE}; a shuffle's segments "
                              "tile the warp (use 4 for the four lanes of an MMA fragment row)")
         if not isinstance(lane, (Term, str)):
-            lane = _int(lane, where, "lane")
+            lane = checked_int(lane, where, "lane")
             if not 0 <= lane < width:  # the hardware reads 5 bits and wraps or leaks across segments past width
                 raise BuildError(f"{where}: lane {lane} is outside 0..{width - 1} (width {width}); past the segment "
                                  "a shuffle names another lane than written or none (each keeps its own value)")
@@ -413,7 +413,7 @@ class Kernel:
             consts = [] if t is None else [x for x in _subterms(t) if x.op == "const" and isinstance(x.value, float)
                                            and not math.isfinite(x.value)]
             if consts:
-                raise BuildError(f"{call} at {_call_site()}: {consts[0].value} in a {dtype} register; only float32 "
+                raise BuildError(f"{call} at {call_site()}: {consts[0].value} in a {dtype} register; only float32 "
                                  "and float64 registers hold infinities and NaN: use dtype='float32'")
 
     def _elementwise(self, op: str, *args: TermLike, dst: Optional[str] = None, dtype: str = "float32") -> Term:
@@ -439,8 +439,8 @@ class Kernel:
         through the map are in the view's dimensions; the extent must be a multiple of ``inner``
         (a :class:`TmaSplitError` here for a constant extent, at launch for a symbolic one)."""
         mname = f"{tensor.name}_tmap" if mname is None else mname
-        where = f"tensor_map({mname!r}) at {_call_site()}"
-        box = _ints(box, where, "box", low=None)  # the range is check_box's (a TmaBoxError)
+        where = f"tensor_map({mname!r}) at {call_site()}"
+        box = checked_ints(box, where, "box", low=None)  # the range is check_box's (a TmaBoxError)
         split_dims = normalize_split(mname, split, len(tensor.shape))
         rank = len(tensor.shape) + len(split_dims)
         if len(box) != rank:
@@ -479,10 +479,10 @@ class Kernel:
         ``circular_buffer=circular_buffer(...)`` here). ``tile`` may be wider than the box in the
         innermost dimension: the rules split it into several boxes.
         """
-        where = f"tma_load at {_call_site()}"
+        where = f"tma_load at {call_site()}"
         attrs = dict(tmap=self._known(tmap, ("tensor map",), "tma_load"), coords=tuple(as_term(c) for c in coords),
                      dst=self._known(dst, ("buffer",), "tma_load"), offset=as_term(offset), bytes=tmap.box_bytes,
-                     box=tmap.box, tile=_ints(tmap.box if tile is None else tile, where, "tile"))
+                     box=tmap.box, tile=checked_ints(tmap.box if tile is None else tile, where, "tile"))
         if len(attrs["coords"]) != len(tmap.box):  # one coordinate a dimension of the map (of its view, if split)
             raise BuildError(f"{where}: {len(attrs['coords'])} coordinates for tensor map {tmap.name!r} of rank "
                              f"{len(tmap.box)} (box {tmap.box}); give one a dimension, outermost first")
@@ -495,12 +495,12 @@ class Kernel:
         if barrier is not None:
             attrs.update(barrier=self._known(barrier, ("buffer",), "tma_load"), slot=as_term(slot))
         if circular_buffer is not None:
-            attrs["circular_buffer"] = _cb_options(circular_buffer, where)
+            attrs["circular_buffer"] = checked_cb_options(circular_buffer, where)
         for i, c in enumerate(attrs["coords"]):  # the coverage check below reads them
-            _bounded_term(c, where, f"coords[{i}]")
-        _bounded_term(attrs["offset"], where, "offset")
+            bounded_term(c, where, f"coords[{i}]")
+        bounded_term(attrs["offset"], where, "offset")
         write = coverage.TileWrite(dst.name, attrs["offset"], math.prod(attrs["tile"]), tmap.box, attrs["tile"],
-                                   tmap.name, _call_site(), tuple(coverage.scope_ranges(self.graph, self._scopes)))
+                                   tmap.name, call_site(), tuple(coverage.scope_ranges(self.graph, self._scopes)))
         coverage.check_write(write, math.prod(dst.shape), dst.shape)
         self._tile_writes.setdefault(dst.name, []).append(write)
         self._node("tma_load", **attrs)
@@ -528,10 +528,10 @@ class Kernel:
         the tensor are not written. ``wait="read"`` commits the store's group and waits until ``src``
         may be written again; ``wait="none"`` only commits: a later :meth:`tma_store_wait` by the same
         thread must cover it before ``src`` is rewritten and before the kernel ends."""
-        where = f"tma_store at {_call_site()}"
+        where = f"tma_store at {call_site()}"
         tmap_name = self._known(tmap, ("tensor map",), "tma_store")
         src_name = self._known(src, ("buffer",), "tma_store")
-        _choice(wait, where, "wait", ("read", "none"))
+        checked_choice(wait, where, "wait", ("read", "none"))
         if tmap.swizzle != "none":
             raise SwizzleError(f"{where}: TMA stores through swizzled tensor map {tmap.name!r} are not supported; "
                                "store through a map without swizzle")
@@ -551,10 +551,10 @@ class Kernel:
     def tma_store_wait(self, pending: int = 0, read: bool = False) -> None:
         """``cp.async.bulk.wait_group[.read] pending``: wait until all but this thread's newest
         ``pending`` TMA-store groups have read their source (``read``) or completed."""
-        where = f"tma_store_wait at {_call_site()}"
+        where = f"tma_store_wait at {call_site()}"
         if not isinstance(read, bool):
             raise BuildError(f"{where}: read must be True or False, got {read!r}")
-        self._node("tma_store_wait", pending=_int(pending, where, "pending", 0), read=read)
+        self._node("tma_store_wait", pending=checked_int(pending, where, "pending", 0), read=read)
 
     # ------------------------------------------------------------------ synchronisation: mbarriers, block syncs, proxy fences, named barriers
     def _barrier(self, op: str, barrier: Buffer, slot: TermLike, **attrs) -> None:
@@ -562,14 +562,14 @@ class Kernel:
 
     def mbarrier_init(self, barrier: Buffer, slot: TermLike, count: int) -> None:
         self._barrier("mbarrier_init", barrier, slot,
-                      count=_int(count, f"mbarrier_init at {_call_site()}", "count", 1))
+                      count=checked_int(count, f"mbarrier_init at {call_site()}", "count", 1))
 
     def mbarrier_arrive(self, barrier: Buffer, slot: TermLike) -> None:
         self._barrier("mbarrier_arrive", barrier, slot)
 
     def mbarrier_arrive_expect_tx(self, barrier: Buffer, slot: TermLike, nbytes: int) -> None:
         self._barrier("mbarrier_arrive_expect_tx", barrier, slot,
-                      bytes=_int(nbytes, f"mbarrier_arrive_expect_tx at {_call_site()}", "nbytes", 0))
+                      bytes=checked_int(nbytes, f"mbarrier_arrive_expect_tx at {call_site()}", "nbytes", 0))
 
     def mbarrier_wait(self, barrier: Buffer, slot: TermLike, parity: TermLike) -> None:
         self._barrier("mbarrier_wait", barrier, slot, parity=as_term(parity))
@@ -588,8 +588,8 @@ class Kernel:
 
     def bar_sync(self, bar_id: int, count: int) -> None:
         """A named barrier ``bar_id`` (0..15) over ``count`` threads (a multiple of 32)."""
-        where = f"bar_sync at {_call_site()}"
-        bar_id, count = _int(bar_id, where, "bar_id", 0), _int(count, where, "count", 32)
+        where = f"bar_sync at {call_site()}"
+        bar_id, count = checked_int(bar_id, where, "bar_id", 0), checked_int(count, where, "count", 32)
         if bar_id > 15 or count % 32:
             raise BuildError(f"{where}: named barrier {bar_id} over {count} threads; ids are 0..15 and the "
                              "count a multiple of 32 (whole warps)")
@@ -600,20 +600,20 @@ class Kernel:
         nm = self._known(acc, ("buffer",), call)
         frag = self._fragments.get(nm)
         if frag is None:
-            raise BuildError(f"{call} at {_call_site()}: {nm!r} is not an accumulator; pass the handle "
+            raise BuildError(f"{call} at {call_site()}: {nm!r} is not an accumulator; pass the handle "
                              "mma_accumulator(...) returned")
         return frag
 
     def mma_accumulator(self, bm: int, bn: int, acc: str = "acc", groups: Optional[int] = None):
         """A zeroed float32 accumulator for a tile C[bm, bn] on ``groups`` consumer warp groups (default: the
         block's threads / 128); each warp group holds bm/groups rows in 64-row blocks. Returns its handle."""
-        where = f"mma_accumulator at {_call_site()}"
-        bm, bn = _int(bm, where, "bm", 1), _int(bn, where, "bn", 1)
+        where = f"mma_accumulator at {call_site()}"
+        bm, bn = checked_int(bm, where, "bm", 1), checked_int(bn, where, "bn", 1)
         block = self.graph.kernel()["block"]
         if block[1] != 1 or block[2] != 1 or block[0] % WARPGROUP:
             raise BuildError(f"{where}: warpgroup MMA runs on whole warp groups of a one-dimensional block; the "
                              f"block is {block}: use 128 x (consumer warp groups) threads in x")
-        groups = block[0] // WARPGROUP if groups is None else _int(groups, where, "groups", 1)
+        groups = block[0] // WARPGROUP if groups is None else checked_int(groups, where, "groups", 1)
         if groups * WARPGROUP != block[0]:
             raise BuildError(f"{where}: {groups} consumer warp groups need a block of {groups * WARPGROUP} threads, "
                              f"the block has {block[0]}; make them agree")
@@ -651,7 +651,7 @@ class Kernel:
         time. The rules (rules/mma.rules) add the ordering around each mma (wgmma fence, commit, wait)
         and release a stage slot only once the mma reading it has completed; codegen unrolls the node
         into the instruction sequence."""
-        where = f"mma at {_call_site()}"
+        where = f"mma at {call_site()}"
         if b_layout not in B_LAYOUTS:
             raise BuildError(f"{where}: b_layout={b_layout!r}: give 'nk' (b a [BN, BK] tile of B given as [N, K]) "
                              "or 'kn' (b a [BK, BN] tile of B given as [K, N])")
@@ -741,7 +741,7 @@ class Kernel:
         :meth:`fragment_convert` fills it from ``acc`` (allocate it where the accumulator is, before the
         loops that convert into it). It is a uint32 register array, BN/4 a thread for each 64-row block
         (FP8, four elements a register: BN/8)."""
-        where = f"mma_operand at {_call_site()}"
+        where = f"mma_operand at {call_site()}"
         bm, bn, groups = self._mma_fragment(acc, "mma_operand")
         if dtype not in MMA_DTYPES:
             raise BuildError(f"{where}: dtype {dtype!r}: a register MMA operand is one of {', '.join(MMA_DTYPES)}")
@@ -764,7 +764,7 @@ class Kernel:
         FP8 (saturating to the largest finite value, ``cvt.rn.satfinite``): a thread's A register holds
         four neighbouring columns where its accumulator holds two, so the four lanes of each row exchange
         their pairs (two shuffles and six byte permutes for every two registers: :meth:`_fp8_convert`)."""
-        where = f"fragment_convert at {_call_site()}"
+        where = f"fragment_convert at {call_site()}"
         bm, bn, groups = self._mma_fragment(acc, "fragment_convert")
         target = self._operands.get(self._known(into, ("buffer",), "fragment_convert"))
         if target is None or target[:3] != (bm, bn, groups):
@@ -823,7 +823,7 @@ class Kernel:
         write it with one TMA store while the next is staged (rules/tma_store.rules), in BM x W of shared
         memory a slot; the TMA store clips the box at the tensor's edges, so the staged elements need no
         bounds test. Its register indices depend on the chunk, so the rules unroll that loop (rules/mma.rules)."""
-        where = f"mma_store at {_call_site()}"
+        where = f"mma_store at {call_site()}"
         bm, bn, groups = self._mma_fragment(acc, "mma_store")
         self._known(tmap, ("tensor map",), "mma_store")
         tensor = tmap.tensor
@@ -868,7 +868,7 @@ class Kernel:
         :meth:`mma_store` or :meth:`fragment_store`."""
         bm, bn, groups = self._mma_fragment(acc, "fragment_elements")
         if not isinstance(origin, (tuple, list)) or len(origin) != 2:
-            raise BuildError(f"fragment_elements at {_call_site()}: origin {origin!r} must be (row, column) of "
+            raise BuildError(f"fragment_elements at {call_site()}: origin {origin!r} must be (row, column) of "
                              "the tile's first element")
         row0, col0 = (as_term(c) for c in origin)
         half = bn // 2
@@ -885,10 +885,10 @@ class Kernel:
         """(first column, column count) of ``columns`` (None: all ``bn``), checked."""
         if columns is None:
             return 0, bn
-        where = f"fragment_elements at {_call_site()}"
+        where = f"fragment_elements at {call_site()}"
         if not isinstance(columns, (tuple, list)) or len(columns) != 2:
             raise BuildError(f"{where}: columns={columns!r}: give (first column, count)")
-        first, count = _int(columns[0], where, "the first column", 0), _int(columns[1], where, "the column count", 8)
+        first, count = checked_int(columns[0], where, "the first column", 0), checked_int(columns[1], where, "the column count", 8)
         if first % 8 or count % 8 or first + count > bn:
             raise BuildError(f"{where}: columns={tuple(columns)!r} of a {bn}-column accumulator: the first column and "
                              f"the count are multiples of 8 (a thread's registers go in groups of 8 columns) and "
@@ -901,7 +901,7 @@ class Kernel:
         its value with the kernel's calls and returns it): :meth:`fragment_elements` in one call (of the
         ``columns`` given only)."""
         if not callable(fn):
-            raise BuildError(f"fragment_map at {_call_site()}: fn {fn!r} must be a function of one element")
+            raise BuildError(f"fragment_map at {call_site()}: fn {fn!r} must be a function of one element")
         with self.fragment_elements(acc, origin, columns) as e:
             e.set(fn(e))
 
@@ -923,7 +923,7 @@ class Kernel:
         ``into``: a float32 register array allocated before (e.g. before a circular-buffered loop whose
         body reduces every iteration: the rules copy the body into several loops, and an allocation
         inside would be made twice) to hold the result instead of a new one."""
-        where = f"fragment_reduce at {_call_site()}"
+        where = f"fragment_reduce at {call_site()}"
         bm, bn, groups = self._mma_fragment(acc, "fragment_reduce")
         if axis not in ("row", "col") or combine not in FRAGMENT_COMBINE:
             raise BuildError(f"{where}: axis {axis!r} / combine {combine!r}: give axis 'row' or 'col' and combine "
@@ -983,7 +983,7 @@ class Kernel:
         columns run along the last two. Where ``cols`` is an even number the thread's two neighbouring
         columns (registers 2i, 2i+1) leave as one vector store (a vectorize loop of 2, rules/vectorize.rules),
         half the store instructions of one element each. :meth:`mma_store` writes the tile by TMA instead."""
-        where = f"fragment_store at {_call_site()}"
+        where = f"fragment_store at {call_site()}"
         self._known(out, ("tensor",), "fragment_store")
         if len(out.shape) < 2:
             raise BuildError(f"{where}: {out.name!r} has shape {out.shape}; store a fragment into a tensor of two "
@@ -1020,7 +1020,7 @@ class Kernel:
 
     def wgmma_wait(self, pending: int = 0) -> None:
         """``wgmma.wait_group pending``: all but the newest ``pending`` committed groups are complete."""
-        self._node("wgmma_wait", pending=_int(pending, f"wgmma_wait at {_call_site()}", "pending", 0))
+        self._node("wgmma_wait", pending=checked_int(pending, f"wgmma_wait at {call_site()}", "pending", 0))
 
 
 def _plane_row(lead: Sequence[Term], shape: tuple, row0: Term) -> Term:
@@ -1043,10 +1043,10 @@ def _subterms(t: Term) -> Iterator[Term]:
 def _make_elementwise(op: str):
     def method(self: Kernel, *args: TermLike, dst: Optional[str] = None, dtype: str = "float32") -> Term:
         if op in FLOAT32_ONLY and dtype != "float32":
-            raise BuildError(f"{op} at {_call_site()}: dtype {dtype!r}; {op} is a float32 instruction: "
+            raise BuildError(f"{op} at {call_site()}: dtype {dtype!r}; {op} is a float32 instruction: "
                              "use dtype='float32' (or exp2 for float64)")
         if op in MATH and dtype not in FLOAT_REGISTERS:
-            raise BuildError(f"{op} at {_call_site()}: dtype {dtype!r}; {op} computes in a float register: "
+            raise BuildError(f"{op} at {call_site()}: dtype {dtype!r}; {op} computes in a float register: "
                              "use dtype='float32' or 'float64'")
         return self._elementwise(op, *args, dst=dst, dtype=dtype)
     method.__name__ = op

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-from .builder_values import Buffer, BuildError, _call_site
+from .builder_values import Buffer, BuildError, call_site
 from .terms import Term, TermLike, as_term, call
 
 MMA_M = 64  # rows of one wgmma (m64nNk16)
@@ -92,7 +92,7 @@ class FragmentElement:
         residual), or a shared ``[BM, BN]`` buffer at (``tile_row``, ``tile_col``) (a tile a TMA load
         wrote)."""
         if len(tile.shape) != 2:
-            raise BuildError(f"load_tile at {_call_site()}: {tile.name!r} has shape {tile.shape}; a tile in the "
+            raise BuildError(f"load_tile at {call_site()}: {tile.name!r} has shape {tile.shape}; a tile in the "
                              "fragment's layout is two-dimensional, [rows, columns]")
         rows, cols = tile.shape
         if tile.space == "global":
@@ -104,7 +104,7 @@ class FragmentElement:
         over its row (axis "row") or its column (axis "col") of the tile, as float32."""
         got = self.reductions.get(getattr(reduction, "name", None))
         if got is None or got[0] != self.fragment.name:
-            raise BuildError(f"reduced at {_call_site()}: {reduction!r} is not a reduction of fragment "
+            raise BuildError(f"reduced at {call_site()}: {reduction!r} is not a reduction of fragment "
                              f"{self.fragment.name!r}; pass what fragment_reduce(...) of it returned")
         return self.kernel.load(reduction, _reduced_index(got[1], self.block, self.register))
 
@@ -118,7 +118,7 @@ def _reduced_index(axis: str, j: TermLike, r: TermLike) -> Term:
 
 def _vector_length(vector: Buffer, call_name: str) -> Term:
     if len(vector.shape) != 1 or vector.space != "global":
-        raise BuildError(f"{call_name} at {_call_site()}: {vector.name!r} ({vector.space}, shape {vector.shape}) "
+        raise BuildError(f"{call_name} at {call_site()}: {vector.name!r} ({vector.space}, shape {vector.shape}) "
                          "must be a one-dimensional global tensor")
     return vector.shape[0]
 

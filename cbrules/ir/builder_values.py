@@ -69,7 +69,7 @@ class StagingAlignmentError(BuildError):
     """A TMA store from a shared buffer that is not aligned as the TMA requires."""
 
 
-def _int(value: Any, where: str, what: str, low: Optional[int] = None) -> int:
+def checked_int(value: Any, where: str, what: str, low: Optional[int] = None) -> int:
     """``value`` as an int (numpy ints too; bool, float and text refused), at least ``low``."""
     try:
         if isinstance(value, bool):
@@ -83,27 +83,29 @@ def _int(value: Any, where: str, what: str, low: Optional[int] = None) -> int:
     return v
 
 
-def _ints(values: Any, where: str, what: str, low: Optional[int] = 1) -> tuple[int, ...]:
+def checked_ints(values: Any, where: str, what: str, low: Optional[int] = 1) -> tuple[int, ...]:
+    """``values`` (a tuple or list) as ints, each at least ``low`` (:func:`checked_int`)."""
     if not isinstance(values, (tuple, list)):
         raise BuildError(f"{where}: {what} must be a tuple of ints, got {values!r}")
-    return tuple(_int(v, where, f"{what}[{i}]", low) for i, v in enumerate(values))
+    return tuple(checked_int(v, where, f"{what}[{i}]", low) for i, v in enumerate(values))
 
 
-def _choice(value: Any, where: str, what: str, options: Sequence[str]) -> str:
+def checked_choice(value: Any, where: str, what: str, options: Sequence[str]) -> str:
+    """``value`` if it is one of the words ``options``, else a BuildError naming them."""
     if not isinstance(value, str) or value not in options:
         raise BuildError(f"{where}: {what} {value!r} is not one of {', '.join(options)}")
     return value
 
 
-def _term(value: TermLike, where: str, what: str, low: Optional[int] = None) -> Term:
+def checked_term(value: TermLike, where: str, what: str, low: Optional[int] = None) -> Term:
     """A size, bound or step: a term over symbols, or an int literal of at least ``low`` (a float
     would make C compare floats, a non-positive size negative memory)."""
     if isinstance(value, (Term, str)):
-        return _bounded_term(as_term(value), where, what)
-    return as_term(_int(value, where, what, low))
+        return bounded_term(as_term(value), where, what)
+    return as_term(checked_int(value, where, what, low))
 
 
-def _bounded_term(t: Term, where: str, what: str) -> Term:
+def bounded_term(t: Term, where: str, what: str) -> Term:
     """``t``, unless it nests deeper or has more parts than a kernel as built may hold
     (:data:`cbrules.ir.terms.BUILT_TERM_DEPTH`, ``BUILT_TERM_PARTS``): a BuildError."""
     if fits(t, BUILT_TERM_DEPTH, BUILT_TERM_PARTS):
@@ -116,7 +118,7 @@ def _bounded_term(t: Term, where: str, what: str) -> Term:
                      "loop instead of a long chain of + or *)")
 
 
-def _cb_options(options: Any, where: str) -> dict:
+def checked_cb_options(options: Any, where: str) -> dict:
     """The circular-buffer options as the rules read them, each checked against its type in the options
     schema (:mod:`.option_schema`; its ranges are the rules' to check, by name)."""
     if not isinstance(options, dict):
@@ -171,10 +173,10 @@ def circular_buffer(stages: Union[int, str], prefetch: Union[int, str, None] = N
         opts["strict_trip_count"] = strict_trip_count
     if pingpong is not False:  # absent otherwise, as above (True: the schema's count, 2)
         opts["pingpong"] = pingpong
-    return _cb_options(opts, "circular_buffer(...)")
+    return checked_cb_options(opts, "circular_buffer(...)")
 
 
-def _inside(tile: dict, shape: tuple) -> Term:
+def tile_inside(tile: dict, shape: tuple) -> Term:
     """The test that element ``tile['index']`` (row-major in the box) of the box at ``tile['coords']`` lies
     inside a tensor of ``shape``."""
     rest, pred = tile["index"], None
@@ -186,7 +188,8 @@ def _inside(tile: dict, shape: tuple) -> Term:
     return pred
 
 
-def _call_site() -> str:
+def call_site() -> str:
+    """``file:line`` of the kernel author's call into the builder (every builder error names it)."""
     f = sys._getframe(1)
     # the author's line: skip the builder's own modules (builder, builder_mma, builder_values) and contextlib
     while f is not None and (f.f_globals.get("__name__", "").startswith("cbrules.ir.builder")
@@ -197,14 +200,15 @@ def _call_site() -> str:
     return f"{shown(f.f_code.co_filename)}:{f.f_lineno}"
 
 
-_MEMORY = ("tensor", "buffer")  # what load and store may address
+ADDRESSABLE = ("tensor", "buffer")  # what load and store may address
 
 
-def _dims(x, where: str) -> tuple[int, int, int]:
+def launch_dims(x, where: str) -> tuple[int, int, int]:
+    """A block shape given as an int or 1 to 3 ints, as three ints (missing ones 1), within CUDA's thread limit."""
     t = tuple(x) if isinstance(x, (tuple, list)) else (x,)
     if not 1 <= len(t) <= 3:
         raise BuildError(f"{where}: block {x!r} must have 1 to 3 dimensions")
-    dims = _ints(t, where, "block") + (1,) * (3 - len(t))
+    dims = checked_ints(t, where, "block") + (1,) * (3 - len(t))
     if dims[0] * dims[1] * dims[2] > MAX_BLOCK_THREADS:
         raise BuildError(f"{where}: block {x!r} has {dims[0] * dims[1] * dims[2]} threads, more than the "
                          f"{MAX_BLOCK_THREADS} a CUDA block may have")
