@@ -3,6 +3,7 @@ builder's and matmul_tc's refusals, matmul_tc checked by the interpreter for eve
 accumulation mode, and mutations the checker must catch (a wrong k-step, a scale applied twice, a
 missing promotion)."""
 import re
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -23,6 +24,7 @@ from test_half import convert_kernel
 
 SPEC = KERNELS["matmul_tc"]
 WS = dict(warp_specialize=True, registers=(40, 232))
+ROOT = Path(__file__).resolve().parent.parent
 
 
 # ----------------------------------------------------------------------------- layout and instruction
@@ -219,9 +221,9 @@ def test_cli_compile_and_check_fp8():
     out = subprocess.run(cmd + ["compile", "matmul_tc", "--dtype", "float8_e4m3"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3", out.stdout)
-    chk = subprocess.run(cmd + ["check", "matmul_tc", "--dtype", "float8_e4m3", "--stages", "3", "--sample"],
-                         capture_output=True, text=True)
-    assert chk.returncode == 0 and "13 trip counts: 13 ok, 0 failed" in chk.stdout, chk.stdout + chk.stderr
+    # the issue's other command, `cbrules check matmul_tc --dtype float8_e4m3 --stages 3`, is docs/fp8.md's and
+    # runs in tests/test_docs.py (exit status 0: every case passed); run twice it cost the suite 35 s
+    assert "cbrules check matmul_tc --dtype float8_e4m3 --stages 3" in (ROOT / "docs" / "fp8.md").read_text()
 
 
 # ----------------------------------------------------------------------------- hostile inputs: named refusals
